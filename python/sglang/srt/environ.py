@@ -1,0 +1,113 @@
+"""Every SGLANG_* environment flag the engine reads, typed, in one place.
+
+Read a flag as ``envs.SGLANG_ENABLE_POST_CAPTURE_KV_SIZING.get()``; tests may ``.set()`` or
+``.override()`` it. Nothing else in the code base reads ``os.environ`` for an SGLANG_* name.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import Generic, Iterator, Optional, TypeVar
+
+T = TypeVar("T")
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+class EnvFlag(Generic[T]):
+    """One environment variable with a type and a default."""
+
+    def __init__(self, default: T, doc: str) -> None:
+        self.default = default
+        self.doc = doc
+        self.name = ""  # filled in by __set_name__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: object, owner: type) -> "EnvFlag[T]":
+        return self
+
+    def _parse(self, raw: str) -> T:
+        raise NotImplementedError
+
+    def is_set(self) -> bool:
+        return self.name in os.environ
+
+    def get(self) -> T:
+        raw = os.environ.get(self.name)
+        if raw is None:
+            return self.default
+        try:
+            return self._parse(raw.strip())
+        except ValueError as e:
+            raise ValueError(f"Environment variable {self.name}={raw!r} is invalid: {e}") from None
+
+    def set(self, value: Optional[T]) -> None:
+        if value is None:
+            os.environ.pop(self.name, None)
+        else:
+            os.environ[self.name] = str(int(value)) if isinstance(value, bool) else str(value)
+
+    @contextmanager
+    def override(self, value: Optional[T]) -> Iterator[None]:
+        old = os.environ.get(self.name)
+        self.set(value)
+        try:
+            yield
+        finally:
+            if old is None:
+                os.environ.pop(self.name, None)
+            else:
+                os.environ[self.name] = old
+
+
+class EnvBool(EnvFlag[bool]):
+    def _parse(self, raw: str) -> bool:
+        low = raw.lower()
+        if low in _TRUE:
+            return True
+        if low in _FALSE:
+            return False
+        raise ValueError("expected one of 1/0/true/false/yes/no/on/off")
+
+
+class EnvInt(EnvFlag[int]):
+    def _parse(self, raw: str) -> int:
+        return int(raw)
+
+
+class EnvFloat(EnvFlag[float]):
+    def _parse(self, raw: str) -> float:
+        return float(raw)
+
+
+class EnvStr(EnvFlag[str]):
+    def _parse(self, raw: str) -> str:
+        return raw
+
+
+class Envs:
+    # Memory planning
+    SGLANG_ENABLE_POST_CAPTURE_KV_SIZING = EnvBool(
+        False, "Reserve the KV pool as CUDA virtual memory, capture graphs, then size it from measured free memory."
+    )
+    SGLANG_POST_CAPTURE_MEASURE_ACTIVATION_PEAK = EnvBool(
+        True, "Post-capture sizing: run the worst-case eager forwards and keep at least their peak as headroom."
+    )
+    SGLANG_CPU_MEMORY_BUDGET_GB = EnvFloat(
+        0.0, "On --device cpu: host memory (GB) the memory plan treats as device capacity; 0 = host MemTotal."
+    )
+    # Process plumbing
+    SGLANG_HEALTH_CHECK_TIMEOUT = EnvFloat(20.0, "Seconds /health_generate waits for one token.")
+    SGLANG_MAX_REQUEST_BODY_BYTES = EnvInt(8 * 1024 * 1024, "Largest HTTP request body accepted.")
+    SGLANG_STARTUP_TIMEOUT = EnvFloat(1800.0, "Seconds the launcher waits for the scheduler to report ready.")
+    # Kernels
+    SGLANG_TRITON_DECODE_MAX_KV_SPLITS = EnvInt(16, "Upper bound on split-KV chunks in the triton decode kernel.")
+    # Testing
+    SGLANG_TEST_SEED = EnvInt(0, "Seed for dummy weights and tests.")
+
+
+envs = Envs()
