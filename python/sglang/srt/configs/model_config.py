@@ -1,0 +1,127 @@
+"""ModelConfig: the facts about a model that the runtime needs, from its HF config (or GGUF metadata)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+from transformers import AutoConfig, PretrainedConfig
+
+from sglang.srt.model_loader.model_source import ModelSource, resolve_model_source
+
+_DTYPE_NAMES = {
+    "float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
+    "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+}
+
+
+def resolve_dtype(requested: str, config: PretrainedConfig, device: str) -> torch.dtype:
+    if requested != "auto":
+        return _DTYPE_NAMES[requested]
+    if device == "cpu":
+        # fp32 on the CPU: fast enough for small models and bit-comparable with transformers' reference.
+        return torch.float32
+    config_dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(config_dtype, str):
+        config_dtype = _DTYPE_NAMES.get(config_dtype)
+    if config_dtype in (torch.float16, torch.bfloat16):
+        return config_dtype
+    return torch.bfloat16
+
+
+def resolve_kv_dtype(requested: str, model_dtype: torch.dtype) -> torch.dtype:
+    if requested == "auto":
+        return model_dtype
+    return {
+        "float32": torch.float32,
+        "float16": torch.float16,
+        "bfloat16": torch.bfloat16,
+        "fp8_e4m3": torch.float8_e4m3fn,
+        "fp8_e5m2": torch.float8_e5m2,
+    }[requested]
+
+
+def load_hf_config(source: ModelSource) -> PretrainedConfig:
+    if source.kind == "gguf":
+        from sglang.srt.model_loader.gguf_config import config_from_gguf
+
+        return config_from_gguf(source.path)
+    return AutoConfig.from_pretrained(source.path)
+
+
+@dataclass
+class ModelConfig:
+    hf_config: PretrainedConfig
+    source: Optional[ModelSource]
+    dtype: torch.dtype
+    kv_cache_dtype: torch.dtype
+    context_len: int
+    architecture: str
+    num_hidden_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    v_head_dim: int
+    vocab_size: int
+    eos_token_ids: List[int]
+
+    @classmethod
+    def from_server_args(cls, server_args) -> "ModelConfig":
+        source = resolve_model_source(server_args.model_path, server_args.load_format)
+        return cls.from_hf_config(
+            load_hf_config(source),
+            source=source,
+            dtype=server_args.dtype,
+            kv_cache_dtype=server_args.kv_cache_dtype,
+            device=server_args.device,
+            context_length=server_args.context_length,
+        )
+
+    @classmethod
+    def from_hf_config(
+        cls,
+        hf_config: PretrainedConfig,
+        source: Optional[ModelSource] = None,
+        dtype: str = "auto",
+        kv_cache_dtype: str = "auto",
+        device: str = "cpu",
+        context_length: Optional[int] = None,
+    ) -> "ModelConfig":
+        text = getattr(hf_config, "text_config", None) or hf_config
+        heads = text.num_attention_heads
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+        derived_ctx = getattr(text, "max_position_embeddings", None) or 4096
+        if context_length is not None and context_length > derived_ctx:
+            raise ValueError(
+                f"--context-length {context_length} is longer than the model's max_position_embeddings {derived_ctx}"
+            )
+        eos = hf_config.eos_token_id
+        eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        model_dtype = resolve_dtype(dtype, hf_config, device)
+        return cls(
+            hf_config=hf_config,
+            source=source,
+            dtype=model_dtype,
+            kv_cache_dtype=resolve_kv_dtype(kv_cache_dtype, model_dtype),
+            context_len=context_length or derived_ctx,
+            architecture=(hf_config.architectures or ["LlamaForCausalLM"])[0],
+            num_hidden_layers=text.num_hidden_layers,
+            hidden_size=text.hidden_size,
+            num_attention_heads=heads,
+            num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
+            head_dim=head_dim,
+            v_head_dim=head_dim,
+            vocab_size=text.vocab_size,
+            eos_token_ids=eos_ids,
+        )
+
+    def get_num_kv_heads(self, tp_size: int) -> int:
+        """KV heads held by one rank: split across ranks, replicated when there are fewer heads than ranks."""
+        return max(1, self.num_key_value_heads // tp_size)
+
+    @property
+    def is_moe(self) -> bool:
+        return bool(getattr(self.hf_config, "num_experts", 0))

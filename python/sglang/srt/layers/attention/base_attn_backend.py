@@ -1,0 +1,57 @@
+"""The interface every attention backend implements (torch-native reference, triton)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import TYPE_CHECKING
+
+import torch
+
+if TYPE_CHECKING:
+    from sglang.srt.layers.radix_attention import RadixAttention
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+
+
+class AttentionBackend(ABC):
+    # Whether decode can be captured in a CUDA graph (needs fixed-shape, sync-free metadata).
+    supports_cuda_graph: bool = False
+
+    @abstractmethod
+    def init_forward_metadata(self, forward_batch: "ForwardBatch") -> None:
+        """Build whatever per-batch index tensors the kernels need, once per forward (not per layer)."""
+
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        layer: "RadixAttention",
+        forward_batch: "ForwardBatch",
+        save_kv_cache: bool = True,
+    ) -> torch.Tensor:
+        """q: [T, Hq*D], k: [T, Hkv*D], v: [T, Hkv*Dv] -> [T, Hq*Dv]. Writes k, v to the KV pool first."""
+        if forward_batch.forward_mode.is_decode():
+            return self.forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
+        return self.forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+
+    @abstractmethod
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor: ...
+
+    @abstractmethod
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor: ...
+
+    # ---- CUDA graph hooks (only backends with supports_cuda_graph implement them)
+    def init_cuda_graph_state(self, max_bs: int) -> None:
+        raise NotImplementedError(f"{type(self).__name__} cannot run in CUDA graphs")
+
+    def init_forward_metadata_capture_cuda_graph(self, bs: int, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def init_forward_metadata_replay_cuda_graph(
+        self, bs: int, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, seq_lens_sum: int
+    ) -> None:
+        raise NotImplementedError
+
+    def get_cuda_graph_seq_len_fill_value(self) -> int:
+        """seq_len of padded graph rows: 1 token, which lives in the dummy slot."""
+        return 1

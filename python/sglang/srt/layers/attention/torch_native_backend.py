@@ -1,0 +1,103 @@
+"""Reference attention in plain torch: runs on CPU and GPU, and is what the triton kernels are checked against."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+
+
+@dataclass
+class _DecodeMetadata:
+    slot_table: torch.Tensor  # [bs, max_len] KV slots of each request, padded
+    valid: torch.Tensor  # [bs, max_len] True where the slot is part of the request's context
+
+
+class TorchNativeAttnBackend(AttentionBackend):
+    def __init__(self, model_runner) -> None:
+        self.device = model_runner.device
+
+    def init_forward_metadata(self, forward_batch) -> None:
+        if not forward_batch.forward_mode.is_decode():
+            forward_batch.attn_metadata = None
+            return
+        max_len = max(forward_batch.seq_lens_cpu) if forward_batch.seq_lens_cpu else 0
+        table = forward_batch.req_to_token_pool.req_to_token[forward_batch.req_pool_indices, :max_len].long()
+        valid = torch.arange(max_len, device=table.device)[None, :] < forward_batch.seq_lens[:, None]
+        forward_batch.attn_metadata = _DecodeMetadata(table, valid)
+
+    @staticmethod
+    def _save(layer, forward_batch, k, v) -> None:
+        pool = forward_batch.token_to_kv_pool
+        pool.set_kv_buffer(
+            layer.layer_id,
+            forward_batch.out_cache_loc,
+            k.view(-1, layer.tp_k_head_num, layer.qk_head_dim),
+            v.view(-1, layer.tp_v_head_num, layer.v_head_dim),
+        )
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
+        if save_kv_cache:
+            self._save(layer, forward_batch, k, v)
+        md: _DecodeMetadata = forward_batch.attn_metadata
+        pool = forward_batch.token_to_kv_pool
+        bs, hkv = forward_batch.batch_size, layer.tp_k_head_num
+        group = layer.tp_q_head_num // hkv
+        keys = pool.get_key_buffer(layer.layer_id)[md.slot_table].to(q.dtype)  # [bs, L, Hkv, D]
+        values = pool.get_value_buffer(layer.layer_id)[md.slot_table].to(q.dtype)
+        qh = q.view(bs, hkv, group, layer.qk_head_dim)
+        scores = torch.einsum("bhgd,blhd->bhgl", qh, keys).float() * layer.scaling
+        scores = _cap(scores, layer.logit_cap)
+        scores = scores.masked_fill(~md.valid[:, None, None, :], float("-inf"))
+        probs = torch.softmax(scores, dim=-1).to(q.dtype)
+        probs = torch.nan_to_num(probs)  # an empty (padding) row has no valid slot
+        out = torch.einsum("bhgl,blhd->bhgd", probs, values)
+        return out.reshape(bs, layer.tp_q_head_num * layer.v_head_dim)
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
+        if save_kv_cache:
+            self._save(layer, forward_batch, k, v)
+        pool = forward_batch.token_to_kv_pool
+        k_buf, v_buf = pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id)
+        req_to_token = forward_batch.req_to_token_pool.req_to_token
+        hq, hkv, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.qk_head_dim
+        out = torch.empty(q.shape[0], hq, layer.v_head_dim, dtype=q.dtype, device=q.device)
+        qh = q.view(-1, hq, d)
+        start = 0
+        for i, (prefix, ext) in enumerate(zip(forward_batch.extend_prefix_lens_cpu, forward_batch.extend_seq_lens_cpu)):
+            seq = prefix + ext
+            slots = req_to_token[forward_batch.req_pool_indices[i], :seq].long()
+            keys = k_buf[slots].to(q.dtype).transpose(0, 1)  # [Hkv, seq, D]
+            values = v_buf[slots].to(q.dtype).transpose(0, 1)
+            query = qh[start : start + ext].transpose(0, 1)  # [Hq, ext, D]
+            out[start : start + ext] = _causal_attention(query, keys, values, prefix, layer).transpose(0, 1)
+            start += ext
+        return out.view(q.shape[0], hq * layer.v_head_dim)
+
+
+def _cap(scores: torch.Tensor, cap: float) -> torch.Tensor:
+    return cap * torch.tanh(scores / cap) if cap > 0 else scores
+
+
+def _causal_attention(q, k, v, prefix: int, layer) -> torch.Tensor:
+    """q [Hq, n, D] attends to k/v [Hkv, prefix + n, D]; new token i sees positions <= prefix + i."""
+    group = q.shape[0] // k.shape[0]
+    if group > 1:
+        k = k.repeat_interleave(group, dim=0)
+        v = v.repeat_interleave(group, dim=0)
+    n, total = q.shape[1], k.shape[1]
+    if layer.logit_cap > 0:
+        scores = _cap(torch.matmul(q, k.transpose(1, 2)).float() * layer.scaling, layer.logit_cap)
+        mask = torch.ones(n, total, dtype=torch.bool, device=q.device).tril(diagonal=prefix)
+        scores = scores.masked_fill(~mask, float("-inf"))
+        return torch.matmul(torch.softmax(scores, dim=-1).to(q.dtype), v)
+    mask: Optional[torch.Tensor] = None
+    if prefix > 0:
+        mask = torch.ones(n, total, dtype=torch.bool, device=q.device).tril(diagonal=prefix)
+    return F.scaled_dot_product_attention(
+        q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, is_causal=mask is None, scale=layer.scaling
+    ).squeeze(0)

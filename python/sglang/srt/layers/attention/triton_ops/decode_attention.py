@@ -1,0 +1,268 @@
+"""Split-KV ("flash-decoding") attention for decode over a token-major paged KV pool.
+
+Layout (one layer):
+  * ``k_buffer [num_slots, Hkv, D]`` / ``v_buffer [num_slots, Hkv, Dv]``: the pool. A request's
+    tokens live at arbitrary slots; the allocator does the paging, kernels only see slot ids.
+  * ``kv_indptr [bs+1]`` (int32) and ``kv_indices`` (int32/int64): request ``i`` owns slots
+    ``kv_indices[kv_indptr[i]:kv_indptr[i+1]]`` -- its whole context, current token included.
+  * ``q [bs, Hq, D]``, ``o [bs, Hq, Dv]`` with ``Hq % Hkv == 0`` (grouped-query attention).
+
+Why two stages: with one token per request, a batch of 1 at 8k context would give only ``Hkv``
+programs, far too few to saturate HBM. Stage 1 therefore splits each request's KV range into
+``num_kv_splits[i]`` chunks and computes, per chunk, the softmax-normalised partial output and its
+log-sum-exp into fp32 scratch (``attn_logits``, ``attn_lse``); stage 2 merges the chunks.
+
+Why grouped: one stage-1 program serves *all* q heads of one kv head (``BLOCK_H`` rows, masked,
+padded to >= 16 so ``tl.dot`` can use tensor cores), so each K/V block is read from HBM once per
+kv head instead of once per q head. That keeps decode bandwidth-bound.
+
+CUDA graphs: everything data-dependent (lengths, split counts, slot ids) is read on the device;
+the grid depends only on shapes and the host int ``max_kv_splits``. Nothing syncs with the host.
+Rows with an empty context (graph padding) produce zeros.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+def _use_while_loops(t: torch.Tensor) -> bool:
+    """Loops with device-read bounds are written twice, selected by a constexpr.
+
+    On the GPU they are ``for`` loops (only those get software-pipelined by ``num_stages``). In
+    the triton 3.6 interpreter every scalar is a 1-element numpy array and ``range()`` calls
+    ``int()`` on it, which numpy >= 2.4 rejects; a ``while`` loop only needs ``bool()``.
+    """
+    return not t.is_cuda
+
+
+@triton.jit
+def _tanh(x):
+    # 1 - 2 / (exp(2x) + 1): saturates cleanly to +-1 (exp overflow -> inf -> 1).
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
+def _split_range(kv_len, num_splits, split_id, ALIGN: tl.constexpr):
+    """[start, end) of chunk ``split_id``; chunk length rounded up to ALIGN (may be empty)."""
+    split_len = tl.cdiv(tl.cdiv(kv_len, num_splits), ALIGN) * ALIGN
+    start = split_len * split_id
+    end = tl.minimum(start + split_len, kv_len)
+    return start, end
+
+
+@triton.jit
+def _attend_kv_block(
+    acc, m_i, l_i, q, K, V, rows, mask_n, mask_qk, kv_head,
+    stride_kn, stride_kh, stride_vn, stride_vh, offs_d, offs_dv, mask_d, mask_dv,
+    sm_scale, logit_cap, USE_CAP: tl.constexpr,
+):
+    """One online-softmax step over BLOCK_N keys at int64 ``rows`` of K/V (pool or extend rows).
+
+    ``q [M, BLOCK_D]``; ``mask_qk`` broadcasts to ``[M, BLOCK_N]``. Scores go to the log2 domain
+    so the exponentials are ``exp2``. Returns the updated (acc, m_i, l_i).
+    """
+    k = tl.load(  # [BLOCK_D, BLOCK_N]: K^T for the dot
+        K + rows[None, :] * stride_kn + kv_head * stride_kh + offs_d[:, None],
+        mask=mask_n[None, :] & mask_d[:, None], other=0.0,
+    )
+    qk = tl.dot(q, k.to(q.dtype)) * sm_scale
+    if USE_CAP:
+        qk = logit_cap * _tanh(qk / logit_cap)
+    qk = tl.where(mask_qk, qk * 1.4426950408889634, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(qk, 1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(qk - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    v = tl.load(
+        V + rows[:, None] * stride_vn + kv_head * stride_vh + offs_dv[None, :],
+        mask=mask_n[:, None] & mask_dv[None, :], other=0.0,
+    )
+    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _decode_grouped_stage1(
+    Q, K_Buf, V_Buf, Kv_Indptr, Kv_Indices, Att_Out, Att_Lse, Num_Kv_Splits,
+    sm_scale, logit_cap,
+    stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh,
+    stride_ab, stride_ah, stride_as, stride_lb, stride_lh,
+    kv_group_num: tl.constexpr, progs_per_kv_head: tl.constexpr,
+    D: tl.constexpr, DV: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
+    SPLIT_ALIGN: tl.constexpr, USE_CAP: tl.constexpr, WHILE_LOOPS: tl.constexpr,
+):
+    b = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    split_id = tl.program_id(2)
+
+    kv_head = pid_h // progs_per_kv_head
+    group_off = (pid_h % progs_per_kv_head) * BLOCK_H
+    offs_h = tl.arange(0, BLOCK_H)
+    mask_h = offs_h < kv_group_num - group_off
+    heads = kv_head * kv_group_num + group_off + offs_h
+
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask_d = offs_d < D
+    mask_dv = offs_dv < DV
+
+    kv_start = tl.load(Kv_Indptr + b)
+    kv_len = tl.load(Kv_Indptr + b + 1) - kv_start
+    # Clamp to [1, grid size] so a bad split count can neither divide by 0 nor drop chunks.
+    num_splits = tl.minimum(tl.maximum(tl.load(Num_Kv_Splits + b), 1), tl.num_programs(2))
+    start, end = _split_range(kv_len, num_splits, split_id, SPLIT_ALIGN)
+
+    if (split_id < num_splits) & (end > start):
+        q = tl.load(
+            Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
+            mask=mask_h[:, None] & mask_d[None, :], other=0.0,
+        )
+        m_i = tl.full([BLOCK_H], -1e30, dtype=tl.float32)  # finite: no (-inf) - (-inf)
+        l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
+        acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
+        if WHILE_LOOPS:  # interpreter: see _use_while_loops
+            n0 = start
+            while n0 < end:
+                mask_n = n0 + offs_n < end
+                slot = tl.load(Kv_Indices + kv_start + n0 + offs_n, mask=mask_n, other=0)
+                acc, m_i, l_i = _attend_kv_block(
+                    acc, m_i, l_i, q, K_Buf, V_Buf, slot.to(tl.int64), mask_n, mask_n[None, :],
+                    kv_head, stride_kb, stride_kh, stride_vb, stride_vh,
+                    offs_d, offs_dv, mask_d, mask_dv, sm_scale, logit_cap, USE_CAP,
+                )
+                n0 += BLOCK_N
+        else:  # a `for` loop, so num_stages can software-pipeline the gathers
+            for n0 in range(start, end, BLOCK_N):
+                mask_n = n0 + offs_n < end
+                slot = tl.load(Kv_Indices + kv_start + n0 + offs_n, mask=mask_n, other=0)
+                acc, m_i, l_i = _attend_kv_block(
+                    acc, m_i, l_i, q, K_Buf, V_Buf, slot.to(tl.int64), mask_n, mask_n[None, :],
+                    kv_head, stride_kb, stride_kh, stride_vb, stride_vh,
+                    offs_d, offs_dv, mask_d, mask_dv, sm_scale, logit_cap, USE_CAP,
+                )
+        out = acc / l_i[:, None]
+        lse = (m_i + tl.log2(l_i)) * 0.6931471805599453  # natural-log LSE of this chunk
+        tl.store(
+            Att_Out + b * stride_ab + heads[:, None] * stride_ah + split_id * stride_as
+            + offs_dv[None, :],
+            out, mask=mask_h[:, None] & mask_dv[None, :],
+        )
+        tl.store(Att_Lse + b * stride_lb + heads * stride_lh + split_id, lse, mask=mask_h)
+
+
+@triton.jit
+def _decode_stage2(
+    Att_Out, Att_Lse, O, Kv_Indptr, Num_Kv_Splits,
+    stride_ab, stride_ah, stride_as, stride_lb, stride_lh, stride_ob, stride_oh,
+    MAX_KV_SPLITS: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
+    SPLIT_ALIGN: tl.constexpr,
+):
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_dv = tl.arange(0, BLOCK_DV)
+    mask_dv = offs_dv < DV
+    kv_len = tl.load(Kv_Indptr + b + 1) - tl.load(Kv_Indptr + b)
+    num_splits = tl.minimum(tl.maximum(tl.load(Num_Kv_Splits + b), 1), MAX_KV_SPLITS)
+
+    m_i = -1e30
+    l_i = 0.0
+    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
+    for s in range(0, MAX_KV_SPLITS):
+        start, end = _split_range(kv_len, num_splits, s, SPLIT_ALIGN)
+        if (s < num_splits) & (end > start):  # the same chunks stage 1 wrote
+            lse = tl.load(Att_Lse + b * stride_lb + h * stride_lh + s)
+            part = tl.load(
+                Att_Out + b * stride_ab + h * stride_ah + s * stride_as + offs_dv,
+                mask=mask_dv, other=0.0,
+            )
+            m_new = tl.maximum(m_i, lse)
+            alpha = tl.exp(m_i - m_new)
+            w = tl.exp(lse - m_new)
+            acc = acc * alpha + w * part
+            l_i = l_i * alpha + w
+            m_i = m_new
+    out = tl.where(l_i > 0.0, acc / tl.maximum(l_i, 1e-30), 0.0)  # empty row -> zeros
+    tl.store(O + b * stride_ob + h * stride_oh + offs_dv, out.to(O.dtype.element_ty), mask=mask_dv)
+
+
+def decode_attention_fwd(
+    q: torch.Tensor,
+    k_buffer: torch.Tensor,
+    v_buffer: torch.Tensor,
+    o: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    attn_logits: torch.Tensor,
+    attn_lse: torch.Tensor,
+    num_kv_splits: torch.Tensor,
+    max_kv_splits: int,
+    sm_scale: float,
+    logit_cap: float = 0.0,
+) -> None:
+    """Decode attention, one query token per request; writes ``o`` in place.
+
+    ``attn_logits [bs, Hq, max_kv_splits, Dv]`` and ``attn_lse [bs, Hq, max_kv_splits]`` (fp32)
+    are scratch; ``num_kv_splits [bs]`` (int32, 1..max_kv_splits) is read on the device, so a
+    captured CUDA graph may change it (and indptr/indices) between replays.
+    """
+    bs, hq, d = q.shape
+    hkv = k_buffer.shape[1]
+    dv = v_buffer.shape[-1]
+    assert hq % hkv == 0, f"num_q_heads {hq} not a multiple of num_kv_heads {hkv}"
+    assert o.shape == (bs, hq, dv) and k_buffer.shape[-1] == d
+    assert attn_logits.shape[2] >= max_kv_splits and attn_lse.shape[2] >= max_kv_splits
+    for t in (q, k_buffer, v_buffer, o, attn_logits, attn_lse):
+        assert t.stride(-1) == 1, "last dim must be contiguous"
+    if bs == 0:
+        return
+    group = hq // hkv
+    interp = not q.is_cuda
+    block_h = 16  # tl.dot needs M >= 16; masked rows cost no HBM traffic
+    progs_per_kv_head = triton.cdiv(group, block_h)
+    block_n = 64
+    block_d = max(16, triton.next_power_of_2(d))
+    block_dv = max(16, triton.next_power_of_2(dv))
+    # Heavier warps for wide heads keep the [BLOCK_H, BLOCK_DV] accumulator in registers.
+    num_warps = 4 if max(block_d, block_dv) <= 128 else 8
+    extra = {} if interp else {"num_warps": num_warps, "num_stages": 2}
+
+    grid1 = (bs, hkv * progs_per_kv_head, max_kv_splits)
+    _decode_grouped_stage1[grid1](
+        q, k_buffer, v_buffer, kv_indptr, kv_indices, attn_logits, attn_lse, num_kv_splits,
+        float(sm_scale), float(logit_cap),
+        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
+        v_buffer.stride(0), v_buffer.stride(1),
+        attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
+        attn_lse.stride(0), attn_lse.stride(1),
+        kv_group_num=group, progs_per_kv_head=progs_per_kv_head, D=d, DV=dv,
+        BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_N=block_n, BLOCK_H=block_h,
+        SPLIT_ALIGN=block_n, USE_CAP=logit_cap > 0, WHILE_LOOPS=_use_while_loops(q), **extra,
+    )
+    extra2 = {} if interp else {"num_warps": 4, "num_stages": 2}
+    _decode_stage2[(bs, hq)](
+        attn_logits, attn_lse, o, kv_indptr, num_kv_splits,
+        attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
+        attn_lse.stride(0), attn_lse.stride(1), o.stride(0), o.stride(1),
+        MAX_KV_SPLITS=max_kv_splits, DV=dv, BLOCK_DV=block_dv, SPLIT_ALIGN=block_n, **extra2,
+    )
+
+
+def get_num_kv_splits(
+    num_kv_splits_out: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_kv_splits: int,
+    min_block_tokens: int = 256,
+) -> None:
+    """Fill ``num_kv_splits_out`` in place: ``clamp(ceil(seq_len / min_block_tokens), 1, max)``.
+
+    Device-side torch ops only (no ``.item()``), so it can run inside a captured CUDA graph.
+    Long contexts get many splits (batch 1 at 8k fills the SMs), short ones few (less merging).
+    """
+    splits = torch.div(seq_lens + (min_block_tokens - 1), min_block_tokens, rounding_mode="floor")
+    splits = splits.clamp_(min=1, max=max(1, int(max_kv_splits)))
+    num_kv_splits_out.copy_(splits)

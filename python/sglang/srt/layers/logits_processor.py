@@ -1,0 +1,30 @@
+"""Logits for the last token of each request only (a prefill of 8k tokens needs one row, not 8k)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from sglang.srt.distributed import tensor_model_parallel_all_gather
+
+
+@dataclass
+class LogitsProcessorOutput:
+    next_token_logits: torch.Tensor  # [bs, vocab] float32
+
+
+class LogitsProcessor(nn.Module):
+    def __init__(self, vocab_size: int) -> None:
+        super().__init__()
+        self.vocab_size = vocab_size
+
+    def forward(self, hidden_states: torch.Tensor, lm_head: nn.Module, forward_batch) -> LogitsProcessorOutput:
+        if forward_batch.forward_mode.is_extend():
+            last = forward_batch.extend_start_loc + forward_batch.extend_seq_lens - 1
+            hidden_states = hidden_states[last]
+        # Same dtype as the reference's lm_head matmul; only then promoted for sampling.
+        logits = torch.matmul(hidden_states, lm_head.weight.t())
+        logits = tensor_model_parallel_all_gather(logits)[:, : self.vocab_size]
+        return LogitsProcessorOutput(next_token_logits=logits.float())

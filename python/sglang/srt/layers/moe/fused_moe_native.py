@@ -1,0 +1,40 @@
+"""Torch MoE: the reference implementation and the CPU path. Works on any device."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+import torch.nn.functional as F
+
+# expert id -> (w13 [2I, H], w2 [H, I]) in a float dtype; dequantized on demand so only one
+# expert's full-precision copy exists at a time.
+ExpertWeights = Callable[[int], tuple[torch.Tensor, torch.Tensor]]
+
+
+def fused_moe_native(
+    x: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    expert_weights: ExpertWeights,
+) -> torch.Tensor:
+    """x [T, H], topk_weights [T, k], topk_ids [T, k] (-1 = slot handled elsewhere) -> [T, H].
+
+    out[t] = sum_j w[t, j] * W2_e (silu(W1_e x_t) * (W3_e x_t)), e = ids[t, j], computed in fp32.
+    """
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    flat_ids = topk_ids.reshape(-1)
+    flat_weights = topk_weights.reshape(-1).float()
+    top_k = topk_ids.shape[-1]
+    for expert in torch.unique(flat_ids).tolist():
+        if expert < 0:
+            continue
+        slots = torch.nonzero(flat_ids == expert).squeeze(1)
+        tokens = slots // top_k
+        w13, w2 = expert_weights(expert)
+        inter = w13.shape[0] // 2
+        h = x[tokens].float() @ w13.float().t()
+        act = F.silu(h[:, :inter]) * h[:, inter:]
+        y = (act @ w2.float().t()) * flat_weights[slots, None]
+        out.index_add_(0, tokens, y)
+    return out.to(x.dtype)

@@ -1,0 +1,274 @@
+"""Triton fused MoE for the GPU: tokens sorted by expert, two grouped GEMMs, weight-only dequant in-kernel.
+
+Flow for x [T, H] routed to k experts each ("slots" s = t * k + j):
+  1. moe_align_block_size: slot ids sorted by expert, each expert's run padded to BLOCK_M, so every
+     BLOCK_M-row tile of the GEMM belongs to exactly one expert.
+  2. GEMM 1: cache1[s] = x[s // k] @ w13[e].T                  [T*k, 2I]
+  3. act[s] = silu(cache1[s, :I]) * cache1[s, I:]            [T*k, I]
+  4. GEMM 2: cache2[s] = topk_weight[s] * act[s] @ w2[e].T     [T*k, H]
+  5. out[t] = sum_j cache2[t * k + j]
+Quantized weights are decoded tile by tile inside the GEMM (never to a full-precision copy of the
+layer), so a layer's GPU memory is exactly its parameters plus these per-call activations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from sglang.srt.layers.quantization.base_config import MoEGemmWeight, WeightQuant
+
+# WeightQuant values as kernel-visible constants (triton only reads constexpr globals).
+_Q_FP8: tl.constexpr = tl.constexpr(int(WeightQuant.FP8_BLOCK))
+_Q_INT8: tl.constexpr = tl.constexpr(int(WeightQuant.INT8_CHANNEL))
+_Q_INT4: tl.constexpr = tl.constexpr(int(WeightQuant.INT4_GROUP))
+_Q_MXFP4: tl.constexpr = tl.constexpr(int(WeightQuant.MXFP4))
+
+# Bounds the per-call activations (cache1 + act + cache2 ~ T*k*(3I + H) elements) for long prefills.
+CHUNK_TOKENS = 4096
+
+
+@dataclass(frozen=True)
+class MoEKernelConfig:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+def default_config(num_tokens: int, top_k: int, num_experts: int) -> MoEKernelConfig:
+    """Untuned defaults. Decode (few slots per expert) wants short M tiles and long K tiles because
+    the weights dominate traffic; prefill wants bigger M tiles for reuse of each weight tile."""
+    if num_tokens * top_k <= 2 * num_experts:
+        return MoEKernelConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4)
+    return MoEKernelConfig(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=3)
+
+
+@dataclass(frozen=True)
+class AlignedRouting:
+    sorted_slot_ids: torch.Tensor  # int32 [capacity]; padding rows hold num_slots
+    expert_ids: torch.Tensor  # int32 [capacity // block_m]; -1 past the last used tile
+    num_padded: torch.Tensor  # int32 [1]: rows in use (tiles past it exit at once)
+
+
+def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int) -> AlignedRouting:
+    """Group slots by expert with torch ops only: no host sync, so it is CUDA-graph capturable.
+
+    Slots with id -1 (experts computed elsewhere) get no rows at all. The capacity is a static upper
+    bound: each of the at most min(T*k, E) used experts pads by fewer than block_m rows.
+    """
+    flat = topk_ids.reshape(-1).long()
+    num_slots = flat.numel()
+    dev = flat.device
+    bucket = torch.where(flat < 0, torch.full_like(flat, num_experts), flat)  # bucket E = skipped
+    counts = torch.zeros(num_experts + 1, dtype=torch.long, device=dev)
+    counts.scatter_add_(0, bucket, torch.ones_like(bucket))
+    padded = (counts[:num_experts] + block_m - 1) // block_m * block_m
+    padded_end = torch.cumsum(padded, 0)
+    padded_start = padded_end - padded
+
+    order = torch.sort(bucket, stable=True).indices
+    sorted_bucket = bucket[order]
+    count_start = torch.cumsum(counts, 0) - counts
+    rank = torch.arange(num_slots, device=dev) - count_start[sorted_bucket]
+
+    capacity = -(-(num_slots + min(num_slots, num_experts) * (block_m - 1)) // block_m) * block_m
+    # Skipped slots all land on one trash row past the capacity, which is sliced off.
+    # torch.full, not torch.tensor([...]): a host->device copy would break CUDA-graph capture.
+    start = torch.cat((padded_start, torch.full((1,), capacity, dtype=torch.long, device=dev)))
+    dest = torch.where(sorted_bucket < num_experts, start[sorted_bucket] + rank, capacity)
+    sorted_ids = torch.full((capacity + 1,), num_slots, dtype=torch.long, device=dev)
+    sorted_ids.scatter_(0, dest, order)
+
+    tile_start = torch.arange(0, capacity, block_m, device=dev)
+    expert_ids = torch.searchsorted(padded_end, tile_start, right=True)
+    expert_ids = torch.where(expert_ids < num_experts, expert_ids, -1)
+    return AlignedRouting(
+        sorted_slot_ids=sorted_ids[:capacity].to(torch.int32),
+        expert_ids=expert_ids.to(torch.int32),
+        num_padded=padded_end[-1:].to(torch.int32),
+    )
+
+
+@triton.jit
+def _moe_gemm_kernel(
+    a_ptr, b_ptr, scale_ptr, c_ptr, topk_weights_ptr,
+    sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
+    num_slots,
+    stride_am, stride_ak,
+    stride_be, stride_bn, stride_bk,
+    stride_se, stride_sn, stride_sk,
+    stride_cm, stride_cn,
+    N: tl.constexpr,  # constexpr: fixed per layer (2I or H), and the interpreter needs static loop bounds
+    K: tl.constexpr,
+    A_ROW_DIV: tl.constexpr,  # A row of slot s is s // A_ROW_DIV (top_k for x, 1 for act)
+    MUL_ROUTED_WEIGHT: tl.constexpr,
+    QUANT: tl.constexpr,
+    GROUP_N: tl.constexpr,
+    GROUP_K: tl.constexpr,
+    SCALE_K_PER_TILE: tl.constexpr,  # GROUP_K is a multiple of BLOCK_K: one scale per column per tile
+    DOT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    pid_m = pid // num_pid_n
+    pid_n = pid % num_pid_n
+    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        return
+    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    slots = tl.load(sorted_ids_ptr + offs_m)
+    slot_mask = slots < num_slots
+    a_rows = (slots // A_ROW_DIV).to(tl.int64)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < N
+
+    b_base = b_ptr + expert * stride_be + offs_n[None, :].to(tl.int64) * stride_bn
+    s_base = scale_ptr + expert * stride_se
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for kt in range(0, tl.cdiv(K, BLOCK_K)):
+        k0 = kt * BLOCK_K
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < K
+        a = tl.load(
+            a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak,
+            mask=slot_mask[:, None] & k_mask[None, :],
+            other=0.0,
+        )
+        b_mask = k_mask[:, None] & n_mask[None, :]
+        # Decode the [BLOCK_K, BLOCK_N] weight tile to the activation dtype. Masked elements decode
+        # to finite zeros so padding never injects NaN into the dot.
+        if QUANT == _Q_INT4 or QUANT == _Q_MXFP4:
+            byte = tl.load(b_base + (offs_k // 2)[:, None] * stride_bk, mask=b_mask, other=0)
+            nib = (byte.to(tl.int32) >> ((offs_k % 2) * 4)[:, None]) & 0xF
+            if QUANT == _Q_INT4:
+                w = (nib - 8).to(tl.float32)
+            else:
+                e = (nib >> 1) & 3
+                m = (nib & 1).to(tl.float32)
+                # e2m1: e == 0 is subnormal (0 or 0.5), otherwise (1 + m/2) * 2**(e-1).
+                mag = tl.where(e == 0, 0.5 * m, (1.0 + 0.5 * m) * ((1 << e) >> 1).to(tl.float32))
+                w = tl.where((nib & 8) != 0, -mag, mag)
+        else:
+            w = tl.load(b_base + offs_k[:, None] * stride_bk, mask=b_mask, other=0.0)
+        if QUANT == _Q_FP8 or QUANT == _Q_INT4 or QUANT == _Q_MXFP4:
+            if SCALE_K_PER_TILE:
+                s = tl.load(
+                    s_base + (offs_n // GROUP_N) * stride_sn + (k0 // GROUP_K) * stride_sk, mask=n_mask, other=0
+                )[None, :]
+            else:
+                s = tl.load(
+                    s_base + (offs_n // GROUP_N)[None, :] * stride_sn + (offs_k // GROUP_K)[:, None] * stride_sk,
+                    mask=b_mask,
+                    other=0,
+                )
+            if QUANT == _Q_MXFP4:
+                s = (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # e8m0 -> 2**(s - 127)
+            w = w.to(tl.float32) * s
+        acc += tl.dot(a, w.to(a.dtype), input_precision=DOT_PRECISION)
+
+    if QUANT == _Q_INT8:
+        # Per-output-channel scale is constant along K: apply once instead of per tile.
+        acc *= tl.load(s_base + offs_n * stride_sn, mask=n_mask, other=0.0)[None, :]
+    if MUL_ROUTED_WEIGHT:
+        acc *= tl.load(topk_weights_ptr + slots, mask=slot_mask, other=0.0)[:, None]
+    c_ptrs = c_ptr + slots[:, None].to(tl.int64) * stride_cm + offs_n[None, :] * stride_cn
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=slot_mask[:, None] & n_mask[None, :])
+
+
+def _scale_strides(w: MoEGemmWeight) -> tuple[torch.Tensor, int, int, int]:
+    if w.scale is None:
+        return w.weight, 0, 0, 0  # any valid pointer; the kernel never reads it
+    s = w.scale
+    return s, s.stride(0), s.stride(1), (s.stride(2) if s.dim() == 3 else 0)
+
+
+def invoke_moe_gemm(
+    a: torch.Tensor,
+    w: MoEGemmWeight,
+    out: torch.Tensor,
+    routing: AlignedRouting,
+    num_slots: int,
+    a_row_div: int,
+    topk_weights: Optional[torch.Tensor],
+    config: MoEKernelConfig,
+) -> None:
+    """out[s] = (topk_weights[s] *) a[s // a_row_div] @ w[expert(s)].T for every routed slot s."""
+    n, k = w.n, w.k
+    scale, s_e, s_n, s_k = _scale_strides(w)
+    per_tile = w.group_k > 0 and w.group_k % config.block_k == 0
+    grid = (routing.expert_ids.numel() * triton.cdiv(n, config.block_n),)
+    _moe_gemm_kernel[grid](
+        a, w.weight, scale, out, topk_weights if topk_weights is not None else a,
+        routing.sorted_slot_ids, routing.expert_ids, routing.num_padded,
+        num_slots,
+        a.stride(0), a.stride(1),
+        w.weight.stride(0), w.weight.stride(1), w.weight.stride(2),
+        s_e, s_n, s_k,
+        out.stride(0), out.stride(1),
+        N=n,
+        K=k,
+        A_ROW_DIV=a_row_div,
+        MUL_ROUTED_WEIGHT=topk_weights is not None,
+        QUANT=int(w.quant),
+        GROUP_N=max(w.group_n, 1),
+        GROUP_K=max(w.group_k, 1),
+        SCALE_K_PER_TILE=per_tile,
+        DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
+
+
+def _fused_experts_chunk(
+    x: torch.Tensor,
+    w13: MoEGemmWeight,
+    w2: MoEGemmWeight,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    config: MoEKernelConfig,
+) -> torch.Tensor:
+    num_tokens, top_k = topk_ids.shape
+    num_slots = num_tokens * top_k
+    inter = w2.k
+    routing = moe_align_block_size(topk_ids, config.block_m, w13.weight.shape[0])
+    cache1 = torch.empty((num_slots, w13.n), dtype=x.dtype, device=x.device)
+    invoke_moe_gemm(x, w13, cache1, routing, num_slots, top_k, None, config)
+    # Rows of skipped (-1) slots are garbage here, but GEMM 2 never reads them.
+    act = F.silu(cache1[:, :inter].float()).mul_(cache1[:, inter:]).to(x.dtype)
+    # Zeros: skipped slots are never written and must add nothing to the sum.
+    cache2 = torch.zeros((num_slots, w2.n), dtype=x.dtype, device=x.device)
+    weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
+    invoke_moe_gemm(act, w2, cache2, routing, num_slots, 1, weights, config)
+    return cache2.view(num_tokens, top_k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype)
+
+
+def fused_experts_triton(
+    x: torch.Tensor,
+    w13: MoEGemmWeight,
+    w2: MoEGemmWeight,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    config: Optional[MoEKernelConfig] = None,
+) -> torch.Tensor:
+    """x [T, H] -> [T, H]. topk_ids entries of -1 contribute nothing (experts computed elsewhere)."""
+    num_tokens, top_k = topk_ids.shape
+    if w13.k != x.shape[1] or w2.n != x.shape[1] or w13.n != 2 * w2.k:
+        raise ValueError(f"weight shapes do not match: x {tuple(x.shape)}, w13 [{w13.n}, {w13.k}], w2 [{w2.n}, {w2.k}]")
+    if num_tokens == 0:
+        return torch.zeros_like(x)
+    x = x.contiguous()
+    outs = []
+    for start in range(0, num_tokens, CHUNK_TOKENS):
+        end = min(start + CHUNK_TOKENS, num_tokens)
+        cfg = config or default_config(end - start, top_k, w13.weight.shape[0])
+        outs.append(_fused_experts_chunk(x[start:end], w13, w2, topk_weights[start:end], topk_ids[start:end], cfg))
+    return outs[0] if len(outs) == 1 else torch.cat(outs)

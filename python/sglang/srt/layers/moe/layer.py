@@ -1,0 +1,79 @@
+"""FusedMoE: the routed-experts layer of a MoE block (router logits in, expert mixture out)."""
+
+from __future__ import annotations
+
+from typing import Union
+
+import torch
+
+from sglang.srt.layers.moe.topk import select_experts
+from sglang.srt.layers.quantization import get_moe_method
+from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase
+
+# Checkpoint projection -> our shard id: w1 = gate, w3 = up (stacked into w13), w2 = down.
+_CKPT_SHARDS = (("gate_proj", "w1", "w13_"), ("up_proj", "w3", "w13_"), ("down_proj", "w2", "w2_"))
+
+
+class FusedMoE(torch.nn.Module):
+    """All experts of one MoE layer; the weight layout belongs to ``quant_method``.
+
+    ``intermediate_size`` is the size this rank holds (per tensor-parallel partition once TP exists).
+    """
+
+    def __init__(
+        self,
+        num_experts: int,
+        top_k: int,
+        hidden_size: int,
+        intermediate_size: int,
+        params_dtype: torch.dtype,
+        quant_method: str = "BF16",
+        renormalize: bool = True,
+        prefix: str = "",
+    ) -> None:
+        super().__init__()
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.hidden_size = hidden_size
+        self.intermediate_size = intermediate_size
+        self.params_dtype = params_dtype
+        self.renormalize = renormalize
+        self.prefix = prefix
+        self.quant_method: FusedMoEMethodBase = get_moe_method(quant_method)
+        self.quant_method.create_weights(self, num_experts, hidden_size, intermediate_size, params_dtype)
+
+    @staticmethod
+    def make_expert_params_mapping(
+        num_experts: int,
+        gate_proj_name: str = "gate_proj",
+        down_proj_name: str = "down_proj",
+        up_proj_name: str = "up_proj",
+    ) -> list[tuple[str, str, int, str]]:
+        """(param name prefix, checkpoint name fragment, expert id, shard id) for every expert weight,
+        e.g. ("experts.w13_", "experts.3.gate_proj.", 3, "w1")."""
+        names = {"gate_proj": gate_proj_name, "up_proj": up_proj_name, "down_proj": down_proj_name}
+        return [
+            (f"experts.{param}", f"experts.{expert}.{names[ckpt]}.", expert, shard)
+            for expert in range(num_experts)
+            for ckpt, shard, param in _CKPT_SHARDS
+        ]
+
+    def weight_loader(
+        self,
+        param_name_or_param: Union[str, torch.nn.Parameter],
+        loaded_weight: torch.Tensor,
+        shard_id: str,
+        expert_id: int,
+    ) -> None:
+        """Load one checkpoint matrix (w1/w3: [I, H], w2: [H, I]); the method picks the target params."""
+        self.quant_method.load_expert(self, expert_id, shard_id, loaded_weight)
+
+    def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+        topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
+        return self.quant_method.apply(self, hidden_states, topk_weights, topk_ids)
+
+    def extra_repr(self) -> str:
+        return (
+            f"num_experts={self.num_experts}, top_k={self.top_k}, hidden_size={self.hidden_size}, "
+            f"intermediate_size={self.intermediate_size}, quant={self.quant_method.name}"
+        )

@@ -1,0 +1,221 @@
+"""The contract between a fused-MoE layer and the way its expert weights are stored.
+
+A method owns the parameter layout of one MoE layer (``create_weights``), turns full-precision
+checkpoint tensors into that layout (``load_expert``), moves single experts between layers
+(``copy_expert_from``, used to stream CPU-resident experts into GPU slots), and runs the experts
+(``apply``). Weight-only methods subclass ``FusedMoEMethodBase`` and describe just their storage
+format through the small ``*_format`` hooks; the generic code here does the per-expert plumbing.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+# The two stacked matrices of every expert. w13 = [w1; w3] (gate rows then up rows), both [2I, H];
+# w2 is the down projection [H, I].
+W13 = "w13"
+W2 = "w2"
+SHARDS = ("w1", "w2", "w3")
+
+
+class WeightQuant(enum.IntEnum):
+    """How the fused-MoE GEMM kernel decodes a weight tile (a constexpr in the kernel)."""
+
+    NONE = 0  # weights already in a float dtype
+    FP8_BLOCK = 1  # float8_e4m3fn, fp32 scale per [GROUP_N x GROUP_K] block
+    INT8_CHANNEL = 2  # int8, fp32 scale per output row
+    INT4_GROUP = 3  # unsigned nibbles holding q + 8, two per byte along K, fp32 scale per K-group
+    MXFP4 = 4  # e2m1 nibbles two per byte along K, e8m0 (uint8) scale per 32 elements of K
+
+
+@dataclass(frozen=True)
+class MoEGemmWeight:
+    """One stacked expert weight as the triton kernel reads it: logically [E, N, K]."""
+
+    weight: torch.Tensor  # [E, N, K], or [E, N, K // 2] bytes for the nibble formats
+    scale: Optional[torch.Tensor]  # [E, ceil(N / group_n), ceil(K / group_k)] (INT8: [E, N])
+    quant: WeightQuant
+    group_n: int = 1
+    group_k: int = 1
+
+    @property
+    def packed(self) -> bool:
+        return self.quant in (WeightQuant.INT4_GROUP, WeightQuant.MXFP4)
+
+    @property
+    def n(self) -> int:
+        return self.weight.shape[1]
+
+    @property
+    def k(self) -> int:
+        return self.weight.shape[2] * (2 if self.packed else 1)
+
+
+@dataclass(frozen=True)
+class MoEWeightSpec:
+    """What create_weights was called with; stored on the layer as ``layer.moe_weight_spec``."""
+
+    num_experts: int
+    hidden_size: int
+    intermediate_size: int  # already per tensor-parallel partition
+    params_dtype: torch.dtype  # the float dtype dequantized weights come back in
+
+    def matrix_shape(self, prefix: str) -> tuple[int, int]:
+        """Logical [rows, cols] of one expert's stacked matrix (rows = output features)."""
+        if prefix == W13:
+            return 2 * self.intermediate_size, self.hidden_size
+        return self.hidden_size, self.intermediate_size
+
+
+@dataclass(frozen=True)
+class ParamLayout:
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+
+class FusedMoEMethodBase(ABC):
+    """Base of all MoE weight methods. Subclasses describe one storage format."""
+
+    name: str = ""
+    # Name suffix of the scale parameter ("w13" + suffix); FP8 follows the checkpoints' "_scale_inv".
+    scale_suffix: str = "_weight_scale"
+    # How many logical rows share one row of the scale tensor (128 for block FP8, else 1).
+    scale_row_block: int = 1
+
+    # ---- storage format hooks (one [rows, cols] matrix of one expert) ----
+
+    @abstractmethod
+    def weight_format(self, rows: int, cols: int, params_dtype: torch.dtype) -> ParamLayout:
+        """Shape/dtype of the stored weight of a logical [rows, cols] matrix."""
+
+    def scale_format(self, rows: int, cols: int) -> Optional[ParamLayout]:
+        """Shape/dtype of its scales, or None when the format has none."""
+        return None
+
+    @abstractmethod
+    def quantize(self, weight: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Full-precision [rows, cols] -> (stored weight, scale or None) in the formats above."""
+
+    @abstractmethod
+    def dequantize(
+        self, qweight: torch.Tensor, scale: Optional[torch.Tensor], rows: int, cols: int, dtype: torch.dtype
+    ) -> torch.Tensor:
+        """Inverse of quantize: -> [rows, cols] in ``dtype``."""
+
+    @abstractmethod
+    def kernel_quant(self) -> tuple[WeightQuant, int, int]:
+        """(kernel decode mode, group_n, group_k) for the triton GEMM."""
+
+    def check_sizes(self, hidden_size: int, intermediate_size: int) -> None:
+        """Raise ValueError when the format cannot store matrices of these sizes."""
+
+    # ---- the layer-level API ----
+
+    def param_layouts(self, spec: MoEWeightSpec) -> dict[str, ParamLayout]:
+        """Every parameter create_weights registers, in order; the exact memory of a layer."""
+        layouts: dict[str, ParamLayout] = {}
+        for prefix in (W13, W2):
+            rows, cols = spec.matrix_shape(prefix)
+            w = self.weight_format(rows, cols, spec.params_dtype)
+            layouts[f"{prefix}_weight"] = ParamLayout((spec.num_experts, *w.shape), w.dtype)
+            s = self.scale_format(rows, cols)
+            if s is not None:
+                layouts[prefix + self.scale_suffix] = ParamLayout((spec.num_experts, *s.shape), s.dtype)
+        return layouts
+
+    def create_weights(
+        self,
+        layer: torch.nn.Module,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        params_dtype: torch.dtype,
+    ) -> None:
+        self.check_sizes(hidden_size, intermediate_size)
+        spec = MoEWeightSpec(num_experts, hidden_size, intermediate_size, params_dtype)
+        layer.moe_weight_spec = spec
+        for name, lay in self.param_layouts(spec).items():
+            # No device argument: an enclosing `with torch.device(...)` decides (meta for sizing).
+            param = torch.nn.Parameter(torch.empty(lay.shape, dtype=lay.dtype), requires_grad=False)
+            layer.register_parameter(name, param)
+
+    def _shard_target(self, spec: MoEWeightSpec, shard: str) -> tuple[str, slice]:
+        """Which stacked matrix a checkpoint shard goes to, and its rows there."""
+        inter = spec.intermediate_size
+        if shard == "w1":
+            return W13, slice(0, inter)
+        if shard == "w3":
+            return W13, slice(inter, 2 * inter)
+        if shard == "w2":
+            return W2, slice(0, spec.hidden_size)
+        raise ValueError(f"unknown expert shard {shard!r}; expected one of {SHARDS}")
+
+    def load_expert(self, layer: torch.nn.Module, expert_id: int, shard: str, weight: torch.Tensor) -> None:
+        spec: MoEWeightSpec = layer.moe_weight_spec
+        prefix, rows = self._shard_target(spec, shard)
+        expected = (rows.stop - rows.start, spec.matrix_shape(prefix)[1])
+        if tuple(weight.shape) != expected:
+            raise ValueError(f"{shard} of expert {expert_id}: expected shape {expected}, got {tuple(weight.shape)}")
+        qweight, scale = self.quantize(weight.to(torch.float32))
+        getattr(layer, f"{prefix}_weight")[expert_id, rows].copy_(qweight)
+        if scale is not None:
+            # Shards are aligned to scale_row_block (check_sizes), so scale rows split cleanly.
+            b = self.scale_row_block
+            srows = slice(rows.start // b, -(-rows.stop // b))
+            getattr(layer, prefix + self.scale_suffix)[expert_id, srows].copy_(scale)
+
+    def copy_expert_from(
+        self, dst_layer: torch.nn.Module, dst_expert: int, src_layer: torch.nn.Module, src_expert: int
+    ) -> None:
+        for name in self.param_layouts(dst_layer.moe_weight_spec):
+            src = getattr(src_layer, name)[src_expert]
+            # From pinned host memory the copy can overlap compute; otherwise it must be synchronous.
+            getattr(dst_layer, name)[dst_expert].copy_(src, non_blocking=src.is_pinned())
+
+    def _stored(self, layer: torch.nn.Module, prefix: str) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        return getattr(layer, f"{prefix}_weight"), getattr(layer, prefix + self.scale_suffix, None)
+
+    def dequantize_expert(self, layer: torch.nn.Module, expert_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+        spec: MoEWeightSpec = layer.moe_weight_spec
+        out = []
+        for prefix in (W13, W2):
+            qweight, scale = self._stored(layer, prefix)
+            rows, cols = spec.matrix_shape(prefix)
+            s = None if scale is None else scale[expert_id]
+            out.append(self.dequantize(qweight[expert_id], s, rows, cols, spec.params_dtype))
+        return out[0], out[1]
+
+    def gemm_weights(self, layer: torch.nn.Module) -> tuple[MoEGemmWeight, MoEGemmWeight]:
+        """The layer's w13 and w2 as the triton kernel reads them (no copies)."""
+        quant, group_n, group_k = self.kernel_quant()
+        return tuple(  # type: ignore[return-value]
+            MoEGemmWeight(*self._stored(layer, prefix), quant=quant, group_n=group_n, group_k=group_k)
+            for prefix in (W13, W2)
+        )
+
+    def apply(
+        self,
+        layer: torch.nn.Module,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        backend: str = "auto",
+    ) -> torch.Tensor:
+        """Run the routed experts. backend: "auto" (triton on CUDA, torch elsewhere), "triton", "native"."""
+        if backend == "auto":
+            backend = "triton" if x.is_cuda else "native"
+        if backend == "triton":
+            from sglang.srt.layers.moe.fused_moe_triton import fused_experts_triton
+
+            w13, w2 = self.gemm_weights(layer)
+            return fused_experts_triton(x, w13, w2, topk_weights, topk_ids)
+        if backend == "native":
+            from sglang.srt.layers.moe.fused_moe_native import fused_moe_native
+
+            return fused_moe_native(x, topk_weights, topk_ids, lambda e: self.dequantize_expert(layer, e))
+        raise ValueError(f"unknown MoE backend {backend!r}; expected auto, triton or native")

@@ -1,0 +1,32 @@
+"""The attention layer models call: holds the layer's head geometry and defers to the batch's backend."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+class RadixAttention(nn.Module):
+    def __init__(
+        self,
+        num_heads: int,
+        head_dim: int,
+        scaling: float,
+        num_kv_heads: int,
+        layer_id: int,
+        v_head_dim: int = -1,
+        logit_cap: float = 0.0,
+        prefix: str = "",
+    ) -> None:
+        super().__init__()
+        self.tp_q_head_num = num_heads
+        self.tp_k_head_num = num_kv_heads
+        self.tp_v_head_num = num_kv_heads
+        self.qk_head_dim = head_dim
+        self.v_head_dim = head_dim if v_head_dim == -1 else v_head_dim
+        self.scaling = scaling
+        self.layer_id = layer_id
+        self.logit_cap = logit_cap
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, forward_batch, save_kv_cache: bool = True):
+        return forward_batch.attn_backend.forward(q, k, v, self, forward_batch, save_kv_cache)

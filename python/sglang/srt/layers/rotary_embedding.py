@@ -1,0 +1,74 @@
+"""Rotary position embedding (rotate-half / NeoX layout), every rope type transformers knows.
+
+The inverse frequencies come from transformers' own rope initialisers, so llama3, yarn, linear and
+dynamic scaling match the reference exactly; cos/sin are precomputed for every position once.
+"""
+
+from __future__ import annotations
+
+from typing import Tuple
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+
+def _rope_parameters(config: PretrainedConfig) -> dict:
+    params = getattr(config, "rope_parameters", None)
+    if params:
+        return dict(params)
+    scaling = dict(getattr(config, "rope_scaling", None) or {})
+    scaling.setdefault("rope_type", scaling.get("type", "default"))
+    scaling.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
+    return scaling
+
+
+def compute_inv_freq(config: PretrainedConfig, head_dim: int) -> Tuple[torch.Tensor, float]:
+    params = _rope_parameters(config)
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        base = params["rope_theta"]
+        return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim)), 1.0
+    if rope_type not in ROPE_INIT_FUNCTIONS:
+        raise ValueError(f"rope type {rope_type!r} is not supported")
+    return ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, config: PretrainedConfig, head_dim: int, max_position: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        inv_freq, scaling = compute_inv_freq(config, head_dim)
+        freqs = torch.arange(max_position, dtype=torch.float)[:, None] * inv_freq[None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        # Cast like the reference does (fp32 math, then the activation dtype) so outputs agree bit for bit.
+        self.register_buffer("cos_cache", (emb.cos() * scaling).to(dtype), persistent=False)
+        self.register_buffer("sin_cache", (emb.sin() * scaling).to(dtype), persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """q: [T, Hq * D], k: [T, Hkv * D]; returns rotated copies of the same shapes."""
+        cos = self.cos_cache[positions].unsqueeze(1)
+        sin = self.sin_cache[positions].unsqueeze(1)
+        qs = q.view(q.shape[0], -1, self.head_dim)
+        ks = k.view(k.shape[0], -1, self.head_dim)
+        q_out = qs * cos + rotate_half(qs) * sin
+        k_out = ks * cos + rotate_half(ks) * sin
+        return q_out.view_as(q), k_out.view_as(k)
+
+
+_ROPE_CACHE: dict = {}
+
+
+def get_rope(config: PretrainedConfig, head_dim: int, max_position: int, dtype: torch.dtype) -> RotaryEmbedding:
+    """One RotaryEmbedding per distinct geometry: its cos/sin tables (MBs at 128k context) are shared by all layers."""
+    device = torch.empty(0).device  # honours the caller's `with torch.device(...)`
+    key = (head_dim, max_position, dtype, str(device), repr(sorted(_rope_parameters(config).items())))
+    if key not in _ROPE_CACHE:
+        _ROPE_CACHE[key] = RotaryEmbedding(config, head_dim, max_position, dtype)
+    return _ROPE_CACHE[key]

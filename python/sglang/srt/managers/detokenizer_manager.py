@@ -1,0 +1,95 @@
+"""DetokenizerManager: token ids -> incremental text, in its own process (decoding is CPU work)."""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+import zmq
+
+from sglang.srt.managers.io_struct import BatchStrOut, BatchTokenIDOut
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils.process import PortArgs, configure_logger, die_with_parent
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class DecodeStatus:
+    ids: List[int]
+    text: str = ""  # text confirmed so far
+    surr_offset: int = 0  # decode from here so a token's leading space renders correctly
+    read_offset: int = 0  # tokens before this are in `text`
+    sent_len: int = 0  # characters already sent
+
+
+class IncrementalDetokenizer:
+    """Turns growing token lists into text deltas, holding back incomplete UTF-8 (U+FFFD) sequences."""
+
+    def __init__(self, tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.states: Dict[str, DecodeStatus] = {}
+
+    def _decode(self, ids: List[int], skip: bool, spaces: bool) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=skip, spaces_between_special_tokens=spaces)
+
+    def step(self, rid: str, new_ids: List[int], finished: Optional[dict], skip: bool, spaces: bool, no_stop_trim: bool) -> str:
+        st = self.states.setdefault(rid, DecodeStatus(ids=[]))
+        st.ids.extend(new_ids)
+        ids = st.ids
+        matched = finished.get("matched") if finished else None
+        if finished and isinstance(matched, int) and not no_stop_trim and ids and ids[-1] == matched:
+            ids = ids[:-1]  # the stop token itself is not part of the text
+        surr = self._decode(ids[st.surr_offset : st.read_offset], skip, spaces)
+        full = self._decode(ids[st.surr_offset :], skip, spaces)
+        if finished or (len(full) > len(surr) and not full.endswith("\ufffd")):
+            st.text += full[len(surr) :]
+            st.surr_offset, st.read_offset = st.read_offset, len(ids)
+        text = st.text
+        if finished and isinstance(matched, str) and not no_stop_trim:
+            pos = text.find(matched)
+            if pos >= 0:
+                text = text[:pos]
+        delta = text[st.sent_len :]
+        st.sent_len = len(text)
+        if finished:
+            del self.states[rid]
+        return delta
+
+    def process(self, out: BatchTokenIDOut) -> BatchStrOut:
+        strs = [
+            self.step(rid, ids, fin, skip, spaces, nst) if self.tokenizer is not None else ""
+            for rid, ids, fin, skip, spaces, nst in zip(
+                out.rids, out.output_ids, out.finished_reasons, out.skip_special_tokens,
+                out.spaces_between_special_tokens, out.no_stop_trim,
+            )
+        ]
+        return BatchStrOut(
+            rids=out.rids, output_strs=strs, output_ids=out.output_ids, finished_reasons=out.finished_reasons,
+            prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
+            cached_tokens=out.cached_tokens, output_token_logprobs=out.output_token_logprobs,
+        )
+
+
+def run_detokenizer_process(server_args: ServerArgs, port_args: PortArgs) -> None:
+    die_with_parent()
+    configure_logger(server_args.log_level, prefix="detokenizer")
+    try:
+        tokenizer = None
+        if not server_args.skip_tokenizer_init:
+            from sglang.srt.utils.hf_tokenizer import get_tokenizer
+
+            tokenizer = get_tokenizer(server_args.tokenizer_path)
+        ctx = zmq.Context(2)
+        recv = ctx.socket(zmq.PULL)
+        recv.bind(port_args.detokenizer_ipc_name)
+        send = ctx.socket(zmq.PUSH)
+        send.connect(port_args.tokenizer_ipc_name)
+        detok = IncrementalDetokenizer(tokenizer)
+        while True:
+            send.send_pyobj(detok.process(recv.recv_pyobj()))
+    except BaseException:
+        logger.error("Detokenizer failed:\n%s", traceback.format_exc())
+        raise SystemExit(1)

@@ -1,0 +1,227 @@
+"""Req (one request's scheduling state) and ScheduleBatch (the requests of one forward pass).
+
+Life of a request: waiting -> prefill (maybe in chunks) -> running decode -> finished. Its KV slots
+are recorded in ReqToTokenPool row `req_pool_idx`; a cached prefix comes from the radix tree.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, List, Optional
+
+import torch
+
+from sglang.srt.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+from sglang.srt.sampling.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+    from sglang.srt.mem_cache.radix_cache import RadixCache, TreeNode
+
+
+@dataclass
+class FinishReason:
+    kind: str  # "stop" | "length" | "abort"
+    matched: Optional[object] = None  # token id or stop string
+    length: int = 0
+    message: str = ""
+    status_code: int = 0
+
+    def to_json(self) -> dict:
+        if self.kind == "length":
+            return {"type": "length", "length": self.length}
+        if self.kind == "abort":
+            return {"type": "abort", "message": self.message, "status_code": self.status_code}
+        return {"type": "stop", "matched": self.matched}
+
+
+class Req:
+    def __init__(
+        self,
+        rid: str,
+        input_ids: List[int],
+        sampling_params: SamplingParams,
+        eos_token_ids: List[int],
+        sampling_seed: int,
+        return_logprob: bool = False,
+        stream: bool = False,
+        input_text: str = "",
+    ) -> None:
+        self.rid = rid
+        self.origin_input_text = input_text
+        self.origin_input_ids = list(input_ids)
+        self.sampling_params = sampling_params
+        self.sampling_seed = sampling_seed
+        self.return_logprob = return_logprob
+        self.stream = stream
+        self.stop_token_ids = set(sampling_params.stop_token_ids or [])
+        if not sampling_params.ignore_eos:
+            self.stop_token_ids |= set(eos_token_ids)
+        self.output_ids: List[int] = []
+        self.output_token_logprobs: List[float] = []
+        self.finished_reason: Optional[FinishReason] = None
+        # KV bookkeeping
+        self.fill_ids: List[int] = []
+        self.prefix_indices = torch.empty(0, dtype=torch.int64)
+        self.last_node: Optional["TreeNode"] = None
+        self.cache_protected_len = 0  # leading tokens whose slots belong to the radix tree
+        self.req_pool_idx: Optional[int] = None
+        self.kv_committed_len = 0  # tokens whose K/V are written
+        self.extend_input_len = 0
+        self.cached_tokens = 0  # prompt tokens served from the radix cache (reported once)
+        self.retractions = 0
+        self.created_time = time.monotonic()
+        self.first_token_time: Optional[float] = None
+        self.sent_offset = 0  # output tokens already sent to the detokenizer
+
+    @property
+    def seqlen(self) -> int:
+        return len(self.origin_input_ids) + len(self.output_ids)
+
+    def finished(self) -> bool:
+        return self.finished_reason is not None
+
+    def init_next_round_input(self, tree_cache: Optional["RadixCache"]) -> None:
+        """Set fill_ids and match the longest cached prefix (the last token is always recomputed)."""
+        self.fill_ids = self.origin_input_ids + self.output_ids
+        if tree_cache is not None:
+            self.prefix_indices, self.last_node = tree_cache.match_prefix(self.fill_ids[: len(self.fill_ids) - 1])
+        self.extend_input_len = len(self.fill_ids) - len(self.prefix_indices)
+
+    def init_chunk_continuation(self) -> None:
+        """Next chunk of a chunked prefill: everything after the slots this request already holds."""
+        self.fill_ids = self.origin_input_ids + self.output_ids
+        self.extend_input_len = len(self.fill_ids) - len(self.prefix_indices)
+
+    def check_finished(self, tail_text: Optional[str] = None) -> None:
+        """After a new token: length limit, stop token, or a stop string in `tail_text` (decoded tail)."""
+        if self.finished():
+            return
+        params = self.sampling_params
+        if len(self.output_ids) >= params.max_new_tokens:
+            self.finished_reason = FinishReason("length", length=params.max_new_tokens)
+            return
+        if len(self.output_ids) < params.min_new_tokens:
+            return
+        last = self.output_ids[-1]
+        if last in self.stop_token_ids:
+            self.finished_reason = FinishReason("stop", matched=last)
+            return
+        if tail_text is not None:
+            for stop in params.stop_strs:
+                if stop in tail_text:
+                    self.finished_reason = FinishReason("stop", matched=stop)
+                    return
+
+    def reset_for_retract(self) -> None:
+        self.prefix_indices = torch.empty(0, dtype=torch.int64)
+        self.last_node = None
+        self.cache_protected_len = 0
+        self.req_pool_idx = None
+        self.kv_committed_len = 0
+        self.retractions += 1
+
+
+class ScheduleBatch:
+    def __init__(
+        self,
+        reqs: List[Req],
+        req_to_token_pool: "ReqToTokenPool",
+        allocator: "TokenToKVPoolAllocator",
+        tree_cache: "RadixCache",
+        vocab_size: int,
+        device: str,
+    ) -> None:
+        self.reqs = reqs
+        self.req_to_token_pool = req_to_token_pool
+        self.allocator = allocator
+        self.tree_cache = tree_cache
+        self.vocab_size = vocab_size
+        self.device = device
+        self.forward_mode = ForwardMode.DECODE
+        self.out_cache_loc: Optional[torch.Tensor] = None
+        self.input_ids: List[int] = []
+        self.seq_lens: List[int] = []
+        self.prefix_lens: List[int] = []
+        self.extend_lens: List[int] = []
+
+    def batch_size(self) -> int:
+        return len(self.reqs)
+
+    def is_empty(self) -> bool:
+        return not self.reqs
+
+    def _alloc_slots(self, alloc_fn, *args) -> torch.Tensor:
+        out = alloc_fn(*args)
+        if out is None:
+            need = sum(self.extend_lens) if self.forward_mode.is_extend() else len(self.reqs)
+            self.tree_cache.evict(need + self.allocator.page_size * len(self.reqs))
+            out = alloc_fn(*args)
+        if out is None:
+            raise RuntimeError("KV pool exhausted after eviction; the scheduler admitted too much")
+        return out
+
+    def _last_locs(self, lens: List[int]) -> List[int]:
+        rows = self.req_to_token_pool.req_to_token
+        return [int(rows[r.req_pool_idx, n - 1]) if n > 0 else -1 for r, n in zip(self.reqs, lens)]
+
+    def prepare_for_extend(self) -> None:
+        self.forward_mode = ForwardMode.EXTEND
+        for req in self.reqs:
+            if req.req_pool_idx is None:
+                (req.req_pool_idx,) = self.req_to_token_pool.alloc(1)
+        self.prefix_lens = [len(r.prefix_indices) for r in self.reqs]
+        self.extend_lens = [r.extend_input_len for r in self.reqs]
+        self.seq_lens = [p + e for p, e in zip(self.prefix_lens, self.extend_lens)]
+        self.input_ids = [t for r, p, s in zip(self.reqs, self.prefix_lens, self.seq_lens) for t in r.fill_ids[p:s]]
+        rows = self.req_to_token_pool.req_to_token
+        for req, p in zip(self.reqs, self.prefix_lens):
+            if p:  # point the row at the prefix's slots (the tree's, or this request's earlier chunks)
+                rows[req.req_pool_idx, :p] = req.prefix_indices.to(rows.device, torch.int32)
+        self.out_cache_loc = self._alloc_slots(
+            self.allocator.alloc_extend, self.prefix_lens, self.seq_lens, self._last_locs(self.prefix_lens)
+        )
+        start = 0
+        for req, p, s in zip(self.reqs, self.prefix_lens, self.seq_lens):
+            rows[req.req_pool_idx, p:s] = self.out_cache_loc[start : start + s - p].to(rows.device, torch.int32)
+            start += s - p
+
+    def prepare_for_decode(self) -> None:
+        self.forward_mode = ForwardMode.DECODE
+        self.input_ids = [r.output_ids[-1] for r in self.reqs]
+        self.seq_lens = [r.seqlen for r in self.reqs]
+        self.out_cache_loc = self._alloc_slots(
+            self.allocator.alloc_decode, self.seq_lens, self._last_locs([s - 1 for s in self.seq_lens])
+        )
+        rows = self.req_to_token_pool.req_to_token
+        idx = torch.tensor([r.req_pool_idx for r in self.reqs], dtype=torch.int64, device=rows.device)
+        pos = torch.tensor([s - 1 for s in self.seq_lens], dtype=torch.int64, device=rows.device)
+        rows[idx, pos] = self.out_cache_loc.to(rows.device, torch.int32)
+
+    def decode_tokens_needed(self) -> int:
+        """Slots the next decode step takes (a new page for requests whose last page is full)."""
+        ps = self.allocator.page_size
+        return sum(ps if r.seqlen % ps == 1 % ps else 0 for r in self.reqs) if ps > 1 else len(self.reqs)
+
+    def filter(self, keep: List[Req]) -> None:
+        self.reqs = keep
+
+    def merge(self, other: "ScheduleBatch") -> None:
+        self.reqs = self.reqs + other.reqs
+
+    def get_model_worker_batch(self) -> ModelWorkerBatch:
+        extend = self.forward_mode.is_extend()
+        return ModelWorkerBatch(
+            forward_mode=self.forward_mode,
+            input_ids=self.input_ids,
+            req_pool_indices=[r.req_pool_idx for r in self.reqs],
+            seq_lens=self.seq_lens,
+            out_cache_loc=self.out_cache_loc,
+            extend_seq_lens=self.extend_lens if extend else None,
+            extend_prefix_lens=self.prefix_lens if extend else None,
+            sampling_info=SamplingBatchInfo.from_reqs(self.reqs, self.vocab_size, self.device),
+            return_logprob=any(r.return_logprob for r in self.reqs),
+        )

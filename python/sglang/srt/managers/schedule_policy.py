@@ -1,0 +1,87 @@
+"""Which waiting requests join the next prefill batch, within memory, request and chunk budgets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, List, Optional
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.mem_cache.radix_cache import RadixCache
+
+# Future decode tokens of one request counted against the pool are capped at this (SGLang's clip).
+CLIP_MAX_NEW_TOKENS = 4096
+
+
+def estimated_future_tokens(req: "Req", new_token_ratio: float) -> int:
+    remaining = max(req.sampling_params.max_new_tokens - len(req.output_ids), 0)
+    return int(min(remaining, CLIP_MAX_NEW_TOKENS) * new_token_ratio)
+
+
+def sort_waiting_queue(queue: List["Req"], policy: str, tree_cache: "RadixCache") -> None:
+    """fcfs keeps arrival order; lpm (longest prefix match) puts the best cache hits first."""
+    if policy == "lpm" and not tree_cache.disable and len(queue) > 1:
+        for req in queue:
+            req.init_next_round_input(tree_cache)
+        queue.sort(key=lambda r: -len(r.prefix_indices))
+
+
+@dataclass
+class PrefillAdder:
+    page_size: int
+    rem_total_tokens: int  # free + evictable slots minus what running requests will still need
+    rem_input_tokens: int  # --max-prefill-tokens budget for new tokens in this batch
+    rem_chunk_tokens: Optional[int]  # --chunked-prefill-size budget, None when chunking is off
+    rem_requests: int  # room left under max_running_requests
+    can_run_list: List["Req"] = field(default_factory=list)
+    new_chunked_req: Optional["Req"] = None
+
+    def _lock(self, req: "Req", tree_cache: "RadixCache") -> None:
+        tree_cache.inc_lock_ref(req.last_node)
+        req.cache_protected_len = len(req.prefix_indices)
+
+    def add_chunked_req(self, req: "Req") -> Optional["Req"]:
+        """Schedule the next chunk of an in-flight chunked prefill; returns it if more chunks remain."""
+        budget = self.rem_chunk_tokens if self.rem_chunk_tokens is not None else req.extend_input_len
+        truncated = req.extend_input_len > budget
+        if truncated:
+            req.extend_input_len = max(budget // self.page_size * self.page_size, self.page_size)
+            req.fill_ids = req.fill_ids[: len(req.prefix_indices) + req.extend_input_len]
+        self.can_run_list.append(req)
+        self._spend(req.extend_input_len)
+        return req if truncated else None
+
+    def _spend(self, tokens: int) -> None:
+        self.rem_total_tokens -= tokens
+        self.rem_input_tokens -= tokens
+        if self.rem_chunk_tokens is not None:
+            self.rem_chunk_tokens -= tokens
+
+    def add_one_req(self, req: "Req", tree_cache: "RadixCache", new_token_ratio: float) -> str:
+        """Try to admit `req`; returns "added", "chunked" (admitted partially, stop), or "full" (stop)."""
+        if self.rem_requests <= 0:
+            return "full"
+        future = estimated_future_tokens(req, new_token_ratio)
+        if req.extend_input_len + future > self.rem_total_tokens:
+            return "full"
+        if self.can_run_list and req.extend_input_len > self.rem_input_tokens:
+            return "full"
+        chunk = self.rem_chunk_tokens
+        if chunk is not None and req.extend_input_len > chunk:
+            aligned = chunk // self.page_size * self.page_size
+            if aligned <= 0:
+                return "full"
+            req.extend_input_len = aligned
+            req.fill_ids = req.fill_ids[: len(req.prefix_indices) + aligned]
+            self._lock(req, tree_cache)
+            self.can_run_list.append(req)
+            self.new_chunked_req = req
+            self._spend(aligned)
+            self.rem_requests -= 1
+            return "chunked"
+        self._lock(req, tree_cache)
+        self.can_run_list.append(req)
+        self._spend(req.extend_input_len)
+        self.rem_total_tokens -= future
+        self.rem_requests -= 1
+        return "added"

@@ -1,0 +1,234 @@
+"""Scheduler: continuous batching over one rank's ModelRunner.
+
+Each step either runs a prefill batch (new requests, or the next chunk of a chunked prefill) or one
+decode step of every running request. When the KV pool cannot hold the next decode step, requests
+are retracted to the waiting queue (their KV goes to the radix tree, where it may still be reused);
+none is ever dropped. The same class runs in-process (tests, benchmarks) or inside the scheduler
+process (scheduler_process.py), which adds the ZeroMQ plumbing and tensor-parallel broadcast.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections import deque
+from typing import Callable, Deque, List, Optional
+
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.managers.io_struct import AbortReq, SchedulerStats, TokenizedGenerateReqInput
+from sglang.srt.managers.schedule_batch import FinishReason, Req, ScheduleBatch
+from sglang.srt.managers.schedule_policy import PrefillAdder, estimated_future_tokens, sort_waiting_queue
+from sglang.srt.managers.scheduler_output import SchedulerOutputMixin
+from sglang.srt.mem_cache.radix_cache import RadixCache
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.server_args import ServerArgs
+
+logger = logging.getLogger(__name__)
+
+INIT_NEW_TOKEN_RATIO = 0.7
+MIN_NEW_TOKEN_RATIO = 0.14
+NEW_TOKEN_RATIO_DECAY = 0.001
+
+
+class Scheduler(SchedulerOutputMixin):
+    def __init__(
+        self,
+        server_args: ServerArgs,
+        gpu_id: int = 0,
+        tp_rank: int = 0,
+        dist_init_method: Optional[str] = None,
+        output_sink: Optional[Callable] = None,
+    ) -> None:
+        self.server_args = server_args
+        self.tp_rank = tp_rank
+        self.model_config = ModelConfig.from_server_args(server_args)
+        self.model_runner = ModelRunner(
+            self.model_config, server_args, gpu_id, tp_rank, server_args.tp_size, dist_init_method
+        )
+        self.device = server_args.device
+        self.tokenizer = None
+        if not server_args.skip_tokenizer_init:
+            from sglang.srt.utils.hf_tokenizer import get_tokenizer
+
+            self.tokenizer = get_tokenizer(server_args.tokenizer_path)
+        self.eos_token_ids = sorted(set(self.model_config.eos_token_ids) | self._tokenizer_eos())
+        self.req_to_token_pool = self.model_runner.req_to_token_pool
+        self.allocator = self.model_runner.token_to_kv_pool_allocator
+        self.tree_cache = RadixCache(
+            self.req_to_token_pool, self.allocator, server_args.page_size, disable=server_args.disable_radix_cache
+        )
+        self.max_running_requests = min(
+            self.model_runner.memory_plan.max_running_requests, self.req_to_token_pool.size
+        )
+        chunk = server_args.chunked_prefill_size
+        self.chunked_prefill_size = chunk if chunk and chunk > 0 else None
+        self.waiting_queue: Deque[Req] = deque()
+        self.running_batch: Optional[ScheduleBatch] = None
+        self.chunked_req: Optional[Req] = None
+        self.new_token_ratio = INIT_NEW_TOKEN_RATIO
+        self.output_sink = output_sink or (lambda out: None)
+        self.stats = SchedulerStats(max_total_num_tokens=self.model_runner.max_total_num_tokens)
+        self._tokens_since = (time.monotonic(), 0)
+        self.forward_ct = 0
+        self._finished_reqs: List[Req] = []  # finished outside process_batch_result, sent with the next output
+
+    def _tokenizer_eos(self) -> set:
+        tok = self.tokenizer
+        return {tok.eos_token_id} if tok is not None and tok.eos_token_id is not None else set()
+
+    @property
+    def max_total_num_tokens(self) -> int:
+        return self.model_runner.max_total_num_tokens
+
+    # --------------------------------------------------------------- input
+    def add_request(self, recv: TokenizedGenerateReqInput) -> None:
+        params = recv.sampling_params
+        seed = params.sampling_seed if params.sampling_seed is not None else random.getrandbits(62)
+        req = Req(recv.rid, recv.input_ids, params, self.eos_token_ids, seed, recv.return_logprob, recv.stream, recv.input_text)
+        if len(req.origin_input_ids) >= self.model_config.context_len:
+            self._abort_new(req, f"prompt of {len(req.origin_input_ids)} tokens does not fit the context length {self.model_config.context_len}")
+            return
+        if len(req.origin_input_ids) + 1 > self.max_total_num_tokens:
+            self._abort_new(req, f"prompt of {len(req.origin_input_ids)} tokens does not fit the KV cache of {self.max_total_num_tokens} tokens")
+            return
+        # Never generate past the context window.
+        params.max_new_tokens = min(params.max_new_tokens, self.model_config.context_len - len(req.origin_input_ids))
+        if params.max_new_tokens == 0:
+            req.finished_reason = FinishReason("length", length=0)
+            self.stream_output([req])
+            return
+        self.waiting_queue.append(req)
+
+    def _abort_new(self, req: Req, message: str) -> None:
+        req.finished_reason = FinishReason("abort", message=message, status_code=400)
+        self.stream_output([req])
+
+    def abort_request(self, abort: AbortReq) -> None:
+        for req in list(self.waiting_queue):
+            if req.rid == abort.rid:
+                self.waiting_queue.remove(req)
+                req.finished_reason = FinishReason("abort", message=abort.message, status_code=abort.status_code)
+                if req.req_pool_idx is not None:  # a retracted request may still hold a row
+                    self.tree_cache.cache_finished_req(req)
+                self.stream_output([req])
+                return
+        running = self.running_batch.reqs if self.running_batch else []
+        for req in running + ([self.chunked_req] if self.chunked_req else []):
+            if req.rid == abort.rid and not req.finished():
+                # Released with the next batch result, so its KV is freed exactly once.
+                req.finished_reason = FinishReason("abort", message=abort.message, status_code=abort.status_code)
+
+    def flush_cache(self) -> bool:
+        if self.waiting_queue or self.running_batch or self.chunked_req:
+            return False
+        self.tree_cache.reset()
+        self.allocator.clear()
+        self.req_to_token_pool.clear()
+        return True
+
+    # ----------------------------------------------------------- scheduling
+    def new_batch(self, reqs: List[Req]) -> ScheduleBatch:
+        return ScheduleBatch(
+            reqs, self.req_to_token_pool, self.allocator, self.tree_cache, self.model_config.vocab_size, self.device
+        )
+
+    def get_next_batch_to_run(self) -> Optional[ScheduleBatch]:
+        batch = self.get_new_batch_prefill()
+        if batch is not None:
+            return batch
+        if self.running_batch is None or self.running_batch.is_empty():
+            self.running_batch = None
+            return None
+        self.update_running_batch()
+        return self.running_batch
+
+    def get_new_batch_prefill(self) -> Optional[ScheduleBatch]:
+        if not self.waiting_queue and self.chunked_req is None:
+            return None
+        running = self.running_batch.reqs if self.running_batch else []
+        reserved = sum(estimated_future_tokens(r, self.new_token_ratio) for r in running)
+        adder = PrefillAdder(
+            page_size=self.server_args.page_size,
+            rem_total_tokens=self.allocator.available_size() + self.tree_cache.evictable_size() - reserved,
+            rem_input_tokens=self.server_args.max_prefill_tokens,
+            rem_chunk_tokens=self.chunked_prefill_size,
+            rem_requests=self.max_running_requests - len(running) - (1 if self.chunked_req else 0),
+        )
+        if self.chunked_req is not None:
+            self.chunked_req.init_chunk_continuation()
+            self.chunked_req = adder.add_chunked_req(self.chunked_req)
+        if self.chunked_req is None:
+            sort_waiting_queue(self.waiting_queue, self.server_args.schedule_policy, self.tree_cache)
+            while self.waiting_queue:
+                req = self.waiting_queue[0]
+                req.init_next_round_input(None if self.tree_cache.disable else self.tree_cache)
+                if self.req_to_token_pool.available_size() <= len(adder.can_run_list) and req.req_pool_idx is None:
+                    break
+                verdict = adder.add_one_req(req, self.tree_cache, self.new_token_ratio)
+                if verdict == "full":
+                    break
+                self.waiting_queue.popleft()
+                if verdict == "chunked":
+                    self.chunked_req = adder.new_chunked_req
+                    break
+        if not adder.can_run_list:
+            return None
+        batch = self.new_batch(adder.can_run_list)
+        for req in batch.reqs:
+            if req.kv_committed_len == 0 and not req.output_ids:  # first admission, not a later chunk
+                req.cached_tokens = len(req.prefix_indices)
+                self.stats.cached_tokens_total += req.cached_tokens
+        batch.prepare_for_extend()
+        return batch
+
+    def update_running_batch(self) -> None:
+        batch = self.running_batch
+        while self.allocator.available_size() + self.tree_cache.evictable_size() < batch.decode_tokens_needed():
+            if batch.batch_size() == 1:
+                req = batch.reqs[0]
+                req.finished_reason = FinishReason(
+                    "abort", message=f"KV cache of {self.max_total_num_tokens} tokens cannot hold this request", status_code=400
+                )
+                self.release_finished(batch)
+                self.running_batch = None
+                self.stream_output([])
+                return
+            self.retract_one(batch)
+        if batch.is_empty():
+            self.running_batch = None
+            return
+        self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
+        batch.prepare_for_decode()
+
+    def retract_one(self, batch: ScheduleBatch) -> None:
+        """Move the request with the fewest generated tokens (longest prompt on ties) back to waiting."""
+        victim = min(batch.reqs, key=lambda r: (len(r.output_ids), -len(r.origin_input_ids)))
+        batch.filter([r for r in batch.reqs if r is not victim])
+        self.tree_cache.cache_finished_req(victim)
+        victim.reset_for_retract()
+        self.waiting_queue.appendleft(victim)
+        self.stats.num_retractions += 1
+        self.new_token_ratio = min(1.0, self.new_token_ratio + 0.1)
+        logger.info("KV cache full: retracted request %s (%d tokens) to the waiting queue", victim.rid, victim.seqlen)
+
+    # -------------------------------------------------------------- running
+    def run_batch(self, batch: ScheduleBatch):
+        forward_batch = ForwardBatch.init_new(batch.get_model_worker_batch(), self.model_runner)
+        logits_output = self.model_runner.forward(forward_batch)
+        next_ids, logprobs = self.model_runner.sample(logits_output, forward_batch)
+        self.forward_ct += 1
+        return next_ids.tolist(), logprobs.tolist()
+
+    def step(self) -> bool:
+        """Run at most one batch; returns False when there was nothing to do."""
+        batch = self.get_next_batch_to_run()
+        if batch is None:
+            return False
+        next_ids, logprobs = self.run_batch(batch)
+        self.process_batch_result(batch, next_ids, logprobs)
+        return True
+
+    def has_work(self) -> bool:
+        return bool(self.waiting_queue) or self.running_batch is not None or self.chunked_req is not None

@@ -1,0 +1,157 @@
+"""The scheduler process: receives tokenized requests, runs the Scheduler, sends tokens onward.
+
+Rank 0 talks ZeroMQ and broadcasts every received message to the other tensor-parallel ranks, so
+all ranks take the same scheduling decisions. A crash is reported, never swallowed: before the
+ready signal through the start-up pipe, afterwards as a SchedulerFailed message to the tokenizer
+manager; either way the process exits non-zero.
+"""
+
+from __future__ import annotations
+
+import logging
+import pickle
+import time
+import traceback
+from typing import List
+
+import torch
+import zmq
+
+from sglang.srt.distributed import get_tp_group
+from sglang.srt.managers.io_struct import (
+    AbortReq,
+    FlushCacheReq,
+    FlushCacheReqOutput,
+    GetLoadReq,
+    SchedulerFailed,
+    TokenizedGenerateReqInput,
+)
+from sglang.srt.managers.scheduler import Scheduler
+from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils.process import PortArgs, configure_logger, die_with_parent
+
+logger = logging.getLogger(__name__)
+STATS_INTERVAL_S = 0.5
+
+
+def broadcast_pyobj(objs: List, src_is_me: bool) -> List:
+    """Send a picklable list from rank 0 to every rank over the CPU group."""
+    group = get_tp_group()
+    if group.world_size == 1:
+        return objs
+    import torch.distributed as dist
+
+    if src_is_me:
+        data = pickle.dumps(objs)
+        size = torch.tensor([len(data)], dtype=torch.int64)
+        dist.broadcast(size, src=0, group=group.cpu_group)
+        if len(data):
+            dist.broadcast(torch.frombuffer(bytearray(data), dtype=torch.uint8), src=0, group=group.cpu_group)
+        return objs
+    size = torch.tensor([0], dtype=torch.int64)
+    dist.broadcast(size, src=0, group=group.cpu_group)
+    buf = torch.empty(int(size.item()), dtype=torch.uint8)
+    dist.broadcast(buf, src=0, group=group.cpu_group)
+    return pickle.loads(buf.numpy().tobytes())
+
+
+class SchedulerProcess:
+    def __init__(self, server_args: ServerArgs, port_args: PortArgs, gpu_id: int, tp_rank: int) -> None:
+        self.tp_rank = tp_rank
+        self.is_entry_rank = tp_rank == 0
+        ctx = zmq.Context(2)
+        if self.is_entry_rank:
+            self.recv_from_tokenizer = ctx.socket(zmq.PULL)
+            self.recv_from_tokenizer.bind(port_args.scheduler_input_ipc_name)
+            self.send_to_detokenizer = ctx.socket(zmq.PUSH)
+            self.send_to_detokenizer.connect(port_args.detokenizer_ipc_name)
+            self.send_to_tokenizer = ctx.socket(zmq.PUSH)
+            self.send_to_tokenizer.connect(port_args.tokenizer_ipc_name)
+        self.scheduler = Scheduler(
+            server_args, gpu_id, tp_rank, port_args.dist_init_method, output_sink=self._send_tokens
+        )
+        self._last_stats = 0.0
+
+    def _send_tokens(self, out) -> None:
+        if self.is_entry_rank:
+            self.send_to_detokenizer.send_pyobj(out)
+
+    def ready_info(self) -> dict:
+        mr = self.scheduler.model_runner
+        return {
+            "status": "ready",
+            "max_total_num_tokens": mr.max_total_num_tokens,
+            "max_running_requests": self.scheduler.max_running_requests,
+            "context_len": self.scheduler.model_config.context_len,
+            "vocab_size": self.scheduler.model_config.vocab_size,
+            "memory_plan": mr.memory_plan.to_dict(),
+        }
+
+    def recv_requests(self, block: bool) -> List:
+        msgs: List = []
+        if self.is_entry_rank:
+            if block and not self.recv_from_tokenizer.poll(timeout=STATS_INTERVAL_S * 1000):
+                pass
+            while True:
+                try:
+                    msgs.append(self.recv_from_tokenizer.recv_pyobj(zmq.NOBLOCK))
+                except zmq.ZMQError:
+                    break
+        return broadcast_pyobj(msgs, self.is_entry_rank)
+
+    def dispatch(self, msg) -> None:
+        sched = self.scheduler
+        if isinstance(msg, TokenizedGenerateReqInput):
+            sched.add_request(msg)
+        elif isinstance(msg, AbortReq):
+            sched.abort_request(msg)
+        elif isinstance(msg, FlushCacheReq):
+            ok = sched.flush_cache()
+            if self.is_entry_rank:
+                note = "" if ok else "requests are in flight; the cache was not flushed"
+                self.send_to_tokenizer.send_pyobj(FlushCacheReqOutput(ok, note))
+        elif isinstance(msg, GetLoadReq):
+            self._send_stats(force=True)
+        else:
+            logger.error("Scheduler got an unknown message %r", type(msg).__name__)
+
+    def _send_stats(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.is_entry_rank and (force or now - self._last_stats >= STATS_INTERVAL_S):
+            self.scheduler.update_stats()
+            self.send_to_tokenizer.send_pyobj(self.scheduler.stats)
+            self._last_stats = now
+
+    def event_loop(self) -> None:
+        sched = self.scheduler
+        while True:
+            for msg in self.recv_requests(block=not sched.has_work()):
+                self.dispatch(msg)
+            sched.step()
+            self._send_stats()
+
+    def report_failure(self, message: str) -> None:
+        if self.is_entry_rank:
+            self.send_to_tokenizer.send_pyobj(SchedulerFailed(message))
+            time.sleep(0.2)  # let ZeroMQ flush before the process exits
+
+
+def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, gpu_id: int, tp_rank: int, pipe) -> None:
+    die_with_parent()
+    configure_logger(server_args.log_level, prefix=f"TP{tp_rank}" if server_args.tp_size > 1 else "")
+    proc = None
+    try:
+        proc = SchedulerProcess(server_args, port_args, gpu_id, tp_rank)
+        pipe.send(proc.ready_info())
+    except BaseException:
+        msg = traceback.format_exc()
+        logger.error("Scheduler failed to start:\n%s", msg)
+        pipe.send({"status": "error", "message": msg})
+        raise SystemExit(1)
+    try:
+        proc.event_loop()
+    except BaseException:
+        msg = traceback.format_exc()
+        logger.error("Scheduler hit an exception:\n%s", msg)
+        proc.report_failure(msg)
+        raise SystemExit(1)

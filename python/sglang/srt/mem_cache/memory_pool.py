@@ -1,0 +1,147 @@
+"""The two pools a request's KV lives in.
+
+ReqToTokenPool maps (request slot, position) -> KV slot index. MHATokenToKVPool holds, per layer, one
+K and one V buffer of shape [slots, kv_heads, head_dim] (token-major: each layer's tokens contiguous).
+Slot 0 (the whole first page) is the dummy slot: padded CUDA-graph entries write there, it is never
+handed to a request. The buffers may be ordinary tensors or tensors over CUDA virtual memory whose
+backed size grows after graph capture; either way the slot counts are derived from the buffers.
+"""
+
+from __future__ import annotations
+
+from typing import List, Optional, Sequence
+
+import torch
+
+
+class ReqToTokenPool:
+    def __init__(self, size: int, max_context_len: int, device: str) -> None:
+        self.size = size
+        self.max_context_len = max_context_len
+        self.device = device
+        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32, device=device)
+        self.free_slots: List[int] = list(range(size))
+
+    def available_size(self) -> int:
+        return len(self.free_slots)
+
+    def alloc(self, need_size: int) -> Optional[List[int]]:
+        if need_size > len(self.free_slots):
+            return None
+        out, self.free_slots = self.free_slots[:need_size], self.free_slots[need_size:]
+        return out
+
+    def free(self, index: int) -> None:
+        self.free_slots.append(index)
+
+    def clear(self) -> None:
+        self.free_slots = list(range(self.size))
+
+    def nbytes(self) -> int:
+        return self.req_to_token.numel() * self.req_to_token.element_size()
+
+
+class MHATokenToKVPool:
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        head_num: int,
+        head_dim: int,
+        v_head_dim: int,
+        layer_num: int,
+        device: str,
+        buffers: Optional[Sequence[torch.Tensor]] = None,
+    ) -> None:
+        """`size` usable token slots (a multiple of page_size) plus one dummy page in front.
+
+        `buffers`, when given, are 2 * layer_num tensors (K0, V0, K1, V1, ...) already shaped
+        [>= size + page_size, head_num, head_dim]; otherwise they are allocated here.
+        """
+        self.page_size = page_size
+        self.dtype = dtype
+        # fp8 is stored as bytes: index_put on float8 tensors is not supported everywhere.
+        self.store_dtype = torch.uint8 if dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else dtype
+        self.head_num = head_num
+        self.head_dim = head_dim
+        self.v_head_dim = v_head_dim
+        self.layer_num = layer_num
+        self.device = device
+        if buffers is None:
+            slots = size + page_size
+            # torch.empty, not zeros: every slot is written before it is read, and on the CPU an
+            # untouched buffer costs no RAM until the cache fills.
+            self.k_buffer = [
+                torch.empty((slots, head_num, head_dim), dtype=self.store_dtype, device=device) for _ in range(layer_num)
+            ]
+            self.v_buffer = [
+                torch.empty((slots, head_num, v_head_dim), dtype=self.store_dtype, device=device) for _ in range(layer_num)
+            ]
+            self.backed_slots = slots
+        else:
+            if len(buffers) != 2 * layer_num:
+                raise ValueError(f"expected {2 * layer_num} KV buffers, got {len(buffers)}")
+            self.k_buffer = list(buffers[0::2])
+            self.v_buffer = list(buffers[1::2])
+            self.backed_slots = size + page_size
+        self.size = size
+        if self.backed_slots > self.k_buffer[0].shape[0]:
+            raise ValueError(f"{size} tokens do not fit in buffers of {self.k_buffer[0].shape[0]} slots")
+
+    # Bytes of one token slot in one K (or V) buffer, derived from the buffers themselves.
+    @property
+    def k_slot_bytes(self) -> int:
+        return self.k_buffer[0][0].numel() * self.k_buffer[0].element_size()
+
+    @property
+    def v_slot_bytes(self) -> int:
+        return self.v_buffer[0][0].numel() * self.v_buffer[0].element_size()
+
+    @property
+    def cell_size(self) -> int:
+        """Bytes of KV per token across all layers (the planner's unit)."""
+        return (self.k_slot_bytes + self.v_slot_bytes) * self.layer_num
+
+    def capacity_for_backed_bytes(self, backed_bytes_per_buffer: int) -> int:
+        """Usable token slots when each buffer has this many bytes backed by physical memory."""
+        slots = min(backed_bytes_per_buffer // self.k_slot_bytes, backed_bytes_per_buffer // self.v_slot_bytes)
+        slots = min(slots, self.k_buffer[0].shape[0])
+        return max(0, (slots // self.page_size) * self.page_size - self.page_size)
+
+    def resize(self, new_size: int) -> None:
+        """Grow or shrink the usable token count within the buffers' extent (their memory is the caller's)."""
+        if new_size % self.page_size:
+            raise ValueError(f"pool size {new_size} is not a multiple of the page size {self.page_size}")
+        if new_size + self.page_size > self.k_buffer[0].shape[0]:
+            raise ValueError(f"pool size {new_size} exceeds the buffers' {self.k_buffer[0].shape[0]} slots")
+        self.size = new_size
+        self.backed_slots = new_size + self.page_size
+
+    def get_kv_size_bytes(self) -> tuple[int, int]:
+        slots = self.size + self.page_size
+        return slots * self.k_slot_bytes * self.layer_num, slots * self.v_slot_bytes * self.layer_num
+
+    def _view(self, buf: torch.Tensor) -> torch.Tensor:
+        return buf.view(self.dtype) if self.store_dtype != self.dtype else buf
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        return self._view(self.k_buffer[layer_id])
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        return self._view(self.v_buffer[layer_id])
+
+    def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor) -> None:
+        if cache_k.dtype != self.dtype:
+            cache_k = cache_k.to(self.dtype)
+            cache_v = cache_v.to(self.dtype)
+        if self.store_dtype != self.dtype:
+            cache_k = cache_k.view(self.store_dtype)
+            cache_v = cache_v.view(self.store_dtype)
+        self.k_buffer[layer_id][loc] = cache_k
+        self.v_buffer[layer_id][loc] = cache_v
+
+    def release_buffers(self) -> None:
+        """Drop the tensors (a VMM arena may only be unmapped after this)."""
+        self.k_buffer = []
+        self.v_buffer = []

@@ -1,0 +1,224 @@
+"""Radix tree over token ids whose values are KV slot indices: shared prefixes are computed once.
+
+Keys are page-aligned (a node's key length is a multiple of page_size), so a matched prefix is
+always whole pages. Nodes referenced by running requests are locked (lock_ref > 0) and never
+evicted; unlocked leaves are evicted least-recently-used first when the allocator runs dry.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+
+import torch
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+    from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+
+_counter = itertools.count()
+
+
+class TreeNode:
+    def __init__(self, parent: Optional["TreeNode"] = None) -> None:
+        self.children: Dict[tuple, TreeNode] = {}
+        self.parent = parent
+        self.key: List[int] = []
+        self.value: torch.Tensor = torch.empty(0, dtype=torch.int64)
+        self.lock_ref = 0
+        self.last_access_time = time.monotonic()
+        self.id = next(_counter)
+
+    def __lt__(self, other: "TreeNode") -> bool:
+        return self.last_access_time < other.last_access_time
+
+
+class RadixCache:
+    def __init__(
+        self,
+        req_to_token_pool: "ReqToTokenPool",
+        token_to_kv_pool_allocator: "TokenToKVPoolAllocator",
+        page_size: int,
+        disable: bool = False,
+    ) -> None:
+        self.req_to_token_pool = req_to_token_pool
+        self.allocator = token_to_kv_pool_allocator
+        self.page_size = page_size
+        self.disable = disable
+        self.reset()
+
+    def reset(self) -> None:
+        self.root = TreeNode()
+        self.root.lock_ref = 1  # the root is never evicted
+        self.evictable_size_ = 0
+        self.protected_size_ = 0
+
+    # ------------------------------------------------------------------ keys
+    def _child_key(self, key: List[int]) -> tuple:
+        return tuple(key[: self.page_size])
+
+    def _match_len(self, a: List[int], b: List[int]) -> int:
+        n = 0
+        for x, y in zip(a, b):
+            if x != y:
+                break
+            n += 1
+        return n // self.page_size * self.page_size
+
+    # ----------------------------------------------------------------- lookup
+    def match_prefix(self, key: List[int]) -> Tuple[torch.Tensor, TreeNode]:
+        """Slots of the longest cached page-aligned prefix of `key`, and the node where it ends."""
+        if self.disable or not key:
+            return torch.empty(0, dtype=torch.int64), self.root
+        key = key[: len(key) // self.page_size * self.page_size]
+        values: List[torch.Tensor] = []
+        node = self.root
+        now = time.monotonic()
+        node.last_access_time = now
+        while key:
+            child = node.children.get(self._child_key(key))
+            if child is None:
+                break
+            child.last_access_time = now
+            n = self._match_len(child.key, key)
+            if n < len(child.key):
+                child = self._split(child, n)
+                values.append(child.value)
+                node = child
+                break
+            values.append(child.value)
+            node = child
+            key = key[n:]
+        value = torch.cat(values) if values else torch.empty(0, dtype=torch.int64)
+        return value, node
+
+    def _split(self, child: TreeNode, n: int) -> TreeNode:
+        """Split `child` so that its first n tokens become a new parent node; returns that node."""
+        new = TreeNode(child.parent)
+        new.key, new.value = child.key[:n], child.value[:n]
+        new.lock_ref = child.lock_ref
+        new.last_access_time = child.last_access_time
+        child.parent.children[self._child_key(new.key)] = new
+        child.key, child.value = child.key[n:], child.value[n:]
+        child.parent = new
+        new.children[self._child_key(child.key)] = child
+        return new
+
+    def insert(self, key: List[int], value: torch.Tensor) -> int:
+        """Insert a page-aligned key; returns how many leading tokens were already cached."""
+        if self.disable:
+            return 0
+        node = self.root
+        now = time.monotonic()
+        prefix_len = 0
+        while key:
+            child = node.children.get(self._child_key(key))
+            if child is None:
+                break
+            child.last_access_time = now
+            n = self._match_len(child.key, key)
+            if n < len(child.key):
+                child = self._split(child, n)
+            prefix_len += n
+            key, value = key[n:], value[n:]
+            node = child
+        if key:
+            leaf = TreeNode(node)
+            leaf.key, leaf.value = list(key), value.clone().to("cpu", torch.int64)
+            node.children[self._child_key(key)] = leaf
+            self.evictable_size_ += len(key)
+        return prefix_len
+
+    # ------------------------------------------------------------ requests
+    def cache_finished_req(self, req: "Req") -> None:
+        """Move a finished request's KV into the tree (or free it) and release its request slot."""
+        token_ids = (req.origin_input_ids + req.output_ids)[: req.kv_committed_len]
+        kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(token_ids)].to("cpu", torch.int64)
+        if self.disable:
+            self.allocator.free(kv)
+        else:
+            aligned = len(kv) // self.page_size * self.page_size
+            new_prefix_len = self.insert(token_ids[:aligned], kv[:aligned])
+            # Our copies of tokens the tree already held, and the unaligned tail, go back to the pool.
+            self.allocator.free(kv[req.cache_protected_len : max(new_prefix_len, req.cache_protected_len)])
+            self.allocator.free(kv[aligned:])
+            self.dec_lock_ref(req.last_node)
+        self.req_to_token_pool.free(req.req_pool_idx)
+        req.req_pool_idx = None
+
+    def cache_unfinished_req(self, req: "Req") -> None:
+        """After a prefill chunk: share the computed prefix through the tree, keep the request's slot."""
+        token_ids = req.fill_ids
+        kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(token_ids)].to("cpu", torch.int64)
+        if self.disable:
+            req.prefix_indices = kv  # the request keeps every slot it computed
+            return
+        aligned = len(kv) // self.page_size * self.page_size
+        new_prefix_len = self.insert(token_ids[:aligned], kv[:aligned])
+        self.allocator.free(kv[req.cache_protected_len : max(new_prefix_len, req.cache_protected_len)])
+        new_indices, new_node = self.match_prefix(token_ids[:aligned])
+        start = req.cache_protected_len
+        self.req_to_token_pool.req_to_token[req.req_pool_idx, start : len(new_indices)] = new_indices[start:].to(
+            self.req_to_token_pool.device, torch.int32
+        )
+        self.dec_lock_ref(req.last_node)
+        self.inc_lock_ref(new_node)
+        req.last_node = new_node
+        req.cache_protected_len = len(new_indices)
+        req.prefix_indices = torch.cat((new_indices, kv[len(new_indices) :]))
+
+    # -------------------------------------------------------------- locking
+    def inc_lock_ref(self, node: TreeNode) -> None:
+        while node is not self.root and node is not None:
+            if node.lock_ref == 0:
+                self.evictable_size_ -= len(node.key)
+                self.protected_size_ += len(node.key)
+            node.lock_ref += 1
+            node = node.parent
+
+    def dec_lock_ref(self, node: Optional[TreeNode]) -> None:
+        while node is not self.root and node is not None:
+            if node.lock_ref == 1:
+                self.evictable_size_ += len(node.key)
+                self.protected_size_ -= len(node.key)
+            node.lock_ref -= 1
+            node = node.parent
+
+    # ------------------------------------------------------------- eviction
+    def evict(self, num_tokens: int) -> int:
+        """Free at least num_tokens slots from unlocked leaves, LRU first; returns tokens freed."""
+        if self.disable or num_tokens <= 0:
+            return 0
+        leaves = [n for n in self._all_nodes() if not n.children and n.lock_ref == 0 and n is not self.root]
+        heapq.heapify(leaves)
+        freed = 0
+        while freed < num_tokens and leaves:
+            leaf = heapq.heappop(leaves)
+            self.allocator.free(leaf.value)
+            freed += len(leaf.key)
+            self.evictable_size_ -= len(leaf.key)
+            parent = leaf.parent
+            del parent.children[self._child_key(leaf.key)]
+            if parent is not self.root and not parent.children and parent.lock_ref == 0:
+                heapq.heappush(leaves, parent)
+        return freed
+
+    def _all_nodes(self) -> List[TreeNode]:
+        out, stack = [], [self.root]
+        while stack:
+            node = stack.pop()
+            out.append(node)
+            stack.extend(node.children.values())
+        return out
+
+    def evictable_size(self) -> int:
+        return self.evictable_size_
+
+    def protected_size(self) -> int:
+        return self.protected_size_
+
+    def total_size(self) -> int:
+        return sum(len(n.key) for n in self._all_nodes())

@@ -1,0 +1,88 @@
+"""MemoryPlan: every term of the device-memory budget, in one object.
+
+Each sizing decision reads from or writes to the plan; it is logged as a table at start-up and
+returned by /server_info under `memory_plan`. Sizes are GiB (floats) unless the name says bytes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+GiB = 1 << 30
+
+
+@dataclass
+class MemoryPlan:
+    device: str
+    tp_size: int = 1
+    path: str = "static"  # "static" or "post-capture"
+    path_reason: str = ""
+    mem_fraction_static: float = 0.0
+    device_capacity_gb: float = 0.0
+    pre_model_load_memory_gb: float = 0.0  # free before weights load (MIN over ranks)
+    weights_gb: float = 0.0  # measured: free before - free after loading
+    available_after_weights_gb: float = 0.0  # free after weights, cache emptied (MIN over ranks)
+    headroom_gb: float = 0.0  # kept free for activations and everything not planned below
+    headroom_rule: str = ""
+    reservations_bytes: Dict[str, int] = field(default_factory=dict)  # e.g. the KT full-GPU prefill slot
+    cell_size_bytes: int = 0  # KV bytes per token over all layers on one rank
+    page_size: int = 1
+    max_total_num_tokens: int = 0
+    kv_pool_gb: float = 0.0
+    max_running_requests: int = 0
+    req_to_token_gb: float = 0.0
+    cuda_graph_gb: float = 0.0  # measured around graph capture
+    cuda_graph_max_bs: int = 0
+    activation_peak_gb: float = 0.0  # measured by worst-case eager forwards (post-capture path)
+    free_after_plan_gb: float = 0.0  # measured once everything is allocated
+    token_cap_reason: str = ""  # set when --max-total-tokens or the VA bound capped the pool
+    per_rank_available_gb: List[float] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
+    # Post-capture path only: what static sizing would have given, and SGLang's headroom rule's count.
+    static_equivalent_tokens: Optional[int] = None
+    sglang_rule_tokens: Optional[int] = None
+
+    @property
+    def reservations_gb(self) -> float:
+        return sum(self.reservations_bytes.values()) / GiB
+
+    def to_dict(self) -> dict:
+        out = dataclasses.asdict(self)
+        out["reservations_gb"] = round(self.reservations_gb, 4)
+        return out
+
+    def format_table(self) -> str:
+        rows = [
+            ("path", f"{self.path} ({self.path_reason})" if self.path_reason else self.path),
+            ("device", f"{self.device} x{self.tp_size} rank(s), capacity {self.device_capacity_gb:.2f} GiB"),
+            ("mem_fraction_static", f"{self.mem_fraction_static}"),
+            ("free before weights", f"{self.pre_model_load_memory_gb:.2f} GiB"),
+            ("weights", f"{self.weights_gb:.2f} GiB"),
+            ("free after weights", f"{self.available_after_weights_gb:.2f} GiB"),
+            ("headroom", f"{self.headroom_gb:.2f} GiB ({self.headroom_rule})"),
+        ]
+        for name, nbytes in self.reservations_bytes.items():
+            rows.append((f"reservation: {name}", f"{nbytes / GiB:.3f} GiB ({nbytes} bytes)"))
+        rows += [
+            ("KV cell size", f"{self.cell_size_bytes} bytes/token"),
+            ("KV pool", f"{self.kv_pool_gb:.2f} GiB = {self.max_total_num_tokens} tokens (page {self.page_size})"),
+            ("req_to_token", f"{self.req_to_token_gb:.3f} GiB for {self.max_running_requests} running requests"),
+            ("CUDA graphs", f"{self.cuda_graph_gb:.3f} GiB measured (max bs {self.cuda_graph_max_bs})"),
+        ]
+        if self.activation_peak_gb:
+            rows.append(("activation peak", f"{self.activation_peak_gb:.3f} GiB measured"))
+        if self.static_equivalent_tokens is not None:
+            rows.append(("static path would give", f"{self.static_equivalent_tokens} tokens"))
+        if self.sglang_rule_tokens is not None:
+            rows.append(("SGLang headroom rule", f"{self.sglang_rule_tokens} tokens"))
+        if self.token_cap_reason:
+            rows.append(("token cap", self.token_cap_reason))
+        if self.free_after_plan_gb:
+            rows.append(("free after start-up", f"{self.free_after_plan_gb:.2f} GiB"))
+        for note in self.notes:
+            rows.append(("note", note))
+        width = max(len(k) for k, _ in rows)
+        lines = ["Memory plan:"] + [f"  {k.ljust(width)} | {v}" for k, v in rows]
+        return "\n".join(lines)

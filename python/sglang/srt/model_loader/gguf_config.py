@@ -1,0 +1,70 @@
+"""A transformers config built from a GGUF file's metadata (fast: no tensor is read)."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import gguf
+from transformers import PretrainedConfig
+from transformers.models.llama import LlamaConfig
+from transformers.models.qwen2 import Qwen2Config
+from transformers.models.qwen3 import Qwen3Config
+from transformers.models.qwen3_moe import Qwen3MoeConfig
+
+# GGUF architecture -> (HF config class, HF architecture name)
+GGUF_ARCHS = {
+    "llama": (LlamaConfig, "LlamaForCausalLM"),
+    "qwen2": (Qwen2Config, "Qwen2ForCausalLM"),
+    "qwen3": (Qwen3Config, "Qwen3ForCausalLM"),
+    "qwen3moe": (Qwen3MoeConfig, "Qwen3MoeForCausalLM"),
+}
+
+
+@lru_cache(maxsize=4)
+def open_gguf(path: str) -> gguf.GGUFReader:
+    return gguf.GGUFReader(path)
+
+
+def _field(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
+    f = reader.fields.get(key)
+    return default if f is None else f.contents()
+
+
+def config_from_gguf(path: str) -> PretrainedConfig:
+    reader = open_gguf(path)
+    arch = _field(reader, "general.architecture")
+    if arch not in GGUF_ARCHS:
+        raise ValueError(f"GGUF architecture {arch!r} is not supported (supported: {', '.join(GGUF_ARCHS)})")
+    cls, hf_arch = GGUF_ARCHS[arch]
+    a = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
+    num_heads = a("attention.head_count")
+    hidden = a("embedding_length")
+    tensor_names = {t.name for t in reader.tensors}
+    vocab = a("vocab_size") or len(_field(reader, "tokenizer.ggml.tokens", []))
+    kwargs = dict(
+        architectures=[hf_arch],
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=a("feed_forward_length"),
+        num_hidden_layers=a("block_count"),
+        num_attention_heads=num_heads,
+        num_key_value_heads=a("attention.head_count_kv", num_heads),
+        head_dim=a("attention.key_length", hidden // num_heads),
+        max_position_embeddings=a("context_length", 4096),
+        rms_norm_eps=a("attention.layer_norm_rms_epsilon", 1e-6),
+        rope_theta=a("rope.freq_base", 10000.0),
+        tie_word_embeddings="output.weight" not in tensor_names,
+        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
+    )
+    if arch == "qwen3moe":
+        kwargs.update(
+            num_experts=a("expert_count"),
+            num_experts_per_tok=a("expert_used_count"),
+            moe_intermediate_size=a("expert_feed_forward_length"),
+            norm_topk_prob=True,
+        )
+    config = cls(**kwargs)
+    config.gguf_architecture = arch
+    return config

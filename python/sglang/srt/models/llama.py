@@ -1,0 +1,164 @@
+"""Llama decoder (also SmolLM2), written once and specialised by Qwen2 (qkv bias) and Qwen3 (q/k norm)."""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional, Set, Tuple
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from sglang.srt.distributed import get_tensor_model_parallel_world_size
+from sglang.srt.layers.activation import SiluAndMul
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
+from sglang.srt.layers.radix_attention import RadixAttention
+from sglang.srt.layers.rotary_embedding import get_rope
+from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from sglang.srt.model_loader.weight_loading import load_stacked_weights
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, hidden_size: int, intermediate_size: int, dtype: torch.dtype, prefix: str = "") -> None:
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, params_dtype=dtype)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, params_dtype=dtype)
+        self.act_fn = SiluAndMul()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaAttention(nn.Module):
+    qkv_bias = False
+    qk_norm = False
+
+    def __init__(self, config: PretrainedConfig, layer_id: int, dtype: torch.dtype, max_position: int) -> None:
+        super().__init__()
+        tp = get_tensor_model_parallel_world_size()
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        total_kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size,
+            self.head_dim,
+            config.num_attention_heads,
+            total_kv,
+            bias=self.qkv_bias or getattr(config, "attention_bias", False),
+            params_dtype=dtype,
+        )
+        self.o_proj = RowParallelLinear(
+            config.num_attention_heads * self.head_dim,
+            config.hidden_size,
+            bias=getattr(config, "attention_bias", False) and not self.qkv_bias,
+            params_dtype=dtype,
+        )
+        self.num_heads = config.num_attention_heads // tp
+        self.num_kv_heads = self.qkv_proj.num_kv_heads
+        self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
+        if self.qk_norm:
+            self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps, params_dtype=dtype)
+            self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps, params_dtype=dtype)
+        self.rotary_emb = get_rope(config, self.head_dim, max_position, dtype)
+        self.attn = RadixAttention(
+            self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, layer_id=layer_id
+        )
+
+    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch) -> torch.Tensor:
+        qkv = self.qkv_proj(hidden_states)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        if self.qk_norm:
+            q = self.q_norm(q.reshape(-1, self.head_dim)).view_as(q)
+            k = self.k_norm(k.reshape(-1, self.head_dim)).view_as(k)
+        q, k = self.rotary_emb(positions, q, k)
+        return self.o_proj(self.attn(q, k, v.contiguous(), forward_batch))
+
+
+class LlamaDecoderLayer(nn.Module):
+    attention_cls = LlamaAttention
+
+    def __init__(self, config: PretrainedConfig, layer_id: int, dtype: torch.dtype, max_position: int) -> None:
+        super().__init__()
+        self.self_attn = self.attention_cls(config, layer_id, dtype, max_position)
+        self.mlp = self.make_mlp(config, layer_id, dtype)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, params_dtype=dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, params_dtype=dtype)
+
+    def make_mlp(self, config: PretrainedConfig, layer_id: int, dtype: torch.dtype) -> nn.Module:
+        return LlamaMLP(config.hidden_size, config.intermediate_size, dtype)
+
+    def forward(
+        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: Optional[torch.Tensor], forward_batch
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states, forward_batch)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class LlamaModel(nn.Module):
+    layer_cls = LlamaDecoderLayer
+
+    def __init__(self, config: PretrainedConfig, dtype: torch.dtype, max_position: int) -> None:
+        super().__init__()
+        self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, params_dtype=dtype)
+        self.layers = nn.ModuleList(
+            [self.layer_cls(config, i, dtype, max_position) for i in range(config.num_hidden_layers)]
+        )
+        self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, params_dtype=dtype)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch) -> torch.Tensor:
+        hidden_states = self.embed_tokens(input_ids)
+        residual = None
+        for layer in self.layers:
+            hidden_states, residual = layer(positions, hidden_states, residual, forward_batch)
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class LlamaForCausalLM(nn.Module):
+    model_cls = LlamaModel
+    # checkpoint suffix -> (our parameter suffix, shard id)
+    stacked_params_mapping = [
+        (".qkv_proj", ".q_proj", "q"),
+        (".qkv_proj", ".k_proj", "k"),
+        (".qkv_proj", ".v_proj", "v"),
+        (".gate_up_proj", ".gate_proj", 0),
+        (".gate_up_proj", ".up_proj", 1),
+    ]
+
+    def __init__(self, config: PretrainedConfig, dtype: torch.dtype, max_position: Optional[int] = None) -> None:
+        super().__init__()
+        self.config = config
+        max_position = max_position or getattr(config, "max_position_embeddings", 4096)
+        self.model = self.model_cls(config, dtype, max_position)
+        if getattr(config, "tie_word_embeddings", False):
+            self.lm_head = self.model.embed_tokens
+        else:
+            self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, params_dtype=dtype)
+        self.logits_processor = LogitsProcessor(config.vocab_size)
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch) -> LogitsProcessorOutput:
+        hidden_states = self.model(input_ids, positions, forward_batch)
+        return self.logits_processor(hidden_states, self.lm_head, forward_batch)
+
+    def memory_reservations(self) -> dict:
+        """Device bytes this model needs outside the KV pool, by name (MoE models with KT add the prefill slot)."""
+        return {}
+
+    def finish_loading(self) -> None:
+        """Work after every weight is in place (MoE models quantize/pin experts here)."""
+
+    def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> Set[str]:
+        skip = ("rotary_emb.inv_freq",)
+        if getattr(self.config, "tie_word_embeddings", False):
+            skip += ("lm_head.weight",)
+        return load_stacked_weights(self, weights, self.stacked_params_mapping, skip)
+
+
+EntryClass = LlamaForCausalLM

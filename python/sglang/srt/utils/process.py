@@ -1,0 +1,66 @@
+"""Process helpers: ZeroMQ endpoints, child processes that die with their parent, clean teardown."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import signal
+import socket
+import tempfile
+from dataclasses import dataclass
+from typing import List
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class PortArgs:
+    """IPC endpoints between the processes of one server (ipc:// sockets in a private directory)."""
+
+    scheduler_input_ipc_name: str  # tokenizer manager -> scheduler rank 0
+    detokenizer_ipc_name: str  # scheduler rank 0 -> detokenizer
+    tokenizer_ipc_name: str  # detokenizer and scheduler rank 0 -> tokenizer manager
+    dist_init_method: str  # torch.distributed rendezvous for tensor parallelism
+
+    @classmethod
+    def init_new(cls, dist_init_addr: str | None = None) -> "PortArgs":
+        d = tempfile.mkdtemp(prefix="sglang-ipc-")
+        if dist_init_addr:
+            dist = f"tcp://{dist_init_addr}"
+        else:
+            dist = f"tcp://127.0.0.1:{free_port()}"
+        return cls(f"ipc://{d}/scheduler", f"ipc://{d}/detokenizer", f"ipc://{d}/tokenizer", dist)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def die_with_parent() -> None:
+    """Ask the kernel to SIGKILL this process when its parent exits (Linux), so no orphan survives."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+def kill_process_tree(processes: List, timeout: float = 10.0) -> None:
+    """Terminate multiprocessing children, then kill whatever did not exit in time."""
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    for p in processes:
+        p.join(timeout)
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGKILL)
+            p.join(1)
+
+
+def configure_logger(log_level: str, prefix: str = "") -> None:
+    fmt = f"[%(asctime)s{(' ' + prefix) if prefix else ''}] %(message)s"
+    logging.basicConfig(level=getattr(logging, log_level.upper()), format=fmt, datefmt="%Y-%m-%d %H:%M:%S", force=True)

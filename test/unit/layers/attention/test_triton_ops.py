@@ -1,0 +1,237 @@
+from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
+
+register_cpu_ci(est_time=20, suite="per-commit-cpu")
+register_cuda_ci(est_time=60, suite="per-commit-cuda")
+
+# Triton decode / extend attention vs a plain torch reference over a shuffled paged KV pool.
+# CPU: fp32 through the triton interpreter (tiny shapes). CUDA: bf16, larger shapes, plus a
+# CUDA-graph replay with changed indices/lengths.
+
+import math
+import os
+
+import pytest
+import torch
+
+from sglang.srt.layers.attention.triton_ops import (
+    decode_attention_fwd,
+    extend_attention_fwd,
+    get_num_kv_splits,
+)
+
+_INTERP = os.environ.get("TRITON_INTERPRET") == "1"
+DEVICES = [
+    pytest.param(
+        "cpu",
+        marks=pytest.mark.skipif(
+            not _INTERP, reason="CPU cases need TRITON_INTERPRET=1 (conftest sets it without a GPU)"
+        ),
+    ),
+    pytest.param(
+        "cuda",
+        marks=pytest.mark.skipif(
+            not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the GPU machine)"
+        ),
+    ),
+]
+
+
+def _dtype_tol(device: str):
+    return (torch.float32, 1e-4) if device == "cpu" else (torch.bfloat16, 2e-2)
+
+
+def _softcap(s: torch.Tensor, cap: float) -> torch.Tensor:
+    return cap * torch.tanh(s / cap) if cap > 0 else s
+
+
+def _pool(num_slots, hkv, d, dv, dtype, device, gen):
+    k = torch.randn(num_slots, hkv, d, generator=gen).to(device=device, dtype=dtype)
+    v = torch.randn(num_slots, hkv, dv, generator=gen).to(device=device, dtype=dtype)
+    return k, v
+
+
+def _slots(lens, num_slots, idx_dtype, device, gen):
+    """Shuffled, non-contiguous slot ids for each request, packed with an indptr."""
+    perm = torch.randperm(num_slots, generator=gen)[: sum(lens)]
+    indptr = torch.zeros(len(lens) + 1, dtype=torch.int32)
+    indptr[1:] = torch.cumsum(torch.tensor(lens, dtype=torch.int64), 0).to(torch.int32)
+    return indptr.to(device), perm.to(device=device, dtype=idx_dtype)
+
+
+def _ref_attn(q, k, v, scale, cap, mask=None):
+    """q [M, Hq, D], k [L, Hkv, D], v [L, Hkv, Dv] -> [M, Hq, Dv], fp32."""
+    group = q.shape[1] // k.shape[1]
+    k = k.float().repeat_interleave(group, dim=1)
+    v = v.float().repeat_interleave(group, dim=1)
+    s = _softcap(torch.einsum("mhd,lhd->hml", q.float(), k) * scale, cap)
+    if mask is not None:
+        s = s.masked_fill(~mask[None], float("-inf"))
+    return torch.einsum("hml,lhd->mhd", torch.softmax(s, dim=-1), v)
+
+
+def _ref_decode(q, k_buf, v_buf, indptr, indices, scale, cap):
+    out = torch.zeros(q.shape[0], q.shape[1], v_buf.shape[-1])
+    for i in range(q.shape[0]):
+        s = indices[indptr[i] : indptr[i + 1]].long()
+        if len(s):
+            out[i] = _ref_attn(q[i : i + 1], k_buf[s], v_buf[s], scale, cap)[0].cpu()
+    return out
+
+
+def _ref_extend(q, k_ext, v_ext, k_buf, v_buf, qo_indptr, kv_indptr, indices, scale, causal, cap):
+    out = torch.zeros(q.shape[0], q.shape[1], v_ext.shape[-1])
+    for i in range(len(qo_indptr) - 1):
+        a, b = int(qo_indptr[i]), int(qo_indptr[i + 1])
+        s = indices[kv_indptr[i] : kv_indptr[i + 1]].long()
+        k = torch.cat([k_buf[s], k_ext[a:b]])
+        v = torch.cat([v_buf[s], v_ext[a:b]])
+        mask = None
+        if causal:  # new token j sees the whole prefix and new tokens 0..j
+            rows = torch.arange(b - a, device=q.device)[:, None]
+            cols = torch.arange(len(s) + b - a, device=q.device)[None, :] - len(s)
+            mask = cols <= rows
+        out[a:b] = _ref_attn(q[a:b], k, v, scale, cap, mask).cpu()
+    return out
+
+
+def _run_decode(device, lens, hq, hkv, d, dv, max_splits, idx_dtype, cap=0.0, splits=None):
+    dtype, tol = _dtype_tol(device)
+    gen = torch.Generator().manual_seed(len(lens) * 1000 + hq * 10 + d + max_splits)
+    num_slots = sum(lens) + 37
+    k_buf, v_buf = _pool(num_slots, hkv, d, dv, dtype, device, gen)
+    indptr, indices = _slots(lens, num_slots, idx_dtype, device, gen)
+    bs = len(lens)
+    q = torch.randn(bs, hq, d, generator=gen).to(device=device, dtype=dtype)
+    o = torch.full((bs, hq, dv), float("nan"), device=device, dtype=dtype)
+    logits = torch.empty(bs, hq, max_splits, dv, device=device, dtype=torch.float32)
+    lse = torch.empty(bs, hq, max_splits, device=device, dtype=torch.float32)
+    num_splits = torch.empty(bs, dtype=torch.int32, device=device)
+    if splits is None:
+        seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+        get_num_kv_splits(num_splits, seq_lens, max_splits, min_block_tokens=64)
+    else:
+        num_splits.copy_(torch.tensor(splits, dtype=torch.int32))
+    scale = 1.0 / math.sqrt(d)
+    decode_attention_fwd(
+        q, k_buf, v_buf, o, indptr, indices, logits, lse, num_splits, max_splits, scale, cap
+    )
+    ref = _ref_decode(q, k_buf, v_buf, indptr, indices, scale, cap)
+    real = torch.tensor([n > 0 for n in lens])
+    assert torch.isfinite(o.float()).all(), "padding / real rows must be finite"
+    torch.testing.assert_close(o.float().cpu()[real], ref[real], atol=tol, rtol=tol)
+    if not real.all():
+        assert (o.float().cpu()[~real] == 0).all(), "empty rows are written as zeros"
+
+
+# (lens, hq, hkv, d, dv, max_kv_splits, index dtype, logit_cap)
+DECODE_CASES = [
+    ([1, 17, 300, 0], 4, 4, 64, 64, 4, torch.int64, 0.0),  # MHA, multi-split, padding row
+    ([1, 17, 300], 6, 2, 96, 96, 1, torch.int32, 0.0),  # GQA 3, non-pow2 head dim, 1 split
+    ([300, 0, 17], 8, 2, 64, 64, 4, torch.int32, 0.0),  # GQA 4
+    ([17, 130], 8, 2, 64, 96, 3, torch.int64, 0.0),  # Dv > D (Dv non-pow2)
+    ([300, 5], 8, 2, 64, 64, 2, torch.int64, 5.0),  # logit cap
+    ([70], 20, 1, 64, 64, 2, torch.int32, 0.0),  # group 20 > BLOCK_H: two programs per kv head
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("lens,hq,hkv,d,dv,max_splits,idx_dtype,cap", DECODE_CASES)
+def test_decode_matches_reference(device, lens, hq, hkv, d, dv, max_splits, idx_dtype, cap):
+    if device == "cuda":  # scale up: longer contexts and a Llama-like head count
+        lens = lens + [4096, 1000]
+        hq, hkv = hq * 4, hkv * 4
+        max_splits = max_splits * 4
+    _run_decode(device, lens, hq, hkv, d, dv, max_splits, idx_dtype, cap)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_decode_explicit_splits(device):
+    """Split counts set by hand: above the chunk count (empty chunks), and out of range."""
+    _run_decode(device, [3, 200, 64, 0], 4, 2, 64, 64, 4, torch.int64, splits=[4, 3, 4, 0])
+    _run_decode(device, [130, 9], 4, 2, 64, 64, 2, torch.int32, splits=[7, 1])  # clamped to 2
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_get_num_kv_splits(device):
+    seq_lens = torch.tensor([0, 1, 256, 257, 8192, 100000], dtype=torch.int32, device=device)
+    out = torch.zeros(6, dtype=torch.int32, device=device)
+    get_num_kv_splits(out, seq_lens, max_kv_splits=16, min_block_tokens=256)
+    assert out.dtype == torch.int32
+    assert out.cpu().tolist() == [1, 1, 1, 2, 16, 16]
+
+
+# (prefix lens, extend lens, hq, hkv, d, dv, causal, index dtype, logit_cap)
+EXTEND_CASES = [
+    ([0, 0], [5, 40], 4, 4, 64, 64, True, torch.int64, 0.0),  # no prefix at all
+    ([0, 33, 7], [20, 1, 35], 6, 2, 96, 96, True, torch.int32, 0.0),  # mixed prefixes, GQA 3
+    ([50, 3], [9, 16], 8, 2, 64, 64, True, torch.int64, 4.0),  # GQA 4 + logit cap
+    ([12, 0], [37, 3], 4, 2, 96, 64, False, torch.int32, 0.0),  # non-causal, Dv != D
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("pre,ext,hq,hkv,d,dv,causal,idx_dtype,cap", EXTEND_CASES)
+def test_extend_matches_reference(device, pre, ext, hq, hkv, d, dv, causal, idx_dtype, cap):
+    dtype, tol = _dtype_tol(device)
+    if device == "cuda":
+        pre, ext = pre + [1000, 0], ext + [300, 513]
+        hq, hkv = hq * 4, hkv * 4
+    gen = torch.Generator().manual_seed(sum(pre) + sum(ext) + hq)
+    num_slots = sum(pre) + 23
+    k_buf, v_buf = _pool(num_slots, hkv, d, dv, dtype, device, gen)
+    kv_indptr, indices = _slots(pre, num_slots, idx_dtype, device, gen)
+    qo_indptr, _ = _slots(ext, sum(ext), torch.int64, device, gen)
+    n = sum(ext)
+    q = torch.randn(n, hq, d, generator=gen).to(device=device, dtype=dtype)
+    k_ext, v_ext = _pool(n, hkv, d, dv, dtype, device, gen)
+    o = torch.full((n, hq, dv), float("nan"), device=device, dtype=dtype)
+    scale = 1.0 / math.sqrt(d)
+    extend_attention_fwd(
+        q, k_ext, v_ext, o, k_buf, v_buf, qo_indptr, kv_indptr, indices, max(ext), scale,
+        is_causal=causal, logit_cap=cap,
+    )
+    ref = _ref_extend(q, k_ext, v_ext, k_buf, v_buf, qo_indptr, kv_indptr, indices, scale,
+                      causal, cap)
+    torch.testing.assert_close(o.float().cpu(), ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.skipif(
+    not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the GPU machine)"
+)
+def test_decode_cuda_graph_replay_with_new_indices():
+    """Capture once, then change indptr/indices/splits contents: replay must follow them."""
+    dev, dtype, (hq, hkv, d, max_splits) = "cuda", torch.bfloat16, (32, 8, 128, 16)
+    gen = torch.Generator().manual_seed(0)
+    bs, num_slots, cap_tokens = 4, 9000, 8192
+    k_buf, v_buf = _pool(num_slots, hkv, d, d, dtype, dev, gen)
+    q = torch.randn(bs, hq, d, generator=gen).to(dev, dtype)
+    o = torch.zeros(bs, hq, d, device=dev, dtype=dtype)
+    indptr = torch.zeros(bs + 1, dtype=torch.int32, device=dev)
+    indices = torch.zeros(cap_tokens, dtype=torch.int64, device=dev)
+    seq_lens = torch.zeros(bs, dtype=torch.int32, device=dev)
+    splits = torch.ones(bs, dtype=torch.int32, device=dev)
+    logits = torch.empty(bs, hq, max_splits, d, device=dev, dtype=torch.float32)
+    lse = torch.empty(bs, hq, max_splits, device=dev, dtype=torch.float32)
+    scale = 1.0 / math.sqrt(d)
+
+    def step():
+        get_num_kv_splits(splits, seq_lens, max_splits)
+        decode_attention_fwd(q, k_buf, v_buf, o, indptr, indices, logits, lse, splits,
+                             max_splits, scale)
+
+    step()  # warm up / compile outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for lens in ([5, 0, 300, 2000], [4000, 1, 0, 3000]):
+        ip, idx = _slots(lens, num_slots, torch.int64, dev, gen)
+        indptr.copy_(ip)
+        indices[: len(idx)].copy_(idx)
+        seq_lens.copy_(torch.tensor(lens, dtype=torch.int32))
+        graph.replay()
+        torch.cuda.synchronize()
+        ref = _ref_decode(q, k_buf, v_buf, ip, idx, scale, 0.0)
+        real = torch.tensor([n > 0 for n in lens])
+        assert torch.isfinite(o.float()).all()
+        torch.testing.assert_close(o.float().cpu()[real], ref[real], atol=2e-2, rtol=2e-2)

@@ -1,0 +1,231 @@
+from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
+
+register_cpu_ci(est_time=20, suite="per-commit-cpu")
+register_cuda_ci(est_time=60, suite="per-commit-cuda")
+
+# Routing, the torch MoE, the triton fused MoE (interpreter on CPU) and the FusedMoE layer.
+
+from typing import Optional
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sglang.srt.layers.moe.fused_moe_native import fused_moe_native
+from sglang.srt.layers.moe.fused_moe_triton import MoEKernelConfig, fused_experts_triton, moe_align_block_size
+from sglang.srt.layers.moe.layer import FusedMoE
+from sglang.srt.layers.moe.topk import select_experts
+from sglang.srt.layers.quantization import get_moe_method
+from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase
+from sglang.srt.layers.quantization.int4 import Int4FusedMoEMethod
+
+CUDA_SKIP = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the GPU machine)")
+DEVICES = ["cpu", pytest.param("cuda", marks=CUDA_SKIP)]
+
+
+def _dense_reference(x, w1, w3, w2, topk_weights, topk_ids) -> torch.Tensor:
+    """Token by token, slot by slot, in float64: the definition of the MoE output."""
+    out = torch.zeros(x.shape, dtype=torch.float64)
+    for t in range(x.shape[0]):
+        for j in range(topk_ids.shape[1]):
+            e = int(topk_ids[t, j])
+            if e < 0:
+                continue
+            xt = x[t].double()
+            h = F.silu(w1[e].double() @ xt) * (w3[e].double() @ xt)
+            out[t] += float(topk_weights[t, j]) * (w2[e].double() @ h)
+    return out
+
+
+def _random_experts(num_experts: int, hidden: int, inter: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    w1 = torch.randn(num_experts, inter, hidden, generator=g) / hidden**0.5
+    w3 = torch.randn(num_experts, inter, hidden, generator=g) / hidden**0.5
+    w2 = torch.randn(num_experts, hidden, inter, generator=g) / inter**0.5
+    return w1, w3, w2
+
+
+def _loaded_layer(method: FusedMoEMethodBase, w1, w3, w2, dtype, device) -> torch.nn.Module:
+    layer = torch.nn.Module()
+    with torch.device(device):
+        method.create_weights(layer, w1.shape[0], w1.shape[2], w1.shape[1], dtype)
+    for e in range(w1.shape[0]):
+        method.load_expert(layer, e, "w1", w1[e])
+        method.load_expert(layer, e, "w3", w3[e])
+        method.load_expert(layer, e, "w2", w2[e])
+    return layer
+
+
+def _routing(num_tokens: int, num_experts: int, top_k: int, seed: int, masked: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(num_tokens, num_experts, generator=g)
+    weights, ids = select_experts(logits, top_k, renormalize=True)
+    if masked:
+        flat = ids.view(-1)
+        flat[torch.randperm(flat.numel(), generator=g)[:masked]] = -1
+    return weights, ids
+
+
+# ---------------------------------------------------------------- routing
+
+
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_select_experts_matches_softmax_topk(renormalize: bool, dtype: torch.dtype) -> None:
+    g = torch.Generator().manual_seed(1)
+    # Distinct logits per row (a permutation times 0.25, exact in bf16): no ties to break differently.
+    logits = torch.stack([torch.randperm(16, generator=g) for _ in range(37)]).to(dtype) * 0.25
+    weights, ids = select_experts(logits, 4, renormalize)
+    assert weights.dtype == torch.float32 and ids.dtype == torch.int32
+    assert weights.shape == ids.shape == (37, 4)
+
+    probs = torch.softmax(logits.double(), dim=-1)
+    ref_probs, ref_ids = torch.sort(probs, dim=-1, descending=True)
+    ref_ids, ref_w = ref_ids[:, :4], ref_probs[:, :4]
+    if renormalize:
+        ref_w = ref_w / ref_w.sum(-1, keepdim=True)
+    assert torch.equal(ids.long(), ref_ids)
+    torch.testing.assert_close(weights.double(), ref_w, rtol=1e-6, atol=1e-7)
+    if renormalize:
+        torch.testing.assert_close(weights.sum(-1), torch.ones(37), rtol=1e-6, atol=1e-6)
+    else:
+        assert bool((weights.sum(-1) < 1).all())
+
+
+def test_moe_align_block_size_groups_slots_by_expert() -> None:
+    num_experts, block_m = 5, 4
+    _, ids = _routing(11, num_experts, 3, seed=2, masked=4)
+    r = moe_align_block_size(ids, block_m, num_experts)
+    flat = ids.view(-1).long()
+    num_slots = flat.numel()
+    used = int(r.num_padded.item())
+    sorted_ids = r.sorted_slot_ids.long()
+
+    counts = torch.bincount(flat[flat >= 0], minlength=num_experts)
+    assert used == int(((counts + block_m - 1) // block_m * block_m).sum())
+    assert sorted_ids.numel() % block_m == 0 and sorted_ids.numel() >= used
+    real = sorted_ids[sorted_ids < num_slots]
+    # Every routed slot exactly once, no masked slot at all.
+    assert sorted(real.tolist()) == torch.nonzero(flat >= 0).squeeze(1).tolist()
+    for tile, expert in enumerate(r.expert_ids.tolist()):
+        rows = sorted_ids[tile * block_m : (tile + 1) * block_m]
+        if tile * block_m >= used:
+            assert expert == -1 and bool((rows == num_slots).all())
+            continue
+        rows = rows[rows < num_slots]
+        assert rows.numel() > 0 and bool((flat[rows] == expert).all())
+
+
+# ---------------------------------------------------------------- torch MoE
+
+
+def test_native_matches_dense_reference() -> None:
+    w1, w3, w2 = _random_experts(6, 48, 40, seed=3)
+    x = torch.randn(13, 48, generator=torch.Generator().manual_seed(4))
+    weights, ids = _routing(13, 6, 2, seed=5)
+    out = fused_moe_native(x, weights, ids, lambda e: (torch.cat((w1[e], w3[e])), w2[e]))
+    ref = _dense_reference(x, w1, w3, w2, weights, ids)
+    assert out.dtype == x.dtype
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-5)
+
+
+def test_native_masked_slots_contribute_nothing() -> None:
+    w1, w3, w2 = _random_experts(4, 32, 24, seed=6)
+    x = torch.randn(9, 32, generator=torch.Generator().manual_seed(7))
+    weights, ids = _routing(9, 4, 2, seed=8)
+    ids[0, :] = -1  # a token whose experts all live elsewhere
+    ids[3, 1] = -1
+    ids[5, 0] = -1
+
+    def dense(e: int):
+        return torch.cat((w1[e], w3[e])), w2[e]
+
+    out = fused_moe_native(x, weights, ids, dense)
+    assert bool((out[0] == 0).all())
+    # Same as giving those slots weight zero on any real expert.
+    zeroed_w = torch.where(ids < 0, 0.0, weights)
+    out_zero = fused_moe_native(x, zeroed_w, ids.clamp(min=0), dense)
+    torch.testing.assert_close(out, out_zero, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(out.double(), _dense_reference(x, w1, w3, w2, weights, ids), rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- triton fused MoE vs torch
+
+# (method, T, masked slots, kernel config or None for the default). H=160 leaves ragged K/N tiles and
+# gives w13 two 128-wide scale groups along K; the configs cover both scale paths (one scale per
+# tile column vs one per element).
+TRITON_CASES = [
+    ("BF16", 7, 0, None),
+    ("FP8", 33, 3, MoEKernelConfig(16, 32, 64)),
+    ("INT8", 1, 0, None),
+    ("INT4", 17, 2, None),
+    ("INT4_G32", 9, 0, MoEKernelConfig(16, 64, 64)),
+    ("MXFP4", 12, 1, MoEKernelConfig(16, 64, 32)),
+    ("MXFP4", 40, 0, None),
+]
+
+
+def _method(name: str) -> FusedMoEMethodBase:
+    return Int4FusedMoEMethod(group_size=32) if name == "INT4_G32" else get_moe_method(name)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("name,num_tokens,masked,config", TRITON_CASES)
+def test_triton_matches_native(
+    device: str, name: str, num_tokens: int, masked: int, config: Optional[MoEKernelConfig]
+) -> None:
+    num_experts, hidden, inter, top_k = 6, 160, 128, 2
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    method = _method(name)
+    layer = _loaded_layer(method, *_random_experts(num_experts, hidden, inter, seed=9), dtype, device)
+    x = torch.randn(num_tokens, hidden, generator=torch.Generator().manual_seed(10)).to(device, dtype)
+    weights, ids = _routing(num_tokens, num_experts, top_k, seed=11, masked=masked)
+    if masked:
+        ids[0] = -1  # a token whose experts all live elsewhere must come out as exactly zero
+    weights, ids = weights.to(device), ids.to(device)
+
+    w13, w2 = method.gemm_weights(layer)
+    out = fused_experts_triton(x, w13, w2, weights, ids, config)
+    ref = method.apply(layer, x, weights, ids, backend="native")
+    assert out.shape == x.shape and out.dtype == dtype
+    tol = 2e-5 if dtype == torch.float32 else 2e-2
+    err = (out.float() - ref.float()).abs().max().item()
+    assert err <= tol * ref.float().abs().max().item(), f"{name}: max abs err {err}"
+    for t in range(num_tokens):
+        if bool((ids[t] < 0).all()):
+            assert bool((out[t] == 0).all())
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_fused_moe_layer_forward(device: str) -> None:
+    num_experts, hidden, inter, top_k = 8, 64, 64, 2
+    w1, w3, w2 = _random_experts(num_experts, hidden, inter, seed=12)
+    with torch.device(device):
+        layer = FusedMoE(num_experts, top_k, hidden, inter, torch.float32, quant_method="bf16", prefix="mlp.experts")
+    assert layer.quant_method.name == "BF16"
+    assert layer.w13_weight.shape == (num_experts, 2 * inter, hidden) and layer.w13_weight.device.type == device
+
+    mapping = FusedMoE.make_expert_params_mapping(num_experts)
+    assert len(mapping) == 3 * num_experts
+    assert ("experts.w13_", "experts.3.gate_proj.", 3, "w1") in mapping
+    source = {"gate_proj": w1, "up_proj": w3, "down_proj": w2}
+    for param_prefix, ckpt_fragment, expert, shard in mapping:
+        proj = ckpt_fragment.split(".")[2]
+        layer.weight_loader(param_prefix + "weight", source[proj][expert], shard, expert)
+
+    x = torch.randn(10, hidden, generator=torch.Generator().manual_seed(13))
+    logits = torch.randn(10, num_experts, generator=torch.Generator().manual_seed(14))
+    out = layer(x.to(device), logits.to(device)).cpu()
+    weights, ids = select_experts(logits, top_k, renormalize=True)
+    ref = _dense_reference(x, w1, w3, w2, weights, ids)
+    # fp32 activations: ieee dot in the triton kernel on CUDA, fp32 matmuls on CPU.
+    torch.testing.assert_close(out.double(), ref, rtol=1e-4, atol=1e-4)
+
+
+def test_fused_moe_layer_on_meta_device() -> None:
+    with torch.device("meta"):
+        layer = FusedMoE(128, 8, 2048, 768, torch.bfloat16, quant_method="FP8")
+    assert all(p.device.type == "meta" and not p.requires_grad for p in layer.parameters())
+    # Qwen3-30B-A3B layer: fp8 weights + 128x128 fp32 scales.
+    expected = 128 * (1536 * 2048 + 2048 * 768) + 128 * (12 * 16 + 16 * 6) * 4
+    assert sum(p.nbytes for p in layer.parameters()) == expected
