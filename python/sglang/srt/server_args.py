@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import logging
 from dataclasses import dataclass, field
 from typing import List, Optional
@@ -24,6 +25,13 @@ DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float", "bf16", "fp
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2")
 ATTENTION_BACKENDS = ("torch_native", "triton")
 KT_METHODS = ("BF16", "FP8", "INT8", "INT4", "MXFP4", "AMXINT4", "AMXINT8")
+
+
+def _cuda_bindings_installed() -> bool:
+    try:
+        return importlib.util.find_spec("cuda.bindings") is not None
+    except ModuleNotFoundError:
+        return False
 
 
 class ServerArgsError(ValueError):
@@ -85,8 +93,10 @@ class ServerArgs:
 
     # Filled in by __post_init__ (never flags): why a default was chosen, for the memory plan log.
     resolved_notes: List[str] = field(default_factory=list, repr=False)
+    user_mem_fraction_static: Optional[float] = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
+        self.user_mem_fraction_static = self.mem_fraction_static
         self._check_basic()
         self._resolve_device()
         self._resolve_model_path()
@@ -115,6 +125,10 @@ class ServerArgs:
         positive("kt_gpu_prefill_token_threshold", self.kt_gpu_prefill_token_threshold, allow_zero=True)
         positive("kt_threadpool_count", self.kt_threadpool_count)
         positive("kt_cpuinfer", self.kt_cpuinfer)
+        if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
+            raise ServerArgsError(
+                f"--max-total-tokens {self.max_total_tokens} is smaller than one page (--page-size {self.page_size})"
+            )
         if self.chunked_prefill_size is not None and self.chunked_prefill_size == 0:
             raise ServerArgsError("--chunked-prefill-size must be > 0, or -1 to disable chunking")
         if self.chunked_prefill_size is not None and self.chunked_prefill_size < -1:
@@ -248,9 +262,20 @@ class ServerArgs:
             reasons.append("decode CUDA graphs are disabled")
         if self.chunked_prefill_size is None or self.chunked_prefill_size <= 0:
             reasons.append("chunked prefill is disabled")
+        if self.device == "cuda" and self.attention_backend != "triton":
+            reasons.append(f"the {self.attention_backend} attention backend has no CUDA graphs")
+        if self.device == "cuda" and not _cuda_bindings_installed():
+            reasons.append("cuda-bindings is not installed (pip install cuda-bindings)")
         # Every model this engine serves uses MHA-style KV and nothing else claims the KV memory
         # (no MLA, no hybrid SWA/mamba pools, no disaggregation); ModelRunner re-checks the model.
         return reasons
+
+    def static_path_mem_fraction_static(self) -> float:
+        """The fraction the classic path uses: the user's, else the static default for this device."""
+        if self.user_mem_fraction_static is not None:
+            return self.user_mem_fraction_static
+        capacity = self.device_memory_capacity_mib()
+        return round((capacity - self.static_reserved_mem_mb()) / capacity, 3)
 
     def _resolve_mem_fraction_static(self) -> None:
         if self.mem_fraction_static is not None:
@@ -280,6 +305,7 @@ class ServerArgs:
         """Server args as /server_info shows them (the API key is never echoed)."""
         out = dataclasses.asdict(self)
         out.pop("resolved_notes", None)
+        out.pop("user_mem_fraction_static", None)
         if out.get("api_key"):
             out["api_key"] = "***"
         return out

@@ -3,7 +3,8 @@ from sglang.test.ci.ci_register import register_cpu_ci
 register_cpu_ci(est_time=5, suite="per-commit-cpu")
 
 # VirtualKVArena against a fake cuda.bindings.driver that records calls and checks the VMM rules
-# the real driver enforces (granular sizes, exact unmaps, no frees under live mappings).
+# the real driver enforces (granular sizes, exact unmaps, no frees under live mappings, and
+# cuMemMap only from offset 0 of a handle: CUDA_ERROR_NOT_SUPPORTED otherwise, as on the H200).
 
 import ast
 import enum
@@ -182,11 +183,14 @@ class FakeDriver:
     def cuMemMap(self, ptr: int, size: int, offset: int, handle: Opaque, flags: int) -> tuple:
         h, g = int(handle), self.granularity
         assert ptr % g == 0 and size % g == 0 and offset % g == 0 and size > 0 and flags == 0
-        assert offset + size <= self.handles[h], "slice beyond the handle"
+        assert h in self.handles, "mapping a released or unknown handle"
         assert any(b <= ptr and ptr + size <= b + s for b, s in self.reserved.items())
         assert all(ptr + size <= va or va + s <= ptr for va, (s, _, _) in self.maps.items())
         if err := self._call("cuMemMap", (ptr, size, offset, h)):
             return (err,)
+        if offset != 0:  # "offset: currently must be zero"; the H200 driver refuses, maps nothing
+            return (CUresult.CUDA_ERROR_NOT_SUPPORTED,)
+        assert size <= self.handles[h], "mapping beyond the handle"
         self.maps[ptr] = (size, h, offset)
         return (CUresult.CUDA_SUCCESS,)
 
@@ -217,7 +221,8 @@ def make(n: int = 4, reserve: int = 64 * MiB, drv: Optional[FakeDriver] = None, 
 
 def assert_consistent(arena: VirtualKVArena, drv: FakeDriver) -> None:
     """Each buffer's [base, base + mapped) is exactly covered by read-write mappings, nothing
-    else is mapped, and the live handles are exactly the arena's."""
+    else is mapped, the live handles are exactly the arena's, and each handle is mapped once,
+    whole, from offset 0, inside one buffer's growth step [lo, hi) (no handle shared)."""
     covered = 0
     for base in arena.buffer_ptrs:
         pos = base
@@ -229,10 +234,14 @@ def assert_consistent(arena: VirtualKVArena, drv: FakeDriver) -> None:
         assert pos == base + arena.mapped_bytes_per_buffer
     assert covered == len(drv.maps)
     assert len(drv.handles) == arena.num_handles
-    used = {}
-    for size, h, off in drv.maps.values():
-        used[h] = used.get(h, 0) + size
-    assert used == drv.handles, "every handle fully mapped, nothing else"
+    assert all(off == 0 for _, _, off in drv.maps.values())
+    mapped = {h: size for size, h, _ in drv.maps.values()}
+    assert len(mapped) == len(drv.maps), "a handle mapped more than once"
+    assert mapped == drv.handles, "every handle fully mapped, nothing else"
+    for rec in arena._handles:
+        [(va, size)] = rec.mappings
+        assert drv.maps[va] == (size, int(rec.handle), 0)
+        assert any(b + rec.lo <= va and va + size <= b + rec.hi for b in arena.buffer_ptrs)
 
 
 def test_reserve_rounds_to_granularity_and_maps_first_granule():
@@ -240,37 +249,79 @@ def test_reserve_rounds_to_granularity_and_maps_first_granule():
     assert arena.granularity == G and arena.reserved_bytes_per_buffer == 6 * MiB
     assert [a[0] for a in drv.calls("cuMemAddressReserve")] == [6 * MiB] * 6
     assert arena.mapped_bytes_per_buffer == G
-    assert drv.calls("cuMemCreate") == [(6 * G,)]  # one handle backs slot 0 of all 6 buffers
+    assert drv.calls("cuMemCreate") == [(G,)] * 6  # slot 0: one handle per buffer
+    assert len(set(drv.created)) == 6 and arena.num_handles == 6
+    assert drv.calls("cuMemMap") == [(base, G, 0, h)
+                                     for base, h in zip(arena.buffer_ptrs, drv.created)]
+    assert drv.calls("cuMemSetAccess") == [(base, G) for base in arena.buffer_ptrs]
     assert_consistent(arena, drv)
 
 
-def test_map_to_one_handle_for_many_buffers():
+def test_fake_driver_refuses_a_nonzero_map_offset_like_the_h200():
+    drv = FakeDriver()
+    base = int(drv.cuMemAddressReserve(4 * G, 0, 0, 0)[1])
+    prop = drv.CUmemAllocationProp()
+    prop.type = CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    err, h = drv.cuMemCreate(2 * G, prop, 0)
+    assert err == CUresult.CUDA_SUCCESS
+    assert drv.cuMemMap(base, G, G, h, 0) == (CUresult.CUDA_ERROR_NOT_SUPPORTED,)
+    assert not drv.maps  # refused: nothing mapped
+    assert drv.cuMemMap(base, G, 0, h, 0) == (CUresult.CUDA_SUCCESS,)
+    assert drv.maps == {base: (G, int(h), 0)}
+    with pytest.raises(VMMError, match="^cuMemMap failed: CUDA_ERROR_NOT_SUPPORTED$"):
+        vmm._check(drv, "cuMemMap", drv.cuMemMap(base + G, G, G, h, 0))
+
+
+def test_map_to_one_handle_per_buffer_mapped_at_offset_0():
     arena, drv = make(n=8)
     drv.log.clear()
     assert arena.map_to(9 * MiB + 1) == 10 * MiB  # rounded up to the granularity
     delta = 10 * MiB - G
-    assert drv.calls("cuMemCreate") == [(8 * delta,)]
-    handle = drv.created[-1]
-    assert drv.calls("cuMemMap") == [(base + G, delta, b * delta, handle)
-                                     for b, base in enumerate(arena.buffer_ptrs)]
+    assert drv.calls("cuMemCreate") == [(delta,)] * 8  # one handle of the delta per buffer
+    handles = drv.created[8:]
+    assert len(handles) == len(set(handles)) == 8
+    assert drv.calls("cuMemMap") == [(base + G, delta, 0, h)
+                                     for base, h in zip(arena.buffer_ptrs, handles)]
     assert drv.calls("cuMemSetAccess") == [(base + G, delta) for base in arena.buffer_ptrs]
+    assert [n for n, _ in drv.log] == (["synchronize"]
+                                       + ["cuMemCreate", "cuMemMap", "cuMemSetAccess"] * 8)
+    assert arena.num_handles == 16
+    drv.log.clear()
     assert arena.mapped_bytes_per_buffer == 10 * MiB and arena.map_to(4 * MiB) == 10 * MiB
+    assert drv.log == []  # nothing to grow: no driver call, no synchronize
     assert_consistent(arena, drv)
 
 
-def test_map_to_splits_above_the_handle_cap():
+def test_map_to_splits_each_buffer_above_the_handle_cap():
     arena, drv = make(n=3, max_handle_bytes=5 * G)
     drv.log.clear()
-    arena.map_to(5 * G)  # delta 4 granules x 3 buffers = 12 -> handles of 5, 5, 2
-    assert drv.calls("cuMemCreate") == [(5 * G,), (5 * G,), (2 * G,)]
-    assert len(drv.calls("cuMemMap")) == 5  # buffers 0/1 and 1/2 straddle handle edges
+    assert arena.map_to(13 * G) == 13 * G  # delta 12 granules per buffer -> 5, 5, 2 per buffer
+    assert drv.calls("cuMemCreate") == [(5 * G,), (5 * G,), (2 * G,)] * 3
+    handles = drv.created[3:]
+    expected = [(base + lo, size, 0) for base in arena.buffer_ptrs
+                for lo, size in ((G, 5 * G), (6 * G, 5 * G), (11 * G, 2 * G))]
+    assert [c[:3] for c in drv.calls("cuMemMap")] == expected
+    assert [c[3] for c in drv.calls("cuMemMap")] == handles
+    assert drv.calls("cuMemSetAccess") == [c[:2] for c in expected]
+    assert_consistent(arena, drv)
+    drv.log.clear()
+    assert arena.map_to(18 * G) == 18 * G  # delta exactly the cap: one handle per buffer
+    assert drv.calls("cuMemCreate") == [(5 * G,)] * 3
+    assert drv.calls("cuMemMap") == [(base + 13 * G, 5 * G, 0, h)
+                                     for base, h in zip(arena.buffer_ptrs, drv.created[-3:])]
+    assert arena.num_handles == 3 + 9 + 3
     assert_consistent(arena, drv)
 
 
 def test_map_to_falls_back_to_smaller_handles_when_a_big_create_fails():
     arena, drv = make(n=4, drv=FakeDriver(max_create=6 * G), min_handle_bytes=G)
-    arena.map_to(9 * G)  # 32 granules: 32 fails, 16 fails, 8 fails, then 4-granule handles
-    assert [a[0] for a in drv.calls("cuMemCreate")][-8:] == [4 * G] * 8
+    drv.log.clear()
+    assert arena.map_to(9 * G) == 9 * G  # delta 8 granules per buffer: 8 fails, then halves
+    # the halved size sticks for the later buffers: no second failed attempt
+    assert drv.calls("cuMemCreate") == [(8 * G,)] + [(4 * G,)] * 8
+    assert drv.calls("cuMemMap") == [(base + lo, 4 * G, 0, h) for (base, lo), h in zip(
+        [(b, lo) for b in arena.buffer_ptrs for lo in (G, 5 * G)], drv.created[4:])]
     assert_consistent(arena, drv)
 
 
@@ -283,7 +334,8 @@ def test_map_past_reservation_names_sizes():
 
 @pytest.mark.parametrize("func,after", [("cuMemGetAllocationGranularity", 0),
                                         ("cuMemAddressReserve", 2),  # 3rd of 4 buffers
-                                        ("cuMemCreate", 0), ("cuMemMap", 1)])  # slot-0 mapping
+                                        ("cuMemCreate", 0),
+                                        ("cuMemMap", 1)])  # 2nd buffer's slot-0 mapping
 def test_init_errors_name_function_and_leak_nothing(func, after):
     drv = FakeDriver()
     drv.fail(func, CUresult.CUDA_ERROR_NOT_SUPPORTED, after=after)
@@ -297,42 +349,67 @@ def test_map_errors_roll_back(func, after):
     arena, drv = make(n=4, max_handle_bytes=3 * G)
     arena.map_to(2 * G)
     before = (dict(drv.maps), dict(drv.handles), arena.mapped_bytes_per_buffer)
+    n_created = len(drv.created)
     drv.fail(func, CUresult.CUDA_ERROR_INVALID_VALUE, after=after)
     with pytest.raises(VMMError, match=f"{func} failed: CUDA_ERROR_INVALID_VALUE") as e:
-        arena.map_to(6 * G)
+        arena.map_to(6 * G)  # delta 4 granules per buffer: handles of 3 and 1 per buffer
     assert not isinstance(e.value, VMMOutOfMemory)
+    new = drv.created[n_created:]
+    assert new and sorted(a[0] for a in drv.calls("cuMemRelease")) == sorted(new)
     assert (dict(drv.maps), dict(drv.handles), arena.mapped_bytes_per_buffer) == before
+    assert_consistent(arena, drv)
+    assert arena.map_to(6 * G) == 6 * G  # usable afterwards
     assert_consistent(arena, drv)
 
 
 def test_oom_midway_leaves_arena_consistent_and_usable():
     arena, drv = make(n=4, max_handle_bytes=4 * G, min_handle_bytes=4 * G,
-                      drv=FakeDriver(physical=12 * G))  # 4 for slot 0, room for 2 more handles
+                      drv=FakeDriver(physical=12 * G))  # 4 x 1 for slot 0, 8 left
+    slot0 = dict(drv.maps)
     drv.log.clear()
     with pytest.raises(VMMOutOfMemory, match="cuMemCreate failed: CUDA_ERROR_OUT_OF_MEMORY"):
-        arena.map_to(4 * G)  # needs 12 granules in 3 handles; the 3rd cannot be had
+        arena.map_to(4 * G)  # 3 granules per buffer: buffers 0 and 1 fit, buffer 2's cannot
     assert isinstance(VMMOutOfMemory("f", "e", 2), RuntimeError)
-    new = drv.created[1:]
-    assert len(new) == 2 and all(h not in drv.handles for h in new)
+    ptrs = arena.buffer_ptrs
+    new = drv.created[4:]
+    assert drv.calls("cuMemCreate") == [(3 * G,)] * 3  # at min_handle_bytes: no halving retry
+    assert drv.calls("cuMemMap") == [(ptrs[0] + G, 3 * G, 0, new[0]),
+                                     (ptrs[1] + G, 3 * G, 0, new[1])]
+    assert len(new) == 2 and all(h not in drv.handles for h in new)  # every new one released
+    assert drv.calls("cuMemUnmap") == [(ptrs[1] + G, 3 * G), (ptrs[0] + G, 3 * G)]
     assert [a[0] for a in drv.calls("cuMemRelease")] == new[::-1]
+    assert drv.maps == slot0 and arena.num_handles == 4
     assert arena.mapped_bytes_per_buffer == G and drv.free_phys == 8 * G
     assert_consistent(arena, drv)
-    assert arena.map_to(3 * G) == 3 * G  # still works
+    assert arena.map_to(3 * G) == 3 * G  # still works: 2 granules x 4 buffers fill the 8 left
+    assert drv.free_phys == 0 and arena.num_handles == 8
     assert_consistent(arena, drv)
 
 
 def test_shrink_releases_whole_growth_steps_only():
     arena, drv = make(n=2)
+    ptrs = arena.buffer_ptrs
     arena.map_to(4 * G)
+    step1 = drv.created[2:4]  # [G, 4G) of buffers 0 and 1
     arena.map_to(8 * G)
+    step2 = drv.created[4:6]  # [4G, 8G)
     drv.log.clear()
     assert arena.shrink_to(6 * G) == 8 * G and arena.shrink_to(5 * G) == 8 * G  # mid-step
     assert drv.log == []
-    assert arena.shrink_to(4 * G) == 4 * G
-    assert [n for n, _ in drv.log] == ["synchronize", "cuMemUnmap", "cuMemUnmap", "cuMemRelease"]
+    assert arena.shrink_to(4 * G) == 4 * G  # one step = one handle per buffer
+    assert drv.log == [("synchronize", ()),
+                       ("cuMemUnmap", (ptrs[1] + 4 * G, 4 * G)),
+                       ("cuMemUnmap", (ptrs[0] + 4 * G, 4 * G)),
+                       ("cuMemRelease", (step2[1],)), ("cuMemRelease", (step2[0],))]
+    assert arena.num_handles == 4 and drv.free_phys == (1 << 40) - 8 * G
     assert_consistent(arena, drv)
+    drv.log.clear()
     assert arena.shrink_to(2 * G) == 4 * G  # the [G, 4G) step is not entirely above 2G
+    assert drv.log == []
     assert arena.shrink_to(G) == G
+    assert sorted(a[0] for a in drv.calls("cuMemRelease")) == sorted(step1)
+    assert sorted(drv.calls("cuMemUnmap")) == sorted([(p + G, 3 * G) for p in ptrs])
+    assert arena.num_handles == 2 and set(drv.handles) == set(drv.created[:2])
     assert_consistent(arena, drv)
     assert arena.map_to(3 * G) == 3 * G
     assert_consistent(arena, drv)
@@ -340,15 +417,14 @@ def test_shrink_releases_whole_growth_steps_only():
 
 def test_release_order_and_idempotence():
     arena, drv = make(n=3, max_handle_bytes=2 * G)
-    arena.map_to(3 * G)
+    arena.map_to(4 * G)  # delta 3 granules per buffer, split 2 + 1: 3 + 6 handles in all
+    assert arena.num_handles == 9
     drv.log.clear()
     arena.release()
     names = [n for n, _ in drv.log]
-    assert names[0] == "synchronize"
-    kinds = ["cuMemUnmap", "cuMemRelease", "cuMemAddressFree"]
-    order = [kinds.index(n) for n in names[1:]]
-    assert order == sorted(order) and set(order) == {0, 1, 2}
-    assert len(drv.calls("cuMemAddressFree")) == 3
+    assert names == ["synchronize"] + ["cuMemUnmap"] * 9 + ["cuMemRelease"] * 9 + [
+        "cuMemAddressFree"] * 3
+    assert sorted(a[0] for a in drv.calls("cuMemRelease")) == sorted(drv.created)
     assert not drv.reserved and not drv.handles and not drv.maps
     drv.log.clear()
     arena.release()
@@ -359,11 +435,14 @@ def test_release_order_and_idempotence():
 
 def test_release_keeps_going_after_an_error_and_del_never_raises():
     arena, drv = make(n=3)
+    ptrs = arena.buffer_ptrs
     drv.fail("cuMemUnmap", CUresult.CUDA_ERROR_INVALID_VALUE)
     with pytest.raises(VMMError, match="cuMemUnmap failed"):
         arena.release()
     assert len(drv.calls("cuMemAddressFree")) == 3  # kept going past the failed unmap
-    assert len(drv.reserved) == 1 and len(drv.maps) == 1  # only what the failure pinned
+    assert len(drv.calls("cuMemRelease")) == 3
+    assert drv.calls("cuMemUnmap")[0] == (ptrs[2], G)  # newest handle (buffer 2's) first
+    assert list(drv.reserved) == [ptrs[2]] and list(drv.maps) == [ptrs[2]]  # only what it pinned
     arena2, drv2 = make(n=2)
     drv2.fail("cuMemRelease", CUresult.CUDA_ERROR_INVALID_VALUE)
     arena2.__del__()  # swallows the error

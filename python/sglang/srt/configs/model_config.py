@@ -8,6 +8,7 @@ from typing import List, Optional
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
+from sglang.srt.distributed.partition import HeadPartition
 from sglang.srt.model_loader.model_source import ModelSource, resolve_model_source
 
 _DTYPE_NAMES = {
@@ -118,9 +119,12 @@ class ModelConfig:
             eos_token_ids=eos_ids,
         )
 
-    def get_num_kv_heads(self, tp_size: int) -> int:
-        """KV heads held by one rank: split across ranks, replicated when there are fewer heads than ranks."""
-        return max(1, self.num_key_value_heads // tp_size)
+    def head_partition(self, tp_size: int = 1, tp_rank: int = 0) -> HeadPartition:
+        return HeadPartition.for_rank(self.num_attention_heads, self.num_key_value_heads, tp_size, tp_rank)
+
+    def get_num_kv_heads(self, tp_size: int = 1, tp_rank: int = 0) -> int:
+        """KV heads held by one rank: split across ranks (unevenly if need be), replicated when fewer than ranks."""
+        return self.head_partition(tp_size, tp_rank).num_kv_heads
 
     @property
     def is_moe(self) -> bool:

@@ -9,5 +9,9 @@ from torch import nn
 
 class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.is_cuda and x.dim() == 2:
+            from sglang.srt.layers.fused_elementwise import silu_and_mul
+
+            return silu_and_mul(x)
         d = x.shape[-1] // 2
         return F.silu(x[..., :d]) * x[..., d:]

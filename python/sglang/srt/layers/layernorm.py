@@ -23,8 +23,26 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: Optional[torch.Tensor] = None
     ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
-        """Without a residual: norm(x). With one: (norm(x + residual), x + residual)."""
+        """Without a residual: norm(x). With one: (norm(x + residual), x + residual).
+
+        On the GPU one fused kernel does it, updating `residual` in place and writing the result
+        over `x` (both are temporaries of the decoder loop)."""
+        if x.is_cuda:
+            from sglang.srt.layers.fused_elementwise import rmsnorm
+
+            if residual is None:
+                return rmsnorm(x, self.weight, self.variance_epsilon)
+            return rmsnorm(x, self.weight, self.variance_epsilon, residual=residual, out=x), residual
         if residual is None:
             return self._norm(x)
         x = x + residual
         return self._norm(x), x
+
+    def forward_heads_inplace(self, x: torch.Tensor) -> torch.Tensor:
+        """Per-head norm of x [T, H, D] (a strided view of qkv is fine), in place on the GPU."""
+        if x.is_cuda:
+            from sglang.srt.layers.fused_elementwise import rmsnorm
+
+            return rmsnorm(x, self.weight, self.variance_epsilon, out=x)
+        x.copy_(self._norm(x))
+        return x

@@ -19,12 +19,7 @@ from sglang.srt.distributed import (
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
 )
-
-
-def divide(a: int, b: int) -> int:
-    if a % b:
-        raise ValueError(f"{a} is not divisible by the tensor-parallel size {b}")
-    return a // b
+from sglang.srt.distributed.partition import HeadPartition, shard_range
 
 
 class LinearBase(nn.Module):
@@ -71,13 +66,18 @@ class ColumnParallelLinear(LinearBase):
     ) -> None:
         self.tp_rank = get_tensor_model_parallel_rank()
         self.tp_size = get_tensor_model_parallel_world_size()
-        self.output_size_per_partition = divide(output_size, self.tp_size)
+        self.output_start, end = self._output_range(output_size)
+        self.output_size_per_partition = end - self.output_start
+        if gather_output and output_size % self.tp_size:
+            raise ValueError(f"gathering needs equal shards; {output_size} does not divide by {self.tp_size}")
         self.gather_output = gather_output
         super().__init__(input_size, self.output_size_per_partition, bias, params_dtype)
 
+    def _output_range(self, output_size: int) -> tuple[int, int]:
+        return shard_range(output_size, self.tp_size, self.tp_rank)
+
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        size = param.shape[0]
-        _copy_checked(param.data, loaded.narrow(0, self.tp_rank * size, size))
+        _copy_checked(param.data, loaded.narrow(0, self.output_start, param.shape[0]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight, self.bias)
@@ -91,17 +91,23 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         self.output_sizes = output_sizes
         super().__init__(input_size, sum(output_sizes), bias, params_dtype=params_dtype, prefix=prefix)
 
+    def _output_range(self, output_size: int) -> tuple[int, int]:
+        # Each merged output is split on its own; this rank's parameter holds its slices back to back.
+        return 0, sum(self._shard(size)[1] - self._shard(size)[0] for size in self.output_sizes)
+
+    def _shard(self, size: int) -> tuple[int, int]:
+        return shard_range(size, self.tp_size, self.tp_rank)
+
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Optional[int] = None) -> None:
         if shard_id is None:
             raise ValueError("MergedColumnParallelLinear needs a shard id")
-        shard_size = divide(self.output_sizes[shard_id], self.tp_size)
-        offset = sum(divide(s, self.tp_size) for s in self.output_sizes[:shard_id])
-        src = loaded.narrow(0, self.tp_rank * shard_size, shard_size)
-        _copy_checked(param.data.narrow(0, offset, shard_size), src)
+        start, end = self._shard(self.output_sizes[shard_id])
+        offset = sum(self._shard(s)[1] - self._shard(s)[0] for s in self.output_sizes[:shard_id])
+        _copy_checked(param.data.narrow(0, offset, end - start), loaded.narrow(0, start, end - start))
 
 
 class QKVParallelLinear(ColumnParallelLinear):
-    """q, k and v projections in one parameter; KV heads are replicated when there are fewer than ranks."""
+    """q, k and v projections in one parameter, split by attention head (see distributed/partition.py)."""
 
     def __init__(
         self,
@@ -113,17 +119,16 @@ class QKVParallelLinear(ColumnParallelLinear):
         params_dtype=None,
         prefix: str = "",
     ) -> None:
-        tp_size = get_tensor_model_parallel_world_size()
         self.head_size = head_size
-        self.num_heads = divide(total_num_heads, tp_size)
-        if tp_size >= total_num_kv_heads:
-            self.num_kv_heads = 1
-            self.num_kv_head_replicas = divide(tp_size, total_num_kv_heads)
-        else:
-            self.num_kv_heads = divide(total_num_kv_heads, tp_size)
-            self.num_kv_head_replicas = 1
-        output_size = (self.num_heads + 2 * self.num_kv_heads) * tp_size * head_size
+        self.heads = HeadPartition.for_rank(
+            total_num_heads, total_num_kv_heads, get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
+        )
+        self.num_heads, self.num_kv_heads = self.heads.num_q_heads, self.heads.num_kv_heads
+        output_size = (total_num_heads + 2 * total_num_kv_heads) * head_size  # the checkpoint's
         super().__init__(hidden_size, output_size, bias, params_dtype=params_dtype, prefix=prefix)
+
+    def _output_range(self, output_size: int) -> tuple[int, int]:
+        return 0, (self.num_heads + 2 * self.num_kv_heads) * self.head_size
 
     @property
     def q_size(self) -> int:
@@ -134,14 +139,15 @@ class QKVParallelLinear(ColumnParallelLinear):
         return self.num_kv_heads * self.head_size
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Union[str, None] = None) -> None:
+        d = self.head_size
         if shard_id == "q":
-            offset, size, rank = 0, self.q_size, self.tp_rank
+            offset, src_start, size = 0, self.heads.q_start * d, self.q_size
         elif shard_id in ("k", "v"):
             offset = self.q_size + (0 if shard_id == "k" else self.kv_size)
-            size, rank = self.kv_size, self.tp_rank // self.num_kv_head_replicas
+            src_start, size = self.heads.kv_start * d, self.kv_size
         else:
             raise ValueError(f"QKVParallelLinear shard id must be q, k or v, got {shard_id!r}")
-        _copy_checked(param.data.narrow(0, offset, size), loaded.narrow(0, rank * size, size))
+        _copy_checked(param.data.narrow(0, offset, size), loaded.narrow(0, src_start, size))
 
 
 class RowParallelLinear(LinearBase):
@@ -155,10 +161,13 @@ class RowParallelLinear(LinearBase):
         reduce_results: bool = True,
         params_dtype=None,
         prefix: str = "",
+        input_range: Optional[tuple[int, int]] = None,
     ) -> None:
+        """`input_range` overrides the even split (o_proj takes its rank's query heads)."""
         self.tp_rank = get_tensor_model_parallel_rank()
         self.tp_size = get_tensor_model_parallel_world_size()
-        self.input_size_per_partition = divide(input_size, self.tp_size)
+        self.input_start, end = input_range or shard_range(input_size, self.tp_size, self.tp_rank)
+        self.input_size_per_partition = end - self.input_start
         self.reduce_results = reduce_results
         super().__init__(self.input_size_per_partition, output_size, bias, params_dtype)
 
@@ -166,8 +175,7 @@ class RowParallelLinear(LinearBase):
         if param.dim() == 1:  # bias: applied once, after the reduction
             _copy_checked(param.data, loaded)
             return
-        size = param.shape[1]
-        _copy_checked(param.data, loaded.narrow(1, self.tp_rank * size, size))
+        _copy_checked(param.data, loaded.narrow(1, self.input_start, param.shape[1]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = F.linear(x, self.weight)

@@ -12,7 +12,7 @@ from sglang.srt.distributed import tensor_model_parallel_all_gather
 
 @dataclass
 class LogitsProcessorOutput:
-    next_token_logits: torch.Tensor  # [bs, vocab] float32
+    next_token_logits: torch.Tensor  # [bs, vocab] in the model dtype; the sampler promotes row chunks
 
 
 class LogitsProcessor(nn.Module):
@@ -24,7 +24,8 @@ class LogitsProcessor(nn.Module):
         if forward_batch.forward_mode.is_extend():
             last = forward_batch.extend_start_loc + forward_batch.extend_seq_lens - 1
             hidden_states = hidden_states[last]
-        # Same dtype as the reference's lm_head matmul; only then promoted for sampling.
+        # Same dtype as the reference's lm_head matmul. Kept in that dtype: an fp32 copy of [bs, vocab]
+        # would be GBs at large decode batches; the sampler converts a chunk of rows at a time.
         logits = torch.matmul(hidden_states, lm_head.weight.t())
         logits = tensor_model_parallel_all_gather(logits)[:, : self.vocab_size]
-        return LogitsProcessorOutput(next_token_logits=logits.float())
+        return LogitsProcessorOutput(next_token_logits=logits)

@@ -44,15 +44,23 @@ class RotaryEmbedding(nn.Module):
     def __init__(self, config: PretrainedConfig, head_dim: int, max_position: int, dtype: torch.dtype) -> None:
         super().__init__()
         self.head_dim = head_dim
-        inv_freq, scaling = compute_inv_freq(config, head_dim)
-        freqs = torch.arange(max_position, dtype=torch.float)[:, None] * inv_freq[None, :]
-        emb = torch.cat((freqs, freqs), dim=-1)
-        # Cast like the reference does (fp32 math, then the activation dtype) so outputs agree bit for bit.
-        self.register_buffer("cos_cache", (emb.cos() * scaling).to(dtype), persistent=False)
-        self.register_buffer("sin_cache", (emb.sin() * scaling).to(dtype), persistent=False)
+        device = torch.empty(0).device  # the caller's `with torch.device(...)`; the math runs on the CPU
+        with torch.device("cpu"):
+            inv_freq, scaling = compute_inv_freq(config, head_dim)
+            freqs = torch.arange(max_position, dtype=torch.float)[:, None] * inv_freq.cpu()[None, :]
+            emb = torch.cat((freqs, freqs), dim=-1)
+            # Cast like the reference does (fp32 math, then the activation dtype).
+            cos, sin = (emb.cos() * scaling).to(dtype), (emb.sin() * scaling).to(dtype)
+        self.register_buffer("cos_cache", cos.to(device), persistent=False)
+        self.register_buffer("sin_cache", sin.to(device), persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, Hq * D], k: [T, Hkv * D]; returns rotated copies of the same shapes."""
+        """q: [T, Hq * D], k: [T, Hkv * D]; returns rotated q, k (on the GPU rotated in place)."""
+        if q.is_cuda:
+            from sglang.srt.layers.fused_elementwise import apply_rotary_inplace
+
+            apply_rotary_inplace(positions, q, k, self.cos_cache, self.sin_cache, self.head_dim)
+            return q, k
         cos = self.cos_cache[positions].unsqueeze(1)
         sin = self.sin_cache[positions].unsqueeze(1)
         qs = q.view(q.shape[0], -1, self.head_dim)

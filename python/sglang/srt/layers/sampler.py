@@ -6,7 +6,7 @@ so a seeded request samples the same tokens whatever else is in its batch, on an
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import nn
@@ -33,54 +33,89 @@ def _lshr(x: torch.Tensor, n: int) -> torch.Tensor:
     return (x >> n) & ((1 << (64 - n)) - 1)
 
 
-def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """[bs, vocab] floats in (0, 1): splitmix64 of (seed, step, token); int64 multiply wraps mod 2^64."""
-    idx = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
-    x = seeds[:, None] * _GOLDEN + steps[:, None] * _STEP + idx[None, :] * _GOLDEN
+def _mix(x: torch.Tensor) -> torch.Tensor:
+    """splitmix64's finalizer (int64 multiplies wrap mod 2^64)."""
     x = (x ^ _lshr(x, 30)) * _MIX1
     x = (x ^ _lshr(x, 27)) * _MIX2
-    x = x ^ _lshr(x, 31)
+    return x ^ _lshr(x, 31)
+
+
+def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """[bs, vocab] floats in (0, 1): splitmix64 of (seed, step, token).
+
+    (seed, step) is hashed first: hashing `seed * G + token * G` directly would make seed s + 1's
+    noise for token i equal seed s's for token i + 1, correlating requests with neighbouring seeds.
+    """
+    idx = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
+    base = _mix(seeds * _GOLDEN + steps * _STEP)
+    x = _mix(base[:, None] + (idx[None, :] + 1) * _GOLDEN)
     return (_lshr(x, 40).to(torch.float32) + 0.5) / float(1 << 24)
 
 
-def apply_penalties(logits: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
-    if info.repetition is not None:
+def _in_rows(rows_idx: torch.Tensor, start: int, stop: int) -> torch.Tensor:
+    return (rows_idx >= start) & (rows_idx < stop)
+
+
+def apply_penalties(logits: torch.Tensor, info: SamplingBatchInfo, start: int = 0) -> torch.Tensor:
+    """In place on fp32 logits holding batch rows [start, start + len), touching only penalised pairs."""
+    stop = start + logits.shape[0]
+    if info.repetition_rows is not None:
         # Repetition penalty as in CTRL / transformers: shrink positive logits, grow negative ones.
-        logits = torch.where(logits > 0, logits / info.repetition, logits * info.repetition)
-    if info.penalty_bias is not None:
-        logits = logits + info.penalty_bias
-    if info.min_new_tokens_block is not None:
-        logits = logits + info.min_new_tokens_block
+        m = _in_rows(info.repetition_rows, start, stop)
+        r, c, f = info.repetition_rows[m] - start, info.repetition_cols[m], info.repetition_factor[m]
+        v = logits[r, c]
+        logits[r, c] = torch.where(v > 0, v / f, v * f)
+    if info.penalty_rows is not None:
+        m = _in_rows(info.penalty_rows, start, stop)
+        logits.index_put_((info.penalty_rows[m] - start, info.penalty_cols[m]), info.penalty_bias[m], accumulate=True)
+    if info.block_rows is not None:
+        m = _in_rows(info.block_rows, start, stop)
+        logits[info.block_rows[m] - start, info.block_cols[m]] = float("-inf")
     return logits
 
 
-def filter_probs(probs: torch.Tensor, info: SamplingBatchInfo) -> torch.Tensor:
+def filter_probs(probs: torch.Tensor, info: SamplingBatchInfo, rows: slice = slice(None)) -> torch.Tensor:
+    """Zero what top-k / top-p / min-p exclude; `probs` holds the batch rows `rows`."""
+    top_ps, top_ks, min_ps = info.top_ps[rows], info.top_ks[rows], info.min_ps[rows]
     if info.need_top_p_top_k:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
         ranks = torch.arange(probs.shape[-1], device=probs.device)[None, :]
-        drop = ranks >= info.top_ks[:, None]
-        drop |= (sorted_probs.cumsum(dim=-1) - sorted_probs) > info.top_ps[:, None]
+        drop = ranks >= top_ks[:, None]
+        drop |= (sorted_probs.cumsum(dim=-1) - sorted_probs) > top_ps[:, None]
         sorted_probs = sorted_probs.masked_fill(drop, 0.0)
         probs = torch.zeros_like(probs).scatter_(-1, order, sorted_probs)
     if info.need_min_p:
-        threshold = probs.max(dim=-1, keepdim=True).values * info.min_ps[:, None]
+        threshold = probs.max(dim=-1, keepdim=True).values * min_ps[:, None]
         probs = probs.masked_fill(probs < threshold, 0.0)
     return probs
 
 
+# Rows sampled at once: fp32 logits, sorting and noise cost ~50 bytes per vocabulary entry per row, so
+# chunks keep sampling's memory flat at any batch size (the post-capture planner measures this peak).
+SAMPLING_CHUNK_ROWS = 64
+
+
 class Sampler(nn.Module):
-    def forward(self, logits: torch.Tensor, info: SamplingBatchInfo) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Returns (next token ids [bs] int64, their log-probabilities under the penalised logits [bs])."""
-        logits = apply_penalties(logits, info)
-        logprobs = torch.log_softmax(logits, dim=-1)
-        greedy_ids = logits.argmax(dim=-1)
-        if info.is_all_greedy:
-            ids = greedy_ids
-        else:
-            probs = torch.softmax(logits / info.temperatures, dim=-1)
-            probs = filter_probs(probs, info)
-            # Exponential race: argmax(p / E), E ~ Exp(1), draws index i with probability p_i.
-            exp_noise = -torch.log(uniform_noise(info.seeds, info.steps, logits.shape[-1]))
-            sampled = (probs / exp_noise).argmax(dim=-1)
-            ids = torch.where(info.greedy_mask, greedy_ids, sampled)
-        return ids, logprobs.gather(-1, ids[:, None]).squeeze(-1)
+    def forward(
+        self, logits: torch.Tensor, info: SamplingBatchInfo, return_logprob: bool = True
+    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """Returns (next token ids [bs] int64, their log-probabilities under the penalised logits [bs],
+        or None when not asked for). `logits` may be in any float dtype; each row chunk is promoted."""
+        bs = logits.shape[0]
+        ids = torch.empty(bs, dtype=torch.int64, device=logits.device)
+        logprobs = torch.empty(bs, dtype=torch.float32, device=logits.device) if return_logprob else None
+        for start in range(0, bs, SAMPLING_CHUNK_ROWS):
+            rows = slice(start, start + SAMPLING_CHUNK_ROWS)
+            chunk = apply_penalties(logits[rows].float(), info, start)
+            chunk_ids = chunk.argmax(dim=-1)
+            if not info.is_all_greedy:
+                probs = torch.softmax(chunk / info.temperatures[rows], dim=-1)
+                probs = filter_probs(probs, info, rows)
+                # Exponential race: argmax(p / E), E ~ Exp(1), draws index i with probability p_i.
+                exp_noise = -torch.log(uniform_noise(info.seeds[rows], info.steps[rows], chunk.shape[-1]))
+                sampled = (probs / exp_noise).argmax(dim=-1)
+                chunk_ids = torch.where(info.greedy_mask[rows], chunk_ids, sampled)
+            ids[rows] = chunk_ids
+            if logprobs is not None:
+                logprobs[rows] = chunk.gather(-1, chunk_ids[:, None]).squeeze(-1) - torch.logsumexp(chunk, dim=-1)
+        return ids, logprobs

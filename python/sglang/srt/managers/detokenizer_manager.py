@@ -35,7 +35,8 @@ class IncrementalDetokenizer:
     def _decode(self, ids: List[int], skip: bool, spaces: bool) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip, spaces_between_special_tokens=spaces)
 
-    def step(self, rid: str, new_ids: List[int], finished: Optional[dict], skip: bool, spaces: bool, no_stop_trim: bool) -> str:
+    def step(self, rid: str, new_ids: List[int], finished: Optional[dict], skip: bool, spaces: bool, no_stop_trim: bool,
+             stop_str_max_len: int = 0) -> str:
         st = self.states.setdefault(rid, DecodeStatus(ids=[]))
         st.ids.extend(new_ids)
         ids = st.ids
@@ -52,6 +53,10 @@ class IncrementalDetokenizer:
             pos = text.find(matched)
             if pos >= 0:
                 text = text[:pos]
+        if not finished and stop_str_max_len > 1 and not no_stop_trim:
+            # A stop string may be completing: hold back its length - 1 characters until it is decided,
+            # so a stream never shows text the final (trimmed) answer does not contain.
+            text = text[: max(st.sent_len, len(text) - (stop_str_max_len - 1))]
         delta = text[st.sent_len :]
         st.sent_len = len(text)
         if finished:
@@ -60,10 +65,10 @@ class IncrementalDetokenizer:
 
     def process(self, out: BatchTokenIDOut) -> BatchStrOut:
         strs = [
-            self.step(rid, ids, fin, skip, spaces, nst) if self.tokenizer is not None else ""
-            for rid, ids, fin, skip, spaces, nst in zip(
+            self.step(rid, ids, fin, skip, spaces, nst, stop_len) if self.tokenizer is not None else ""
+            for rid, ids, fin, skip, spaces, nst, stop_len in zip(
                 out.rids, out.output_ids, out.finished_reasons, out.skip_special_tokens,
-                out.spaces_between_special_tokens, out.no_stop_trim,
+                out.spaces_between_special_tokens, out.no_stop_trim, out.stop_str_max_len,
             )
         ]
         return BatchStrOut(

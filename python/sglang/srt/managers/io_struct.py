@@ -104,6 +104,7 @@ class BatchTokenIDOut:
     skip_special_tokens: List[bool]
     spaces_between_special_tokens: List[bool]
     no_stop_trim: List[bool]
+    stop_str_max_len: List[int]  # the detokenizer holds back this many characters - 1 while streaming
 
 
 @dataclass

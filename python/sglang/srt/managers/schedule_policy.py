@@ -33,11 +33,11 @@ class PrefillAdder:
     rem_input_tokens: int  # --max-prefill-tokens budget for new tokens in this batch
     rem_chunk_tokens: Optional[int]  # --chunked-prefill-size budget, None when chunking is off
     rem_requests: int  # room left under max_running_requests
+    has_running: bool = False  # requests are decoding (or a chunked prefill is in flight)
     can_run_list: List["Req"] = field(default_factory=list)
     new_chunked_req: Optional["Req"] = None
 
     def _lock(self, req: "Req", tree_cache: "RadixCache") -> None:
-        tree_cache.inc_lock_ref(req.last_node)
         req.cache_protected_len = len(req.prefix_indices)
 
     def add_chunked_req(self, req: "Req") -> Optional["Req"]:
@@ -61,8 +61,22 @@ class PrefillAdder:
         """Try to admit `req`; returns "added", "chunked" (admitted partially, stop), or "full" (stop)."""
         if self.rem_requests <= 0:
             return "full"
+        # Lock the matched prefix before checking the budget: locked slots are no longer evictable,
+        # so they stop counting as room (rem_total_tokens included them as evictable).
+        locked = tree_cache.inc_lock_ref(req.last_node)
+        self.rem_total_tokens -= locked
+        verdict = self._add_locked(req, tree_cache, new_token_ratio)
+        if verdict == "full":
+            tree_cache.dec_lock_ref(req.last_node)
+            self.rem_total_tokens += locked
+        return verdict
+
+    def _add_locked(self, req: "Req", tree_cache: "RadixCache", new_token_ratio: float) -> str:
         future = estimated_future_tokens(req, new_token_ratio)
-        if req.extend_input_len + future > self.rem_total_tokens:
+        idle = not self.can_run_list and not self.has_running
+        # When nothing else runs, admit anyway: its prompt fits the pool (checked on arrival), and a
+        # request that later outgrows the pool is aborted by the decode step instead of waiting forever.
+        if req.extend_input_len + future > self.rem_total_tokens and not idle:
             return "full"
         if self.can_run_list and req.extend_input_len > self.rem_input_tokens:
             return "full"

@@ -155,6 +155,7 @@ class Scheduler(SchedulerOutputMixin):
             rem_input_tokens=self.server_args.max_prefill_tokens,
             rem_chunk_tokens=self.chunked_prefill_size,
             rem_requests=self.max_running_requests - len(running) - (1 if self.chunked_req else 0),
+            has_running=bool(running) or self.chunked_req is not None,
         )
         if self.chunked_req is not None:
             self.chunked_req.init_chunk_continuation()
@@ -219,7 +220,8 @@ class Scheduler(SchedulerOutputMixin):
         logits_output = self.model_runner.forward(forward_batch)
         next_ids, logprobs = self.model_runner.sample(logits_output, forward_batch)
         self.forward_ct += 1
-        return next_ids.tolist(), logprobs.tolist()
+        ids = next_ids.tolist()
+        return ids, logprobs.tolist() if logprobs is not None else [0.0] * len(ids)
 
     def step(self) -> bool:
         """Run at most one batch; returns False when there was nothing to do."""

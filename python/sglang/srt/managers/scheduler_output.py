@@ -84,7 +84,7 @@ class SchedulerOutputMixin:
         out = BatchTokenIDOut(
             rids=[], output_ids=[], finished_reasons=[], prompt_tokens=[], completion_tokens=[],
             cached_tokens=[], output_token_logprobs=[], skip_special_tokens=[],
-            spaces_between_special_tokens=[], no_stop_trim=[],
+            spaces_between_special_tokens=[], no_stop_trim=[], stop_str_max_len=[],
         )
         for req in chosen:
             start = req.sent_offset
@@ -99,6 +99,7 @@ class SchedulerOutputMixin:
             out.skip_special_tokens.append(req.sampling_params.skip_special_tokens)
             out.spaces_between_special_tokens.append(req.sampling_params.spaces_between_special_tokens)
             out.no_stop_trim.append(req.sampling_params.no_stop_trim)
+            out.stop_str_max_len.append(req.sampling_params.stop_str_max_len)
         self.output_sink(out)
 
     def update_stats(self: "Scheduler") -> None:

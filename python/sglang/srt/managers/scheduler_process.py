@@ -9,6 +9,7 @@ manager; either way the process exits non-zero.
 from __future__ import annotations
 
 import logging
+import os
 import pickle
 import time
 import traceback
@@ -138,6 +139,10 @@ class SchedulerProcess:
 
 def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, gpu_id: int, tp_rank: int, pipe) -> None:
     die_with_parent()
+    if server_args.device == "cpu" and server_args.tp_size > 1:
+        # CPU ranks of one node share its cores: each takes its share of intra-op threads.
+        ranks_here = server_args.tp_size // server_args.nnodes
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks_here))
     configure_logger(server_args.log_level, prefix=f"TP{tp_rank}" if server_args.tp_size > 1 else "")
     proc = None
     try:

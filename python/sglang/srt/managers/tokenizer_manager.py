@@ -75,6 +75,8 @@ class TokenizerManager:
         self.on_fatal: Callable[[str], None] = lambda msg: None
         self._flush_waiters: List[asyncio.Future] = []
         self._loop_task: Optional[asyncio.Task] = None
+        self._zmq_ctx: Optional[zmq.asyncio.Context] = None
+        self._stopped = False
         self._tasks: List[asyncio.Task] = []
         self.child_processes: List = []
 
@@ -83,7 +85,7 @@ class TokenizerManager:
         """Create the sockets and the receive loop on the running event loop (idempotent)."""
         if self._loop_task is not None:
             return
-        ctx = zmq.asyncio.Context(2)
+        ctx = self._zmq_ctx = zmq.asyncio.Context(2)
         self.recv_socket = ctx.socket(zmq.PULL)
         self.recv_socket.bind(self.port_args.tokenizer_ipc_name)
         self.send_to_scheduler = ctx.socket(zmq.PUSH)
@@ -102,6 +104,12 @@ class TokenizerManager:
             except (asyncio.CancelledError, Exception):
                 pass
         self._tasks = []
+        self._stopped = True
+        if self._zmq_ctx is not None:
+            # linger=0: a message still queued for a scheduler that is gone (an abort) must not block
+            # close/term forever -- nor pyzmq's destroy() when the context is garbage-collected later.
+            self._zmq_ctx.destroy(linger=0)
+            self._zmq_ctx = None
 
     async def handle_loop(self) -> None:
         while True:
@@ -204,6 +212,8 @@ class TokenizerManager:
         return TokenizedGenerateReqInput(rid, obj.text or "", list(input_ids), params, obj.return_logprob, obj.stream)
 
     def _check_alive(self) -> None:
+        if self._stopped:
+            raise RequestError("the server is shutting down", 503)
         if self.fatal_error is not None:
             raise RequestError(f"the server is shutting down: {self.fatal_error}", 503)
 
@@ -263,7 +273,7 @@ class TokenizerManager:
         """Drop the state; a request that has not finished (client gone) is aborted so its KV is freed."""
         if self.rid_to_state.get(rid) is state:
             del self.rid_to_state[rid]
-            if state.finished_reason is None and self.fatal_error is None:
+            if state.finished_reason is None and self.fatal_error is None and not self._stopped:
                 self.send_to_scheduler.send_pyobj(AbortReq(rid, "client disconnected"))
 
     def abort_request(self, rid: str) -> None:

@@ -171,21 +171,29 @@ class RadixCache:
         req.prefix_indices = torch.cat((new_indices, kv[len(new_indices) :]))
 
     # -------------------------------------------------------------- locking
-    def inc_lock_ref(self, node: TreeNode) -> None:
+    def inc_lock_ref(self, node: TreeNode) -> int:
+        """Lock `node` and its ancestors; returns how many tokens stopped being evictable."""
+        delta = 0
         while node is not self.root and node is not None:
             if node.lock_ref == 0:
                 self.evictable_size_ -= len(node.key)
                 self.protected_size_ += len(node.key)
+                delta += len(node.key)
             node.lock_ref += 1
             node = node.parent
+        return delta
 
-    def dec_lock_ref(self, node: Optional[TreeNode]) -> None:
+    def dec_lock_ref(self, node: Optional[TreeNode]) -> int:
+        """Unlock `node` and its ancestors; returns how many tokens became evictable again."""
+        delta = 0
         while node is not self.root and node is not None:
             if node.lock_ref == 1:
                 self.evictable_size_ += len(node.key)
                 self.protected_size_ -= len(node.key)
+                delta += len(node.key)
             node.lock_ref -= 1
             node = node.parent
+        return delta
 
     # ------------------------------------------------------------- eviction
     def evict(self, num_tokens: int) -> int:

@@ -163,9 +163,10 @@ class VirtualKVArena:
 
     def map_to(self, bytes_per_buffer: int) -> int:
         """Back at least ``bytes_per_buffer`` (rounded up to the granularity) of every buffer and
-        return the new mapped size. Only the delta gets memory, in as few handles as possible (one
-        of num_buffers * delta bytes, split above max_handle_bytes) mapped slice by slice, made
-        read-write. Any failure undoes this call, then raises VMMOutOfMemory / VMMError.
+        return the new mapped size. Only the delta gets memory: per buffer one handle of the delta
+        (split above max_handle_bytes), because cuMemMap only maps a handle from offset 0 (a
+        non-zero offset is CUDA_ERROR_NOT_SUPPORTED, seen on the H200), so one handle cannot back
+        several buffers. Any failure undoes this call, then raises VMMOutOfMemory / VMMError.
         Synchronizes the device first (also binds its context): never call it during capture."""
         self._ensure_live()
         target = _round_up(max(bytes_per_buffer, 0), self.granularity)
@@ -177,7 +178,6 @@ class VirtualKVArena:
             return old
         self._sync()
         drv, delta = self._drv, target - old
-        total = delta * self.num_buffers  # every buffer's delta laid end to end
         access = drv.CUmemAccessDesc()
         access.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
         access.location.id = self.device_index
@@ -185,27 +185,24 @@ class VirtualKVArena:
         new: list[_PhysicalHandle] = []
         with self._device_scope():
             try:
-                pos, chunk = 0, min(self.max_handle_bytes, total)
-                while pos < total:
-                    size = min(chunk, total - pos)
-                    try:
-                        handle = _check(drv, "cuMemCreate", drv.cuMemCreate(size, self._prop, 0))
-                    except VMMOutOfMemory:
-                        if size <= self.min_handle_bytes:
-                            raise
-                        chunk = _round_up(size // 2, self.granularity)
-                        continue
-                    new.append(rec := _PhysicalHandle(handle, size, old, target))
-                    p = pos
-                    while p < pos + size:  # one slice per buffer this handle overlaps
-                        buf = p // delta
-                        n = min((buf + 1) * delta, pos + size) - p
-                        va = self._ranges[buf][0] + old + (p - buf * delta)
-                        _check(drv, "cuMemMap", drv.cuMemMap(va, n, p - pos, handle, 0))
-                        rec.mappings.append((va, n))
-                        _check(drv, "cuMemSetAccess", drv.cuMemSetAccess(va, n, [access], 1))
-                        p += n
-                    pos += size
+                chunk = min(self.max_handle_bytes, delta)
+                for base, _ in self._ranges:
+                    pos = 0
+                    while pos < delta:
+                        size = min(chunk, delta - pos)
+                        try:
+                            handle = _check(drv, "cuMemCreate", drv.cuMemCreate(size, self._prop, 0))
+                        except VMMOutOfMemory:
+                            if size <= self.min_handle_bytes:
+                                raise
+                            chunk = _round_up(size // 2, self.granularity)  # fragmentation: try smaller
+                            continue
+                        new.append(rec := _PhysicalHandle(handle, size, old, target))
+                        va = base + old + pos
+                        _check(drv, "cuMemMap", drv.cuMemMap(va, size, 0, handle, 0))
+                        rec.mappings.append((va, size))
+                        _check(drv, "cuMemSetAccess", drv.cuMemSetAccess(va, size, [access], 1))
+                        pos += size
             except BaseException:
                 self._free_handles(new)  # best effort; errors are logged
                 raise

@@ -54,6 +54,8 @@ class ModelRunner(ModelRunnerKVCacheMixin, PostCaptureKVSizingMixin):
         )
         self.post_capture_planned = self.decide_post_capture_path()
         self.cuda_graph_runner = None
+        self.kv_arena = None  # the VMM arena of the post-capture path
+        self.token_to_kv_pool = None  # pools exist once init_memory_pool ran
 
         self.init_torch_distributed()
         self.memory_plan.pre_model_load_memory_gb = self.min_over_ranks(
@@ -136,6 +138,9 @@ class ModelRunner(ModelRunnerKVCacheMixin, PostCaptureKVSizingMixin):
     def init_cuda_graphs(self) -> None:
         if self.server_args.disable_cuda_graph or self.device != "cuda":
             return
+        if self.model.needs_host_work_per_forward():
+            logger.warning("CUDA graphs disabled: some MoE experts run on the CPU (--kt-num-gpu-experts < experts)")
+            return
         if not self.attn_backend.supports_cuda_graph:
             logger.warning("CUDA graphs disabled: the %s attention backend cannot be captured", self.server_args.attention_backend)
             return
@@ -153,8 +158,11 @@ class ModelRunner(ModelRunnerKVCacheMixin, PostCaptureKVSizingMixin):
         self.attn_backend.init_forward_metadata(forward_batch)
         return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
 
-    def sample(self, logits_output: LogitsProcessorOutput, forward_batch: ForwardBatch) -> Tuple[torch.Tensor, torch.Tensor]:
-        return self.sampler(logits_output.next_token_logits, forward_batch.sampling_info)
+    def sample(
+        self, logits_output: LogitsProcessorOutput, forward_batch: ForwardBatch
+    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        """(token ids, their logprobs when some request asked for them, else None)."""
+        return self.sampler(logits_output.next_token_logits, forward_batch.sampling_info, forward_batch.return_logprob)
 
     def shutdown(self) -> None:
         self.release_kv_memory()

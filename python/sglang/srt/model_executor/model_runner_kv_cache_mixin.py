@@ -32,7 +32,7 @@ class ModelRunnerKVCacheMixin:
         """KV bytes per token on this rank: kv_heads * (head_dim + v_head_dim) * layers * dtype bytes."""
         mc = self.model_config
         dtype_bytes = torch.empty((), dtype=mc.kv_cache_dtype).element_size()
-        return mc.get_num_kv_heads(self.tp_size) * (mc.head_dim + mc.v_head_dim) * mc.num_hidden_layers * dtype_bytes
+        return mc.get_num_kv_heads(self.tp_size, self.tp_rank) * (mc.head_dim + mc.v_head_dim) * mc.num_hidden_layers * dtype_bytes
 
     def reserved_bytes(self: "ModelRunner") -> int:
         """Everything reserved outside the KV pool (e.g. the KT full-GPU prefill slot), per rank."""
@@ -44,8 +44,9 @@ class ModelRunnerKVCacheMixin:
         plan.available_after_weights_gb = available
         plan.headroom_gb = plan.pre_model_load_memory_gb * (1 - plan.mem_fraction_static)
         plan.headroom_rule = "pre_model_load_memory * (1 - mem_fraction_static)"
-        rest_gb = available - plan.headroom_gb - self.reserved_bytes() / GiB
-        return int(rest_gb * GiB) // plan.cell_size_bytes
+        # Reservations are exact byte counts: subtract them as integers.
+        rest_bytes = int((available - plan.headroom_gb) * GiB) - self.reserved_bytes()
+        return rest_bytes // plan.cell_size_bytes
 
     def finish_token_count(self: "ModelRunner", tokens: int) -> int:
         """Apply --max-total-tokens and page alignment; refuse a pool with no room."""
@@ -81,7 +82,9 @@ class ModelRunnerKVCacheMixin:
         if self.post_capture_planned:
             self.init_memory_pool_post_capture()
             return
-        tokens = self.finish_token_count(self.profile_max_num_token())
+        # Ranks may hold different numbers of KV heads (uneven splits): all take the smallest count.
+        tokens = int(self.min_over_ranks(self.profile_max_num_token(), "max_total_num_tokens"))
+        tokens = self.finish_token_count(tokens)
         self._create_pools(tokens, self.decide_max_running_requests(tokens))
 
     def _create_pools(self: "ModelRunner", tokens: int, max_num_reqs: int, kv_buffers=None) -> None:
@@ -92,7 +95,7 @@ class ModelRunnerKVCacheMixin:
             tokens,
             page_size=sa.page_size,
             dtype=mc.kv_cache_dtype,
-            head_num=mc.get_num_kv_heads(self.tp_size),
+            head_num=mc.get_num_kv_heads(self.tp_size, self.tp_rank),
             head_dim=mc.head_dim,
             v_head_dim=mc.v_head_dim,
             layer_num=mc.num_hidden_layers,

@@ -22,10 +22,12 @@ def load_stacked_weights(
     stacked_params_mapping: StackedMapping,
     skip_suffixes: Tuple[str, ...] = (),
     extra_loader=None,
+    ignore_param=None,
 ) -> Set[str]:
     """Load every tensor; raise if a checkpoint tensor has no parameter or a parameter got nothing.
 
-    `extra_loader(name, tensor, params) -> bool` may claim tensors first (e.g. MoE experts).
+    `extra_loader(name, tensor, params) -> claimed name or None` may claim tensors first (e.g. MoE
+    experts); `ignore_param(name)` exempts parameters filled that way from the completeness check.
     """
     params = dict(model.named_parameters(remove_duplicate=False))
     loaded: Set[str] = set()
@@ -55,7 +57,7 @@ def load_stacked_weights(
     if unexpected:
         raise ValueError(f"checkpoint tensors with no matching parameter: {unexpected[:8]}")
     tied = {n for n, p in model.named_parameters(remove_duplicate=False)} - {n for n, _ in model.named_parameters()}
-    missing = sorted(set(params) - loaded - tied)
+    missing = sorted(n for n in set(params) - loaded - tied if ignore_param is None or not ignore_param(n))
     if missing:
         raise ValueError(f"parameters missing from the checkpoint: {missing[:8]}")
     return loaded

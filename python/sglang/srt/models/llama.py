@@ -8,7 +8,6 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from sglang.srt.distributed import get_tensor_model_parallel_world_size
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -36,7 +35,6 @@ class LlamaAttention(nn.Module):
 
     def __init__(self, config: PretrainedConfig, layer_id: int, dtype: torch.dtype, max_position: int) -> None:
         super().__init__()
-        tp = get_tensor_model_parallel_world_size()
         self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         total_kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
         self.qkv_proj = QKVParallelLinear(
@@ -47,13 +45,15 @@ class LlamaAttention(nn.Module):
             bias=self.qkv_bias or getattr(config, "attention_bias", False),
             params_dtype=dtype,
         )
+        heads = self.qkv_proj.heads
         self.o_proj = RowParallelLinear(
             config.num_attention_heads * self.head_dim,
             config.hidden_size,
             bias=getattr(config, "attention_bias", False) and not self.qkv_bias,
             params_dtype=dtype,
+            input_range=(heads.q_start * self.head_dim, heads.q_end * self.head_dim),  # this rank's query heads
         )
-        self.num_heads = config.num_attention_heads // tp
+        self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
         self.q_size, self.kv_size = self.qkv_proj.q_size, self.qkv_proj.kv_size
         if self.qk_norm:
@@ -67,9 +67,9 @@ class LlamaAttention(nn.Module):
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch) -> torch.Tensor:
         qkv = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        if self.qk_norm:
-            q = self.q_norm(q.reshape(-1, self.head_dim)).view_as(q)
-            k = self.k_norm(k.reshape(-1, self.head_dim)).view_as(k)
+        if self.qk_norm:  # per head, in place on the strided views of qkv
+            self.q_norm.forward_heads_inplace(q.view(q.shape[0], -1, self.head_dim))
+            self.k_norm.forward_heads_inplace(k.view(k.shape[0], -1, self.head_dim))
         q, k = self.rotary_emb(positions, q, k)
         return self.o_proj(self.attn(q, k, v.contiguous(), forward_batch))
 
@@ -97,7 +97,10 @@ class LlamaDecoderLayer(nn.Module):
             hidden_states, residual = self.input_layernorm(hidden_states, residual)
         hidden_states = self.self_attn(positions, hidden_states, forward_batch)
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp(hidden_states), residual
+        return self.mlp_forward(hidden_states, forward_batch), residual
+
+    def mlp_forward(self, hidden_states: torch.Tensor, forward_batch) -> torch.Tensor:
+        return self.mlp(hidden_states)
 
 
 class LlamaModel(nn.Module):
@@ -150,6 +153,10 @@ class LlamaForCausalLM(nn.Module):
     def memory_reservations(self) -> dict:
         """Device bytes this model needs outside the KV pool, by name (MoE models with KT add the prefill slot)."""
         return {}
+
+    def needs_host_work_per_forward(self) -> bool:
+        """True when a forward pass needs the CPU mid-way (KT experts on the host), so it cannot be a CUDA graph."""
+        return False
 
     def finish_loading(self) -> None:
         """Work after every weight is in place (MoE models quantize/pin experts here)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from collections import Counter
 from typing import TYPE_CHECKING, List, Optional
 
 import torch
@@ -23,10 +24,16 @@ class SamplingBatchInfo:
     greedy_mask: torch.Tensor  # [bs] bool
     need_top_p_top_k: bool
     need_min_p: bool
-    # Penalties: dense [bs, vocab] additive term and repetition factors, only when some request uses them.
-    penalty_bias: Optional[torch.Tensor] = None
-    repetition: Optional[torch.Tensor] = None  # [bs, vocab] factor (1 where the token was not seen)
-    min_new_tokens_block: Optional[torch.Tensor] = None  # [bs, vocab] -inf on stop ids while below min_new_tokens
+    # Penalties and min_new_tokens as sparse (row, token) lists, only when some request uses them:
+    # dense [bs, vocab] tensors would cost GBs at large batch sizes (memory the planner must keep free).
+    penalty_rows: Optional[torch.Tensor] = None  # [n] int64
+    penalty_cols: Optional[torch.Tensor] = None  # [n] int64: tokens generated so far
+    penalty_bias: Optional[torch.Tensor] = None  # [n]: -(frequency * count + presence)
+    repetition_rows: Optional[torch.Tensor] = None  # [m] int64
+    repetition_cols: Optional[torch.Tensor] = None  # [m] int64: tokens seen (prompt and output)
+    repetition_factor: Optional[torch.Tensor] = None  # [m]
+    block_rows: Optional[torch.Tensor] = None  # stop tokens forbidden while below min_new_tokens
+    block_cols: Optional[torch.Tensor] = None
 
     @classmethod
     def from_reqs(cls, reqs: List["Req"], vocab_size: int, device: str) -> "SamplingBatchInfo":
@@ -46,26 +53,31 @@ class SamplingBatchInfo:
             need_min_p=any(p.min_p > 0 for p in ps),
         )
         if any(p.has_penalties for p in ps):
-            info._build_penalties(reqs, vocab_size, device)
-        if any(len(r.output_ids) < r.sampling_params.min_new_tokens for r in reqs):
-            block = torch.zeros(len(reqs), vocab_size)
-            for i, r in enumerate(reqs):
-                if len(r.output_ids) < r.sampling_params.min_new_tokens:
-                    ids = [t for t in r.stop_token_ids if t < vocab_size]
-                    block[i, ids] = float("-inf")
-            info.min_new_tokens_block = block.to(device)
+            info._build_penalties(reqs, f)
+        blocked = [(i, t) for i, r in enumerate(reqs) if len(r.output_ids) < r.sampling_params.min_new_tokens
+                   for t in sorted(r.stop_token_ids) if t < vocab_size]
+        if blocked:
+            info.block_rows = f([i for i, _ in blocked], torch.int64)
+            info.block_cols = f([t for _, t in blocked], torch.int64)
         return info
 
-    def _build_penalties(self, reqs: List["Req"], vocab_size: int, device: str) -> None:
-        counts = torch.zeros(len(reqs), vocab_size)
+    def _build_penalties(self, reqs: List["Req"], f) -> None:
+        rows, cols, bias, rrows, rcols, rfac = [], [], [], [], [], []
         for i, r in enumerate(reqs):
-            if r.output_ids:
-                counts[i].index_add_(0, torch.tensor(r.output_ids), torch.ones(len(r.output_ids)))
-        freq = torch.tensor([r.sampling_params.frequency_penalty for r in reqs]).view(-1, 1)
-        pres = torch.tensor([r.sampling_params.presence_penalty for r in reqs]).view(-1, 1)
-        self.penalty_bias = (-(freq * counts) - pres * (counts > 0)).to(device)
-        rep = torch.tensor([r.sampling_params.repetition_penalty for r in reqs]).view(-1, 1)
-        seen = torch.zeros(len(reqs), vocab_size, dtype=torch.bool)
-        for i, r in enumerate(reqs):
-            seen[i, r.origin_input_ids + r.output_ids] = True
-        self.repetition = torch.where(seen, rep.expand_as(seen), torch.ones(())).to(device)
+            p = r.sampling_params
+            if p.frequency_penalty or p.presence_penalty:
+                counts = Counter(r.output_ids)
+                for tok, n in counts.items():
+                    rows.append(i)
+                    cols.append(tok)
+                    bias.append(-(p.frequency_penalty * n + p.presence_penalty))
+            if p.repetition_penalty != 1:
+                for tok in set(r.origin_input_ids) | set(r.output_ids):
+                    rrows.append(i)
+                    rcols.append(tok)
+                    rfac.append(p.repetition_penalty)
+        if rows:
+            self.penalty_rows, self.penalty_cols, self.penalty_bias = f(rows, torch.int64), f(cols, torch.int64), f(bias)
+        if rrows:
+            self.repetition_rows, self.repetition_cols = f(rrows, torch.int64), f(rcols, torch.int64)
+            self.repetition_factor = f(rfac)

@@ -55,6 +55,9 @@ class TorchNativeAttnBackend(AttentionBackend):
         scores = scores.masked_fill(~md.valid[:, None, None, :], float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(q.dtype)
         probs = torch.nan_to_num(probs)  # an empty (padding) row has no valid slot
+        # Padded positions point at slots this request never wrote (slot 0, stale rows): their
+        # uninitialised values may be NaN/inf, and a zero probability times NaN is still NaN.
+        values = values.masked_fill(~md.valid[:, :, None, None], 0)
         out = torch.einsum("bhgl,blhd->bhgd", probs, values)
         return out.reshape(bs, layer.tp_q_head_num * layer.v_head_dim)
 

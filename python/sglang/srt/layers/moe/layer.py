@@ -6,6 +6,8 @@ from typing import Union
 
 import torch
 
+from sglang.srt.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+from sglang.srt.distributed.partition import shard_range
 from sglang.srt.layers.moe.topk import select_experts
 from sglang.srt.layers.quantization import get_moe_method
 from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase
@@ -14,10 +16,22 @@ from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase
 _CKPT_SHARDS = (("gate_proj", "w1", "w13_"), ("up_proj", "w3", "w13_"), ("down_proj", "w2", "w2_"))
 
 
+def moe_intermediate_partition(intermediate_size: int) -> tuple[int, int]:
+    """This rank's [start, end) of every expert's intermediate dimension (tensor parallelism)."""
+    return shard_range(intermediate_size, get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank())
+
+
+def shard_expert_weight(weight: torch.Tensor, shard_id: str, inter_range: tuple[int, int]) -> torch.Tensor:
+    """A checkpoint expert matrix cut to this rank: w1/w3 [I, H] by rows, w2 [H, I] by columns."""
+    start, end = inter_range
+    return weight[start:end] if shard_id in ("w1", "w3") else weight[:, start:end]
+
+
 class FusedMoE(torch.nn.Module):
     """All experts of one MoE layer; the weight layout belongs to ``quant_method``.
 
-    ``intermediate_size`` is the size this rank holds (per tensor-parallel partition once TP exists).
+    ``intermediate_size`` is the model's (full) expert width; the layer holds this rank's slice of it
+    and its output is this rank's partial sum (the caller all-reduces across ranks).
     """
 
     def __init__(
@@ -35,12 +49,13 @@ class FusedMoE(torch.nn.Module):
         self.num_experts = num_experts
         self.top_k = top_k
         self.hidden_size = hidden_size
-        self.intermediate_size = intermediate_size
+        self.inter_range = moe_intermediate_partition(intermediate_size)
+        self.intermediate_size = self.inter_range[1] - self.inter_range[0]
         self.params_dtype = params_dtype
         self.renormalize = renormalize
         self.prefix = prefix
         self.quant_method: FusedMoEMethodBase = get_moe_method(quant_method)
-        self.quant_method.create_weights(self, num_experts, hidden_size, intermediate_size, params_dtype)
+        self.quant_method.create_weights(self, num_experts, hidden_size, self.intermediate_size, params_dtype)
 
     @staticmethod
     def make_expert_params_mapping(
@@ -66,9 +81,10 @@ class FusedMoE(torch.nn.Module):
         expert_id: int,
     ) -> None:
         """Load one checkpoint matrix (w1/w3: [I, H], w2: [H, I]); the method picks the target params."""
-        self.quant_method.load_expert(self, expert_id, shard_id, loaded_weight)
+        self.quant_method.load_expert(self, expert_id, shard_id, shard_expert_weight(loaded_weight, shard_id, self.inter_range))
 
-    def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor, is_prefill: bool = False) -> torch.Tensor:
+        """`is_prefill` only matters to wrappers with a prefill-specific path (KT); same signature."""
         topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
         return self.quant_method.apply(self, hidden_states, topk_weights, topk_ids)
 

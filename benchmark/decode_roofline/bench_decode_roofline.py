@@ -1,0 +1,191 @@
+"""Decode step time of the Llama-3.1-8B shape vs the HBM floor and vs transformers, on one GPU.
+
+    python benchmark/decode_roofline/bench_decode_roofline.py [--out DIR]
+
+Measures, in one run: the device-to-device copy bandwidth; transformers' decode step (generate)
+at batch 1 and 64, context 1k, on the same dummy weights; our decode step (CUDA graph replay,
+including the per-step attention metadata) at batch 1/8/64/256 and context 1k/8k; our prefill
+throughput for 8k-token chunks. The HBM floor of a step is (weight bytes + KV bytes read) divided
+by the copy bandwidth (bytes read + written per second). Prints a table, writes JSON + markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+from sglang.test.gpu_utils import shape_config_dir  # noqa: E402
+
+GB = 1e9
+
+
+def copy_bandwidth() -> float:
+    x = torch.empty(4 * 1024**3, dtype=torch.uint8, device="cuda")
+    y = torch.empty_like(x)
+    for _ in range(3):
+        y.copy_(x)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(10):
+        y.copy_(x)
+    end.record()
+    torch.cuda.synchronize()
+    seconds = start.elapsed_time(end) / 1000 / 10
+    del x, y
+    return 2 * 4 * 1024**3 / seconds  # bytes read + written per second
+
+
+def hf_decode_step_ms(config_dir: str, batches, ctx: int) -> dict:
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from sglang.srt.model_loader.dummy_weights import dummy_weights_iterator
+
+    config = AutoConfig.from_pretrained(config_dir)
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+    params = dict(model.named_parameters())
+    for name, t in dummy_weights_iterator(config, torch.bfloat16, "cuda", seed=0):
+        params[name].data.copy_(t)
+    out = {}
+    for bs in batches:
+        ids = torch.randint(0, config.vocab_size, (bs, ctx), device="cuda")
+
+        def run(n: int) -> float:
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+            torch.cuda.synchronize()
+            return time.perf_counter() - t
+
+        run(2)
+        out[bs] = (run(33) - run(1)) / 32 * 1000
+    del model, params
+    torch.cuda.empty_cache()
+    return out
+
+
+def our_runner(config_dir: str):
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.server_args import ServerArgs
+
+    args = ServerArgs(
+        model_path=config_dir, load_format="dummy", skip_tokenizer_init=True, max_running_requests=256, log_level="warning"
+    )
+    return ModelRunner(ModelConfig.from_server_args(args), args)
+
+
+def decode_step_ms(mr, bs: int, ctx: int, iters: int = 30) -> tuple[float, bool]:
+    """Our decode step; when bs*ctx slots exceed the pool, requests share one context's slots."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
+
+    shared = bs * ctx > mr.token_to_kv_pool_allocator.available_size()
+    rows = mr.req_to_token_pool.alloc(bs)
+    n_ctx = 1 if shared else bs
+    slots = mr.token_to_kv_pool_allocator.alloc(n_ctx * ctx).view(n_ctx, ctx).cuda()
+    for i, r in enumerate(rows):
+        mr.req_to_token_pool.req_to_token[r, :ctx] = slots[0 if shared else i].to(torch.int32)
+    batch = ModelWorkerBatch(
+        ForwardMode.DECODE, input_ids=[7] * bs, req_pool_indices=rows, seq_lens=[ctx] * bs,
+        out_cache_loc=slots[0 if shared else slice(None), -1].reshape(-1).expand(bs).contiguous().cpu(),
+    )
+    fb = ForwardBatch.init_new(batch, mr)
+    for _ in range(3):
+        mr.forward(fb)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        mr.forward(fb)
+    end.record()
+    torch.cuda.synchronize()
+    for r in rows:
+        mr.req_to_token_pool.free(r)
+    mr.token_to_kv_pool_allocator.free(slots.flatten().cpu())
+    return start.elapsed_time(end) / iters, shared
+
+
+def prefill_tokens_per_s(mr, chunk: int = 8192, iters: int = 5) -> float:
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
+
+    (row,) = mr.req_to_token_pool.alloc(1)
+    slots = mr.token_to_kv_pool_allocator.alloc(chunk)
+    mr.req_to_token_pool.req_to_token[row, :chunk] = slots.to(torch.int32).cuda()
+    batch = ModelWorkerBatch(
+        ForwardMode.EXTEND, input_ids=[11] * chunk, req_pool_indices=[row], seq_lens=[chunk], out_cache_loc=slots,
+        extend_seq_lens=[chunk], extend_prefix_lens=[0],
+    )
+    fb = ForwardBatch.init_new(batch, mr)
+    mr.forward(fb)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(iters):
+        mr.forward(fb)
+    torch.cuda.synchronize()
+    elapsed = (time.perf_counter() - t) / iters
+    mr.req_to_token_pool.free(row)
+    mr.token_to_kv_pool_allocator.free(slots)
+    return chunk / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
+    parser.add_argument("--skip-hf", action="store_true")
+    args = parser.parse_args()
+    config_dir = shape_config_dir("Llama-3.1-8B")
+    bw = copy_bandwidth()
+    hf = {} if args.skip_hf else hf_decode_step_ms(config_dir, [1, 64], 1024)
+    mr = our_runner(config_dir)
+    weight_bytes = sum(p.numel() * p.element_size() for p in mr.model.parameters())
+    cell = mr.memory_plan.cell_size_bytes
+    rows = []
+    for ctx in (1024, 8192):
+        for bs in (1, 8, 64, 256):
+            ms, shared = decode_step_ms(mr, bs, ctx)
+            floor_ms = (weight_bytes + bs * ctx * cell) / bw * 1000
+            rows.append({
+                "batch": bs, "context": ctx, "step_ms": round(ms, 3), "hbm_floor_ms": round(floor_ms, 3),
+                "ratio_to_floor": round(ms / floor_ms, 3), "tokens_per_s": round(bs / ms * 1000, 1),
+                "hf_step_ms": round(hf[bs], 2) if ctx == 1024 and bs in hf else None,
+                "kv_slots_shared": shared,
+            })
+    prefill = prefill_tokens_per_s(mr)
+    result = {
+        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_bandwidth_GBps": round(bw / GB, 1),
+        "weight_GB": round(weight_bytes / GB, 3), "kv_cell_bytes": cell, "decode": rows,
+        "prefill_8k_tokens_per_s": round(prefill, 1), "cuda_graph_max_bs": mr.server_args.cuda_graph_max_bs,
+    }
+    lines = [
+        f"Llama-3.1-8B shape, bf16, {result['device']}; copy bandwidth {result['copy_bandwidth_GBps']} GB/s; "
+        f"weights {result['weight_GB']} GB; prefill (8k-token chunk) {result['prefill_8k_tokens_per_s']} tokens/s",
+        "",
+        "| batch | context | step ms | HBM floor ms | x floor | tokens/s | transformers step ms |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        note = " (slots shared)" if r["kv_slots_shared"] else ""
+        lines.append(
+            f"| {r['batch']} | {r['context']}{note} | {r['step_ms']} | {r['hbm_floor_ms']} | {r['ratio_to_floor']} | "
+            f"{r['tokens_per_s']} | {r['hf_step_ms'] if r['hf_step_ms'] is not None else '-'} |"
+        )
+    table = "\n".join(lines)
+    print(table)
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "results.json"), "w") as f:
+        json.dump(result, f, indent=2)
+    with open(os.path.join(args.out, "results.md"), "w") as f:
+        f.write(table + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,193 @@
+"""Static vs post-capture KV sizing on real model shapes (dummy weights), one fresh process per run.
+
+    python benchmark/kv_sizing/bench_kv_sizing.py [--shapes Llama-3.1-8B Qwen3-8B Qwen3-30B-A3B] [--out DIR]
+
+For every shape and flag set (defaults; --cuda-graph-max-bs 32 --max-running-requests 256) it starts
+the ModelRunner twice, flag off (static) and on (post-capture), and reports: KV tokens, the gain in
+GiB and %, measured graph memory, headroom, the lowest free memory during a worst-case load, OOMs,
+start-up time, and the token count SGLang's own post-capture headroom rule would have given.
+
+The worst-case load runs at the ModelRunner level (what costs memory is the batch shape, not the
+KV contents): a full chunked prefill spread over max_running_requests requests whose cached
+prefixes span the whole pool, then decode steps of max_running_requests requests over the whole
+pool (eager above the captured batch size), each sampled with top-p (sort over the vocabulary).
+The lowest free memory is free-at-start minus the growth of torch's reserved memory at its peak.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+GiB = 1 << 30
+FLAG_SETS = {
+    "default": [],
+    "graph-bs-32+max-running-256": ["--cuda-graph-max-bs", "32", "--max-running-requests", "256"],
+    # Decode never runs eagerly: every running batch fits a captured graph (256 on the H200 tier).
+    "max-running-256": ["--max-running-requests", "256"],
+}
+# Which flag sets each shape runs by default (the no-eager row is the Llama-3.1-8B headline).
+DEFAULT_PLAN = [
+    ("Llama-3.1-8B", "default"), ("Llama-3.1-8B", "graph-bs-32+max-running-256"), ("Llama-3.1-8B", "max-running-256"),
+    ("Qwen3-8B", "default"), ("Qwen3-8B", "graph-bs-32+max-running-256"),
+    ("Qwen3-30B-A3B", "default"), ("Qwen3-30B-A3B", "graph-bs-32+max-running-256"),
+]
+
+
+def _sampling(bs: int, vocab: int, device: str):
+    import torch
+
+    from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+
+    return SamplingBatchInfo(
+        temperatures=torch.ones(bs, 1, device=device), top_ps=torch.full((bs,), 0.9, device=device),
+        top_ks=torch.full((bs,), vocab, dtype=torch.int64, device=device), min_ps=torch.zeros(bs, device=device),
+        seeds=torch.arange(bs, device=device), steps=torch.zeros(bs, dtype=torch.int64, device=device),
+        is_all_greedy=False, greedy_mask=torch.zeros(bs, dtype=torch.bool, device=device),
+        need_top_p_top_k=True, need_min_p=False,
+    )
+
+
+def worst_case_load(mr) -> dict:
+    """Returns the lowest free memory (GiB) seen and the OOM count."""
+    import torch
+
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
+
+    sa, pool = mr.server_args, mr.token_to_kv_pool_allocator
+    n = mr.req_to_token_pool.size
+    tokens = mr.max_total_num_tokens
+    rows = mr.req_to_token_pool.alloc(n)
+    ctx = max(1, min(tokens // n - 1, mr.model_config.context_len - 2))
+    slots = pool.alloc(ctx * n // sa.page_size * sa.page_size) if sa.page_size > 1 else pool.alloc(ctx * n)
+    table = mr.req_to_token_pool.req_to_token
+    table[rows] = 0
+    table[rows, :ctx] = slots.view(n, ctx).to(table.device, torch.int32)
+    free_start = torch.cuda.mem_get_info()[0]
+    reserved_start = torch.cuda.memory_reserved()
+    torch.cuda.reset_peak_memory_stats()
+    ooms = 0
+    chunk = sa.chunked_prefill_size
+    n_prefill = min(n, chunk)
+    ext = [chunk // n_prefill + (1 if i < chunk % n_prefill else 0) for i in range(n_prefill)]
+    prefix = [min(ctx, mr.model_config.context_len - e - 1) for e in ext]
+    batches = [
+        ModelWorkerBatch(ForwardMode.EXTEND, [5] * chunk, rows[:n_prefill], [p + e for p, e in zip(prefix, ext)],
+                         torch.zeros(chunk, dtype=torch.int64), extend_seq_lens=ext, extend_prefix_lens=prefix),
+    ] + [
+        ModelWorkerBatch(ForwardMode.DECODE, [5] * bs, rows[:bs], [ctx] * bs, torch.zeros(bs, dtype=torch.int64))
+        for bs in sorted({n, min(n, sa.cuda_graph_max_bs)})
+        for _ in range(3)
+    ]
+    for batch in batches:
+        batch.sampling_info = _sampling(len(batch.seq_lens), mr.model_config.vocab_size, "cuda")
+        batch.return_logprob = True
+        try:
+            fb = ForwardBatch.init_new(batch, mr)
+            ids, _ = mr.sample(mr.forward(fb), fb)
+            ids.tolist()
+        except torch.cuda.OutOfMemoryError:
+            ooms += 1
+    torch.cuda.synchronize()
+    growth = torch.cuda.max_memory_reserved() - reserved_start
+    for r in rows:
+        mr.req_to_token_pool.free(r)
+    pool.free(slots)
+    return {"lowest_free_gb": (free_start - growth) / GiB, "ooms": ooms, "load_context_per_request": ctx,
+            "load_requests": n}
+
+
+def worker(shape: str, flags: list[str]) -> dict:
+    import torch
+
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.server_args import prepare_server_args
+    from sglang.test.gpu_utils import shape_config_dir
+
+    args = prepare_server_args(
+        ["--model-path", shape_config_dir(shape), "--load-format", "dummy", "--skip-tokenizer-init", "--log-level", "warning", *flags]
+    )
+    start = time.perf_counter()
+    mr = ModelRunner(ModelConfig.from_server_args(args), args)
+    startup = time.perf_counter() - start
+    plan = mr.memory_plan
+    load = worst_case_load(mr)
+    return {
+        "shape": shape, "flags": " ".join(flags) or "default", "path": plan.path, "tokens": mr.max_total_num_tokens,
+        "cell_bytes": plan.cell_size_bytes, "graph_gb": plan.cuda_graph_gb, "headroom_gb": plan.headroom_gb,
+        "headroom_rule": plan.headroom_rule, "activation_peak_gb": plan.activation_peak_gb,
+        "mem_fraction_static": plan.mem_fraction_static, "max_running_requests": mr.req_to_token_pool.size,
+        "cuda_graph_max_bs": mr.cuda_graph_runner.max_bs if mr.cuda_graph_runner else 0,
+        "sglang_rule_tokens": plan.sglang_rule_tokens, "static_equivalent_tokens": plan.static_equivalent_tokens,
+        "startup_s": startup, **load, "device": torch.cuda.get_device_name(),
+    }
+
+
+def run_worker(shape: str, flag_set: str, post_capture: bool) -> dict:
+    env = dict(os.environ, SGLANG_ENABLE_POST_CAPTURE_KV_SIZING="1" if post_capture else "0")
+    cmd = [sys.executable, __file__, "--worker", shape, flag_set]
+    out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900)
+    if out.returncode != 0:
+        return {"shape": shape, "flags": flag_set, "error": out.stderr[-3000:]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--shapes", nargs="*", help="run every flag set for these shapes instead of DEFAULT_PLAN")
+    parser.add_argument("--flag-sets", nargs="*", default=list(FLAG_SETS))
+    parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
+    parser.add_argument("--worker", nargs=2, metavar=("SHAPE", "FLAG_SET"))
+    args = parser.parse_args()
+    if args.worker:
+        print(json.dumps(worker(args.worker[0], FLAG_SETS[args.worker[1]])))
+        return
+    plan = [(s, f) for s in args.shapes for f in args.flag_sets] if args.shapes else DEFAULT_PLAN
+    rows = []
+    for shape, flag_set in plan:
+        static = run_worker(shape, flag_set, post_capture=False)
+        post = run_worker(shape, flag_set, post_capture=True)
+        rows.append({"static": static, "post_capture": post})
+        print(json.dumps(rows[-1]), flush=True)
+        write_report(rows, args.out, quiet=True)  # a run cut short still leaves its rows
+    write_report(rows, args.out)
+
+
+def write_report(rows: list, out_dir: str, quiet: bool = False) -> None:
+    lines = [
+        "| shape | flags | static tokens | post-capture tokens | gain GiB | gain % | SGLang-rule tokens | graph GiB (static/post) "
+        "| headroom GiB (post) | lowest free GiB (static/post) | OOMs | start-up s (static/post) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        s, p = row["static"], row["post_capture"]
+        if "error" in s or "error" in p:
+            lines.append(f"| {s['shape']} | {s['flags']} | error: {(s.get('error') or p.get('error'))[-200:]!r} |")
+            continue
+        gain = (p["tokens"] - s["tokens"]) * p["cell_bytes"] / GiB
+        lines.append(
+            f"| {s['shape']} | {s['flags']} | {s['tokens']} | {p['tokens']} | {gain:.2f} | "
+            f"{100 * (p['tokens'] - s['tokens']) / s['tokens']:.1f} | {p['sglang_rule_tokens']} | "
+            f"{s['graph_gb']:.2f} / {p['graph_gb']:.2f} | {p['headroom_gb']:.2f} ({p['headroom_rule']}) | "
+            f"{s['lowest_free_gb']:.2f} / {p['lowest_free_gb']:.2f} | {s['ooms'] + p['ooms']} | "
+            f"{s['startup_s']:.1f} / {p['startup_s']:.1f} |"
+        )
+    table = "\n".join(lines)
+    if not quiet:
+        print(table)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "results.json"), "w") as f:
+        json.dump(rows, f, indent=2)
+    with open(os.path.join(out_dir, "results.md"), "w") as f:
+        f.write(table + "\n")
+
+
+if __name__ == "__main__":
+    main()

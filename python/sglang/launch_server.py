@@ -1,0 +1,24 @@
+"""`python -m sglang.launch_server [flags]`: parse the flags, start the processes, serve HTTP.
+
+A bad flag exits at once with argparse's usage error naming it (no model is loaded); a failed
+start-up or a scheduler that dies later exits non-zero; SIGINT / SIGTERM shut down cleanly.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import List, Optional
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    from sglang.srt.server_args import prepare_server_args
+
+    server_args = prepare_server_args(sys.argv[1:] if argv is None else argv)
+    # Imported after parsing, so `--help` and flag errors do not pay for FastAPI and uvicorn.
+    from sglang.srt.entrypoints.http_server import launch_server
+
+    return launch_server(server_args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

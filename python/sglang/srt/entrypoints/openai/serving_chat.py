@@ -1,0 +1,170 @@
+"""POST /v1/chat/completions: messages -> the tokenizer's chat template -> generation.
+
+The prompt is the template rendered with `add_generation_prompt=True` (or the `--chat-template`
+file), tokenized without adding special tokens again (templates already contain BOS where the
+model needs it). `logprobs` gives each sampled token's logprob; `top_logprobs` alternatives are
+not computed by the engine, so they come back empty.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import List, Optional
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from sglang.srt.entrypoints.http_utils import sse_stream, start_generation
+from sglang.srt.entrypoints.openai.protocol import (
+    ChatChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatLogProbs,
+    ChatLogProbToken,
+    ChatMessage,
+    ChatMessageOut,
+    ChatStreamChoice,
+    DeltaMessage,
+)
+from sglang.srt.entrypoints.openai.utils import (
+    build_sampling_params,
+    check_common_fields,
+    finish_reason,
+    new_request_id,
+    output_logprobs,
+    stream_options_usage,
+    token_strings,
+    usage_of,
+)
+from sglang.srt.managers.io_struct import GenerateReqInput
+from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's limit
+
+
+def load_chat_template(path_or_template: Optional[str]) -> Optional[str]:
+    """--chat-template: a Jinja file (or, as a convenience, the template text itself)."""
+    if not path_or_template:
+        return None
+    if os.path.isfile(path_or_template):
+        with open(path_or_template, encoding="utf-8") as f:
+            return f.read()
+    if "{%" in path_or_template or "{{" in path_or_template:
+        return path_or_template
+    raise ValueError(f"--chat-template {path_or_template!r} is neither a file nor a Jinja template")
+
+
+class OpenAIServingChat:
+    def __init__(self, tokenizer_manager: TokenizerManager, served_model_name: str, chat_template: Optional[str]) -> None:
+        self.tm = tokenizer_manager
+        self.served_model_name = served_model_name
+        self.chat_template = load_chat_template(chat_template)
+
+    # ------------------------------------------------------------ request
+    @staticmethod
+    def _content(msg: ChatMessage, index: int) -> str:
+        if msg.content is None or isinstance(msg.content, str):
+            return msg.content or ""
+        texts = []
+        for part in msg.content:
+            if part.type != "text" or part.text is None:
+                raise RequestError(f"messages.{index}.content: only text parts are supported, got type {part.type!r}")
+            texts.append(part.text)
+        return "".join(texts)
+
+    def prompt_ids(self, req: ChatCompletionRequest) -> List[int]:
+        tok = self.tm.tokenizer
+        if tok is None:
+            raise RequestError("chat completions need a tokenizer; this server runs with --skip-tokenizer-init")
+        if not req.messages:
+            raise RequestError("messages must not be empty")
+        messages = []
+        for i, m in enumerate(req.messages):
+            entry = {"role": m.role, "content": self._content(m, i)}
+            if m.name:
+                entry["name"] = m.name
+            messages.append(entry)
+        try:
+            text = tok.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True, chat_template=self.chat_template
+            )
+        except Exception as e:  # noqa: BLE001 - a template error is the request's (or config's) problem, not a crash
+            raise RequestError(f"could not apply the chat template: {e}") from None
+        return tok.encode(text, add_special_tokens=False)
+
+    def _check(self, req: ChatCompletionRequest) -> None:
+        check_common_fields(req)
+        if req.tools and req.tool_choice != "none":
+            raise RequestError("tools (function calling) are not supported by this server")
+        if req.response_format and req.response_format.get("type", "text") != "text":
+            raise RequestError("response_format other than {'type': 'text'} is not supported by this server")
+        if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
+            raise RequestError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {req.top_logprobs}")
+
+    async def handle(self, req: ChatCompletionRequest, raw: Request):
+        self._check(req)
+        rid = new_request_id(req)
+        max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        obj = GenerateReqInput(
+            input_ids=self.prompt_ids(req),
+            sampling_params=build_sampling_params(req, max_tokens),
+            rid=rid,
+            return_logprob=req.logprobs,
+            stream=req.stream,
+        )
+        first, agen = await start_generation(self.tm, obj, [rid], raw)
+        model = req.model or self.served_model_name
+        if not req.stream:
+            choice = ChatChoice(
+                index=0,
+                message=ChatMessageOut(content=first.get("text", "")),
+                logprobs=self._logprobs(first, 0) if req.logprobs else None,
+                finish_reason=finish_reason(first["meta_info"]),
+            )
+            resp = ChatCompletionResponse(id=f"chatcmpl-{rid}", model=model, choices=[choice], usage=usage_of([first]))
+            return JSONResponse(resp.model_dump())
+        return StreamingResponse(
+            sse_stream(self.tm, [rid], first, agen, *self._stream_events(req, rid, model)),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache"},
+        )
+
+    # ------------------------------------------------------------ output
+    def _logprobs(self, out: dict, start: int) -> ChatLogProbs:
+        ids, lps = output_logprobs(out, start)
+        tokens = token_strings(self.tm.tokenizer, ids)
+        return ChatLogProbs(
+            content=[ChatLogProbToken(token=t, logprob=lp, bytes=list(t.encode("utf-8"))) for t, lp in zip(tokens, lps)]
+        )
+
+    def _stream_events(self, req: ChatCompletionRequest, rid: str, model: str):
+        """Callbacks: the first chunk carries the role, then content deltas, the last the finish reason."""
+        sent = {"chars": 0, "tokens": 0, "role": False}
+
+        def chunk(delta: DeltaMessage, logprobs: Optional[ChatLogProbs], fr: Optional[str]) -> dict:
+            choice = ChatStreamChoice(index=0, delta=delta, logprobs=logprobs, finish_reason=fr)
+            out = ChatCompletionChunk(id=f"chatcmpl-{rid}", model=model, choices=[choice]).model_dump()
+            out["choices"][0]["delta"] = delta.model_dump(exclude_none=True)  # OpenAI omits unset delta fields
+            return out
+
+        def events_for(out: dict) -> List[dict]:
+            events = []
+            if not sent["role"]:
+                sent["role"] = True
+                events.append(chunk(DeltaMessage(role="assistant", content=""), None, None))
+            text = out.get("text", "")
+            delta = text[sent["chars"] :]
+            lp = self._logprobs(out, sent["tokens"]) if req.logprobs else None
+            fr = finish_reason(out["meta_info"])
+            sent["chars"], sent["tokens"] = max(sent["chars"], len(text)), len(out["output_ids"])
+            if delta or fr is not None or (lp and lp.content):
+                events.append(chunk(DeltaMessage(content=delta or None), lp, fr))
+            return events
+
+        def closing_events(last: dict) -> List[dict]:
+            if not stream_options_usage(req):
+                return []
+            return [ChatCompletionChunk(id=f"chatcmpl-{rid}", model=model, choices=[], usage=usage_of([last])).model_dump()]
+
+        return events_for, closing_events

@@ -1,0 +1,171 @@
+"""Triton attention backend: split-KV decode and prefix-aware extend over the token-major KV pool.
+
+Per batch it builds, once, the flattened slot list of every request (kv_indptr / kv_indices) with
+device ops only; the layers then call the kernels. For CUDA graphs the same metadata is written
+into static buffers before each replay, so the captured kernels read fresh indices every step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from sglang.srt.environ import envs
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.layers.attention.triton_ops import decode_attention_fwd, extend_attention_fwd, get_num_kv_splits
+
+
+@dataclass
+class TritonMetadata:
+    kv_indptr: torch.Tensor  # [bs+1] int32
+    kv_indices: torch.Tensor  # slots, int32 (the pool has < 2^31 slots)
+    qo_indptr: Optional[torch.Tensor] = None  # extend only
+    max_len_extend: int = 0
+    num_kv_splits: Optional[torch.Tensor] = None  # decode only
+    attn_logits: Optional[torch.Tensor] = None
+    attn_lse: Optional[torch.Tensor] = None
+    max_kv_splits: int = 1
+
+
+# Split-KV scratch is [bs, heads, splits, head_dim] fp32. Large eager batches need no splits for
+# parallelism (bs * heads programs fill the GPU), so splits are capped to keep the scratch bounded
+# (<= this many rows x splits): ~67 MB for 32 heads of 128, whatever the batch size.
+SPLIT_SCRATCH_ROWS = 4096
+
+
+def fill_kv_indices(
+    out: torch.Tensor,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    lens: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    total: int,
+) -> None:
+    """out[indptr[i] + j] = req_to_token[req_pool_indices[i], j] for j < lens[i], without a host sync.
+
+    `total` (= sum(lens), known on the host) sizes the work; each flat position finds its request
+    by binary search over kv_indptr.
+    """
+    if total == 0:
+        return
+    flat = torch.arange(total, device=out.device, dtype=torch.int32)
+    req = torch.searchsorted(kv_indptr[1:], flat, right=True)
+    pos = flat - kv_indptr[req]
+    out[:total] = req_to_token[req_pool_indices[req], pos]
+
+
+class TritonAttnBackend(AttentionBackend):
+    supports_cuda_graph = True
+
+    def __init__(self, model_runner) -> None:
+        mc = model_runner.model_config
+        self.device = model_runner.device
+        self.num_q_heads = mc.head_partition(model_runner.tp_size, model_runner.tp_rank).num_q_heads
+        self.v_head_dim = mc.v_head_dim
+        self.max_kv_splits = envs.SGLANG_TRITON_DECODE_MAX_KV_SPLITS.get()
+        self.req_to_token = model_runner.req_to_token_pool.req_to_token
+        self.max_context_len = self.req_to_token.shape[1]
+        self.graph: Optional[TritonMetadata] = None
+
+    # ------------------------------------------------------------- metadata
+    def _indptr(self, lens: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
+        bs = lens.shape[0]
+        indptr = out if out is not None else torch.empty(bs + 1, dtype=torch.int32, device=self.device)
+        indptr[0] = 0
+        torch.cumsum(lens, dim=0, out=indptr[1 : bs + 1])
+        return indptr[: bs + 1]
+
+    def _scratch(self, bs: int, splits: int):
+        logits = torch.empty((bs, self.num_q_heads, splits, self.v_head_dim), dtype=torch.float32, device=self.device)
+        lse = torch.empty((bs, self.num_q_heads, splits), dtype=torch.float32, device=self.device)
+        return logits, lse
+
+    def init_forward_metadata(self, forward_batch) -> None:
+        fb = forward_batch
+        if fb.forward_mode.is_decode():
+            indptr = self._indptr(fb.seq_lens.to(torch.int32))
+            indices = torch.empty(fb.seq_lens_sum, dtype=torch.int32, device=self.device)
+            fill_kv_indices(indices, self.req_to_token, fb.req_pool_indices, fb.seq_lens, indptr, fb.seq_lens_sum)
+            cap = max(1, min(self.max_kv_splits, SPLIT_SCRATCH_ROWS // max(fb.batch_size, 1)))
+            splits = torch.empty(fb.batch_size, dtype=torch.int32, device=self.device)
+            get_num_kv_splits(splits, fb.seq_lens, cap)
+            logits, lse = self._scratch(fb.batch_size, cap)
+            fb.attn_metadata = TritonMetadata(indptr, indices, num_kv_splits=splits, attn_logits=logits, attn_lse=lse,
+                                              max_kv_splits=cap)
+            return
+        prefix_total = sum(fb.extend_prefix_lens_cpu)
+        kv_indptr = self._indptr(fb.extend_prefix_lens.to(torch.int32))
+        kv_indices = torch.empty(prefix_total, dtype=torch.int32, device=self.device)
+        fill_kv_indices(kv_indices, self.req_to_token, fb.req_pool_indices, fb.extend_prefix_lens, kv_indptr, prefix_total)
+        qo_indptr = self._indptr(fb.extend_seq_lens.to(torch.int32))
+        fb.attn_metadata = TritonMetadata(kv_indptr, kv_indices, qo_indptr, max(fb.extend_seq_lens_cpu))
+
+    # ------------------------------------------------------------ CUDA graph
+    def init_cuda_graph_state(self, max_bs: int) -> None:
+        logits, lse = self._scratch(max_bs, self.max_kv_splits)
+        self.graph = TritonMetadata(
+            kv_indptr=torch.zeros(max_bs + 1, dtype=torch.int32, device=self.device),
+            kv_indices=torch.zeros(max_bs * self.max_context_len, dtype=torch.int32, device=self.device),
+            num_kv_splits=torch.ones(max_bs, dtype=torch.int32, device=self.device),
+            attn_logits=logits,
+            attn_lse=lse,
+        )
+
+    def _graph_metadata(self, bs: int) -> TritonMetadata:
+        g = self.graph
+        return TritonMetadata(
+            g.kv_indptr[: bs + 1], g.kv_indices, num_kv_splits=g.num_kv_splits[:bs],
+            attn_logits=g.attn_logits[:bs], attn_lse=g.attn_lse[:bs], max_kv_splits=self.max_kv_splits,
+        )
+
+    def init_forward_metadata_capture_cuda_graph(self, bs: int, req_pool_indices, seq_lens) -> TritonMetadata:
+        self.init_forward_metadata_replay_cuda_graph(bs, req_pool_indices, seq_lens, int(bs))
+        return self._graph_metadata(bs)
+
+    def init_forward_metadata_replay_cuda_graph(self, bs: int, req_pool_indices, seq_lens, seq_lens_sum: int) -> None:
+        g = self.graph
+        indptr = self._indptr(seq_lens[:bs].to(torch.int32), out=g.kv_indptr)
+        fill_kv_indices(g.kv_indices, self.req_to_token, req_pool_indices[:bs], seq_lens[:bs], indptr, seq_lens_sum)
+        get_num_kv_splits(g.num_kv_splits[:bs], seq_lens[:bs], self.max_kv_splits)
+
+    # ---------------------------------------------------------------- layers
+    @staticmethod
+    def _save(layer, fb, k, v) -> None:
+        fb.token_to_kv_pool.set_kv_buffer(
+            layer.layer_id, fb.out_cache_loc,
+            k.view(-1, layer.tp_k_head_num, layer.qk_head_dim), v.view(-1, layer.tp_v_head_num, layer.v_head_dim),
+        )
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
+        fb, md = forward_batch, forward_batch.attn_metadata
+        if save_kv_cache:
+            self._save(layer, fb, k, v)
+        pool = fb.token_to_kv_pool
+        bs = q.shape[0]
+        o = torch.empty((bs, layer.tp_q_head_num, layer.v_head_dim), dtype=q.dtype, device=q.device)
+        decode_attention_fwd(
+            q.view(bs, layer.tp_q_head_num, layer.qk_head_dim),
+            pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id), o,
+            md.kv_indptr, md.kv_indices, md.attn_logits, md.attn_lse, md.num_kv_splits,
+            md.max_kv_splits, layer.scaling, layer.logit_cap,
+        )
+        return o.view(bs, -1)
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
+        fb, md = forward_batch, forward_batch.attn_metadata
+        if save_kv_cache:
+            self._save(layer, fb, k, v)
+        pool = fb.token_to_kv_pool
+        n = q.shape[0]
+        o = torch.empty((n, layer.tp_q_head_num, layer.v_head_dim), dtype=q.dtype, device=q.device)
+        extend_attention_fwd(
+            q.view(n, layer.tp_q_head_num, layer.qk_head_dim),
+            k.view(n, layer.tp_k_head_num, layer.qk_head_dim).to(q.dtype),
+            v.view(n, layer.tp_v_head_num, layer.v_head_dim).to(q.dtype),
+            o, pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id),
+            md.qo_indptr, md.kv_indptr, md.kv_indices, md.max_len_extend, layer.scaling,
+            is_causal=True, logit_cap=layer.logit_cap,
+        )
+        return o.view(n, -1)

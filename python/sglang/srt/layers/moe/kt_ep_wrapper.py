@@ -1,0 +1,275 @@
+"""KTransformers-style hybrid experts (the --kt-* flags), and the full-GPU prefill slot.
+
+KTEPWrapperMethod keeps experts [0, --kt-num-gpu-experts) of a layer on the GPU and the rest in
+(pinned) host memory, computed by a CPU backend while the GPU computes its share; the two partial
+mixtures add up to the full layer. A prefill batch of at least --kt-gpu-prefill-token-threshold
+tokens instead runs the whole layer on the GPU: one SharedFullContext (a complete MoE layer in the
+layer's quant method) is built on first use and every layer streams its experts into it.
+
+The slot's size is known before any KV is planned: get_full_gpu_prefill_reservation_bytes builds
+the very same layer on the meta device and sums its parameter bytes, and the model reports it as a
+memory reservation, so profile_max_num_token and the post-capture resize keep it free.
+"""
+
+from __future__ import annotations
+
+import logging
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+import torch
+from torch import nn
+
+from sglang.srt.layers.moe.layer import FusedMoE, moe_intermediate_partition, shard_expert_weight
+from sglang.srt.layers.moe.topk import select_experts
+from sglang.srt.layers.quantization import get_moe_method
+
+logger = logging.getLogger(__name__)
+RESERVATION_NAME = "kt_full_gpu_prefill_slot"
+
+
+class _FullGpuPrefillState:
+    """Module state: set when the slot could not be allocated, so no later prefill tries again."""
+
+    disabled = False
+
+
+@dataclass(frozen=True)
+class KTConfig:
+    method: str
+    weight_path: Optional[str]
+    cpuinfer: Optional[int]
+    threadpool_count: int
+    num_gpu_experts: int
+    max_deferred_experts_per_token: Optional[int]
+    gpu_prefill_token_threshold: Optional[int]
+
+    @classmethod
+    def from_server_args(cls, sa) -> Optional["KTConfig"]:
+        """KT is on when --kt-weight-path, --kt-num-gpu-experts or --kt-gpu-prefill-token-threshold is given."""
+        if sa.kt_weight_path is None and sa.kt_num_gpu_experts is None and sa.kt_gpu_prefill_token_threshold is None:
+            return None
+        return cls(
+            method=sa.kt_method.upper(),
+            weight_path=sa.kt_weight_path,
+            cpuinfer=sa.kt_cpuinfer,
+            threadpool_count=sa.kt_threadpool_count,
+            num_gpu_experts=sa.kt_num_gpu_experts or 0,
+            max_deferred_experts_per_token=sa.kt_max_deferred_experts_per_token,
+            gpu_prefill_token_threshold=sa.kt_gpu_prefill_token_threshold,
+        )
+
+
+def make_moe_layer(num_experts: int, hidden: int, inter: int, dtype: torch.dtype, method: str) -> nn.Module:
+    """An empty module holding one MoE layer's expert parameters in `method`'s layout, on the current
+    default device. The full-GPU slot and its meta-device sizing both come from here."""
+    layer = nn.Module()
+    quant = get_moe_method(method)
+    quant.create_weights(layer, num_experts, hidden, inter, dtype)
+    layer.quant_method = quant
+    return layer
+
+
+def param_bytes(module: nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+class SharedFullContext:
+    """One complete MoE layer on the GPU, shared by every layer's full-GPU prefill (built lazily)."""
+
+    def __init__(self, num_experts: int, hidden: int, inter: int, dtype: torch.dtype, method: str, device) -> None:
+        with torch.device(device):
+            self.layer = make_moe_layer(num_experts, hidden, inter, dtype, method)
+        self.loaded_layer_id: Optional[int] = None
+
+    def load_from(self, wrapper: "KTEPWrapperMethod") -> None:
+        """Stream all of `wrapper`'s experts in: GPU-resident ones device to device, the rest from pinned host memory."""
+        if self.loaded_layer_id == wrapper.layer_id:
+            return
+        quant = self.layer.quant_method
+        for e in range(wrapper.num_experts):
+            src, idx = wrapper.expert_home(e)
+            quant.copy_expert_from(self.layer, e, src, idx)
+        self.loaded_layer_id = wrapper.layer_id
+
+
+class KTEPWrapperMethod(nn.Module):
+    def __init__(
+        self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, params_dtype: torch.dtype,
+        renormalize: bool, layer_id: int, kt: KTConfig,
+    ) -> None:
+        super().__init__()
+        if not 0 <= kt.num_gpu_experts <= num_experts:
+            raise ValueError(f"--kt-num-gpu-experts {kt.num_gpu_experts} must be in [0, {num_experts}]")
+        self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
+        # With tensor parallelism every rank holds a slice of every expert (GPU, CPU and slot alike), so
+        # the CPU work and the slot's reservation are split across ranks.
+        self.inter_range = moe_intermediate_partition(intermediate_size)
+        local_inter = self.inter_range[1] - self.inter_range[0]
+        self.hidden_size, self.intermediate_size, self.params_dtype = hidden_size, local_inter, params_dtype
+        self.layer_id, self.kt = layer_id, kt
+        self.num_gpu_experts = kt.num_gpu_experts
+        self.device = torch.empty(0).device  # the model's device (the caller's `with torch.device`)
+        self.gpu_experts = (
+            FusedMoE(self.num_gpu_experts, top_k, hidden_size, intermediate_size, params_dtype, kt.method, renormalize)
+            if self.num_gpu_experts else None
+        )
+        # The CPU-resident experts live outside the module tree: the model's device placement never moves them.
+        with torch.device("cpu"):
+            num_cpu = num_experts - self.num_gpu_experts
+            self._cpu = [make_moe_layer(num_cpu, hidden_size, local_inter, params_dtype, kt.method)] if num_cpu else []
+        # Every wrapper can size the one shared slot (they are identical); none needs it when all
+        # experts already live on the GPU.
+        self.registers_prefill_slot = bool(kt.gpu_prefill_token_threshold) and self.num_gpu_experts < num_experts
+        self._full_ctx: Optional[SharedFullContext] = None
+
+    @property
+    def cpu_layer(self) -> Optional[nn.Module]:
+        return self._cpu[0] if self._cpu else None
+
+    @property
+    def has_host_experts(self) -> bool:
+        """Whether some experts run on the CPU (host work in every forward: no CUDA graphs)."""
+        return self.cpu_layer is not None
+
+    def expert_home(self, expert: int) -> tuple[nn.Module, int]:
+        """(layer holding `expert`, its index there)."""
+        if expert < self.num_gpu_experts:
+            return self.gpu_experts, expert
+        return self.cpu_layer, expert - self.num_gpu_experts
+
+    # ------------------------------------------------------------ loading
+    def weight_loader(self, param, loaded_weight: torch.Tensor, shard_id: str, expert_id: int) -> None:
+        if expert_id < self.num_gpu_experts:
+            self.gpu_experts.weight_loader(param, loaded_weight, shard_id, expert_id)  # slices itself
+            return
+        layer, idx = self.expert_home(expert_id)
+        layer.quant_method.load_expert(layer, idx, shard_id, shard_expert_weight(loaded_weight, shard_id, self.inter_range))
+
+    def finish_loading(self) -> None:
+        """Pin the host experts so copies to the GPU are asynchronous DMA."""
+        layer = self.cpu_layer
+        if layer is not None and torch.cuda.is_available():
+            for p in layer.parameters():
+                p.data = p.data.pin_memory()
+
+    # ---------------------------------------------------------- reservation
+    def full_gpu_prefill_reservation_bytes(self) -> int:
+        """Exact bytes of the shared full-GPU slot: the same layer built on the meta device."""
+        with torch.device("meta"):
+            slot = make_moe_layer(self.num_experts, self.hidden_size, self.intermediate_size, self.params_dtype, self.kt.method)
+        return param_bytes(slot)
+
+    # --------------------------------------------------------------- forward
+    def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor, is_prefill: bool = False) -> torch.Tensor:
+        topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
+        if self._wants_full_gpu(hidden_states.shape[0], is_prefill):
+            ctx = self._full_context()
+            if ctx is not None:
+                ctx.load_from(self)
+                return ctx.layer.quant_method.apply(ctx.layer, hidden_states, topk_weights, topk_ids)
+        return self.hybrid_forward(hidden_states, topk_weights, topk_ids)
+
+    def _wants_full_gpu(self, num_tokens: int, is_prefill: bool) -> bool:
+        threshold = self.kt.gpu_prefill_token_threshold
+        return is_prefill and threshold is not None and threshold > 0 and num_tokens >= threshold \
+            and not _FullGpuPrefillState.disabled and self.num_gpu_experts < self.num_experts
+
+    def _full_context(self) -> Optional[SharedFullContext]:
+        if self._full_ctx is None:
+            self._full_ctx = shared_full_context(self)
+        return self._full_ctx
+
+    def hybrid_forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+        g = self.num_gpu_experts
+        cpu_future = None
+        if self.cpu_layer is not None:
+            # The CPU's share is computed on host copies while the GPU computes its own.
+            cpu_ids = torch.where(topk_ids >= g, topk_ids - g, -1)
+            args = (x.to("cpu"), topk_weights.to("cpu"), cpu_ids.to("cpu"))
+            cpu_future = cpu_expert_pool(self.kt).submit(self._cpu_compute, *args)
+        if self.gpu_experts is not None:
+            gpu_ids = torch.where(topk_ids < g, topk_ids, -1)
+            out = self.gpu_experts.quant_method.apply(self.gpu_experts, x, topk_weights, gpu_ids)
+        else:
+            out = torch.zeros_like(x)
+        if cpu_future is not None:
+            out = out + cpu_future.result().to(x.device, non_blocking=True)
+        return out
+
+    def _cpu_compute(self, x: torch.Tensor, topk_weights: torch.Tensor, cpu_ids: torch.Tensor) -> torch.Tensor:
+        """The CPU experts' mixture: torch kernels on --kt-cpuinfer threads (see cpu_expert_pool)."""
+        layer = self.cpu_layer
+        return layer.quant_method.apply(layer, x, topk_weights, cpu_ids, backend="native")
+
+
+_POOL: Optional[ThreadPoolExecutor] = None
+
+
+def cpu_expert_pool(kt: KTConfig) -> ThreadPoolExecutor:
+    """One worker thread computes CPU experts while the main thread drives the GPU. Its torch ops use
+    --kt-cpuinfer intra-op threads (process-wide, set once). --kt-threadpool-count is KTransformers'
+    NUMA-pool count for kt-kernel; the torch backend has one pool and accepts it for compatibility."""
+    global _POOL
+    if _POOL is None:
+        if kt.cpuinfer:
+            torch.set_num_threads(kt.cpuinfer)
+        if kt.max_deferred_experts_per_token:
+            logger.warning("--kt-max-deferred-experts-per-token needs kt-kernel; the torch CPU backend defers none")
+        _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kt-cpu-experts")
+    return _POOL
+
+
+_SHARED: Dict[tuple, SharedFullContext] = {}
+
+
+def shared_full_context(wrapper: KTEPWrapperMethod) -> Optional[SharedFullContext]:
+    """The one slot for this geometry, built on first use; None (and the path disabled) when it does not fit."""
+    key = (wrapper.num_experts, wrapper.hidden_size, wrapper.intermediate_size, wrapper.params_dtype,
+           wrapper.kt.method, str(wrapper.device))
+    if key in _SHARED:
+        return _SHARED[key]
+    need = wrapper.full_gpu_prefill_reservation_bytes()
+    try:
+        if wrapper.device.type == "cpu":
+            from sglang.srt.utils.memory import host_available_memory_bytes
+
+            if host_available_memory_bytes() < need:
+                raise MemoryError(f"{need} bytes requested, {host_available_memory_bytes()} available")
+        ctx = SharedFullContext(wrapper.num_experts, wrapper.hidden_size, wrapper.intermediate_size,
+                                wrapper.params_dtype, wrapper.kt.method, wrapper.device)
+    except (torch.cuda.OutOfMemoryError, MemoryError) as e:
+        _FullGpuPrefillState.disabled = True
+        logger.error(
+            "Cannot allocate the full-GPU prefill slot (%.2f GiB): %s. Prefills use the hybrid CPU/GPU path from "
+            "now on. Raise --mem-fraction-static, or pass --kt-gpu-prefill-token-threshold 0 to turn the "
+            "full-GPU path off.", need / (1 << 30), e,
+        )
+        return None
+    _SHARED[key] = ctx
+    return ctx
+
+
+def reset_full_gpu_prefill_state() -> None:
+    """Forget the shared slot and re-enable the full-GPU path (a new model in the same process)."""
+    _SHARED.clear()
+    _FullGpuPrefillState.disabled = False
+
+
+def build_moe_experts(
+    num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, params_dtype: torch.dtype,
+    renormalize: bool, layer_id: int, kt: Optional[KTConfig],
+) -> nn.Module:
+    if kt is None:
+        return FusedMoE(num_experts, top_k, hidden_size, intermediate_size, params_dtype, "BF16", renormalize,
+                        prefix=f"layers.{layer_id}.mlp.experts")
+    return KTEPWrapperMethod(num_experts, top_k, hidden_size, intermediate_size, params_dtype, renormalize, layer_id, kt)
+
+
+def full_gpu_prefill_reservations(model: nn.Module) -> Dict[str, int]:
+    """The model's reservation: one shared slot when any KT layer has the threshold set (else none)."""
+    for module in model.modules():
+        if isinstance(module, KTEPWrapperMethod) and module.registers_prefill_slot:
+            return {RESERVATION_NAME: module.full_gpu_prefill_reservation_bytes()}
+    return {}

@@ -1,0 +1,114 @@
+"""Decode CUDA graphs: one graph per batch size, captured largest first into one shared memory pool.
+
+A decode batch of size b runs the graph of the smallest captured size >= b; the padded rows point
+at request row 0 with seq_len 1 and write their K/V to the dummy slot 0, so they never touch a
+real request's cache. Inputs are copied into static buffers before each replay.
+"""
+
+from __future__ import annotations
+
+import bisect
+import logging
+import time
+from typing import Dict, List
+
+import torch
+from tqdm.auto import tqdm
+
+from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+logger = logging.getLogger(__name__)
+
+
+def default_capture_batch_sizes(max_bs: int) -> List[int]:
+    """SGLang's list: 1, 2, 4, 8, 12, 16..256 step 8, 272..<512 step 16, 512.. step 32, up to max_bs."""
+    sizes = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16)) + list(range(512, max_bs + 1, 32))
+    return sorted({bs for bs in sizes if bs <= max_bs} | {max_bs})
+
+
+class CudaGraphRunner:
+    def __init__(self, model_runner) -> None:
+        self.model_runner = model_runner
+        sa = model_runner.server_args
+        max_bs = min(sa.cuda_graph_max_bs, model_runner.req_to_token_pool.size)
+        sizes = sorted(set(sa.cuda_graph_bs)) if sa.cuda_graph_bs else default_capture_batch_sizes(max_bs)
+        self.capture_bs = [bs for bs in sizes if bs <= max_bs]
+        self.max_bs = self.capture_bs[-1]
+        dev = model_runner.device
+        self.input_ids = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
+        self.req_pool_indices = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
+        self.seq_lens = torch.ones(self.max_bs, dtype=torch.int64, device=dev)
+        self.out_cache_loc = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
+        self.fill_value = model_runner.attn_backend.get_cuda_graph_seq_len_fill_value()
+        model_runner.attn_backend.init_cuda_graph_state(self.max_bs)
+        self.graphs: Dict[int, torch.cuda.CUDAGraph] = {}
+        self.outputs: Dict[int, torch.Tensor] = {}
+        self.pool = torch.cuda.graph_pool_handle()
+        self.capture()
+
+    def _forward_batch(self, bs: int) -> ForwardBatch:
+        mr = self.model_runner
+        fb = ForwardBatch(
+            forward_mode=ForwardMode.DECODE,
+            batch_size=bs,
+            input_ids=self.input_ids[:bs],
+            positions=self.positions[:bs],
+            req_pool_indices=self.req_pool_indices[:bs],
+            seq_lens=self.seq_lens[:bs],
+            out_cache_loc=self.out_cache_loc[:bs],
+            seq_lens_cpu=[self.fill_value] * bs,
+            seq_lens_sum=self.fill_value * bs,
+            req_to_token_pool=mr.req_to_token_pool,
+            token_to_kv_pool=mr.token_to_kv_pool,
+            attn_backend=mr.attn_backend,
+        )
+        fb.attn_metadata = mr.attn_backend.init_forward_metadata_capture_cuda_graph(bs, self.req_pool_indices, self.seq_lens)
+        return fb
+
+    def capture(self) -> None:
+        mr = self.model_runner
+        start = time.perf_counter()
+        before = mr.read_available_memory_gb()
+        stream = torch.cuda.Stream()
+        for bs in tqdm(list(reversed(self.capture_bs)), desc="Capturing CUDA graphs", leave=False):
+            fb = self._forward_batch(bs)
+            with torch.cuda.stream(stream):
+                # Warm-up outside capture: triton compiles and lazy cuBLAS inits must not be captured.
+                mr.model.forward(fb.input_ids, fb.positions, fb)
+                stream.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=self.pool, stream=stream):
+                    out = mr.model.forward(fb.input_ids, fb.positions, fb)
+            self.graphs[bs] = graph
+            self.outputs[bs] = out.next_token_logits
+        torch.cuda.synchronize()
+        after = mr.read_available_memory_gb()
+        logger.info(
+            "Capture cuda graph end. Time elapsed: %.2f s. mem usage=%.2f GB. avail mem=%.2f GB. bs=%s",
+            time.perf_counter() - start, before - after, after, self.capture_bs,
+        )
+
+    def can_run(self, forward_batch: ForwardBatch) -> bool:
+        return forward_batch.forward_mode.is_decode() and forward_batch.batch_size <= self.max_bs
+
+    def replay(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
+        raw_bs = forward_batch.batch_size
+        bs = self.capture_bs[bisect.bisect_left(self.capture_bs, raw_bs)]
+        if bs != raw_bs:  # padding rows: request row 0, one token, the dummy slot
+            self.req_pool_indices[raw_bs:bs].zero_()
+            self.seq_lens[raw_bs:bs].fill_(self.fill_value)
+            self.out_cache_loc[raw_bs:bs].zero_()
+            self.positions[raw_bs:bs].zero_()
+        self.input_ids[:raw_bs].copy_(forward_batch.input_ids)
+        self.positions[:raw_bs].copy_(forward_batch.positions)
+        self.req_pool_indices[:raw_bs].copy_(forward_batch.req_pool_indices)
+        self.seq_lens[:raw_bs].copy_(forward_batch.seq_lens)
+        self.out_cache_loc[:raw_bs].copy_(forward_batch.out_cache_loc)
+        seq_lens_sum = forward_batch.seq_lens_sum + (bs - raw_bs) * self.fill_value
+        self.model_runner.attn_backend.init_forward_metadata_replay_cuda_graph(
+            bs, self.req_pool_indices, self.seq_lens, seq_lens_sum
+        )
+        self.graphs[bs].replay()
+        return LogitsProcessorOutput(next_token_logits=self.outputs[bs][:raw_bs])

@@ -1,0 +1,128 @@
+"""Qwen3-MoE (Qwen3-30B-A3B architecture): Qwen3 attention, routed experts with normalised top-k.
+
+Each sparse layer has a router (`mlp.gate`) and experts (`mlp.experts`, a FusedMoE). With the KT
+flags the experts are wrapped by KTEPWrapperMethod (hybrid CPU/GPU experts, see kt_ep_wrapper.py).
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Optional, Set, Tuple
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from sglang.srt.distributed import tensor_model_parallel_all_reduce
+from sglang.srt.layers.linear import ReplicatedLinear
+from sglang.srt.layers.moe.kt_ep_wrapper import KTConfig, KTEPWrapperMethod, build_moe_experts, full_gpu_prefill_reservations
+from sglang.srt.model_loader.weight_loading import load_stacked_weights
+from sglang.srt.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
+from sglang.srt.models.qwen3 import Qwen3Attention
+
+
+def is_sparse_layer(config: PretrainedConfig, layer_id: int) -> bool:
+    step = getattr(config, "decoder_sparse_step", 1) or 1
+    return (
+        layer_id not in (getattr(config, "mlp_only_layers", None) or [])
+        and config.num_experts > 0
+        and (layer_id + 1) % step == 0
+    )
+
+
+class Qwen3MoeSparseMoeBlock(nn.Module):
+    def __init__(self, config: PretrainedConfig, layer_id: int, dtype: torch.dtype, kt: Optional[KTConfig]) -> None:
+        super().__init__()
+        self.gate = ReplicatedLinear(config.hidden_size, config.num_experts, bias=False, params_dtype=dtype)
+        self.experts = build_moe_experts(
+            num_experts=config.num_experts,
+            top_k=config.num_experts_per_tok,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.moe_intermediate_size,
+            params_dtype=dtype,
+            renormalize=bool(getattr(config, "norm_topk_prob", True)),
+            layer_id=layer_id,
+            kt=kt,
+        )
+
+    def forward(self, hidden_states: torch.Tensor, is_prefill: bool = False) -> torch.Tensor:
+        # Each rank holds a slice of every expert's intermediate dimension: partial sums, then all-reduce.
+        return tensor_model_parallel_all_reduce(self.experts(hidden_states, self.gate(hidden_states), is_prefill))
+
+
+class Qwen3MoeDecoderLayer(LlamaDecoderLayer):
+    attention_cls = Qwen3Attention
+    kt_config: Optional[KTConfig] = None  # set by the model before the layers are built
+
+    def make_mlp(self, config: PretrainedConfig, layer_id: int, dtype: torch.dtype) -> nn.Module:
+        if is_sparse_layer(config, layer_id):
+            return Qwen3MoeSparseMoeBlock(config, layer_id, dtype, self.kt_config)
+        return LlamaMLP(config.hidden_size, config.intermediate_size, dtype)
+
+    def mlp_forward(self, hidden_states: torch.Tensor, forward_batch) -> torch.Tensor:
+        if isinstance(self.mlp, Qwen3MoeSparseMoeBlock):
+            return self.mlp(hidden_states, forward_batch.forward_mode.is_extend())
+        return self.mlp(hidden_states)
+
+
+class Qwen3MoeModel(LlamaModel):
+    layer_cls = Qwen3MoeDecoderLayer
+
+
+class Qwen3MoeForCausalLM(LlamaForCausalLM):
+    model_cls = Qwen3MoeModel
+
+    def __init__(self, config: PretrainedConfig, dtype: torch.dtype, max_position: Optional[int] = None,
+                 server_args=None) -> None:
+        self.kt = KTConfig.from_server_args(server_args) if server_args is not None else None
+        # The decoder layer class reads the KT settings while the layers are built.
+        Qwen3MoeDecoderLayer.kt_config = self.kt
+        try:
+            super().__init__(config, dtype, max_position)
+        finally:
+            Qwen3MoeDecoderLayer.kt_config = None
+
+    def _load_expert(self, name: str, tensor: torch.Tensor, params: dict) -> Optional[str]:
+        if ".mlp.experts." not in name:
+            return None
+        prefix, rest = name.split(".mlp.experts.", 1)
+        expert_str, proj, _ = rest.split(".", 2)
+        shard = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}[proj]
+        experts = self.get_submodule(f"{prefix}.mlp.experts")
+        experts.weight_loader(None, tensor, shard, int(expert_str))
+        return f"{prefix}.mlp.experts.{expert_str}.{proj}"
+
+    def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> Set[str]:
+        if self.kt is not None and self.kt.weight_path:
+            weights = self._with_kt_experts(weights, self.kt.weight_path)
+        skip = ("rotary_emb.inv_freq",)
+        if getattr(self.config, "tie_word_embeddings", False):
+            skip += ("lm_head.weight",)
+        # Expert parameters are filled through the experts' loader; the completeness check covers the rest.
+        return load_stacked_weights(self, weights, self.stacked_params_mapping, skip, extra_loader=self._load_expert,
+                                    ignore_param=lambda n: ".mlp.experts." in n)
+
+    @staticmethod
+    def _with_kt_experts(weights, kt_weight_path: str):
+        """Experts from --kt-weight-path (HF-named safetensors, full precision), the rest from the model."""
+        from sglang.srt.model_loader.weight_utils import safetensors_weights_iterator
+
+        for name, tensor in weights:
+            if ".mlp.experts." not in name:
+                yield name, tensor
+        for name, tensor in safetensors_weights_iterator(kt_weight_path):
+            if ".mlp.experts." in name:
+                yield name, tensor
+
+    def memory_reservations(self) -> dict:
+        return full_gpu_prefill_reservations(self)
+
+    def needs_host_work_per_forward(self) -> bool:
+        return any(isinstance(m, KTEPWrapperMethod) and m.has_host_experts for m in self.modules())
+
+    def finish_loading(self) -> None:
+        for module in self.modules():
+            if isinstance(module, KTEPWrapperMethod):
+                module.finish_loading()
+
+
+EntryClass = Qwen3MoeForCausalLM

@@ -1,0 +1,47 @@
+"""Helpers for GPU tests and benchmarks: model-shape configs, random HF checkpoints, in-process runners."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Optional
+
+import torch
+
+REQUIRES_GPU_REASON = "needs a CUDA GPU (run on the GPU machine)"
+
+
+def has_gpu() -> bool:
+    return torch.cuda.is_available()
+
+
+def shape_config_dir(name: str, root: Optional[str] = None, **overrides) -> str:
+    """A directory with config.json for one of scripts/make_model_configs.py's shapes."""
+    import importlib.util
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    script = os.path.join(here, "..", "..", "..", "scripts", "make_model_configs.py")
+    spec = importlib.util.spec_from_file_location("make_model_configs", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    config = {**module.SHAPES[name], **overrides}
+    root = root or tempfile.mkdtemp(prefix="sglang-shapes-")
+    path = os.path.join(root, name)
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    return path
+
+
+def save_random_hf_model(config_dir: str, out_dir: str, dtype: torch.dtype = torch.bfloat16, seed: int = 0) -> str:
+    """transformers' own random init of the config, saved as safetensors (the reference's exact weights)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(config_dir)
+    torch.manual_seed(seed)
+    with torch.device("cuda" if has_gpu() else "cpu"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    model.save_pretrained(out_dir)
+    del model
+    return out_dir

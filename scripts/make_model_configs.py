@@ -1,0 +1,76 @@
+"""Write config.json directories for real model shapes, to run with --load-format dummy --skip-tokenizer-init.
+
+    python scripts/make_model_configs.py --out /tmp/model-configs
+    python -m sglang.launch_server --model-path /tmp/model-configs/Llama-3.1-8B --load-format dummy --skip-tokenizer-init
+
+Shapes are the published configs of each model (no weights are needed or downloaded).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import Dict
+
+LLAMA_31_8B = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336,
+    "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+    "vocab_size": 128256, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+    "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                     "original_max_position_embeddings": 8192},
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 128000, "eos_token_id": [128001, 128008, 128009],
+    "hidden_act": "silu", "attention_bias": False, "mlp_bias": False,
+}
+QWEN3_8B = {
+    "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "hidden_size": 4096, "intermediate_size": 12288,
+    "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+    "vocab_size": 151936, "max_position_embeddings": 40960, "rms_norm_eps": 1e-6, "rope_theta": 1000000.0,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 151643, "eos_token_id": 151645,
+    "hidden_act": "silu", "attention_bias": False,
+}
+QWEN3_30B_A3B = {
+    "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "hidden_size": 2048, "intermediate_size": 6144,
+    "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8, "norm_topk_prob": True,
+    "decoder_sparse_step": 1, "mlp_only_layers": [], "num_hidden_layers": 48, "num_attention_heads": 32,
+    "num_key_value_heads": 4, "head_dim": 128, "vocab_size": 151936, "max_position_embeddings": 40960,
+    "rms_norm_eps": 1e-6, "rope_theta": 1000000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+    "bos_token_id": 151643, "eos_token_id": 151645, "hidden_act": "silu", "attention_bias": False,
+    "router_aux_loss_coef": 0.001, "output_router_logits": False,
+}
+# ~1B random-weight models for correctness against transformers on the GPU.
+LLAMA_1B = {**LLAMA_31_8B, "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 16,
+            "vocab_size": 32000, "max_position_embeddings": 8192, "rope_scaling": None, "eos_token_id": 2, "bos_token_id": 1}
+QWEN3_1B = {**QWEN3_8B, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 16,
+            "num_attention_heads": 16, "num_key_value_heads": 8, "vocab_size": 32000, "max_position_embeddings": 8192,
+            "eos_token_id": 2, "bos_token_id": 1}
+
+SHAPES: Dict[str, dict] = {
+    "Llama-3.1-8B": LLAMA_31_8B,
+    "Qwen3-8B": QWEN3_8B,
+    "Qwen3-30B-A3B": QWEN3_30B_A3B,
+    "Qwen3-30B-A3B-12L": {**QWEN3_30B_A3B, "num_hidden_layers": 12},
+    "Llama-1B-random": LLAMA_1B,
+    "Qwen3-1B-random": QWEN3_1B,
+}
+
+
+def write_config(name: str, out_dir: str) -> str:
+    path = os.path.join(out_dir, name)
+    os.makedirs(path, exist_ok=True)
+    with open(os.path.join(path, "config.json"), "w") as f:
+        json.dump(SHAPES[name], f, indent=2)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="/tmp/sglang-model-configs")
+    parser.add_argument("--models", nargs="*", default=list(SHAPES), choices=list(SHAPES))
+    args = parser.parse_args()
+    for name in args.models:
+        print(write_config(name, args.out))
+
+
+if __name__ == "__main__":
+    main()

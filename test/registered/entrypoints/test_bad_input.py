@@ -1,0 +1,202 @@
+"""Bad requests get a 4xx with a JSON error message and leave the requests in flight unharmed;
+clients that disconnect have their requests aborted (KV freed); --api-key guards the routes.
+
+One server, started with --api-key (every request here sends the key; the 401 cases omit it)
+and a 1 MiB body limit, so the size check is cheap to exercise."""
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=35, suite="per-commit-cpu")
+
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Optional
+
+import pytest
+import requests
+
+from sglang.test.test_utils import kill_process_tree, popen_launch_server
+
+API_KEY = "sk-test-key"
+AUTH = {"Authorization": f"Bearer {API_KEY}"}
+BODY_LIMIT = 1 << 20
+TIMEOUT = 120
+GOOD_PROMPTS = [f"Write one sentence about the number {i}." for i in range(8)]
+GOOD_PARAMS = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}
+
+
+@pytest.fixture(scope="module")
+def base_url():
+    proc = popen_launch_server(["--max-total-tokens", "16384", "--api-key", API_KEY],
+                               env={"SGLANG_MAX_REQUEST_BODY_BYTES": str(BODY_LIMIT)})
+    yield proc.base_url
+    kill_process_tree(proc.pid)
+    proc.wait(10)
+
+
+def post(base_url: str, path: str, body=None, raw: Optional[bytes] = None, **kw) -> requests.Response:
+    if raw is not None:
+        return requests.post(f"{base_url}{path}", data=raw, headers=AUTH, timeout=TIMEOUT, **kw)
+    return requests.post(f"{base_url}{path}", json=body, headers=AUTH, timeout=TIMEOUT, **kw)
+
+
+def good_output(base_url: str, prompt: str) -> list:
+    r = post(base_url, "/generate", {"text": prompt, "sampling_params": GOOD_PARAMS})
+    assert r.status_code == 200, r.text
+    return r.json()["output_ids"]
+
+
+def chat(content="Hi", **kw):
+    return {"messages": [{"role": "user", "content": content}], **kw}
+
+
+LONG_PROMPT = "hello " * 9000  # > 8192 tokens, the model's context length
+# (path, body or raw bytes, expected status, a word the error message must contain)
+BAD_REQUESTS = [
+    ("/generate", b'{"text": "unterminated', 400, "JSON"),
+    ("/v1/chat/completions", b"[1, 2", 400, "JSON"),
+    ("/generate", {"text": 123}, 400, "text"),
+    ("/generate", {"text": "hi", "stream": "yes"}, 400, "stream"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": "ten"}}, 400, "max_new_tokens"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": -1}}, 400, "max_new_tokens"),
+    ("/generate", {"text": "hi", "sampling_params": {"max_new_tokens": 10**6}}, 400, "context length"),
+    ("/generate", {"text": "hi", "sampling_params": {"temperature": -0.5}}, 400, "temperature"),
+    ("/generate", {"text": "hi", "sampling_params": {"top_p": 0}}, 400, "top_p"),
+    ("/generate", {"text": "hi", "sampling_params": {"bogus": 1}}, 400, "bogus"),
+    ("/generate", {"text": ""}, 400, "empty"),
+    ("/generate", {"input_ids": []}, 400, "empty"),
+    ("/generate", {"input_ids": [1, 49152]}, 400, "vocabulary"),
+    ("/generate", {"input_ids": [-3, 5]}, 400, "vocabulary"),
+    ("/generate", {"text": LONG_PROMPT}, 400, "context length"),
+    ("/generate", {"text": "hi", "unknown_field": 1}, 400, "unknown_field"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": -5}, 400, "max_new_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 10**6}, 400, "context length"),
+    ("/v1/completions", {"prompt": "hi", "temperature": "hot"}, 400, "temperature"),
+    ("/v1/completions", {"prompt": "hi", "top_p": 1.5}, 400, "top_p"),
+    ("/v1/completions", {"prompt": ""}, 400, "empty"),
+    ("/v1/completions", {"prompt": []}, 400, "empty"),
+    ("/v1/completions", {"prompt": LONG_PROMPT}, 400, "context length"),
+    ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n must be 1"),
+    ("/v1/completions", {}, 400, "prompt"),
+    ("/v1/chat/completions", chat(max_tokens=10**6), 400, "context length"),
+    ("/v1/chat/completions", chat(temperature=-1), 400, "temperature"),
+    ("/v1/chat/completions", chat(top_p=0), 400, "top_p"),
+    ("/v1/chat/completions", {"messages": []}, 400, "messages"),
+    ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400, "role"),
+    ("/v1/chat/completions", chat(LONG_PROMPT), 400, "context length"),
+    ("/v1/chat/completions", chat(max_completion_tokens=-1), 400, "max_new_tokens"),
+    ("/generate", b'{"text": "' + b"x" * (BODY_LIMIT + 10) + b'"}', 413, "larger than"),
+]
+
+
+def check_error(r: requests.Response, status: int, word: str) -> Optional[str]:
+    """None if `r` is the expected JSON error, else a description of what is wrong."""
+    try:
+        err = r.json()["error"]
+    except (ValueError, KeyError, TypeError):
+        return f"status {r.status_code}, not a JSON error: {r.text[:200]!r}"
+    if r.status_code != status or err.get("code") != status:
+        return f"status {r.status_code} (code {err.get('code')}), expected {status}: {err.get('message')}"
+    if word.lower() not in str(err.get("message", "")).lower():
+        return f"message does not mention {word!r}: {err.get('message')!r}"
+    return None
+
+
+def test_bad_requests_get_4xx_while_good_requests_complete(base_url):
+    expected = [good_output(base_url, p) for p in GOOD_PROMPTS]  # each prompt alone first
+    with ThreadPoolExecutor(len(GOOD_PROMPTS)) as pool:
+        futures = [pool.submit(good_output, base_url, p) for p in GOOD_PROMPTS]
+        problems, in_flight = [], 0
+        for path, body, status, word in BAD_REQUESTS:
+            r = post(base_url, path, raw=body) if isinstance(body, bytes) else post(base_url, path, body)
+            problem = check_error(r, status, word)
+            if problem:
+                problems.append(f"{path} {str(body)[:80]}: {problem}")
+            in_flight = max(in_flight, sum(not f.done() for f in futures))
+        results = [f.result() for f in futures]
+    assert not problems, "\n".join(problems)
+    assert in_flight > 0, "the good requests finished before the bad ones were sent; the test proves nothing"
+    assert results == expected
+
+
+def test_any_model_name_is_accepted(base_url):
+    r = post(base_url, "/v1/completions", {"model": "gpt-4o", "prompt": "Hi", "max_tokens": 2})
+    assert r.status_code == 200, r.text
+
+
+def scheduler_stats(base_url: str) -> dict:
+    return requests.get(f"{base_url}/server_info", headers=AUTH, timeout=TIMEOUT).json()["scheduler_stats"]
+
+
+def wait_idle(base_url: str, timeout: float) -> dict:
+    """Poll until no request runs or waits and no KV slot is held by a request; returns the stats."""
+    deadline = time.monotonic() + timeout
+    while True:
+        s = scheduler_stats(base_url)
+        if s["num_running_reqs"] == 0 and s["num_queued_reqs"] == 0 and s["num_used_tokens"] == 0:
+            return s
+        assert time.monotonic() < deadline, f"not idle after {timeout} s: {s}"
+        time.sleep(0.25)
+
+
+LONG_GEN = {"temperature": 0, "max_new_tokens": 4000, "ignore_eos": True}  # minutes of work on a CPU
+
+
+def wait_running(base_url: str, timeout: float = 30) -> None:
+    """Until the scheduler reports the request running (so later stats are newer than its start)."""
+    deadline = time.monotonic() + timeout
+    while scheduler_stats(base_url)["num_running_reqs"] < 1:
+        assert time.monotonic() < deadline, "the request never started running"
+        time.sleep(0.1)
+
+
+def assert_aborted(base_url: str) -> None:
+    """The request left the scheduler and freed its KV, and no more tokens are generated for it."""
+    stats = wait_idle(base_url, 10)
+    time.sleep(1.0)
+    assert scheduler_stats(base_url)["generation_tokens_total"] == stats["generation_tokens_total"]
+
+
+def test_stream_disconnect_frees_kv(base_url):
+    wait_idle(base_url, 30)
+    r = post(base_url, "/generate", {"text": "Tell me a very long story.", "sampling_params": LONG_GEN, "stream": True},
+             stream=True)
+    lines = r.iter_lines()  # keep the iterator: dropping it would close the connection already
+    assert next(lines).startswith(b"data: ")
+    wait_running(base_url)
+    r.close()  # the client goes away mid-stream
+    assert_aborted(base_url)
+
+
+def test_non_streaming_disconnect_frees_kv(base_url):
+    wait_idle(base_url, 30)
+    body = {"prompt": "Tell me another long story.", "max_tokens": 4000, "ignore_eos": True}
+    done = threading.Event()
+
+    def client():
+        try:  # the client gives up (closes its connection) when the timeout expires
+            requests.post(f"{base_url}/v1/completions", headers=AUTH, json=body, timeout=3)
+        except requests.exceptions.ReadTimeout:
+            done.set()
+
+    t = threading.Thread(target=client)
+    t.start()
+    wait_running(base_url)
+    t.join(30)
+    assert done.is_set(), "the request should still have been running when the client gave up"
+    assert_aborted(base_url)
+
+
+def test_api_key(base_url):
+    body = {"text": "Hi", "sampling_params": {"max_new_tokens": 1}}
+    assert requests.post(f"{base_url}/generate", json=body, timeout=TIMEOUT).status_code == 401
+    r = requests.post(f"{base_url}/generate", json=body, headers={"Authorization": "Bearer wrong"}, timeout=TIMEOUT)
+    assert r.status_code == 401 and "API key" in r.json()["error"]["message"]
+    for path in ("/v1/models", "/server_info", "/flush_cache"):
+        assert requests.get(f"{base_url}{path}", timeout=TIMEOUT).status_code == 401, path
+    assert requests.post(f"{base_url}/generate", json=body, headers=AUTH, timeout=TIMEOUT).status_code == 200
+    assert requests.get(f"{base_url}/v1/models", headers=AUTH, timeout=TIMEOUT).status_code == 200
+    # As in SGLang, probes and scrapes need no key.
+    assert requests.get(f"{base_url}/health", timeout=TIMEOUT).status_code == 200
+    assert requests.get(f"{base_url}/metrics", timeout=TIMEOUT).status_code == 200

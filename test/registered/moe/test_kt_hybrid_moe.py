@@ -1,0 +1,131 @@
+"""KT hybrid CPU/GPU experts on a tiny random Qwen3-MoE, on the CPU (the "GPU" experts are the model
+device's, the rest go through the CPU expert backend).
+
+- greedy tokens equal transformers' with 0, some and all experts on the model device;
+- for every quant method the reservation equals, to the byte, what the real slot allocates;
+- the hybrid and full-GPU paths agree within the method's tolerance;
+- the fallback for real: a host budget too small for the slot -> error naming the knobs, the path
+  switched off, every request still answered.
+"""
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=120, suite="per-commit-cpu")
+
+import logging
+import tempfile
+
+import pytest
+import torch
+
+from sglang.srt.environ import envs
+
+PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
+NEW_TOKENS = 12
+METHODS = ["BF16", "FP8", "INT8", "INT4", "MXFP4"]
+
+
+@pytest.fixture(scope="module")
+def model_dir():
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    config = Qwen3MoeConfig(
+        vocab_size=256, hidden_size=128, intermediate_size=256, moe_intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2,
+        max_position_embeddings=256,
+    )
+    path = tempfile.mkdtemp(prefix="tiny-qwen3-moe-")
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    model.save_pretrained(path)
+    ref = model.generate(torch.tensor([PROMPT]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(PROMPT):].tolist()
+    return path, ref
+
+
+def _scheduler(path: str, **kt):
+    from sglang.srt.layers.moe.kt_ep_wrapper import reset_full_gpu_prefill_state
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.server_args import ServerArgs
+
+    reset_full_gpu_prefill_state()
+    outputs = {}
+
+    def sink(out):
+        for rid, ids in zip(out.rids, out.output_ids):
+            outputs.setdefault(rid, []).extend(ids)
+
+    args = ServerArgs(model_path=path, skip_tokenizer_init=True, max_total_tokens=2048, log_level="warning", **kt)
+    return Scheduler(args, output_sink=sink), outputs
+
+
+def _generate(sched, outputs, prompts):
+    from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    for i, p in enumerate(prompts):
+        params = SamplingParams.from_dict({"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True})
+        sched.add_request(TokenizedGenerateReqInput(str(i), "", p, params, False, False))
+    while sched.has_work():
+        sched.step()
+    return [outputs[str(i)] for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("num_gpu_experts", [0, 3, 8])
+def test_greedy_matches_transformers(model_dir, num_gpu_experts):
+    path, ref = model_dir
+    sched, outputs = _scheduler(path, kt_method="BF16", kt_num_gpu_experts=num_gpu_experts)
+    assert _generate(sched, outputs, [PROMPT]) == [ref]
+    assert sched.model_runner.model.needs_host_work_per_forward() == (num_gpu_experts < 8)
+
+
+def _wrappers(sched):
+    from sglang.srt.layers.moe.kt_ep_wrapper import KTEPWrapperMethod
+
+    return [m for m in sched.model_runner.model.modules() if isinstance(m, KTEPWrapperMethod)]
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_reservation_exact_and_paths_agree(model_dir, method):
+    from sglang.srt.layers.moe.kt_ep_wrapper import param_bytes, shared_full_context
+    from sglang.srt.layers.moe.topk import select_experts
+
+    path, _ = model_dir
+    sched, _ = _scheduler(path, kt_method=method, kt_num_gpu_experts=3, kt_gpu_prefill_token_threshold=8)
+    reservation = sched.model_runner.memory_plan.reservations_bytes["kt_full_gpu_prefill_slot"]
+    wrapper = _wrappers(sched)[0]
+    ctx = shared_full_context(wrapper)
+    assert param_bytes(ctx.layer) == reservation  # the real slot, byte for byte
+    # Hybrid (3 experts local + 5 on the CPU backend) vs the full layer streamed into the slot.
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(16, 128, generator=gen)
+    router = torch.randn(16, 8, generator=gen)
+    hybrid = wrapper(x, router, is_prefill=False)
+    full = wrapper(x, router, is_prefill=True)
+    assert ctx.loaded_layer_id == wrapper.layer_id
+    # Both equal the dense mixture of the same (de)quantized experts.
+    weights, ids = select_experts(router, 2, wrapper.renormalize)
+    dense = torch.zeros_like(x)
+    for e in range(8):
+        home, idx = wrapper.expert_home(e)
+        w13, w2 = home.quant_method.dequantize_expert(home, idx)
+        h = torch.nn.functional.silu(x @ w13[:128].T) * (x @ w13[128:].T)
+        dense += ((ids == e).float() * weights).sum(-1, keepdim=True) * (h @ w2.T)
+    # Both paths read the same stored (quantized) experts, so on the CPU they differ by fp32 rounding only.
+    scale = dense.abs().max()
+    assert (hybrid - dense).abs().max() <= 1e-5 * scale
+    assert (full - dense).abs().max() <= 1e-5 * scale
+
+
+def test_fallback_when_the_slot_does_not_fit(model_dir, caplog):
+    from sglang.srt.layers.moe.kt_ep_wrapper import _FullGpuPrefillState
+
+    path, ref = model_dir
+    sched, outputs = _scheduler(path, kt_method="BF16", kt_num_gpu_experts=3, kt_gpu_prefill_token_threshold=4)
+    # A host "device" budget below what the process already holds: nothing is free for the slot.
+    with envs.SGLANG_CPU_MEMORY_BUDGET_GB.override(0.01), caplog.at_level(logging.ERROR):
+        results = _generate(sched, outputs, [PROMPT, PROMPT[:6], PROMPT[::-1]])
+    assert _FullGpuPrefillState.disabled
+    assert any("--mem-fraction-static" in r.message and "--kt-gpu-prefill-token-threshold 0" in r.message
+               for r in caplog.records)
+    assert all(len(r) == NEW_TOKENS for r in results)
+    assert results[0] == ref  # served by the hybrid path, same tokens

@@ -1,0 +1,85 @@
+"""The fused triton RMSNorm / rotary / SiLU-and-mul kernels equal the torch layers they replace on the GPU
+(CPU: through the triton interpreter)."""
+
+from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
+
+register_cpu_ci(est_time=15, suite="per-commit-cpu")
+register_cuda_ci(est_time=20, suite="per-commit-cuda")
+
+import os
+
+import pytest
+import torch
+from transformers import LlamaConfig
+
+from sglang.srt.layers import fused_elementwise as fe
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.rotary_embedding import RotaryEmbedding
+
+DEVICES = [
+    pytest.param("cpu", marks=pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                                 reason="CPU triton cases need TRITON_INTERPRET=1 (set without a GPU)")),
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the GPU machine)")),
+]
+
+
+def _tol(dtype):
+    return dict(rtol=0, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rmsnorm_with_and_without_residual(device):
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    g = torch.Generator().manual_seed(0)
+    norm = RMSNorm(96, eps=1e-6).to(device, dtype)
+    norm.weight.data = torch.randn(96, generator=g).to(device, dtype)
+    x = torch.randn(5, 96, generator=g).to(device, dtype)
+    res = torch.randn(5, 96, generator=g).to(device, dtype)
+    torch.testing.assert_close(fe.rmsnorm(x, norm.weight, 1e-6), norm._norm(x), **_tol(dtype))
+    want_res = x + res
+    want = norm._norm(want_res)
+    res_copy = res.clone()
+    got = fe.rmsnorm(x.clone(), norm.weight, 1e-6, residual=res_copy)
+    torch.testing.assert_close(res_copy, want_res, **_tol(dtype))
+    torch.testing.assert_close(got, want, **_tol(dtype))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rmsnorm_per_head_on_strided_view(device):
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    g = torch.Generator().manual_seed(1)
+    qkv = torch.randn(4, 3 * 4 * 16, generator=g).to(device, dtype)
+    q = qkv[:, : 4 * 16].view(4, 4, 16)  # strided rows, like the split of the fused projection
+    w = torch.randn(16, generator=g).to(device, dtype)
+    norm = RMSNorm(16, eps=1e-6).to(device, dtype)
+    norm.weight.data = w
+    want = norm._norm(q.reshape(-1, 16)).view(4, 4, 16)
+    untouched = qkv[:, 4 * 16 :].clone()
+    fe.rmsnorm(q, w, 1e-6, out=q)
+    torch.testing.assert_close(q, want, **_tol(dtype))
+    assert torch.equal(qkv[:, 4 * 16 :], untouched)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rotary_inplace_matches_reference(device):
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    config = LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    with torch.device(device):
+        rope = RotaryEmbedding(config, 64, 64, dtype)
+    g = torch.Generator().manual_seed(2)
+    qkv = torch.randn(7, (4 + 2 + 2) * 64, generator=g).to(device, dtype)
+    q, k = qkv[:, :256], qkv[:, 256:384]
+    pos = torch.tensor([0, 1, 5, 9, 33, 2, 63], device=device)
+    rope_cpu = RotaryEmbedding(config, 64, 64, torch.float32)
+    want_q, want_k = rope_cpu(pos.cpu(), q.float().cpu(), k.float().cpu())
+    fe.apply_rotary_inplace(pos, q, k, rope.cos_cache, rope.sin_cache, 64)
+    torch.testing.assert_close(q.float().cpu(), want_q, **_tol(dtype))
+    torch.testing.assert_close(k.float().cpu(), want_k, **_tol(dtype))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_silu_and_mul(device):
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    x = torch.randn(6, 2 * 80, generator=torch.Generator().manual_seed(3)).to(device, dtype)
+    want = torch.nn.functional.silu(x[:, :80].float()) * x[:, 80:].float()
+    torch.testing.assert_close(fe.silu_and_mul(x).float(), want, **_tol(dtype))

@@ -1,0 +1,203 @@
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=12, suite="per-commit-cpu")
+
+# GGUF loading: the Q/K un-permutation is the exact inverse of llama.cpp's convert-time permute,
+# names map to Hugging Face's, and a synthetic GGUF written the way llama.cpp writes one (permuted
+# Q/K, F32 and Q8_0 tensors) loads back into the original HF weights, as transformers also reads it.
+
+import os
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+from sglang.srt.model_loader.gguf_config import config_from_gguf, open_gguf
+from sglang.srt.model_loader.gguf_loader import gguf_weights_iterator, hf_name, undo_rotary_permute
+from sglang.test.runners import make_tiny_hf_model, smollm2_gguf_path
+
+
+def llama_cpp_permute(weights: np.ndarray, n_head: int, n_head_kv=None) -> np.ndarray:
+    """convert_hf_to_gguf.py's LlamaModel.permute, verbatim in behaviour."""
+    if n_head_kv is not None and n_head != n_head_kv:
+        n_head = n_head_kv
+    return (
+        weights.reshape(n_head, 2, weights.shape[0] // n_head // 2, *weights.shape[1:])
+        .swapaxes(1, 2)
+        .reshape(weights.shape)
+    )
+
+
+@pytest.mark.parametrize("n_head,head_dim,cols", [(4, 8, 16), (9, 64, 5), (3, 64, 1), (1, 2, 3)])
+def test_undo_rotary_permute_inverts_llama_cpp(n_head, head_dim, cols):
+    w = np.random.default_rng(0).standard_normal((n_head * head_dim, cols)).astype(np.float32)
+    permuted = llama_cpp_permute(w, n_head)
+    if head_dim > 2:
+        assert not np.array_equal(permuted, w)
+    assert np.array_equal(undo_rotary_permute(permuted, n_head), w)
+    # And 1-D (a bias), which llama.cpp permutes the same way.
+    b = w[:, 0].copy()
+    assert np.array_equal(undo_rotary_permute(llama_cpp_permute(b, n_head), n_head), b)
+
+
+def test_undo_rotary_permute_gqa_uses_kv_heads():
+    n_head, n_kv, d, cols = 8, 2, 16, 12
+    k = np.arange(n_kv * d * cols, dtype=np.float32).reshape(n_kv * d, cols)
+    assert np.array_equal(undo_rotary_permute(llama_cpp_permute(k, n_head, n_kv), n_kv), k)
+
+
+def test_undo_rotary_permute_restores_rotate_half_layout():
+    # One head, head_dim 8: llama.cpp interleaves the halves (0,4,1,5,2,6,3,7); we restore 0..7.
+    rows = np.arange(8, dtype=np.float32)[:, None]
+    assert llama_cpp_permute(rows, 1)[:, 0].tolist() == [0, 4, 1, 5, 2, 6, 3, 7]
+    assert undo_rotary_permute(llama_cpp_permute(rows, 1), 1)[:, 0].tolist() == list(range(8))
+
+
+@pytest.mark.parametrize(
+    "gguf_name,hf",
+    [
+        ("token_embd.weight", "model.embed_tokens.weight"),
+        ("output_norm.weight", "model.norm.weight"),
+        ("output.weight", "lm_head.weight"),
+        ("blk.0.attn_norm.weight", "model.layers.0.input_layernorm.weight"),
+        ("blk.12.ffn_norm.weight", "model.layers.12.post_attention_layernorm.weight"),
+        ("blk.3.attn_q.weight", "model.layers.3.self_attn.q_proj.weight"),
+        ("blk.3.attn_k.bias", "model.layers.3.self_attn.k_proj.bias"),
+        ("blk.3.attn_v.weight", "model.layers.3.self_attn.v_proj.weight"),
+        ("blk.3.attn_output.weight", "model.layers.3.self_attn.o_proj.weight"),
+        ("blk.1.attn_q_norm.weight", "model.layers.1.self_attn.q_norm.weight"),
+        ("blk.1.attn_k_norm.weight", "model.layers.1.self_attn.k_norm.weight"),
+        ("blk.29.ffn_gate.weight", "model.layers.29.mlp.gate_proj.weight"),
+        ("blk.29.ffn_up.weight", "model.layers.29.mlp.up_proj.weight"),
+        ("blk.29.ffn_down.weight", "model.layers.29.mlp.down_proj.weight"),
+        ("blk.2.ffn_gate_inp.weight", "model.layers.2.mlp.gate.weight"),
+        ("rope_freqs.weight", None),
+        ("blk.0.unknown_part.weight", None),
+    ],
+)
+def test_name_mapping(gguf_name, hf):
+    assert hf_name(gguf_name) == hf
+
+
+def _write_llama_gguf(hf_dir: str, path: str, quantize_mlp: bool) -> dict:
+    """Write the tiny HF llama in `hf_dir` as llama.cpp's converter would; returns the HF state dict."""
+    from safetensors.torch import load_file
+    from transformers import AutoConfig
+
+    cfg = AutoConfig.from_pretrained(hf_dir)
+    sd = load_file(os.path.join(hf_dir, "model.safetensors"))
+    w = gguf.GGUFWriter(path, "llama")
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"] if getattr(cfg, "rope_parameters", None) else cfg.rope_theta)
+    w.add_vocab_size(cfg.vocab_size)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    to_gguf = {v: k for k, v in {
+        "token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}.items()}
+    parts = {
+        "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+    }
+    for name, t in sd.items():
+        arr = t.float().numpy()
+        base, kind = name.rsplit(".", 1)
+        if base in to_gguf:
+            gname = f"{to_gguf[base]}.{kind}"
+        else:
+            _, _, layer, rest = base.split(".", 3)
+            gname = f"blk.{layer}.{parts[rest]}.{kind}"
+        if rest_is(name, "q_proj"):
+            arr = llama_cpp_permute(arr, cfg.num_attention_heads, cfg.num_attention_heads)
+        elif rest_is(name, "k_proj"):
+            arr = llama_cpp_permute(arr, cfg.num_attention_heads, cfg.num_key_value_heads)
+        if quantize_mlp and "mlp" in name:
+            q = gguf.quants.quantize(arr, gguf.GGMLQuantizationType.Q8_0)
+            w.add_tensor(gname, q, raw_shape=q.shape, raw_dtype=gguf.GGMLQuantizationType.Q8_0)
+        else:
+            w.add_tensor(gname, np.ascontiguousarray(arr))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return sd
+
+
+def rest_is(name: str, proj: str) -> bool:
+    return name.endswith(f"{proj}.weight")
+
+
+@pytest.fixture(scope="module")
+def tiny_llama_gguf(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("tiny_llama"))
+    make_tiny_hf_model("llama", d)
+    path = os.path.join(d, "tiny-f32.gguf")
+    sd = _write_llama_gguf(d, path, quantize_mlp=False)
+    qpath = os.path.join(str(tmp_path_factory.mktemp("tiny_llama_q8")), "tiny-q8.gguf")
+    _write_llama_gguf(d, qpath, quantize_mlp=True)
+    return d, path, qpath, sd
+
+
+def test_synthetic_gguf_loads_back_to_hf_weights(tiny_llama_gguf):
+    _, path, _, sd = tiny_llama_gguf
+    got = dict(gguf_weights_iterator(path, show_progress=False))
+    assert set(got) == set(sd)
+    for name, t in sd.items():
+        assert torch.equal(got[name], t.float()), name
+
+
+def test_quantized_tensors_dequantize_close(tiny_llama_gguf):
+    _, _, qpath, sd = tiny_llama_gguf
+    got = dict(gguf_weights_iterator(qpath, show_progress=False))
+    for name, t in sd.items():
+        if "mlp" in name:
+            assert got[name].shape == t.shape
+            assert not torch.equal(got[name], t)  # really went through Q8_0
+            assert torch.allclose(got[name], t, atol=t.abs().max().item() / 100), name
+        else:
+            assert torch.equal(got[name], t), name
+
+
+def test_config_from_synthetic_gguf(tiny_llama_gguf):
+    d, path, _, _ = tiny_llama_gguf
+    from transformers import AutoConfig
+
+    ref = AutoConfig.from_pretrained(d)
+    cfg = config_from_gguf(path)
+    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "vocab_size", "max_position_embeddings", "rms_norm_eps"):
+        assert getattr(cfg, key) == pytest.approx(getattr(ref, key)), key
+    assert cfg.architectures == ["LlamaForCausalLM"]
+    assert cfg.tie_word_embeddings is False  # output.weight is present
+    assert cfg.eos_token_id == 2 and cfg.bos_token_id == 1
+
+
+def test_transformers_reads_our_synthetic_gguf_identically(tiny_llama_gguf):
+    """transformers' GGUF loader undoes the permutation its own way; both must give the same weights."""
+    from transformers import AutoModelForCausalLM
+
+    _, path, _, sd = tiny_llama_gguf
+    hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32)
+    hf_sd = hf.state_dict()
+    ours = dict(gguf_weights_iterator(path, show_progress=False))
+    for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.2.self_attn.k_proj.weight"):
+        assert torch.equal(hf_sd[name], ours[name]), name
+
+
+def test_smollm2_gguf_config():
+    path = smollm2_gguf_path()
+    cfg = config_from_gguf(path)
+    assert (cfg.hidden_size, cfg.num_hidden_layers, cfg.num_attention_heads, cfg.num_key_value_heads) == (576, 30, 9, 3)
+    assert cfg.vocab_size == 49152 and cfg.intermediate_size == 1536
+    assert cfg.tie_word_embeddings is True  # SmolLM2 has no output.weight
+    assert cfg.head_dim == 64
+    names = {t.name for t in open_gguf(path).tensors}
+    assert "output.weight" not in names and "blk.29.attn_q.weight" in names
+    assert all(hf_name(n) is not None for n in names)

@@ -1,0 +1,192 @@
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=4, suite="per-commit-cpu")
+
+# ServerArgs: bad flags fail at start-up with a message naming the flag (both the dataclass and the
+# CLI, which exits with argparse's code 2), GPU-tier defaults, and the default mem_fraction_static
+# formula (DESIGN.md 3.1) on injected device capacities, checked against hand-computed numbers.
+
+import pytest
+
+from sglang.srt.server_args import ServerArgs, ServerArgsError, prepare_server_args
+from sglang.srt.utils import memory as memory_utils
+
+SMOL = "SmolLM2-135M-Instruct"
+
+BAD_ARGS = [
+    (dict(page_size=-1), "--page-size"),
+    (dict(page_size=0), "--page-size"),
+    (dict(max_total_tokens=-16), "--max-total-tokens"),
+    (dict(max_total_tokens=0), "--max-total-tokens"),
+    (dict(max_running_requests=-1), "--max-running-requests"),
+    (dict(max_prefill_tokens=-1), "--max-prefill-tokens"),
+    (dict(chunked_prefill_size=0), "--chunked-prefill-size"),
+    (dict(chunked_prefill_size=-7), "--chunked-prefill-size"),
+    (dict(mem_fraction_static=1.5), "--mem-fraction-static"),
+    (dict(mem_fraction_static=0.0), "--mem-fraction-static"),
+    (dict(mem_fraction_static=-0.2), "--mem-fraction-static"),
+    (dict(tp_size=0), "--tp-size"),
+    (dict(context_length=-5), "--context-length"),
+    (dict(cuda_graph_max_bs=-8), "--cuda-graph-max-bs"),
+    (dict(cuda_graph_bs=[1, 0, 4]), "--cuda-graph-bs"),
+    (dict(stream_interval=0), "--stream-interval"),
+    (dict(port=0), "--port"),
+    (dict(port=70000), "--port"),
+    (dict(load_format="pickle"), "--load-format"),
+    (dict(dtype="float8"), "--dtype"),
+    (dict(kv_cache_dtype="int3"), "--kv-cache-dtype"),
+    (dict(device="tpu"), "--device"),
+    (dict(attention_backend="flashinfer"), "--attention-backend"),
+    (dict(device="cpu", attention_backend="triton"), "--attention-backend"),
+    (dict(schedule_policy="random"), "--schedule-policy"),
+    (dict(kt_method="FP4"), "--kt-method"),
+    (dict(kt_num_gpu_experts=-1), "--kt-num-gpu-experts"),
+    (dict(nnodes=2), "--dist-init-addr"),
+    (dict(nnodes=2, node_rank=2, dist_init_addr="127.0.0.1:5000"), "--node-rank"),
+    (dict(model_path="/no/such/model"), "--model-path"),
+]
+
+
+@pytest.mark.parametrize("kwargs,flag", BAD_ARGS, ids=[f for _, f in BAD_ARGS])
+def test_bad_server_args_name_the_flag(kwargs, flag):
+    kwargs = {"model_path": SMOL, "device": "cpu", **kwargs}
+    if kwargs.get("device") == "tpu":
+        kwargs.pop("model_path")
+    with pytest.raises(ServerArgsError) as e:
+        ServerArgs(**kwargs)
+    assert flag in str(e.value)
+
+
+def test_model_path_errors_name_the_flag(tmp_path):
+    (tmp_path / "weights.bin").write_bytes(b"x")
+    with pytest.raises(ServerArgsError, match="--model-path"):
+        ServerArgs(model_path=str(tmp_path / "weights.bin"), device="cpu")  # a file, not a .gguf
+    with pytest.raises(ServerArgsError, match="--model-path"):
+        ServerArgs(model_path=str(tmp_path), device="cpu")  # a directory without config.json
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ServerArgsError, match="--model-path"):
+        ServerArgs(model_path=str(tmp_path), device="cpu")  # config but no safetensors
+    # ... which is fine with random weights.
+    assert ServerArgs(model_path=str(tmp_path), device="cpu", load_format="dummy").load_format == "dummy"
+
+
+CLI_BAD = [
+    (["--page-size", "-1"], "--page-size"),
+    (["--max-total-tokens", "-3"], "--max-total-tokens"),
+    (["--mem-fraction-static", "2"], "--mem-fraction-static"),
+    (["--chunked-prefill-size", "0"], "--chunked-prefill-size"),
+    (["--load-format", "pickle"], "--load-format"),  # argparse's own choices check
+    (["--model-path", "/no/such/model"], "--model-path"),
+    (["--port", "0"], "--port"),
+    (["--tp-size", "0"], "--tp-size"),
+    (["--max-running-requests", "abc"], "--max-running-requests"),
+]
+
+
+@pytest.mark.parametrize("argv,flag", CLI_BAD, ids=[f for _, f in CLI_BAD])
+def test_cli_bad_args_exit_2_and_name_the_flag(argv, flag, capsys):
+    with pytest.raises(SystemExit) as e:
+        prepare_server_args(["--device", "cpu", *argv])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert flag in err
+    assert "usage:" in err
+
+
+def test_cli_good_args_parse():
+    sa = prepare_server_args(
+        ["--device", "cpu", "--model-path", SMOL, "--page-size", "4", "--max-total-tokens", "1024",
+         "--chunked-prefill-size", "64", "--disable-radix-cache", "--mem-fraction-static", "0.5"]
+    )
+    assert (sa.page_size, sa.max_total_tokens, sa.chunked_prefill_size) == (4, 1024, 64)
+    assert sa.disable_radix_cache and sa.mem_fraction_static == 0.5
+    assert sa.disable_cuda_graph and sa.attention_backend == "torch_native"
+
+
+# ------------------------------------------------------------------ memory heuristics
+@pytest.fixture
+def capacity(monkeypatch):
+    """Inject the device's total memory (MiB) seen by the ServerArgs heuristics."""
+
+    def set_capacity(mib):
+        monkeypatch.setattr(memory_utils, "get_device_memory_capacity", lambda device, index=0: float(mib))
+
+    return set_capacity
+
+
+# (total MiB, tp, extra flags) -> (chunked_prefill_size, cuda_graph_max_bs, mem_fraction_static), by hand:
+#   reserved = 512 + max(chunk, 2048) * 1.5 + tp / 8 * 1024 + graph_bs * 2, floored at 10240 above 60 GiB
+#   fraction = round((total - reserved) / total, 3)
+MEM_CASES = [
+    # 16 GiB (T4-class): tier <20 GiB -> 2048, 8. reserved = 512 + 3072 + 128 + 16 = 3728.
+    (16384, 1, {}, 2048, 8, 0.772),  # 12656 / 16384 = 0.77246
+    # RTX 4090 (24564 MiB): tier <35 GiB -> 4096, 48. reserved = 512 + 6144 + 128 + 96 = 6880.
+    (24564, 1, {}, 4096, 48, 0.720),  # 17684 / 24564 = 0.71992
+    # Same card, TP 4: graph bs 160. reserved = 512 + 6144 + 512 + 320 = 7488.
+    (24564, 4, {}, 4096, 160, 0.695),  # 17076 / 24564 = 0.69516
+    # A 48 GiB card (49140 MiB): tier <60 GiB -> 4096, 32. reserved = 512 + 6144 + 128 + 64 = 6848.
+    (49140, 1, {}, 4096, 32, 0.861),  # 42292 / 49140 = 0.86064
+    # H100 80 GB (81559 MiB): tier <90 GiB -> 8192, 256. reserved = 512 + 12288 + 128 + 512 = 13440.
+    (81559, 1, {}, 8192, 256, 0.835),  # 68119 / 81559 = 0.83521
+    # H100, TP 8: graph bs 512. reserved = 512 + 12288 + 1024 + 1024 = 14848.
+    (81559, 8, {}, 8192, 512, 0.818),  # 66711 / 81559 = 0.81795
+    # 64 GiB with a small chunk: 512 + 3072 + 128 + 512 = 4224 < 10240 floor (> 60 GiB).
+    (65536, 1, {"chunked_prefill_size": 2048}, 2048, 256, 0.844),  # 55296 / 65536 = 0.84375
+    # H200 (143771 MiB): tier <160 GiB -> 8192, 256. reserved = 13440.
+    (143771, 1, {}, 8192, 256, 0.907),  # 130331 / 143771 = 0.90652
+    # 192 GiB (196608 MiB): tier >=160 GiB -> 16384, 512. reserved = 512 + 24576 + 128 + 1024 = 26240.
+    (196608, 1, {}, 16384, 512, 0.867),  # 170368 / 196608 = 0.86654
+    # A user chunk raises the activation term: 24564 MiB, chunk 8192: 512 + 12288 + 128 + 96 = 13024.
+    (24564, 1, {"chunked_prefill_size": 8192}, 8192, 48, 0.470),  # 11540 / 24564 = 0.46979
+]
+
+
+def _expected_fraction(total, tp, chunk, graph_bs, max_prefill=16384):
+    act = max(chunk if chunk > 0 else max_prefill, 2048)
+    reserved = 512 + act * 1.5 + tp / 8 * 1024 + graph_bs * 2
+    if total > 60 * 1024:
+        reserved = max(reserved, 10240)
+    return round((total - reserved) / total, 3)
+
+
+@pytest.mark.parametrize("total,tp,extra,chunk,graph_bs,fraction", MEM_CASES)
+def test_default_mem_fraction_static(capacity, total, tp, extra, chunk, graph_bs, fraction):
+    capacity(total)
+    sa = ServerArgs(model_path=SMOL, device="cpu", tp_size=tp, **extra)
+    assert sa.chunked_prefill_size == chunk
+    assert sa.cuda_graph_max_bs == graph_bs
+    assert sa.mem_fraction_static == fraction  # the hand-computed number in the table
+    assert sa.mem_fraction_static == _expected_fraction(total, tp, chunk, graph_bs)
+    assert any("mem_fraction_static" in n and "static" in n for n in sa.resolved_notes)
+
+
+def test_chunking_off_uses_max_prefill_tokens(capacity):
+    capacity(81559)
+    sa = ServerArgs(model_path=SMOL, device="cpu", chunked_prefill_size=-1)
+    # 512 + 16384 * 1.5 + 128 + 512 = 25728 -> (81559 - 25728) / 81559 = 0.68454
+    assert sa.static_reserved_mem_mb() == 25728
+    assert sa.mem_fraction_static == 0.685
+
+
+def test_explicit_mem_fraction_is_kept(capacity):
+    capacity(81559)
+    assert ServerArgs(model_path=SMOL, device="cpu", mem_fraction_static=0.42).mem_fraction_static == 0.42
+
+
+def test_reserve_terms_and_post_capture_reserve(capacity):
+    capacity(81559)
+    sa = ServerArgs(model_path=SMOL, device="cpu", tp_size=2)
+    assert sa.reserve_for_graph_mb() == 512
+    assert sa.activation_tokens() == 8192
+    assert sa.pre_capture_activation_reserve_mb() == 512 + 12288 + 256
+    assert sa.static_reserved_mem_mb() == 512 + 12288 + 256 + 512
+    assert sa.post_capture_reserved_mem_mb() == 1536 + 256
+    # The CPU never plans post-capture sizing, and says why.
+    assert not sa.post_capture_kv_sizing_planned()
+    assert "device is not CUDA" in sa.post_capture_kv_sizing_blockers()
+
+
+def test_tiny_device_cannot_get_a_default_fraction(capacity):
+    capacity(2048)  # 2 GiB: reserved 3728 MiB exceeds it
+    with pytest.raises(ServerArgsError, match="--mem-fraction-static"):
+        ServerArgs(model_path=SMOL, device="cpu")
