@@ -35,26 +35,9 @@ import torch  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
-from sglang.test.runners import SMOLLM2, hf_greedy, load_hf_model  # noqa: E402
+from sglang.test.runners import SMOLLM2, SMOLLM2_PROMPTS, hf_greedy, load_hf_model  # noqa: E402
 
-PROMPTS = [
-    "The capital of France is",
-    "Write a haiku about the sea.",
-    "def fibonacci(n):",
-    "Once upon a time, in a small village,",
-    "The three primary colors are",
-    "Explain photosynthesis in one sentence.",
-    "1, 2, 3, 4, 5,",
-    "My favourite recipe for pancakes needs",
-    "List three uses of a paperclip:",
-    "The quick brown fox",
-    "In 1969, the first humans",
-    "A good night's sleep is important because",
-    "Translate to French: I like apples.",
-    "The largest planet in our solar system is",
-    "Dear hiring manager, I am writing to",
-    "import numpy as np\nx = np.",
-]
+PROMPTS = SMOLLM2_PROMPTS  # the 16 prompts the tests also use (first 8)
 
 
 def _params(n: int) -> dict:

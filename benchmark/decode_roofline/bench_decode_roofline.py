@@ -59,15 +59,15 @@ def hf_decode_step_ms(config_dir: str, batches, ctx: int) -> dict:
     for bs in batches:
         ids = torch.randint(0, config.vocab_size, (bs, ctx), device="cuda")
 
-        def run(n: int) -> float:
+        def run(m, n: int) -> float:
             torch.cuda.synchronize()
             t = time.perf_counter()
-            model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+            m.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
             torch.cuda.synchronize()
             return time.perf_counter() - t
 
-        run(2)
-        out[bs] = (run(33) - run(1)) / 32 * 1000
+        run(model, 2)
+        out[bs] = (run(model, 33) - run(model, 1)) / 32 * 1000
     del model, params
     torch.cuda.empty_cache()
     return out

@@ -22,6 +22,25 @@ from typing import Dict, List, Optional, Sequence, Union
 import torch
 
 SMOLLM2 = "SmolLM2-135M-Instruct"
+# Prompts of mixed kinds and lengths for SmolLM2 (tests use the first 8, the CPU benchmark all 16).
+SMOLLM2_PROMPTS = [
+    "The capital of France is",
+    "Write a haiku about the sea.",
+    "def fibonacci(n):",
+    "Once upon a time, in a small village,",
+    "The three primary colors are",
+    "Explain photosynthesis in one sentence.",
+    "1, 2, 3, 4, 5,",
+    "My favourite recipe for pancakes needs",
+    "List three uses of a paperclip:",
+    "The quick brown fox",
+    "In 1969, the first humans",
+    "A good night's sleep is important because",
+    "Translate to French: I like apples.",
+    "The largest planet in our solar system is",
+    "Dear hiring manager, I am writing to",
+    "import numpy as np\nx = np.",
+]
 
 # Small but not trivial: several layers, grouped-query attention, a vocabulary of a few hundred.
 TINY_CONFIGS: Dict[str, dict] = {

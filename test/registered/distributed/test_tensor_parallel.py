@@ -6,7 +6,6 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=240, suite="per-commit-cpu")
 
-import os
 import signal
 import tempfile
 

@@ -22,20 +22,12 @@ from sglang.test.runners import (
     make_scheduler,
     make_tiny_hf_model,
     run_scheduler,
+    SMOLLM2_PROMPTS,
     smollm2_engine,
 )
 
 NEW_TOKENS = 32
-PROMPTS = [
-    "The capital of France is",
-    "Write a haiku about the sea.",
-    "def fibonacci(n):",
-    "Once upon a time, in a small village,",
-    "The three primary colors are",
-    "Explain photosynthesis in one sentence.",
-    "1, 2, 3, 4, 5,",
-    "My favourite recipe for pancakes needs",
-]
+PROMPTS = SMOLLM2_PROMPTS[:8]
 
 
 @pytest.fixture(scope="module")

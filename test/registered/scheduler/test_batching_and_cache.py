@@ -14,7 +14,6 @@ register_cpu_ci(est_time=75, suite="per-commit-cpu")
 import random
 
 import pytest
-import torch
 
 from sglang.srt.utils.hf_tokenizer import get_tokenizer
 from sglang.test.runners import SMOLLM2, greedy_params, make_scheduler, run_scheduler, smollm2_engine

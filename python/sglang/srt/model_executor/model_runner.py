@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -18,7 +18,7 @@ from sglang.srt.distributed import parallel_state
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.sampler import Sampler
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-from sglang.srt.model_executor.memory_plan import GiB, MemoryPlan
+from sglang.srt.model_executor.memory_plan import MemoryPlan
 from sglang.srt.model_executor.model_runner_kv_cache_mixin import ModelRunnerKVCacheMixin
 from sglang.srt.model_executor.post_capture_mixin import PostCaptureKVSizingMixin
 from sglang.srt.model_loader.loader import get_model

@@ -8,7 +8,6 @@ register_cpu_ci(est_time=3, suite="per-commit-cpu")
 
 from types import SimpleNamespace
 
-import pytest
 import torch
 
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend

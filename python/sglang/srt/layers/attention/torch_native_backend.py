@@ -67,7 +67,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         pool = forward_batch.token_to_kv_pool
         k_buf, v_buf = pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id)
         req_to_token = forward_batch.req_to_token_pool.req_to_token
-        hq, hkv, d = layer.tp_q_head_num, layer.tp_k_head_num, layer.qk_head_dim
+        hq, d = layer.tp_q_head_num, layer.qk_head_dim
         out = torch.empty(q.shape[0], hq, layer.v_head_dim, dtype=q.dtype, device=q.device)
         qh = q.view(-1, hq, d)
         start = 0
