@@ -249,3 +249,22 @@ def test_abort_running_and_waiting_requests(cached, prompts):
     assert res["drop-running"].finish_reason["type"] == "abort" and len(res["drop-running"].output_ids) < NEW
     assert res["drop-waiting"].finish_reason["type"] == "abort" and res["drop-waiting"].output_ids == []
     assert_pool_clean(cached)
+
+
+def test_ttft_metric_uses_the_first_token_time_for_non_streamed_requests():
+    """Non-streamed tokens reach the tokenizer manager only with the last one; TTFT must still be the
+    time of the first token (from the scheduler), not the end-to-end latency."""
+    engine = smollm2_engine()
+    metrics = engine.tokenizer_manager.metrics
+
+    def sums():
+        reg = metrics.registry
+        return (reg.get_sample_value("sglang:time_to_first_token_seconds_sum", metrics.labels) or 0.0,
+                reg.get_sample_value("sglang:e2e_request_latency_seconds_sum", metrics.labels) or 0.0)
+
+    ttft0, e2e0 = sums()
+    out = engine.generate("Count from one to twenty:", greedy_params(48))
+    ttft1, e2e1 = sums()
+    assert len(out["output_ids"]) == 48
+    ttft, e2e = ttft1 - ttft0, e2e1 - e2e0
+    assert 0 < ttft < 0.5 * e2e  # 48 decode steps follow the first token

@@ -75,6 +75,7 @@ class IncrementalDetokenizer:
             rids=out.rids, output_strs=strs, output_ids=out.output_ids, finished_reasons=out.finished_reasons,
             prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
             cached_tokens=out.cached_tokens, output_token_logprobs=out.output_token_logprobs,
+            first_token_times=out.first_token_times,
         )
 
 

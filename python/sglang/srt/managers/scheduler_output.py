@@ -84,7 +84,7 @@ class SchedulerOutputMixin:
         out = BatchTokenIDOut(
             rids=[], output_ids=[], finished_reasons=[], prompt_tokens=[], completion_tokens=[],
             cached_tokens=[], output_token_logprobs=[], skip_special_tokens=[],
-            spaces_between_special_tokens=[], no_stop_trim=[], stop_str_max_len=[],
+            spaces_between_special_tokens=[], no_stop_trim=[], stop_str_max_len=[], first_token_times=[],
         )
         for req in chosen:
             start = req.sent_offset
@@ -100,6 +100,7 @@ class SchedulerOutputMixin:
             out.spaces_between_special_tokens.append(req.sampling_params.spaces_between_special_tokens)
             out.no_stop_trim.append(req.sampling_params.no_stop_trim)
             out.stop_str_max_len.append(req.sampling_params.stop_str_max_len)
+            out.first_token_times.append(req.first_token_time)
         self.output_sink(out)
 
     def update_stats(self: "Scheduler") -> None:

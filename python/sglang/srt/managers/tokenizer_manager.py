@@ -155,8 +155,10 @@ class TokenizerManager:
             state.output_ids.extend(out.output_ids[i])
             state.logprobs.extend(out.output_token_logprobs[i])
             if state.first_token_time is None and state.output_ids:
-                state.first_token_time = now
-                self.metrics.observe_ttft(now - state.created)
+                # The scheduler's timestamp: non-streamed tokens arrive only with the last one.
+                first = out.first_token_times[i]
+                state.first_token_time = first if first is not None else now
+                self.metrics.observe_ttft(max(state.first_token_time - state.created, 0.0))
             state.finished_reason = out.finished_reasons[i]
             state.meta = {
                 "prompt_tokens": out.prompt_tokens[i],

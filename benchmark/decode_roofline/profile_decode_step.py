@@ -1,0 +1,66 @@
+"""Where a decode step's time goes (Llama-3.1-8B shape, one GPU): kernel time by kernel vs the graph step.
+
+    python benchmark/decode_roofline/profile_decode_step.py [--batches 1 64] [--context 1024]
+
+For each batch size it times the CUDA-graph step (as bench_decode_roofline.py does) and profiles the same
+step run eagerly with torch.profiler: the sum of kernel times is what the GPU computes; the difference to
+the graph step is idle time between kernels. Prints the top kernels by total time. A diagnostic for the
+1.3x-of-floor target, not a results benchmark (writes nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections import defaultdict
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
+
+from bench_decode_roofline import decode_step_ms, our_runner  # noqa: E402
+
+from sglang.test.gpu_utils import shape_config_dir  # noqa: E402
+
+
+def kernel_breakdown(mr, bs: int, ctx: int, steps: int = 5) -> tuple[float, list]:
+    """(mean kernel ms per eager step, [(kernel name, ms per step, calls per step)] sorted by time)."""
+    graphs, mr.cuda_graph_runner = mr.cuda_graph_runner, None
+    try:
+        decode_step_ms(mr, bs, ctx, iters=2)  # warm the eager path
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+            decode_step_ms(mr, bs, ctx, iters=steps)
+    finally:
+        mr.cuda_graph_runner = graphs
+    per_kernel = defaultdict(lambda: [0.0, 0])
+    for evt in prof.events():
+        if evt.device_type == torch.autograd.DeviceType.CUDA:
+            per_kernel[evt.name][0] += evt.device_time / 1000.0
+            per_kernel[evt.name][1] += 1
+    # decode_step_ms runs 3 warm-up + `steps` timed forwards inside the profile.
+    n = steps + 3
+    rows = sorted(((k, v[0] / n, v[1] / n) for k, v in per_kernel.items()), key=lambda r: -r[1])
+    return sum(r[1] for r in rows), rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batches", nargs="*", type=int, default=[1, 64])
+    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--top", type=int, default=15)
+    args = parser.parse_args()
+    mr = our_runner(shape_config_dir("Llama-3.1-8B"))
+    for bs in args.batches:
+        graph_ms, _ = decode_step_ms(mr, bs, args.context)
+        kernel_ms, rows = kernel_breakdown(mr, bs, args.context)
+        print(f"\nbatch {bs}, context {args.context}: graph step {graph_ms:.3f} ms; kernels {kernel_ms:.3f} ms "
+              f"({sum(r[2] for r in rows):.0f} launches); idle between kernels ~{graph_ms - kernel_ms:.3f} ms")
+        for name, ms, calls in rows[: args.top]:
+            print(f"  {ms:8.3f} ms  {calls:6.0f}x  {name[:110]}")
+
+
+if __name__ == "__main__":
+    main()
