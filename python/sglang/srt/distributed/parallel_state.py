@@ -24,10 +24,6 @@ class GroupCoordinator:
     device_group: Optional[dist.ProcessGroup] = None  # NCCL on CUDA, gloo on CPU
     cpu_group: Optional[dist.ProcessGroup] = None  # always gloo: small host-side reductions
 
-    @property
-    def is_first_rank(self) -> bool:
-        return self.rank_in_group == 0
-
     def all_reduce(self, x: torch.Tensor) -> torch.Tensor:
         if self.world_size == 1:
             return x
@@ -41,15 +37,6 @@ class GroupCoordinator:
         dist.all_gather(parts, x.contiguous(), group=self.device_group)
         return torch.cat(parts, dim=dim)
 
-    def broadcast(self, x: torch.Tensor, src: int = 0) -> torch.Tensor:
-        if self.world_size > 1:
-            dist.broadcast(x, src=src, group=self.device_group)
-        return x
-
-    def all_reduce_min_float(self, value: float) -> float:
-        """MIN of one float over ranks, on the host (used by the memory planner)."""
-        return min(self.all_gather_floats(value))
-
     def all_gather_floats(self, value: float) -> List[float]:
         if self.world_size == 1:
             return [float(value)]
@@ -57,10 +44,6 @@ class GroupCoordinator:
         parts = [torch.empty_like(t) for _ in range(self.world_size)]
         dist.all_gather(parts, t, group=self.cpu_group)
         return [float(p.item()) for p in parts]
-
-    def barrier(self) -> None:
-        if self.world_size > 1:
-            dist.barrier(group=self.cpu_group)
 
 
 _TP = GroupCoordinator()

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Union
+from dataclasses import dataclass
+from typing import Any, List, Optional, Union
 
 
 @dataclass
@@ -70,11 +70,6 @@ class FlushCacheReqOutput:
 
 
 @dataclass
-class GetLoadReq:
-    pass
-
-
-@dataclass
 class SchedulerStats:
     """What /metrics and /server_info show of the scheduler's state."""
 
@@ -123,13 +118,6 @@ class BatchStrOut:
     cached_tokens: List[int]
     output_token_logprobs: List[List[float]]
     first_token_times: List[Optional[float]]
-
-
-@dataclass
-class SchedulerReady:
-    """Sent once by rank 0 when the model is loaded and the pools exist."""
-
-    info: Dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -23,7 +23,6 @@ from sglang.srt.managers.io_struct import (
     AbortReq,
     FlushCacheReq,
     FlushCacheReqOutput,
-    GetLoadReq,
     SchedulerFailed,
     TokenizedGenerateReqInput,
 )
@@ -111,14 +110,12 @@ class SchedulerProcess:
             if self.is_entry_rank:
                 note = "" if ok else "requests are in flight; the cache was not flushed"
                 self.send_to_tokenizer.send_pyobj(FlushCacheReqOutput(ok, note))
-        elif isinstance(msg, GetLoadReq):
-            self._send_stats(force=True)
         else:
             logger.error("Scheduler got an unknown message %r", type(msg).__name__)
 
-    def _send_stats(self, force: bool = False) -> None:
+    def _send_stats(self) -> None:
         now = time.monotonic()
-        if self.is_entry_rank and (force or now - self._last_stats >= STATS_INTERVAL_S):
+        if self.is_entry_rank and now - self._last_stats >= STATS_INTERVAL_S:
             self.scheduler.update_stats()
             self.send_to_tokenizer.send_pyobj(self.scheduler.stats)
             self._last_stats = now

@@ -133,6 +133,14 @@ class RadixCache:
         return prefix_len
 
     # ------------------------------------------------------------ requests
+    def _insert_page_aligned(self, req: "Req", token_ids: List[int], kv: torch.Tensor) -> int:
+        """Insert the request's whole pages; free its copies of tokens the tree already held.
+        Returns the aligned length inserted."""
+        aligned = len(kv) // self.page_size * self.page_size
+        new_prefix_len = self.insert(token_ids[:aligned], kv[:aligned])
+        self.allocator.free(kv[req.cache_protected_len : max(new_prefix_len, req.cache_protected_len)])
+        return aligned
+
     def cache_finished_req(self, req: "Req") -> None:
         """Move a finished request's KV into the tree (or free it) and release its request slot."""
         token_ids = (req.origin_input_ids + req.output_ids)[: req.kv_committed_len]
@@ -140,11 +148,8 @@ class RadixCache:
         if self.disable:
             self.allocator.free(kv)
         else:
-            aligned = len(kv) // self.page_size * self.page_size
-            new_prefix_len = self.insert(token_ids[:aligned], kv[:aligned])
-            # Our copies of tokens the tree already held, and the unaligned tail, go back to the pool.
-            self.allocator.free(kv[req.cache_protected_len : max(new_prefix_len, req.cache_protected_len)])
-            self.allocator.free(kv[aligned:])
+            aligned = self._insert_page_aligned(req, token_ids, kv)
+            self.allocator.free(kv[aligned:])  # the unaligned tail goes back to the pool
             self.dec_lock_ref(req.last_node)
         self.req_to_token_pool.free(req.req_pool_idx)
         req.req_pool_idx = None
@@ -156,9 +161,7 @@ class RadixCache:
         if self.disable:
             req.prefix_indices = kv  # the request keeps every slot it computed
             return
-        aligned = len(kv) // self.page_size * self.page_size
-        new_prefix_len = self.insert(token_ids[:aligned], kv[:aligned])
-        self.allocator.free(kv[req.cache_protected_len : max(new_prefix_len, req.cache_protected_len)])
+        aligned = self._insert_page_aligned(req, token_ids, kv)
         new_indices, new_node = self.match_prefix(token_ids[:aligned])
         start = req.cache_protected_len
         self.req_to_token_pool.req_to_token[req.req_pool_idx, start : len(new_indices)] = new_indices[start:].to(

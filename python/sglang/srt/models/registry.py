@@ -21,7 +21,3 @@ def get_model_class(architecture: str) -> Type[nn.Module]:
         raise ValueError(f"model architecture {architecture!r} is not supported (supported: {', '.join(_MODELS)})")
     module = importlib.import_module(f"sglang.srt.models.{_MODELS[architecture]}")
     return module.EntryClass
-
-
-def supported_architectures() -> list[str]:
-    return list(_MODELS)

@@ -93,9 +93,3 @@ def get_available_memory_gb(device: str, index: int = 0, empty_cache: bool = Tru
         free, _ = torch.cuda.mem_get_info(index)
         return free / GiB
     return host_available_memory_bytes() / GiB
-
-
-def get_total_memory_gb(device: str, index: int = 0) -> float:
-    if device == "cuda":
-        return torch.cuda.mem_get_info(index)[1] / GiB
-    return host_total_memory_bytes() / GiB
