@@ -2,6 +2,7 @@
 
     python test/run_suite.py --suite per-commit-cpu     # CI (no GPU)
     python test/run_suite.py --suite per-commit-cuda    # the GPU machine
+    python test/run_suite.py --suite per-commit-2-gpu   # the two-GPU machine (nvidia-h200-x2)
 
 The markers are read from the source text (files are not imported), so a file is in a suite exactly
 when it says so. Prints what it ran and what it skipped, then exits with pytest's status.

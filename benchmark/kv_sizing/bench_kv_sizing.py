@@ -1,6 +1,7 @@
 """Static vs post-capture KV sizing on real model shapes (dummy weights), one fresh process per run.
 
     python benchmark/kv_sizing/bench_kv_sizing.py [--shapes Llama-3.1-8B Qwen3-8B Qwen3-30B-A3B] [--out DIR]
+    python benchmark/kv_sizing/bench_kv_sizing.py --shapes Llama-3.1-8B --flag-sets tp-2 --append   # two GPUs
 
 For every shape and flag set (defaults; --cuda-graph-max-bs 32 --max-running-requests 256) it starts
 the ModelRunner twice, flag off (static) and on (post-capture), and reports: KV tokens, the gain in
@@ -12,6 +13,8 @@ KV contents): a full chunked prefill spread over max_running_requests requests w
 prefixes span the whole pool, then decode steps of max_running_requests requests over the whole
 pool (eager above the captured batch size), each sampled with top-p (sort over the vocabulary).
 The lowest free memory is free-at-start minus the growth of torch's reserved memory at its peak.
+With --tp-size 2 (flag set tp-2) each rank runs in its own process on its own GPU, both run the same
+load in lock step, and the row reports the rank with the least free memory (tokens agree by design).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ FLAG_SETS = {
     "graph-bs-32+max-running-256": ["--cuda-graph-max-bs", "32", "--max-running-requests", "256"],
     # Decode never runs eagerly: every running batch fits a captured graph (256 on the H200 tier).
     "max-running-256": ["--max-running-requests", "256"],
+    "tp-2": ["--tp-size", "2"],  # needs two GPUs
 }
 # Which flag sets each shape runs by default (the no-eager row is the Llama-3.1-8B headline).
 DEFAULT_PLAN = [
@@ -103,7 +107,7 @@ def worst_case_load(mr) -> dict:
             "load_requests": n}
 
 
-def worker(shape: str, flags: list[str]) -> dict:
+def worker(shape: str, flags: list[str], tp_rank: int = 0, dist_init_method: str | None = None) -> dict:
     import torch
 
     from sglang.srt.configs.model_config import ModelConfig
@@ -114,8 +118,10 @@ def worker(shape: str, flags: list[str]) -> dict:
     args = prepare_server_args(
         ["--model-path", shape_config_dir(shape), "--load-format", "dummy", "--skip-tokenizer-init", "--log-level", "warning", *flags]
     )
+    torch.cuda.set_device(tp_rank)
     start = time.perf_counter()
-    mr = ModelRunner(ModelConfig.from_server_args(args), args)
+    mr = ModelRunner(ModelConfig.from_server_args(args), args, gpu_id=tp_rank, tp_rank=tp_rank, tp_size=args.tp_size,
+                     dist_init_method=dist_init_method)
     startup = time.perf_counter() - start
     plan = mr.memory_plan
     load = worst_case_load(mr)
@@ -126,8 +132,45 @@ def worker(shape: str, flags: list[str]) -> dict:
         "mem_fraction_static": plan.mem_fraction_static, "max_running_requests": mr.req_to_token_pool.size,
         "cuda_graph_max_bs": mr.cuda_graph_runner.max_bs if mr.cuda_graph_runner else 0,
         "sglang_rule_tokens": plan.sglang_rule_tokens, "static_equivalent_tokens": plan.static_equivalent_tokens,
-        "startup_s": startup, **load, "device": torch.cuda.get_device_name(),
+        "startup_s": startup, **load, "device": torch.cuda.get_device_name(), "tp_size": args.tp_size,
     }
+
+
+def _rank_main(shape: str, flags: list[str], rank: int, dist_init_method: str, queue) -> None:
+    try:
+        queue.put((rank, worker(shape, flags, rank, dist_init_method)))
+    except BaseException as e:  # the parent reports it
+        queue.put((rank, {"error": repr(e)}))
+        raise
+
+
+def tp_worker(shape: str, flags: list[str], tp: int) -> dict:
+    """One process per rank; the row is the rank with the least free memory at the load's peak."""
+    import multiprocessing as mp
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_rank_main, args=(shape, flags, r, f"tcp://127.0.0.1:{port}", queue)) for r in range(tp)]
+    for p in procs:
+        p.start()
+    results = dict(queue.get(timeout=900) for _ in procs)
+    for p in procs:
+        p.join()
+    ranks = [results[r] for r in range(tp)]
+    errors = [r["error"] for r in ranks if "error" in r]
+    if errors:
+        raise RuntimeError(f"rank failed: {errors}")
+    tokens = {r["tokens"] for r in ranks}
+    if len(tokens) != 1:
+        raise RuntimeError(f"ranks disagree on max_total_num_tokens: {[r['tokens'] for r in ranks]}")
+    row = dict(min(ranks, key=lambda r: r["lowest_free_gb"]))
+    row.update(ooms=sum(r["ooms"] for r in ranks), per_rank_tokens=[r["tokens"] for r in ranks],
+               per_rank_lowest_free_gb=[r["lowest_free_gb"] for r in ranks])
+    return row
 
 
 def run_worker(shape: str, flag_set: str, post_capture: bool) -> dict:
@@ -145,12 +188,19 @@ def main() -> None:
     parser.add_argument("--flag-sets", nargs="*", default=list(FLAG_SETS))
     parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
     parser.add_argument("--worker", nargs=2, metavar=("SHAPE", "FLAG_SET"))
+    parser.add_argument("--append", action="store_true", help="add these rows to the committed results")
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.worker[0], FLAG_SETS[args.worker[1]])))
+        flags = FLAG_SETS[args.worker[1]]
+        tp = int(flags[flags.index("--tp-size") + 1]) if "--tp-size" in flags else 1
+        print(json.dumps(tp_worker(args.worker[0], flags, tp) if tp > 1 else worker(args.worker[0], flags)))
         return
     plan = [(s, f) for s in args.shapes for f in args.flag_sets] if args.shapes else DEFAULT_PLAN
     rows = []
+    if args.append:  # keep the committed rows this run does not redo (e.g. add the two-GPU rows)
+        with open(os.path.join(args.out, "results.json")) as f:
+            rows = [r for r in json.load(f) if (r["static"]["shape"], r["static"]["flags"]) not in
+                    {(s, " ".join(FLAG_SETS[f]) or "default") for s, f in plan}]
     for shape, flag_set in plan:
         static = run_worker(shape, flag_set, post_capture=False)
         post = run_worker(shape, flag_set, post_capture=True)

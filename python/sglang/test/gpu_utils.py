@@ -16,6 +16,10 @@ def has_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def gpu_count() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def shape_config_dir(name: str, root: Optional[str] = None, **overrides) -> str:
     """A directory with config.json for one of scripts/make_model_configs.py's shapes."""
     import importlib.util

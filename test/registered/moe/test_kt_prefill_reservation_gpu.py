@@ -1,8 +1,11 @@
 """KT full-GPU prefill slot on the GPU: Qwen3-30B-A3B shape cut to 12 layers, dummy weights, FP8 and BF16.
 
-Start-up KV tokens drop by exactly reservation / cell size; the slot's parameter bytes equal the
-reservation to the byte; the allocation delta when it is built is within the allocator's rounding;
-the first prompt over the threshold runs without OOM and takes the full-GPU path.
+Static path: start-up KV tokens drop by exactly reservation / cell size; the slot's parameter bytes
+equal the reservation to the byte; the allocation delta when it is built is within the allocator's
+rounding; the first prompt over the threshold runs without OOM and takes the full-GPU path.
+Post-capture path (SGLANG_ENABLE_POST_CAPTURE_KV_SIZING=1; decode eager, CPU experts): the resize
+subtracts exactly the reservation from its budget (tokens move by reservation / cell size, up to the
+VMM granularity), and the first long prompt after the resize builds the slot without OOM.
 """
 
 from sglang.test.ci.ci_register import register_cuda_ci
@@ -21,7 +24,7 @@ GiB = 1 << 30
 THRESHOLD = 1024
 
 
-def _runner(method: str, threshold):
+def _runner(method: str, threshold, max_running_requests: int = 64):
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.layers.moe.kt_ep_wrapper import reset_full_gpu_prefill_state
     from sglang.srt.model_executor.model_runner import ModelRunner
@@ -30,7 +33,7 @@ def _runner(method: str, threshold):
     reset_full_gpu_prefill_state()
     args = ServerArgs(model_path=shape_config_dir("Qwen3-30B-A3B-12L"), load_format="dummy", skip_tokenizer_init=True,
                       kt_method=method, kt_num_gpu_experts=16, kt_gpu_prefill_token_threshold=threshold,
-                      mem_fraction_static=0.85, max_running_requests=64, log_level="warning")
+                      mem_fraction_static=0.85, max_running_requests=max_running_requests, log_level="warning")
     return ModelRunner(ModelConfig.from_server_args(args), args)
 
 
@@ -50,7 +53,6 @@ def _tokens_without_threshold(method: str) -> int:
 @pytest.mark.parametrize("method", ["BF16", "FP8"])
 def test_reservation_is_exact_and_honoured(method):
     from sglang.srt.layers.moe.kt_ep_wrapper import KTEPWrapperMethod, param_bytes, shared_full_context
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
 
     tokens_without = _tokens_without_threshold(method)
 
@@ -80,12 +82,55 @@ def test_reservation_is_exact_and_honoured(method):
     assert 0 <= (after - before) - reservation <= 512 * n_params  # the caching allocator's 512-byte rounding
 
     # The first prompt over the threshold: full-GPU path, no OOM, finite logits.
-    n = 2 * THRESHOLD
+    logits = _long_prompt(mr, 2 * THRESHOLD)
+    assert torch.isfinite(logits).all()
+    assert ctx.loaded_layer_id == max(m.layer_id for m in mr.model.modules() if isinstance(m, KTEPWrapperMethod))
+    mr.shutdown()
+
+
+def _long_prompt(mr, n: int):
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
+
     (row,) = mr.req_to_token_pool.alloc(1)
     slots = mr.token_to_kv_pool_allocator.alloc(n)
     mr.req_to_token_pool.req_to_token[row, :n] = slots.to(torch.int32).cuda()
     batch = ModelWorkerBatch(ForwardMode.EXTEND, [7] * n, [row], [n], slots, extend_seq_lens=[n], extend_prefix_lens=[0])
-    logits = mr.forward(ForwardBatch.init_new(batch, mr)).next_token_logits
-    assert torch.isfinite(logits).all()
-    assert ctx.loaded_layer_id == max(m.layer_id for m in mr.model.modules() if isinstance(m, KTEPWrapperMethod))
-    mr.shutdown()
+    return mr.forward(ForwardBatch.init_new(batch, mr)).next_token_logits
+
+
+@pytest.mark.parametrize("method", ["BF16", "FP8"])
+def test_reservation_honoured_post_capture(method, monkeypatch):
+    from sglang.srt.layers.moe.kt_ep_wrapper import KTEPWrapperMethod, release_full_gpu_prefill_slots, shared_full_context
+
+    monkeypatch.setenv("SGLANG_ENABLE_POST_CAPTURE_KV_SIZING", "1")
+    mr = _runner(method, THRESHOLD, max_running_requests=32)
+    try:
+        plan = mr.memory_plan
+        assert plan.path == "post-capture", plan.path_reason
+        assert mr.cuda_graph_runner is None  # CPU experts: decode is eager
+        reservation = plan.reservations_bytes["kt_full_gpu_prefill_slot"]
+        cell, budget = plan.cell_size_bytes, plan.post_capture_budget_bytes
+        assert mr.max_total_num_tokens == mr._tokens_for_budget(budget - reservation)
+        without = mr._tokens_for_budget(budget)
+        # Token counts are whole VMM granules per buffer: the drop is reservation / cell up to one granule.
+        k_slot, v_slot = mr._slot_bytes()
+        granule_tokens = mr.kv_arena.granularity // max(k_slot, v_slot) + plan.page_size
+        drop = without - mr.max_total_num_tokens
+        assert abs(drop - reservation / cell) <= granule_tokens, (drop, reservation / cell, granule_tokens)
+        # The activation probe (a chunk over the threshold) built the slot and released it: nothing is left.
+        assert release_full_gpu_prefill_slots() == 0
+        wrapper = next(m for m in mr.model.modules() if isinstance(m, KTEPWrapperMethod))
+        print(f"{method} post-capture: reservation {reservation} bytes, cell {cell}, tokens {mr.max_total_num_tokens}, "
+              f"without the reservation {without} (drop {drop}, reservation/cell {reservation / cell:.1f}), "
+              f"activation peak {plan.activation_peak_gb:.3f} GiB, headroom {plan.headroom_gb:.3f} GiB")
+        free_before = torch.cuda.mem_get_info()[0]
+        logits = _long_prompt(mr, 2 * THRESHOLD)  # first long prompt after the resize: builds the slot
+        assert torch.isfinite(logits).all()
+        ctx = shared_full_context(wrapper)
+        assert ctx is not None and ctx.loaded_layer_id is not None
+        assert free_before >= reservation, "the resize left less than the reservation free"
+    finally:
+        mr.shutdown()
+        del mr
+        gc.collect()
+        torch.cuda.empty_cache()

@@ -89,7 +89,13 @@ def launch_subprocesses(server_args: ServerArgs) -> Tuple[Optional[TokenizerMana
             kill_process_tree(procs)
             raise LaunchError(f"scheduler failed to start:\n{info.get('message', info)}")
         infos.append(info)
-    info = infos[0]
+    # What each rank planned, for /server_info: the pool size must agree, the plan's readings may not.
+    ranks = [
+        {"tp_rank": first_rank + n, "max_total_num_tokens": i["max_total_num_tokens"], "path": i["memory_plan"]["path"],
+         "reservations_bytes": i["memory_plan"]["reservations_bytes"]}
+        for n, i in enumerate(infos)
+    ]
+    info = dict(infos[0], ranks=ranks)
     if len({i["max_total_num_tokens"] for i in infos}) != 1:
         kill_process_tree(procs)
         raise LaunchError(f"ranks disagree on max_total_num_tokens: {[i['max_total_num_tokens'] for i in infos]}")

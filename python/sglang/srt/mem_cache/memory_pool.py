@@ -138,8 +138,15 @@ class MHATokenToKVPool:
         if self.store_dtype != self.dtype:
             cache_k = cache_k.view(self.store_dtype)
             cache_v = cache_v.view(self.store_dtype)
-        self.k_buffer[layer_id][loc] = cache_k
-        self.v_buffer[layer_id][loc] = cache_v
+        k_buf, v_buf = self.k_buffer[layer_id], self.v_buffer[layer_id]
+        if k_buf.is_cuda:  # triton is there with CUDA (the gpu extra); CPU installs may lack it
+            from sglang.srt.mem_cache.kv_store_kernel import can_store_kv_fused, store_kv
+
+            if can_store_kv_fused(cache_k, cache_v, k_buf, v_buf):
+                store_kv(cache_k, cache_v, k_buf, v_buf, loc)  # one kernel instead of two index_puts
+                return
+        k_buf[loc] = cache_k
+        v_buf[loc] = cache_v
 
     def release_buffers(self) -> None:
         """Drop the tensors (a VMM arena may only be unmapped after this)."""

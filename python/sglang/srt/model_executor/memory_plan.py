@@ -43,6 +43,8 @@ class MemoryPlan:
     # Post-capture path only: what static sizing would have given, and SGLang's headroom rule's count.
     static_equivalent_tokens: Optional[int] = None
     sglang_rule_tokens: Optional[int] = None
+    # Post-capture path only: free after capture - headroom + KV already backed, before reservations.
+    post_capture_budget_bytes: Optional[int] = None
 
     @property
     def reservations_gb(self) -> float:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from sglang.srt.environ import envs
+from sglang.srt.layers.moe.kt_ep_wrapper import release_full_gpu_prefill_slots
 from sglang.srt.model_executor.memory_plan import GiB
 from sglang.srt.model_executor.model_runner_kv_cache_mixin import NotEnoughMemoryError
 
@@ -37,8 +38,10 @@ class PostCaptureKVSizingMixin:
         blockers = self.server_args.post_capture_kv_sizing_blockers()
         sa, hf = self.server_args, self.model_config.hf_config
         num_experts = getattr(hf, "num_experts", 0) or 0
-        if sa.kt_num_gpu_experts is not None and sa.kt_num_gpu_experts < num_experts:
-            blockers.append("KT experts on the CPU need host work in every forward (no decode CUDA graphs)")
+        if sa.kt_num_gpu_experts is not None and sa.kt_num_gpu_experts < num_experts and not blockers:
+            # No graphs to wait for, but sizing after the measured eager peak still beats the static guess.
+            plan.notes.append("KT experts on the CPU: decode runs eagerly (no CUDA graphs); the measured eager "
+                              "decode at max_running_requests sets the headroom")
         if blockers:
             plan.path, plan.path_reason = "static", "; ".join(blockers)
             return False
@@ -140,6 +143,9 @@ class PostCaptureKVSizingMixin:
             del fb
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_reserved() - base
+        # A prefill probe over --kt-gpu-prefill-token-threshold built the full-GPU slot; its bytes are
+        # the reservation (kept apart), not activations. Freed here; the first real long prompt rebuilds it.
+        peak -= release_full_gpu_prefill_slots()
         torch.cuda.empty_cache()
         return max(peak, 0)
 
@@ -198,8 +204,9 @@ class PostCaptureKVSizingMixin:
         headroom, sglang_headroom, rule = self.post_capture_headroom_bytes(measured)
         backed = self.kv_arena.mapped_bytes_per_buffer * self.kv_arena.num_buffers
         reserved = self.reserved_bytes()
+        plan.post_capture_budget_bytes = int(free - headroom + backed)
         # Every rank must size the same pool (ranks may hold different numbers of KV heads).
-        tokens = int(self.min_over_ranks(self._tokens_for_budget(int(free - headroom - reserved + backed)), "tokens"))
+        tokens = int(self.min_over_ranks(self._tokens_for_budget(plan.post_capture_budget_bytes - reserved), "tokens"))
         plan.sglang_rule_tokens = int(self.min_over_ranks(
             self._tokens_for_budget(int(free - sglang_headroom - reserved + backed)), "tokens"
         ))

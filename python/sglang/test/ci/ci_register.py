@@ -8,6 +8,7 @@ from __future__ import annotations
 
 CPU_SUITE = "per-commit-cpu"
 CUDA_SUITE = "per-commit-cuda"
+CUDA_2_GPU_SUITE = "per-commit-2-gpu"  # the nvidia-h200-x2 machine
 
 
 def register_cpu_ci(est_time: float, suite: str = CPU_SUITE) -> None:

@@ -149,6 +149,7 @@ def test_decode_explicit_splits(device):
     """Split counts set by hand: above the chunk count (empty chunks), and out of range."""
     _run_decode(device, [3, 200, 64, 0], 4, 2, 64, 64, 4, torch.int64, splits=[4, 3, 4, 0])
     _run_decode(device, [130, 9], 4, 2, 64, 64, 2, torch.int32, splits=[7, 1])  # clamped to 2
+    _run_decode(device, [1024, 65], 4, 2, 64, 64, 16, torch.int32, splits=[16, 2])  # one block per chunk
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -158,6 +159,11 @@ def test_get_num_kv_splits(device):
     get_num_kv_splits(out, seq_lens, max_kv_splits=16, min_block_tokens=256)
     assert out.dtype == torch.int32
     assert out.cpu().tolist() == [1, 1, 1, 2, 16, 16]
+    # Small batches raise the count toward min_splits, but never below 64 keys (one block) per chunk.
+    get_num_kv_splits(out, seq_lens, max_kv_splits=16, min_block_tokens=256, min_splits=33)
+    assert out.cpu().tolist() == [1, 1, 4, 5, 16, 16]
+    get_num_kv_splits(out, seq_lens, max_kv_splits=16, min_block_tokens=256, min_splits=3)
+    assert out.cpu().tolist() == [1, 1, 3, 3, 16, 16]
 
 
 # (prefix lens, extend lens, hq, hkv, d, dv, causal, index dtype, logit_cap)

@@ -65,6 +65,10 @@ class TritonAttnBackend(AttentionBackend):
         self.num_q_heads = mc.head_partition(model_runner.tp_size, model_runner.tp_rank).num_q_heads
         self.v_head_dim = mc.v_head_dim
         self.max_kv_splits = envs.SGLANG_TRITON_DECODE_MAX_KV_SPLITS.get()
+        self.num_kv_heads = mc.get_num_kv_heads(model_runner.tp_size, model_runner.tp_rank)
+        # Stage-1 programs wanted per decode step: two per SM keeps HBM busy (and latency hidden).
+        sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.device == "cuda" else 1
+        self.target_decode_programs = 2 * sms
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.max_context_len = self.req_to_token.shape[1]
         self.graph: Optional[TritonMetadata] = None
@@ -90,7 +94,7 @@ class TritonAttnBackend(AttentionBackend):
             fill_kv_indices(indices, self.req_to_token, fb.req_pool_indices, fb.seq_lens, indptr, fb.seq_lens_sum)
             cap = max(1, min(self.max_kv_splits, SPLIT_SCRATCH_ROWS // max(fb.batch_size, 1)))
             splits = torch.empty(fb.batch_size, dtype=torch.int32, device=self.device)
-            get_num_kv_splits(splits, fb.seq_lens, cap)
+            get_num_kv_splits(splits, fb.seq_lens, cap, min_splits=self._min_splits(fb.batch_size))
             logits, lse = self._scratch(fb.batch_size, cap)
             fb.attn_metadata = TritonMetadata(indptr, indices, num_kv_splits=splits, attn_logits=logits, attn_lse=lse,
                                               max_kv_splits=cap)
@@ -128,7 +132,11 @@ class TritonAttnBackend(AttentionBackend):
         g = self.graph
         indptr = self._indptr(seq_lens[:bs].to(torch.int32), out=g.kv_indptr)
         fill_kv_indices(g.kv_indices, self.req_to_token, req_pool_indices[:bs], seq_lens[:bs], indptr, seq_lens_sum)
-        get_num_kv_splits(g.num_kv_splits[:bs], seq_lens[:bs], self.max_kv_splits)
+        get_num_kv_splits(g.num_kv_splits[:bs], seq_lens[:bs], self.max_kv_splits, min_splits=self._min_splits(bs))
+
+    def _min_splits(self, bs: int) -> int:
+        """Splits that give small batches enough stage-1 programs (1 once bs x kv_heads suffices)."""
+        return -(-self.target_decode_programs // max(bs * self.num_kv_heads, 1))
 
     # ---------------------------------------------------------------- layers
     @staticmethod

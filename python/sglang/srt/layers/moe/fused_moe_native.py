@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -17,11 +17,16 @@ def fused_moe_native(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     expert_weights: ExpertWeights,
+    compute_dtype: Optional[torch.dtype] = None,
 ) -> torch.Tensor:
     """x [T, H], topk_weights [T, k], topk_ids [T, k] (-1 = slot handled elsewhere) -> [T, H].
 
-    out[t] = sum_j w[t, j] * W2_e (silu(W1_e x_t) * (W3_e x_t)), e = ids[t, j], computed in fp32.
+    out[t] = sum_j w[t, j] * W2_e (silu(W1_e x_t) * (W3_e x_t)), e = ids[t, j]. The expert GEMMs run
+    in compute_dtype (fp32 by default: the reference); the mixture always sums in fp32. The KT CPU
+    experts pass the model's dtype, as the GPU kernel computes: a bf16 GEMM on the host is several
+    times faster than upcasting every expert's weights to fp32 on every call.
     """
+    cd = compute_dtype or torch.float32
     out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
     flat_ids = topk_ids.reshape(-1)
     flat_weights = topk_weights.reshape(-1).float()
@@ -33,8 +38,8 @@ def fused_moe_native(
         tokens = slots // top_k
         w13, w2 = expert_weights(expert)
         inter = w13.shape[0] // 2
-        h = x[tokens].float() @ w13.float().t()
+        h = x[tokens].to(cd) @ w13.to(cd).t()
         act = F.silu(h[:, :inter]) * h[:, inter:]
-        y = (act @ w2.float().t()) * flat_weights[slots, None]
+        y = (act @ w2.to(cd).t()).float() * flat_weights[slots, None]
         out.index_add_(0, tokens, y)
     return out.to(x.dtype)

@@ -122,7 +122,6 @@ class KTEPWrapperMethod(nn.Module):
         # Every wrapper can size the one shared slot (they are identical); none needs it when all
         # experts already live on the GPU.
         self.registers_prefill_slot = bool(kt.gpu_prefill_token_threshold) and self.num_gpu_experts < num_experts
-        self._full_ctx: Optional[SharedFullContext] = None
 
     @property
     def cpu_layer(self) -> Optional[nn.Module]:
@@ -165,7 +164,7 @@ class KTEPWrapperMethod(nn.Module):
     def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor, is_prefill: bool = False) -> torch.Tensor:
         topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
         if self._wants_full_gpu(hidden_states.shape[0], is_prefill):
-            ctx = self._full_context()
+            ctx = shared_full_context(self)
             if ctx is not None:
                 ctx.load_from(self)
                 return ctx.layer.quant_method.apply(ctx.layer, hidden_states, topk_weights, topk_ids)
@@ -175,11 +174,6 @@ class KTEPWrapperMethod(nn.Module):
         threshold = self.kt.gpu_prefill_token_threshold
         return is_prefill and threshold is not None and threshold > 0 and num_tokens >= threshold \
             and not _FullGpuPrefillState.disabled and self.num_gpu_experts < self.num_experts
-
-    def _full_context(self) -> Optional[SharedFullContext]:
-        if self._full_ctx is None:
-            self._full_ctx = shared_full_context(self)
-        return self._full_ctx
 
     def hybrid_forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         g = self.num_gpu_experts
@@ -201,7 +195,7 @@ class KTEPWrapperMethod(nn.Module):
     def _cpu_compute(self, x: torch.Tensor, topk_weights: torch.Tensor, cpu_ids: torch.Tensor) -> torch.Tensor:
         """The CPU experts' mixture: torch kernels on --kt-cpuinfer threads (see cpu_expert_pool)."""
         layer = self.cpu_layer
-        return layer.quant_method.apply(layer, x, topk_weights, cpu_ids, backend="native")
+        return layer.quant_method.apply(layer, x, topk_weights, cpu_ids, backend="native", compute_dtype=self.params_dtype)
 
 
 _POOL: Optional[ThreadPoolExecutor] = None
@@ -249,6 +243,15 @@ def shared_full_context(wrapper: KTEPWrapperMethod) -> Optional[SharedFullContex
         return None
     _SHARED[key] = ctx
     return ctx
+
+
+def release_full_gpu_prefill_slots() -> int:
+    """Free the slots built so far (the next qualifying prefill builds them again); returns their
+    parameter bytes. The post-capture probe uses it: the slot is covered by its reservation, so the
+    bytes it held during the probe are not activation memory."""
+    freed = sum(param_bytes(ctx.layer) for ctx in _SHARED.values())
+    _SHARED.clear()
+    return freed
 
 
 def reset_full_gpu_prefill_state() -> None:

@@ -205,8 +205,10 @@ class FusedMoEMethodBase(ABC):
         topk_weights: torch.Tensor,
         topk_ids: torch.Tensor,
         backend: str = "auto",
+        compute_dtype: Optional[torch.dtype] = None,
     ) -> torch.Tensor:
-        """Run the routed experts. backend: "auto" (triton on CUDA, torch elsewhere), "triton", "native"."""
+        """Run the routed experts. backend: "auto" (triton on CUDA, torch elsewhere), "triton", "native".
+        compute_dtype: the native backend's GEMM dtype (fp32 by default)."""
         if backend == "auto":
             backend = "triton" if x.is_cuda else "native"
         if backend == "triton":
@@ -217,5 +219,5 @@ class FusedMoEMethodBase(ABC):
         if backend == "native":
             from sglang.srt.layers.moe.fused_moe_native import fused_moe_native
 
-            return fused_moe_native(x, topk_weights, topk_ids, lambda e: self.dequantize_expert(layer, e))
+            return fused_moe_native(x, topk_weights, topk_ids, lambda e: self.dequantize_expert(layer, e), compute_dtype)
         raise ValueError(f"unknown MoE backend {backend!r}; expected auto, triton or native")

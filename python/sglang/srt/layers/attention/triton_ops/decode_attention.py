@@ -224,7 +224,7 @@ def decode_attention_fwd(
     interp = not q.is_cuda
     block_h = 16  # tl.dot needs M >= 16; masked rows cost no HBM traffic
     progs_per_kv_head = triton.cdiv(group, block_h)
-    block_n = 64
+    block_n = SPLIT_BLOCK_TOKENS
     block_d = max(16, triton.next_power_of_2(d))
     block_dv = max(16, triton.next_power_of_2(dv))
     # Heavier warps for wide heads keep the [BLOCK_H, BLOCK_DV] accumulator in registers.
@@ -252,17 +252,27 @@ def decode_attention_fwd(
     )
 
 
+SPLIT_BLOCK_TOKENS = 64  # stage 1's BLOCK_N: the smallest useful chunk
+
+
 def get_num_kv_splits(
     num_kv_splits_out: torch.Tensor,
     seq_lens: torch.Tensor,
     max_kv_splits: int,
     min_block_tokens: int = 256,
+    min_splits: int = 1,
 ) -> None:
-    """Fill ``num_kv_splits_out`` in place: ``clamp(ceil(seq_len / min_block_tokens), 1, max)``.
+    """Fill ``num_kv_splits_out`` in place: ``ceil(seq_len / min_block_tokens)`` chunks, raised to
+    ``min_splits`` (never below one BLOCK_N of keys per chunk), clamped to [1, max_kv_splits].
 
     Device-side torch ops only (no ``.item()``), so it can run inside a captured CUDA graph.
     Long contexts get many splits (batch 1 at 8k fills the SMs), short ones few (less merging).
+    ``min_splits`` is for small batches, whose bs x kv_heads programs alone leave most SMs idle:
+    batch 1 at 1k context with 8 kv heads would otherwise run 32 programs on 132 SMs.
     """
     splits = torch.div(seq_lens + (min_block_tokens - 1), min_block_tokens, rounding_mode="floor")
+    if min_splits > 1:
+        most = torch.div(seq_lens + (SPLIT_BLOCK_TOKENS - 1), SPLIT_BLOCK_TOKENS, rounding_mode="floor")
+        splits = torch.maximum(splits, most.clamp(max=min_splits))
     splits = splits.clamp_(min=1, max=max(1, int(max_kv_splits)))
     num_kv_splits_out.copy_(splits)
