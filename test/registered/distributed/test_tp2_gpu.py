@@ -37,9 +37,16 @@ PROMPTS = [[random.randrange(1000, 30000) for _ in range(n)] for n in (7, 33, 12
 def _engine(shape: str, tp: int, post_capture: bool, **kwargs):
     import sglang
 
-    os.environ["SGLANG_ENABLE_POST_CAPTURE_KV_SIZING"] = "1" if post_capture else "0"  # the ranks inherit it
-    return sglang.Engine(model_path=shape_config_dir(shape), load_format="dummy", skip_tokenizer_init=True,
-                         tp_size=tp, log_level="warning", **kwargs)
+    name, old = "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING", os.environ.get("SGLANG_ENABLE_POST_CAPTURE_KV_SIZING")
+    os.environ[name] = "1" if post_capture else "0"  # the ranks inherit it when they are spawned
+    try:
+        return sglang.Engine(model_path=shape_config_dir(shape), load_format="dummy", skip_tokenizer_init=True,
+                             tp_size=tp, log_level="warning", **kwargs)
+    finally:  # later tests in this process see the environment they started with
+        if old is None:
+            os.environ.pop(name)
+        else:
+            os.environ[name] = old
 
 
 def _greedy(engine) -> list:
