@@ -19,6 +19,7 @@ from sglang.test.ci.ci_register import register_cuda_ci
 
 register_cuda_ci(est_time=420, suite="per-commit-2-gpu")
 
+import json
 import os
 import random
 
@@ -118,12 +119,16 @@ def test_tp2_kt_reservation_per_rank(post_capture):
 
     threshold = 1024
     kt = dict(kt_method="BF16", kt_num_gpu_experts=16, kt_gpu_prefill_token_threshold=threshold, max_running_requests=32)
-    with _engine("Qwen3-30B-A3B-12L", 2, post_capture=post_capture, **kt) as e:
+    shape = "Qwen3-30B-A3B-12L"
+    with open(os.path.join(shape_config_dir(shape), "config.json")) as f:
+        cfg = json.load(f)
+    with _engine(shape, 2, post_capture=post_capture, **kt) as e:
         ranks = _ranks(e)
         plan = e.get_server_info()["memory_plan"]
         # Each rank holds half of every expert's intermediate width, so half the slot.
         with torch.device("meta"):
-            half_slot = param_bytes(make_moe_layer(128, 2048, 768 // 2, torch.bfloat16, "BF16"))
+            half_slot = param_bytes(make_moe_layer(cfg["num_experts"], cfg["hidden_size"],
+                                                   cfg["moe_intermediate_size"] // 2, torch.bfloat16, "BF16"))
         assert [r["reservations_bytes"] for r in ranks] == [{"kt_full_gpu_prefill_slot": half_slot}] * 2
         tokens, cell = ranks[0]["max_total_num_tokens"], plan["cell_size_bytes"]
         if post_capture:

@@ -79,21 +79,27 @@ class RadixCache:
         now = time.monotonic()
         node.last_access_time = now
         while key:
-            child = node.children.get(self._child_key(key))
-            if child is None:
+            step = self._descend(node, key, now)
+            if step is None:
                 break
-            child.last_access_time = now
-            n = self._match_len(child.key, key)
-            if n < len(child.key):
-                child = self._split(child, n)
-                values.append(child.value)
-                node = child
-                break
-            values.append(child.value)
-            node = child
+            node, n = step
+            values.append(node.value)
             key = key[n:]
         value = torch.cat(values) if values else torch.empty(0, dtype=torch.int64)
         return value, node
+
+    def _descend(self, node: TreeNode, key: List[int], now: float) -> Optional[Tuple[TreeNode, int]]:
+        """The child of `node` whose key starts like `key`, split so that all of it matches, and the
+        matched length; None when no child shares the first page. After a partial match the next
+        lookup finds nothing (the keys differ within that page), so callers simply loop."""
+        child = node.children.get(self._child_key(key))
+        if child is None:
+            return None
+        child.last_access_time = now
+        n = self._match_len(child.key, key)
+        if n < len(child.key):
+            child = self._split(child, n)
+        return child, n
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         """Split `child` so that its first n tokens become a new parent node; returns that node."""
@@ -115,16 +121,12 @@ class RadixCache:
         now = time.monotonic()
         prefix_len = 0
         while key:
-            child = node.children.get(self._child_key(key))
-            if child is None:
+            step = self._descend(node, key, now)
+            if step is None:
                 break
-            child.last_access_time = now
-            n = self._match_len(child.key, key)
-            if n < len(child.key):
-                child = self._split(child, n)
+            node, n = step
             prefix_len += n
             key, value = key[n:], value[n:]
-            node = child
         if key:
             leaf = TreeNode(node)
             leaf.key, leaf.value = list(key), value.clone().to("cpu", torch.int64)
