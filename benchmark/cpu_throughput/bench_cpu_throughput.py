@@ -14,7 +14,6 @@ results.json and results.md beside this script (or --out-dir).
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -35,6 +34,7 @@ import torch  # noqa: E402
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
+from sglang.test.bench_utils import write_results  # noqa: E402
 from sglang.test.runners import SMOLLM2, SMOLLM2_PROMPTS, hf_greedy, load_hf_model  # noqa: E402
 
 PROMPTS = SMOLLM2_PROMPTS  # the 16 prompts the tests also use (first 8)
@@ -163,9 +163,6 @@ def main() -> None:
     print(f"greedy agreement (of {k}): {agree}")
     print(f"load average before/after: {info['loadavg_before']} / {info['loadavg_after']}")
 
-    os.makedirs(args.out_dir, exist_ok=True)
-    with open(os.path.join(args.out_dir, "results.json"), "w") as f:
-        json.dump(dict(info=info, results=results, speedups=speedups, greedy_agreement=agree), f, indent=2)
     md = [
         "# CPU throughput: results",
         "",
@@ -186,8 +183,8 @@ def main() -> None:
         f"Command: `{info['command'].strip()}`",
         "",
     ]
-    with open(os.path.join(args.out_dir, "results.md"), "w") as f:
-        f.write("\n".join(md))
+    write_results(args.out_dir, dict(info=info, results=results, speedups=speedups, greedy_agreement=agree),
+                  "\n".join(md))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ by the copy bandwidth (bytes read + written per second). Prints a table, writes 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -22,6 +23,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
+from sglang.test.bench_utils import write_results  # noqa: E402
 from sglang.test.gpu_utils import shape_config_dir  # noqa: E402
 
 GB = 1e9
@@ -84,6 +86,20 @@ def our_runner(config_dir: str):
     return ModelRunner(ModelConfig.from_server_args(args), args)
 
 
+def apply_decode_config(mr, overrides: dict) -> None:
+    """Set the backend's DecodeKernelConfig fields / min_block_tokens, then capture the graphs again."""
+    from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
+
+    backend = mr.attn_backend
+    if "min_block_tokens" in overrides:
+        backend.min_block_tokens = overrides.pop("min_block_tokens")
+    backend.kernel_config = dataclasses.replace(backend.kernel_config, **overrides)
+    mr.cuda_graph_runner = None
+    torch.cuda.empty_cache()
+    mr.cuda_graph_runner = CudaGraphRunner(mr)
+    print(f"decode config: {backend.kernel_config}, min_block_tokens {backend.min_block_tokens}")
+
+
 def decode_step_ms(mr, bs: int, ctx: int, iters: int = 30) -> tuple[float, bool]:
     """Our decode step; when bs*ctx slots exceed the pool, requests share one context's slots."""
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
@@ -141,11 +157,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
     parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--decode-config", default="", help='JSON overrides of the triton backend\'s decode '
+                        'choices, e.g. {"block_n": 64, "num_warps": 8, "min_block_tokens": 256} (graphs are re-captured)')
     args = parser.parse_args()
     config_dir = shape_config_dir("Llama-3.1-8B")
     bw = copy_bandwidth()
     hf = {} if args.skip_hf else hf_decode_step_ms(config_dir, [1, 64], 1024)
     mr = our_runner(config_dir)
+    if args.decode_config:
+        apply_decode_config(mr, json.loads(args.decode_config))
     weight_bytes = sum(p.numel() * p.element_size() for p in mr.model.parameters())
     cell = mr.memory_plan.cell_size_bytes
     rows = []
@@ -164,6 +184,8 @@ def main() -> None:
         "device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_bandwidth_GBps": round(bw / GB, 1),
         "weight_GB": round(weight_bytes / GB, 3), "kv_cell_bytes": cell, "decode": rows,
         "prefill_8k_tokens_per_s": round(prefill, 1), "cuda_graph_max_bs": mr.server_args.cuda_graph_max_bs,
+        "decode_kernel_config": vars(mr.attn_backend.kernel_config),
+        "min_block_tokens": mr.attn_backend.min_block_tokens,
     }
     lines = [
         f"Llama-3.1-8B shape, bf16, {result['device']}; copy bandwidth {result['copy_bandwidth_GBps']} GB/s; "
@@ -180,11 +202,7 @@ def main() -> None:
         )
     table = "\n".join(lines)
     print(table)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump(result, f, indent=2)
-    with open(os.path.join(args.out, "results.md"), "w") as f:
-        f.write(table + "\n")
+    write_results(args.out, result, table)
 
 
 if __name__ == "__main__":

@@ -3,14 +3,16 @@
     python benchmark/decode_roofline/profile_decode_step.py [--batches 1 64] [--context 1024]
 
 For each batch size it times the CUDA-graph step (as bench_decode_roofline.py does) and profiles the same
-step run eagerly with torch.profiler: the sum of kernel times is what the GPU computes; the difference to
-the graph step is idle time between kernels. Prints the top kernels by total time. A diagnostic for the
-1.3x-of-floor target, not a results benchmark (writes nothing).
+graph replays with torch.profiler (CUPTI reports the kernels inside a graph one by one): the sum of kernel
+times is what the GPU computes; the difference to the step time is idle time between kernels (launch gaps,
+ramp-up and tails). `--eager` profiles the step without graphs instead. Prints the top kernels by total
+time. A diagnostic for the 1.3x-of-floor target, not a results benchmark (writes nothing).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from collections import defaultdict
@@ -21,16 +23,18 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
-from bench_decode_roofline import decode_step_ms, our_runner  # noqa: E402
+from bench_decode_roofline import apply_decode_config, decode_step_ms, our_runner  # noqa: E402
 
 from sglang.test.gpu_utils import shape_config_dir  # noqa: E402
 
 
-def kernel_breakdown(mr, bs: int, ctx: int, steps: int = 5) -> tuple[float, list]:
-    """(mean kernel ms per eager step, [(kernel name, ms per step, calls per step)] sorted by time)."""
-    graphs, mr.cuda_graph_runner = mr.cuda_graph_runner, None
+def kernel_breakdown(mr, bs: int, ctx: int, eager: bool, steps: int = 5) -> tuple[float, list]:
+    """(mean kernel ms per step, [(kernel name, ms per step, calls per step)] sorted by time)."""
+    graphs = mr.cuda_graph_runner
+    if eager:
+        mr.cuda_graph_runner = None
     try:
-        decode_step_ms(mr, bs, ctx, iters=2)  # warm the eager path
+        decode_step_ms(mr, bs, ctx, iters=2)  # warm up
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
             decode_step_ms(mr, bs, ctx, iters=steps)
     finally:
@@ -51,11 +55,16 @@ def main() -> None:
     parser.add_argument("--batches", nargs="*", type=int, default=[1, 64])
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--top", type=int, default=15)
+    parser.add_argument("--eager", action="store_true", help="profile the step without CUDA graphs")
+    parser.add_argument("--decode-config", default="", help='JSON overrides of the triton backend\'s decode '
+                        'choices, e.g. {"block_n": 64, "num_warps": 8, "min_block_tokens": 256} (graphs are re-captured)')
     args = parser.parse_args()
     mr = our_runner(shape_config_dir("Llama-3.1-8B"))
+    if args.decode_config:
+        apply_decode_config(mr, json.loads(args.decode_config))
     for bs in args.batches:
         graph_ms, _ = decode_step_ms(mr, bs, args.context)
-        kernel_ms, rows = kernel_breakdown(mr, bs, args.context)
+        kernel_ms, rows = kernel_breakdown(mr, bs, args.context, args.eager)
         print(f"\nbatch {bs}, context {args.context}: graph step {graph_ms:.3f} ms; kernels {kernel_ms:.3f} ms "
               f"({sum(r[2] for r in rows):.0f} launches); idle between kernels ~{graph_ms - kernel_ms:.3f} ms")
         for name, ms, calls in rows[: args.top]:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import os
 import sys
 import time
@@ -23,6 +22,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
+from sglang.test.bench_utils import write_results  # noqa: E402
 from sglang.test.gpu_utils import shape_config_dir  # noqa: E402
 
 GiB = 1 << 30
@@ -137,11 +137,7 @@ def main() -> None:
             )
     table = "\n".join(lines)
     print(table)
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "results.json"), "w") as f:
-        json.dump({"device": torch.cuda.get_device_name(), "rows": rows}, f, indent=2)
-    with open(os.path.join(args.out, "results.md"), "w") as f:
-        f.write(table + "\n")
+    write_results(args.out, {"device": torch.cuda.get_device_name(), "rows": rows}, table)
 
 
 if __name__ == "__main__":

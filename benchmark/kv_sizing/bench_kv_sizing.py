@@ -28,6 +28,9 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
+
+from sglang.test.bench_utils import write_results  # noqa: E402
+
 GiB = 1 << 30
 FLAG_SETS = {
     "default": [],
@@ -232,11 +235,7 @@ def write_report(rows: list, out_dir: str, quiet: bool = False) -> None:
     table = "\n".join(lines)
     if not quiet:
         print(table)
-    os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
-        json.dump(rows, f, indent=2)
-    with open(os.path.join(out_dir, "results.md"), "w") as f:
-        f.write(table + "\n")
+    write_results(out_dir, rows, table)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,20 @@ import torch
 REQUIRES_GPU_REASON = "needs a CUDA GPU (run on the GPU machine)"
 
 
+INTERPRETER_REASON = "CPU cases need TRITON_INTERPRET=1 (conftest sets it without a GPU)"
+
+
+def triton_test_devices() -> list:
+    """pytest params for triton kernel tests: "cpu" through the triton interpreter, "cuda" on a GPU;
+    each skips with a visible reason where it cannot run."""
+    import pytest
+
+    return [
+        pytest.param("cpu", marks=pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason=INTERPRETER_REASON)),
+        pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason=REQUIRES_GPU_REASON)),
+    ]
+
+
 def has_gpu() -> bool:
     return torch.cuda.is_available()
 

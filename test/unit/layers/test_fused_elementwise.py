@@ -6,21 +6,16 @@ from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
 register_cpu_ci(est_time=15, suite="per-commit-cpu")
 register_cuda_ci(est_time=20, suite="per-commit-cuda")
 
-import os
-
 import pytest
 import torch
 from transformers import LlamaConfig
 
 from sglang.srt.layers import fused_elementwise as fe
 from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.rotary_embedding import RotaryEmbedding
+from sglang.srt.layers.rotary_embedding import FusedSetKVBufferArg, RotaryEmbedding
+from sglang.test.gpu_utils import triton_test_devices
 
-DEVICES = [
-    pytest.param("cpu", marks=pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
-                                                 reason="CPU triton cases need TRITON_INTERPRET=1 (set without a GPU)")),
-    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the GPU machine)")),
-]
+DEVICES = triton_test_devices()
 
 
 def _tol(dtype):
@@ -75,6 +70,38 @@ def test_rotary_inplace_matches_reference(device):
     fe.apply_rotary_inplace(pos, q, k, rope.cos_cache, rope.sin_cache, 64)
     torch.testing.assert_close(q.float().cpu(), want_q, **_tol(dtype))
     torch.testing.assert_close(k.float().cpu(), want_k, **_tol(dtype))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("use_kernel", [True, False], ids=["kernel", "layer"])
+def test_rotary_with_fused_kv_store(device, use_kernel):
+    """Rotary with a FusedSetKVBufferArg rotates q/k in place and writes rotated K and V to the pool
+    slots (kernel directly, and through RotaryEmbedding.forward, whose CPU path stores with torch)."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    config = LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    with torch.device(device):
+        rope = RotaryEmbedding(config, 64, 64, dtype)
+    g = torch.Generator().manual_seed(4)
+    qkv = torch.randn(5, (4 + 2 + 2) * 64, generator=g).to(device, dtype)
+    q, k, v = qkv[:, :256], qkv[:, 256:384], qkv[:, 384:]
+    pos = torch.tensor([3, 0, 17, 63, 8], device=device)
+    loc = torch.tensor([9, 2, 11, 4, 6], device=device)
+    want_q, want_k = RotaryEmbedding(config, 64, 64, torch.float32)(pos.cpu(), q.float().cpu(), k.float().cpu())
+    want_v = v.float().cpu().clone()
+    k_buf = torch.zeros(12, 2, 64, dtype=dtype, device=device)
+    v_buf = torch.zeros_like(k_buf)
+    arg = FusedSetKVBufferArg(value=v, k_buffer=k_buf, v_buffer=v_buf, cache_loc=loc)
+    if use_kernel:
+        fe.apply_rotary_inplace(pos, q, k, rope.cos_cache, rope.sin_cache, 64, kv_store=arg)
+    else:
+        q, k = rope(pos, q, k, fused_set_kv_buffer_arg=arg)
+    torch.testing.assert_close(q.float().cpu(), want_q, **_tol(dtype))
+    torch.testing.assert_close(k.float().cpu(), want_k, **_tol(dtype))
+    torch.testing.assert_close(k_buf[loc].float().cpu().view(5, -1), want_k, **_tol(dtype))
+    assert torch.equal(v_buf[loc].float().cpu().view(5, -1), want_v)
+    untouched = torch.ones(12, dtype=torch.bool)
+    untouched[loc.cpu()] = False
+    assert (k_buf[untouched.to(device)] == 0).all() and (v_buf[untouched.to(device)] == 0).all()
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -5,18 +5,13 @@ from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
 register_cpu_ci(est_time=10, suite="per-commit-cpu")
 register_cuda_ci(est_time=10, suite="per-commit-cuda")
 
-import os
-
 import pytest
 import torch
 
 from sglang.srt.mem_cache.kv_store_kernel import can_store_kv_fused, store_kv
+from sglang.test.gpu_utils import triton_test_devices
 
-DEVICES = [
-    pytest.param("cpu", marks=pytest.mark.skipif(
-        os.environ.get("TRITON_INTERPRET") != "1", reason="CPU cases need TRITON_INTERPRET=1 (conftest sets it without a GPU)")),
-    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the GPU machine)")),
-]
+DEVICES = triton_test_devices()
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -45,3 +40,20 @@ def test_unfusable_layouts_are_refused():
     assert not can_store_kv_fused(k.float(), k, buf, buf)  # dtype conversion: the torch path
     assert not can_store_kv_fused(k.transpose(0, 1).contiguous().transpose(0, 1), k, buf, buf)  # heads not contiguous
     assert not can_store_kv_fused(k[:, :, :4], k, buf, buf)  # shape differs from the pool
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_pool_offers_buffers_for_fused_store_only_when_it_can(device):
+    """The pool hands its buffers to rotary's fused K/V store on CUDA in the activation dtype only."""
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    k = torch.zeros(3, 2, 64, dtype=torch.bfloat16, device=device)
+    pool = MHATokenToKVPool(16, 1, torch.bfloat16, 2, 64, 64, 2, device)
+    bufs = pool.fused_store_buffers(1, k, k)
+    if device == "cpu":
+        assert bufs is None  # the CPU stores with torch (set_kv_buffer)
+    else:
+        assert bufs[0] is pool.k_buffer[1] and bufs[1] is pool.v_buffer[1]
+        fp8 = MHATokenToKVPool(16, 1, torch.float8_e4m3fn, 2, 64, 64, 2, device)
+        assert fp8.fused_store_buffers(0, k, k) is None  # needs a cast: set_kv_buffer does it
+        assert pool.fused_store_buffers(0, k.float(), k) is None

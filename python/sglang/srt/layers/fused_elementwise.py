@@ -63,7 +63,9 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
 @triton.jit
 def _rotary_kernel(
     q_ptr, k_ptr, cos_ptr, sin_ptr, pos_ptr, stride_q, stride_k, stride_cos, num_q_heads, num_k_heads,
-    HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr,
+    v_ptr, k_buf, v_buf, loc_ptr, stride_v, stride_kb, stride_vb, v_row,
+    HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, STORE_KV: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):
     token = tl.program_id(0)
     pos = tl.load(pos_ptr + token)
@@ -71,6 +73,8 @@ def _rotary_kernel(
     cos = tl.load(cos_ptr + pos * stride_cos + d).to(tl.float32)  # cos[:half] == cos[half:]
     sin = tl.load(sin_ptr + pos * stride_cos + d).to(tl.float32)
     heads = tl.arange(0, BLOCK_H)
+    if STORE_KV:
+        slot = tl.load(loc_ptr + token).to(tl.int64)
     for which in tl.static_range(2):
         if which == 0:
             base, n, stride = q_ptr, num_q_heads, stride_q
@@ -80,20 +84,41 @@ def _rotary_kernel(
         offs = token * stride + heads[:, None] * HEAD_DIM + d[None, :]
         x1 = tl.load(base + offs, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(base + offs + HALF, mask=mask, other=0.0).to(tl.float32)
-        tl.store(base + offs, (x1 * cos - x2 * sin).to(base.dtype.element_ty), mask=mask)
-        tl.store(base + offs + HALF, (x2 * cos + x1 * sin).to(base.dtype.element_ty), mask=mask)
+        y1 = (x1 * cos - x2 * sin).to(base.dtype.element_ty)
+        y2 = (x2 * cos + x1 * sin).to(base.dtype.element_ty)
+        tl.store(base + offs, y1, mask=mask)
+        tl.store(base + offs + HALF, y2, mask=mask)
+        if STORE_KV and which == 1:  # the rotated K row also goes to its pool slot
+            row = slot * stride_kb + heads[:, None] * HEAD_DIM + d[None, :]
+            tl.store(k_buf + row, y1, mask=mask)
+            tl.store(k_buf + row + HALF, y2, mask=mask)
+    if STORE_KV:
+        offs_v = tl.arange(0, BLOCK_V)
+        v = tl.load(v_ptr + token * stride_v + offs_v, mask=offs_v < v_row)
+        tl.store(v_buf + slot * stride_vb + offs_v, v, mask=offs_v < v_row)
 
 
 def apply_rotary_inplace(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor,
-                         sin_cache: torch.Tensor, head_dim: int) -> None:
-    """Rotate-half rotary on q [T, Hq*D] and k [T, Hkv*D] (rows may be strided views of qkv)."""
+                         sin_cache: torch.Tensor, head_dim: int, kv_store=None) -> None:
+    """Rotate-half rotary on q [T, Hq*D] and k [T, Hkv*D] (rows may be strided views of qkv).
+
+    With ``kv_store`` (a FusedSetKVBufferArg) the same kernel also writes the rotated K rows and
+    ``kv_store.value``'s V rows into the pool buffers at ``kv_store.cache_loc``: a decode layer then
+    runs one kernel where rotary, a V copy and the KV store were three."""
     n_tokens = q.shape[0]
     if n_tokens == 0:
         return
     hq, hk = q.shape[1] // head_dim, k.shape[1] // head_dim
+    if kv_store is None:
+        v, k_buf, v_buf, loc, stride_v, stride_kb, stride_vb, v_row = q, q, q, positions, 0, 0, 0, 1
+    else:
+        v, k_buf, v_buf, loc = kv_store.value, kv_store.k_buffer, kv_store.v_buffer, kv_store.cache_loc
+        stride_v, stride_kb, stride_vb, v_row = v.stride(0), k_buf.stride(0), v_buf.stride(0), v.shape[1]
     _rotary_kernel[(n_tokens,)](
         q, k, cos_cache, sin_cache, positions, q.stride(0), k.stride(0), cos_cache.stride(0), hq, hk,
-        HEAD_DIM=head_dim, HALF=head_dim // 2, BLOCK_H=triton.next_power_of_2(max(hq, hk)), num_warps=4,
+        v, k_buf, v_buf, loc, stride_v, stride_kb, stride_vb, v_row,
+        HEAD_DIM=head_dim, HALF=head_dim // 2, BLOCK_H=triton.next_power_of_2(max(hq, hk)),
+        STORE_KV=kv_store is not None, BLOCK_V=triton.next_power_of_2(v_row), num_warps=4,
     )
 
 

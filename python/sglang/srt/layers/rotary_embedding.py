@@ -6,7 +6,8 @@ dynamic scaling match the reference exactly; cos/sin are precomputed for every p
 
 from __future__ import annotations
 
-from typing import Tuple
+from dataclasses import dataclass
+from typing import Optional, Tuple
 
 import torch
 from torch import nn
@@ -40,6 +41,17 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+@dataclass
+class FusedSetKVBufferArg:
+    """Where rotary also stores this step's K/V (SGLang's name): the rows go to the layer's pool
+    buffers at ``cache_loc`` in the same kernel, and attention runs with ``save_kv_cache=False``."""
+
+    value: torch.Tensor  # [T, Hkv * Dv], may be a strided view of the qkv output
+    k_buffer: torch.Tensor  # [slots, Hkv, D], each slot's row contiguous
+    v_buffer: torch.Tensor  # [slots, Hkv, Dv]
+    cache_loc: torch.Tensor  # [T] slot per token
+
+
 class RotaryEmbedding(nn.Module):
     def __init__(self, config: PretrainedConfig, head_dim: int, max_position: int, dtype: torch.dtype) -> None:
         super().__init__()
@@ -54,13 +66,30 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("cos_cache", cos.to(device), persistent=False)
         self.register_buffer("sin_cache", sin.to(device), persistent=False)
 
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, Hq * D], k: [T, Hkv * D]; returns rotated q, k (on the GPU rotated in place)."""
+    def forward(
+        self,
+        positions: torch.Tensor,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        fused_set_kv_buffer_arg: Optional[FusedSetKVBufferArg] = None,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """q: [T, Hq * D], k: [T, Hkv * D]; returns rotated q, k (on the GPU rotated in place).
+        With ``fused_set_kv_buffer_arg`` the rotated K and the given V are also written to the pool."""
         if q.is_cuda:
             from sglang.srt.layers.fused_elementwise import apply_rotary_inplace
 
-            apply_rotary_inplace(positions, q, k, self.cos_cache, self.sin_cache, self.head_dim)
+            apply_rotary_inplace(
+                positions, q, k, self.cos_cache, self.sin_cache, self.head_dim, kv_store=fused_set_kv_buffer_arg
+            )
             return q, k
+        q, k = self._forward_torch(positions, q, k)
+        if fused_set_kv_buffer_arg is not None:
+            arg = fused_set_kv_buffer_arg
+            arg.k_buffer[arg.cache_loc] = k.view(k.shape[0], *arg.k_buffer.shape[1:]).to(arg.k_buffer.dtype)
+            arg.v_buffer[arg.cache_loc] = arg.value.view(k.shape[0], *arg.v_buffer.shape[1:]).to(arg.v_buffer.dtype)
+        return q, k
+
+    def _forward_torch(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         cos = self.cos_cache[positions].unsqueeze(1)
         sin = self.sin_cache[positions].unsqueeze(1)
         qs = q.view(q.shape[0], -1, self.head_dim)

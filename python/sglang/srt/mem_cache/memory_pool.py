@@ -9,9 +9,19 @@ backed size grows after graph capture; either way the slot counts are derived fr
 
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from types import ModuleType
+from typing import List, Optional, Sequence, Tuple
 
 import torch
+
+
+def _fused_store_module(device: str) -> Optional[ModuleType]:
+    """The triton K/V store kernel on CUDA (triton comes with CUDA torch; CPU installs may lack it)."""
+    if torch.device(device).type != "cuda":
+        return None
+    from sglang.srt.mem_cache import kv_store_kernel
+
+    return kv_store_kernel
 
 
 class ReqToTokenPool:
@@ -86,6 +96,7 @@ class MHATokenToKVPool:
             self.v_buffer = list(buffers[1::2])
             self.backed_slots = size + page_size
         self.size = size
+        self._fused_store = _fused_store_module(device)
         if self.backed_slots > self.k_buffer[0].shape[0]:
             raise ValueError(f"{size} tokens do not fit in buffers of {self.k_buffer[0].shape[0]} slots")
 
@@ -139,14 +150,21 @@ class MHATokenToKVPool:
             cache_k = cache_k.view(self.store_dtype)
             cache_v = cache_v.view(self.store_dtype)
         k_buf, v_buf = self.k_buffer[layer_id], self.v_buffer[layer_id]
-        if k_buf.is_cuda:  # triton is there with CUDA (the gpu extra); CPU installs may lack it
-            from sglang.srt.mem_cache.kv_store_kernel import can_store_kv_fused, store_kv
-
-            if can_store_kv_fused(cache_k, cache_v, k_buf, v_buf):
-                store_kv(cache_k, cache_v, k_buf, v_buf, loc)  # one kernel instead of two index_puts
-                return
+        fused = self._fused_store
+        if fused is not None and fused.can_store_kv_fused(cache_k, cache_v, k_buf, v_buf):
+            fused.store_kv(cache_k, cache_v, k_buf, v_buf, loc)  # one kernel instead of two index_puts
+            return
         k_buf[loc] = cache_k
         v_buf[loc] = cache_v
+
+    def fused_store_buffers(self, layer_id: int, k: torch.Tensor, v: torch.Tensor) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """The layer's (K, V) buffers when a kernel may write k/v ([T, H, D] views) into them as they
+        are (CUDA, pool dtype == activation dtype, contiguous rows); else None (use set_kv_buffer)."""
+        k_buf, v_buf = self.k_buffer[layer_id], self.v_buffer[layer_id]
+        fused = self._fused_store
+        if fused is None or self.store_dtype != self.dtype or not fused.can_store_kv_fused(k, v, k_buf, v_buf):
+            return None
+        return k_buf, v_buf
 
     def release_buffers(self) -> None:
         """Drop the tensors (a VMM arena may only be unmapped after this)."""

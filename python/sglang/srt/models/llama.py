@@ -16,6 +16,7 @@ from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.layers.rotary_embedding import get_rope
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from sglang.srt.model_loader.weight_loading import load_stacked_weights
+from sglang.srt.models.utils import create_fused_set_kv_buffer_arg
 
 
 class LlamaMLP(nn.Module):
@@ -70,7 +71,11 @@ class LlamaAttention(nn.Module):
         if self.qk_norm:  # per head, in place on the strided views of qkv
             self.q_norm.forward_heads_inplace(q.view(q.shape[0], -1, self.head_dim))
             self.k_norm.forward_heads_inplace(k.view(k.shape[0], -1, self.head_dim))
-        q, k = self.rotary_emb(positions, q, k)
+        # On the GPU rotary also stores K/V in the pool (one kernel): attention then skips the store.
+        kv_store = create_fused_set_kv_buffer_arg(k, v, self.attn, forward_batch)
+        q, k = self.rotary_emb(positions, q, k, fused_set_kv_buffer_arg=kv_store)
+        if kv_store is not None:
+            return self.o_proj(self.attn(q, k, v, forward_batch, save_kv_cache=False))
         return self.o_proj(self.attn(q, k, v.contiguous(), forward_batch))
 
 

@@ -14,26 +14,15 @@ import pytest
 import torch
 
 from sglang.srt.layers.attention.triton_ops import (
+    DecodeKernelConfig,
     decode_attention_fwd,
     extend_attention_fwd,
     get_num_kv_splits,
 )
+from sglang.test.gpu_utils import triton_test_devices
 
 _INTERP = os.environ.get("TRITON_INTERPRET") == "1"
-DEVICES = [
-    pytest.param(
-        "cpu",
-        marks=pytest.mark.skipif(
-            not _INTERP, reason="CPU cases need TRITON_INTERPRET=1 (conftest sets it without a GPU)"
-        ),
-    ),
-    pytest.param(
-        "cuda",
-        marks=pytest.mark.skipif(
-            not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the GPU machine)"
-        ),
-    ),
-]
+DEVICES = triton_test_devices()
 
 
 def _dtype_tol(device: str):
@@ -94,7 +83,7 @@ def _ref_extend(q, k_ext, v_ext, k_buf, v_buf, qo_indptr, kv_indptr, indices, sc
     return out
 
 
-def _run_decode(device, lens, hq, hkv, d, dv, max_splits, idx_dtype, cap=0.0, splits=None):
+def _run_decode(device, lens, hq, hkv, d, dv, max_splits, idx_dtype, cap=0.0, splits=None, block_n=64):
     dtype, tol = _dtype_tol(device)
     gen = torch.Generator().manual_seed(len(lens) * 1000 + hq * 10 + d + max_splits)
     num_slots = sum(lens) + 37
@@ -108,12 +97,13 @@ def _run_decode(device, lens, hq, hkv, d, dv, max_splits, idx_dtype, cap=0.0, sp
     num_splits = torch.empty(bs, dtype=torch.int32, device=device)
     if splits is None:
         seq_lens = torch.tensor(lens, dtype=torch.int32, device=device)
-        get_num_kv_splits(num_splits, seq_lens, max_splits, min_block_tokens=64)
+        get_num_kv_splits(num_splits, seq_lens, max_splits, min_block_tokens=64, block_n=block_n)
     else:
         num_splits.copy_(torch.tensor(splits, dtype=torch.int32))
     scale = 1.0 / math.sqrt(d)
     decode_attention_fwd(
-        q, k_buf, v_buf, o, indptr, indices, logits, lse, num_splits, max_splits, scale, cap
+        q, k_buf, v_buf, o, indptr, indices, logits, lse, num_splits, max_splits, scale, cap,
+        DecodeKernelConfig(block_n=block_n),
     )
     ref = _ref_decode(q, k_buf, v_buf, indptr, indices, scale, cap)
     real = torch.tensor([n > 0 for n in lens])
@@ -135,13 +125,14 @@ DECODE_CASES = [
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("block_n", [64, 128])  # 128 is the GPU default; chunks align to it
 @pytest.mark.parametrize("lens,hq,hkv,d,dv,max_splits,idx_dtype,cap", DECODE_CASES)
-def test_decode_matches_reference(device, lens, hq, hkv, d, dv, max_splits, idx_dtype, cap):
+def test_decode_matches_reference(device, block_n, lens, hq, hkv, d, dv, max_splits, idx_dtype, cap):
     if device == "cuda":  # scale up: longer contexts and a Llama-like head count
         lens = lens + [4096, 1000]
         hq, hkv = hq * 4, hkv * 4
         max_splits = max_splits * 4
-    _run_decode(device, lens, hq, hkv, d, dv, max_splits, idx_dtype, cap)
+    _run_decode(device, lens, hq, hkv, d, dv, max_splits, idx_dtype, cap, block_n=block_n)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -150,6 +141,7 @@ def test_decode_explicit_splits(device):
     _run_decode(device, [3, 200, 64, 0], 4, 2, 64, 64, 4, torch.int64, splits=[4, 3, 4, 0])
     _run_decode(device, [130, 9], 4, 2, 64, 64, 2, torch.int32, splits=[7, 1])  # clamped to 2
     _run_decode(device, [1024, 65], 4, 2, 64, 64, 16, torch.int32, splits=[16, 2])  # one block per chunk
+    _run_decode(device, [1000, 300], 4, 2, 64, 64, 16, torch.int32, splits=[16, 5], block_n=128)  # empty chunks
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -160,10 +152,12 @@ def test_get_num_kv_splits(device):
     assert out.dtype == torch.int32
     assert out.cpu().tolist() == [1, 1, 1, 2, 16, 16]
     # Small batches raise the count toward min_splits, but never below 64 keys (one block) per chunk.
-    get_num_kv_splits(out, seq_lens, max_kv_splits=16, min_block_tokens=256, min_splits=33)
+    get_num_kv_splits(out, seq_lens, max_kv_splits=16, min_block_tokens=256, min_splits=33, block_n=64)
     assert out.cpu().tolist() == [1, 1, 4, 5, 16, 16]
-    get_num_kv_splits(out, seq_lens, max_kv_splits=16, min_block_tokens=256, min_splits=3)
+    get_num_kv_splits(out, seq_lens, max_kv_splits=16, min_block_tokens=256, min_splits=3, block_n=64)
     assert out.cpu().tolist() == [1, 1, 3, 3, 16, 16]
+    get_num_kv_splits(out, seq_lens, max_kv_splits=16, min_block_tokens=1024, min_splits=33, block_n=128)
+    assert out.cpu().tolist() == [1, 1, 2, 3, 16, 16]  # chunks of >= 128 keys
 
 
 # (prefix lens, extend lens, hq, hkv, d, dv, causal, index dtype, logit_cap)

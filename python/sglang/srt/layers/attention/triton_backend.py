@@ -14,7 +14,14 @@ import torch
 
 from sglang.srt.environ import envs
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
-from sglang.srt.layers.attention.triton_ops import decode_attention_fwd, extend_attention_fwd, get_num_kv_splits
+from sglang.srt.layers.attention.triton_ops import (
+    MIN_BLOCK_TOKENS,
+    DecodeKernelConfig,
+    decode_attention_fwd,
+    extend_attention_fwd,
+    get_num_kv_splits,
+)
+from sglang.srt.layers.attention.triton_ops.kv_indices import fill_kv_indices_triton
 
 
 @dataclass
@@ -69,6 +76,10 @@ class TritonAttnBackend(AttentionBackend):
         # Stage-1 programs wanted per decode step: two per SM keeps HBM busy (and latency hidden).
         sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.device == "cuda" else 1
         self.target_decode_programs = 2 * sms
+        self.kernel_config = DecodeKernelConfig()
+        # A long context gets one chunk per this many keys: few long chunks stream best once the batch
+        # fills the SMs; small batches get more chunks from _min_splits (tune_decode_attention.py).
+        self.min_block_tokens = MIN_BLOCK_TOKENS
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.max_context_len = self.req_to_token.shape[1]
         self.graph: Optional[TritonMetadata] = None
@@ -78,7 +89,7 @@ class TritonAttnBackend(AttentionBackend):
         bs = lens.shape[0]
         indptr = out if out is not None else torch.empty(bs + 1, dtype=torch.int32, device=self.device)
         indptr[0] = 0
-        torch.cumsum(lens, dim=0, out=indptr[1 : bs + 1])
+        torch.cumsum(lens, dim=0, dtype=torch.int32, out=indptr[1 : bs + 1])
         return indptr[: bs + 1]
 
     def _scratch(self, bs: int, splits: int):
@@ -91,10 +102,9 @@ class TritonAttnBackend(AttentionBackend):
         if fb.forward_mode.is_decode():
             indptr = self._indptr(fb.seq_lens.to(torch.int32))
             indices = torch.empty(fb.seq_lens_sum, dtype=torch.int32, device=self.device)
-            fill_kv_indices(indices, self.req_to_token, fb.req_pool_indices, fb.seq_lens, indptr, fb.seq_lens_sum)
-            cap = max(1, min(self.max_kv_splits, SPLIT_SCRATCH_ROWS // max(fb.batch_size, 1)))
+            cap = max(1, min(self._split_cap(fb.batch_size), SPLIT_SCRATCH_ROWS // max(fb.batch_size, 1)))
             splits = torch.empty(fb.batch_size, dtype=torch.int32, device=self.device)
-            get_num_kv_splits(splits, fb.seq_lens, cap, min_splits=self._min_splits(fb.batch_size))
+            self._fill(indices, fb.req_pool_indices, fb.seq_lens, indptr, fb.seq_lens_sum, splits, cap)
             logits, lse = self._scratch(fb.batch_size, cap)
             fb.attn_metadata = TritonMetadata(indptr, indices, num_kv_splits=splits, attn_logits=logits, attn_lse=lse,
                                               max_kv_splits=cap)
@@ -102,9 +112,22 @@ class TritonAttnBackend(AttentionBackend):
         prefix_total = sum(fb.extend_prefix_lens_cpu)
         kv_indptr = self._indptr(fb.extend_prefix_lens.to(torch.int32))
         kv_indices = torch.empty(prefix_total, dtype=torch.int32, device=self.device)
-        fill_kv_indices(kv_indices, self.req_to_token, fb.req_pool_indices, fb.extend_prefix_lens, kv_indptr, prefix_total)
+        self._fill(kv_indices, fb.req_pool_indices, fb.extend_prefix_lens, kv_indptr, prefix_total)
         qo_indptr = self._indptr(fb.extend_seq_lens.to(torch.int32))
         fb.attn_metadata = TritonMetadata(kv_indptr, kv_indices, qo_indptr, max(fb.extend_seq_lens_cpu))
+
+    def _fill(self, indices, req_pool_indices, lens, indptr, total: int, splits=None, max_splits: int = 1) -> None:
+        """kv_indices (and, given `splits`, the decode split counts) of a batch: one triton kernel on
+        the GPU (a graph replay's only metadata work besides indptr), torch ops on the CPU."""
+        bs = req_pool_indices.shape[0]
+        min_splits, block_n = self._min_splits(bs), self.kernel_config.block_n
+        if self.device == "cuda":
+            fill_kv_indices_triton(indices, self.req_to_token, req_pool_indices, indptr, splits, max_splits,
+                                   self.min_block_tokens, min_splits, block_n)
+            return
+        fill_kv_indices(indices, self.req_to_token, req_pool_indices, lens, indptr, total)
+        if splits is not None:
+            get_num_kv_splits(splits, lens, max_splits, self.min_block_tokens, min_splits, block_n)
 
     # ------------------------------------------------------------ CUDA graph
     def init_cuda_graph_state(self, max_bs: int) -> None:
@@ -121,7 +144,7 @@ class TritonAttnBackend(AttentionBackend):
         g = self.graph
         return TritonMetadata(
             g.kv_indptr[: bs + 1], g.kv_indices, num_kv_splits=g.num_kv_splits[:bs],
-            attn_logits=g.attn_logits[:bs], attn_lse=g.attn_lse[:bs], max_kv_splits=self.max_kv_splits,
+            attn_logits=g.attn_logits[:bs], attn_lse=g.attn_lse[:bs], max_kv_splits=self._split_cap(bs),
         )
 
     def init_forward_metadata_capture_cuda_graph(self, bs: int, req_pool_indices, seq_lens) -> TritonMetadata:
@@ -130,9 +153,15 @@ class TritonAttnBackend(AttentionBackend):
 
     def init_forward_metadata_replay_cuda_graph(self, bs: int, req_pool_indices, seq_lens, seq_lens_sum: int) -> None:
         g = self.graph
-        indptr = self._indptr(seq_lens[:bs].to(torch.int32), out=g.kv_indptr)
-        fill_kv_indices(g.kv_indices, self.req_to_token, req_pool_indices[:bs], seq_lens[:bs], indptr, seq_lens_sum)
-        get_num_kv_splits(g.num_kv_splits[:bs], seq_lens[:bs], self.max_kv_splits, min_splits=self._min_splits(bs))
+        indptr = self._indptr(seq_lens[:bs], out=g.kv_indptr)
+        self._fill(g.kv_indices, req_pool_indices[:bs], seq_lens[:bs], indptr, seq_lens_sum,
+                   g.num_kv_splits[:bs], self._split_cap(bs))
+
+    def _split_cap(self, bs: int) -> int:
+        """Most chunks per request at this batch size (stage 1's grid): enough for ~4 programs per
+        SM in all. More would only add merge work and programs that exit at once (measured: 8 vs
+        16 chunks at batch 64 is 0.07 ms a step)."""
+        return max(1, min(self.max_kv_splits, -(-2 * self.target_decode_programs // max(bs * self.num_kv_heads, 1))))
 
     def _min_splits(self, bs: int) -> int:
         """Splits that give small batches enough stage-1 programs (1 once bs x kv_heads suffices)."""
@@ -157,7 +186,7 @@ class TritonAttnBackend(AttentionBackend):
             q.view(bs, layer.tp_q_head_num, layer.qk_head_dim),
             pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id), o,
             md.kv_indptr, md.kv_indices, md.attn_logits, md.attn_lse, md.num_kv_splits,
-            md.max_kv_splits, layer.scaling, layer.logit_cap,
+            md.max_kv_splits, layer.scaling, layer.logit_cap, self.kernel_config,
         )
         return o.view(bs, -1)
 

@@ -23,6 +23,9 @@ Rows with an empty context (graph padding) produce zeros.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -159,35 +162,41 @@ def _decode_grouped_stage1(
 def _decode_stage2(
     Att_Out, Att_Lse, O, Kv_Indptr, Num_Kv_Splits,
     stride_ab, stride_ah, stride_as, stride_lb, stride_lh, stride_ob, stride_oh,
-    MAX_KV_SPLITS: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
+    MAX_KV_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
     SPLIT_ALIGN: tl.constexpr,
 ):
+    """Merge request b / head h's chunks: their LSE-weighted sum. All chunks load as one
+    [BLOCK_S, BLOCK_DV] tile (independent loads, one memory round trip, not one per chunk)."""
     b = tl.program_id(0)
     h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
     offs_dv = tl.arange(0, BLOCK_DV)
     mask_dv = offs_dv < DV
     kv_len = tl.load(Kv_Indptr + b + 1) - tl.load(Kv_Indptr + b)
     num_splits = tl.minimum(tl.maximum(tl.load(Num_Kv_Splits + b), 1), MAX_KV_SPLITS)
-
-    m_i = -1e30
-    l_i = 0.0
-    acc = tl.zeros([BLOCK_DV], dtype=tl.float32)
-    for s in range(0, MAX_KV_SPLITS):
-        start, end = _split_range(kv_len, num_splits, s, SPLIT_ALIGN)
-        if (s < num_splits) & (end > start):  # the same chunks stage 1 wrote
-            lse = tl.load(Att_Lse + b * stride_lb + h * stride_lh + s)
-            part = tl.load(
-                Att_Out + b * stride_ab + h * stride_ah + s * stride_as + offs_dv,
-                mask=mask_dv, other=0.0,
-            )
-            m_new = tl.maximum(m_i, lse)
-            alpha = tl.exp(m_i - m_new)
-            w = tl.exp(lse - m_new)
-            acc = acc * alpha + w * part
-            l_i = l_i * alpha + w
-            m_i = m_new
-    out = tl.where(l_i > 0.0, acc / tl.maximum(l_i, 1e-30), 0.0)  # empty row -> zeros
+    split_len = tl.cdiv(tl.cdiv(kv_len, num_splits), SPLIT_ALIGN) * SPLIT_ALIGN
+    written = (offs_s < num_splits) & (offs_s * split_len < kv_len)  # the chunks stage 1 wrote
+    lse = tl.load(Att_Lse + b * stride_lb + h * stride_lh + offs_s, mask=written, other=float("-inf"))
+    part = tl.load(
+        Att_Out + b * stride_ab + h * stride_ah + offs_s[:, None] * stride_as + offs_dv[None, :],
+        mask=written[:, None] & mask_dv[None, :], other=0.0,
+    )
+    w = tl.exp(lse - tl.maximum(tl.max(lse, 0), -1e30))  # unwritten chunks: exp(-inf) = 0
+    out = tl.sum(w[:, None] * part, 0) / tl.maximum(tl.sum(w, 0), 1e-30)  # empty row -> zeros
     tl.store(O + b * stride_ob + h * stride_oh + offs_dv, out.to(O.dtype.element_ty), mask=mask_dv)
+
+
+@dataclass(frozen=True)
+class DecodeKernelConfig:
+    """Launch choices of stage 1. ``benchmark/decode_roofline/tune_decode_attention.py`` measures
+    them on the GPU; the default is its best for 128-wide heads on an H200 across batch 1-64."""
+
+    block_n: int = 128  # keys per loop step, also the chunk alignment
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+BLOCK_H = 16  # q-head rows per stage-1 program: tl.dot needs M >= 16; masked rows cost no HBM traffic
 
 
 def decode_attention_fwd(
@@ -203,6 +212,7 @@ def decode_attention_fwd(
     max_kv_splits: int,
     sm_scale: float,
     logit_cap: float = 0.0,
+    config: Optional[DecodeKernelConfig] = None,
 ) -> None:
     """Decode attention, one query token per request; writes ``o`` in place.
 
@@ -210,6 +220,7 @@ def decode_attention_fwd(
     are scratch; ``num_kv_splits [bs]`` (int32, 1..max_kv_splits) is read on the device, so a
     captured CUDA graph may change it (and indptr/indices) between replays.
     """
+    config = config or DecodeKernelConfig()
     bs, hq, d = q.shape
     hkv = k_buffer.shape[1]
     dv = v_buffer.shape[-1]
@@ -222,14 +233,10 @@ def decode_attention_fwd(
         return
     group = hq // hkv
     interp = not q.is_cuda
-    block_h = 16  # tl.dot needs M >= 16; masked rows cost no HBM traffic
-    progs_per_kv_head = triton.cdiv(group, block_h)
-    block_n = SPLIT_BLOCK_TOKENS
+    progs_per_kv_head = triton.cdiv(group, BLOCK_H)
     block_d = max(16, triton.next_power_of_2(d))
     block_dv = max(16, triton.next_power_of_2(dv))
-    # Heavier warps for wide heads keep the [BLOCK_H, BLOCK_DV] accumulator in registers.
-    num_warps = 4 if max(block_d, block_dv) <= 128 else 8
-    extra = {} if interp else {"num_warps": num_warps, "num_stages": 2}
+    extra = {} if interp else {"num_warps": config.num_warps, "num_stages": config.num_stages}
 
     grid1 = (bs, hkv * progs_per_kv_head, max_kv_splits)
     _decode_grouped_stage1[grid1](
@@ -240,30 +247,32 @@ def decode_attention_fwd(
         attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
         attn_lse.stride(0), attn_lse.stride(1),
         kv_group_num=group, progs_per_kv_head=progs_per_kv_head, D=d, DV=dv,
-        BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_N=block_n, BLOCK_H=block_h,
-        SPLIT_ALIGN=block_n, USE_CAP=logit_cap > 0, WHILE_LOOPS=_use_while_loops(q), **extra,
+        BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_N=config.block_n, BLOCK_H=BLOCK_H,
+        SPLIT_ALIGN=config.block_n, USE_CAP=logit_cap > 0, WHILE_LOOPS=_use_while_loops(q), **extra,
     )
-    extra2 = {} if interp else {"num_warps": 4, "num_stages": 2}
+    extra2 = {} if interp else {"num_warps": 4, "num_stages": 1}
     _decode_stage2[(bs, hq)](
         attn_logits, attn_lse, o, kv_indptr, num_kv_splits,
         attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
         attn_lse.stride(0), attn_lse.stride(1), o.stride(0), o.stride(1),
-        MAX_KV_SPLITS=max_kv_splits, DV=dv, BLOCK_DV=block_dv, SPLIT_ALIGN=block_n, **extra2,
+        MAX_KV_SPLITS=max_kv_splits, BLOCK_S=triton.next_power_of_2(max_kv_splits), DV=dv, BLOCK_DV=block_dv,
+        SPLIT_ALIGN=config.block_n, **extra2,
     )
 
 
-SPLIT_BLOCK_TOKENS = 64  # stage 1's BLOCK_N: the smallest useful chunk
+MIN_BLOCK_TOKENS = 1024  # keys per chunk of a long context: few long chunks stream best (tuning)
 
 
 def get_num_kv_splits(
     num_kv_splits_out: torch.Tensor,
     seq_lens: torch.Tensor,
     max_kv_splits: int,
-    min_block_tokens: int = 256,
+    min_block_tokens: int = MIN_BLOCK_TOKENS,
     min_splits: int = 1,
+    block_n: int = DecodeKernelConfig.block_n,
 ) -> None:
     """Fill ``num_kv_splits_out`` in place: ``ceil(seq_len / min_block_tokens)`` chunks, raised to
-    ``min_splits`` (never below one BLOCK_N of keys per chunk), clamped to [1, max_kv_splits].
+    ``min_splits`` (never below one ``block_n`` of keys per chunk), clamped to [1, max_kv_splits].
 
     Device-side torch ops only (no ``.item()``), so it can run inside a captured CUDA graph.
     Long contexts get many splits (batch 1 at 8k fills the SMs), short ones few (less merging).
@@ -272,7 +281,7 @@ def get_num_kv_splits(
     """
     splits = torch.div(seq_lens + (min_block_tokens - 1), min_block_tokens, rounding_mode="floor")
     if min_splits > 1:
-        most = torch.div(seq_lens + (SPLIT_BLOCK_TOKENS - 1), SPLIT_BLOCK_TOKENS, rounding_mode="floor")
+        most = torch.div(seq_lens + (block_n - 1), block_n, rounding_mode="floor")
         splits = torch.maximum(splits, most.clamp(max=min_splits))
     splits = splits.clamp_(min=1, max=max(1, int(max_kv_splits)))
     num_kv_splits_out.copy_(splits)
