@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Optional
 import torch
 
 from sglang.srt.environ import envs
-from sglang.srt.layers.moe.kt_ep_wrapper import release_full_gpu_prefill_slots
 from sglang.srt.model_executor.memory_plan import GiB
 from sglang.srt.model_executor.model_runner_kv_cache_mixin import NotEnoughMemoryError
 
@@ -143,9 +142,9 @@ class PostCaptureKVSizingMixin:
             del fb
         torch.cuda.synchronize()
         peak = torch.cuda.max_memory_reserved() - base
-        # A prefill probe over --kt-gpu-prefill-token-threshold built the full-GPU slot; its bytes are
-        # the reservation (kept apart), not activations. Freed here; the first real long prompt rebuilds it.
-        peak -= release_full_gpu_prefill_slots()
+        # A prefill probe may have built buffers the model reserves apart (KT's full-GPU prefill slot over
+        # --kt-gpu-prefill-token-threshold): not activations. Freed here; the first real long prompt rebuilds it.
+        peak -= self.model.release_reserved_buffers()
         torch.cuda.empty_cache()
         return max(peak, 0)
 

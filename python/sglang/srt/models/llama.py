@@ -159,6 +159,11 @@ class LlamaForCausalLM(nn.Module):
         """Device bytes this model needs outside the KV pool, by name (MoE models with KT add the prefill slot)."""
         return {}
 
+    def release_reserved_buffers(self) -> int:
+        """Free what was built so far inside memory_reservations() (rebuilt on next use); returns the bytes.
+        The post-capture probe calls it: those bytes are reserved apart, not activation memory."""
+        return 0
+
     def needs_host_work_per_forward(self) -> bool:
         """True when a forward pass needs the CPU mid-way (KT experts on the host), so it cannot be a CUDA graph."""
         return False

@@ -14,7 +14,13 @@ from transformers import PretrainedConfig
 
 from sglang.srt.distributed import tensor_model_parallel_all_reduce
 from sglang.srt.layers.linear import ReplicatedLinear
-from sglang.srt.layers.moe.kt_ep_wrapper import KTConfig, KTEPWrapperMethod, build_moe_experts, full_gpu_prefill_reservations
+from sglang.srt.layers.moe.kt_ep_wrapper import (
+    KTConfig,
+    KTEPWrapperMethod,
+    build_moe_experts,
+    full_gpu_prefill_reservations,
+    release_full_gpu_prefill_slots,
+)
 from sglang.srt.model_loader.weight_loading import load_stacked_weights
 from sglang.srt.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
 from sglang.srt.models.qwen3 import Qwen3Attention
@@ -115,6 +121,9 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
 
     def memory_reservations(self) -> dict:
         return full_gpu_prefill_reservations(self)
+
+    def release_reserved_buffers(self) -> int:
+        return release_full_gpu_prefill_slots()  # the full-GPU prefill slot a long prompt built
 
     def needs_host_work_per_forward(self) -> bool:
         return any(isinstance(m, KTEPWrapperMethod) and m.has_host_experts for m in self.modules())
