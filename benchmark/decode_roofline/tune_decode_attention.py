@@ -28,6 +28,7 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 from sglang.srt.layers.attention.triton_ops import (  # noqa: E402
     DecodeKernelConfig,
     decode_attention_fwd,
+    decode_split_bounds,
     get_num_kv_splits,
 )
 from sglang.test.bench_utils import cuda_graph_ms, write_results  # noqa: E402
@@ -52,11 +53,9 @@ class Case:
 
     def step_fn(self, config: DecodeKernelConfig, policy: dict):
         sms = torch.cuda.get_device_properties(0).multi_processor_count
-        max_splits = policy["max_kv_splits"]
-        if max_splits == "cap":  # TritonAttnBackend._split_cap: ~4 stage-1 programs per SM
-            max_splits = max(1, min(16, -(-4 * sms // (self.bs * HKV))))
+        min_splits, cap = decode_split_bounds(self.bs, HKV, sms, 16, policy["programs_per_sm"])
+        max_splits = cap if policy["max_kv_splits"] == "cap" else policy["max_kv_splits"]  # "cap": the backend's
         splits = torch.empty(self.bs, dtype=torch.int32, device="cuda")
-        min_splits = -(-policy["programs_per_sm"] * sms // (self.bs * HKV))
         get_num_kv_splits(splits, self.seq_lens, max_splits, policy["min_block_tokens"], min_splits, config.block_n)
         logits = torch.empty(self.bs, HQ, max_splits, D, device="cuda", dtype=torch.float32)
         lse = torch.empty(self.bs, HQ, max_splits, device="cuda", dtype=torch.float32)

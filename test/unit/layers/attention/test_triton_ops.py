@@ -16,6 +16,7 @@ import torch
 from sglang.srt.layers.attention.triton_ops import (
     DecodeKernelConfig,
     decode_attention_fwd,
+    decode_split_bounds,
     extend_attention_fwd,
     get_num_kv_splits,
 )
@@ -158,6 +159,17 @@ def test_get_num_kv_splits(device):
     assert out.cpu().tolist() == [1, 1, 3, 3, 16, 16]
     get_num_kv_splits(out, seq_lens, max_kv_splits=16, min_block_tokens=1024, min_splits=33, block_n=128)
     assert out.cpu().tolist() == [1, 1, 2, 3, 16, 16]  # chunks of >= 128 keys
+
+
+def test_decode_split_bounds_and_head_width_config():
+    """H200-like numbers (132 SMs, 8 kv heads, 16 splits at most): batch 1 wants 33 chunks and gets a
+    16-wide grid; batch 64 fills the SMs alone (1 chunk) and its grid is capped at 2."""
+    assert decode_split_bounds(1, 8, 132, 16) == (33, 16)
+    assert decode_split_bounds(8, 8, 132, 16) == (5, 9)
+    assert decode_split_bounds(64, 8, 132, 16) == (1, 2)
+    assert decode_split_bounds(512, 8, 132, 16) == (1, 1)
+    assert DecodeKernelConfig.for_head_dim(128) == DecodeKernelConfig()
+    assert DecodeKernelConfig.for_head_dim(256).block_n == 64  # wide heads keep the untuned earlier choice
 
 
 # (prefix lens, extend lens, hq, hkv, d, dv, causal, index dtype, logit_cap)

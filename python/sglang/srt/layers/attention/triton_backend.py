@@ -18,6 +18,7 @@ from sglang.srt.layers.attention.triton_ops import (
     MIN_BLOCK_TOKENS,
     DecodeKernelConfig,
     decode_attention_fwd,
+    decode_split_bounds,
     extend_attention_fwd,
     get_num_kv_splits,
 )
@@ -73,12 +74,11 @@ class TritonAttnBackend(AttentionBackend):
         self.v_head_dim = mc.v_head_dim
         self.max_kv_splits = envs.SGLANG_TRITON_DECODE_MAX_KV_SPLITS.get()
         self.num_kv_heads = mc.get_num_kv_heads(model_runner.tp_size, model_runner.tp_rank)
-        # Stage-1 programs wanted per decode step: two per SM keeps HBM busy (and latency hidden).
-        sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.device == "cuda" else 1
-        self.target_decode_programs = 2 * sms
-        self.kernel_config = DecodeKernelConfig()
+        # Stage-1 programs per decode step scale with the SM count (decode_split_bounds).
+        self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.device == "cuda" else 1
+        self.kernel_config = DecodeKernelConfig.for_head_dim(max(mc.head_dim, self.v_head_dim))
         # A long context gets one chunk per this many keys: few long chunks stream best once the batch
-        # fills the SMs; small batches get more chunks from _min_splits (tune_decode_attention.py).
+        # fills the SMs; small batches get more chunks (decode_split_bounds, tune_decode_attention.py).
         self.min_block_tokens = MIN_BLOCK_TOKENS
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.max_context_len = self.req_to_token.shape[1]
@@ -100,7 +100,7 @@ class TritonAttnBackend(AttentionBackend):
     def init_forward_metadata(self, forward_batch) -> None:
         fb = forward_batch
         if fb.forward_mode.is_decode():
-            indptr = self._indptr(fb.seq_lens.to(torch.int32))
+            indptr = self._indptr(fb.seq_lens)
             indices = torch.empty(fb.seq_lens_sum, dtype=torch.int32, device=self.device)
             cap = max(1, min(self._split_cap(fb.batch_size), SPLIT_SCRATCH_ROWS // max(fb.batch_size, 1)))
             splits = torch.empty(fb.batch_size, dtype=torch.int32, device=self.device)
@@ -110,10 +110,10 @@ class TritonAttnBackend(AttentionBackend):
                                               max_kv_splits=cap)
             return
         prefix_total = sum(fb.extend_prefix_lens_cpu)
-        kv_indptr = self._indptr(fb.extend_prefix_lens.to(torch.int32))
+        kv_indptr = self._indptr(fb.extend_prefix_lens)
         kv_indices = torch.empty(prefix_total, dtype=torch.int32, device=self.device)
         self._fill(kv_indices, fb.req_pool_indices, fb.extend_prefix_lens, kv_indptr, prefix_total)
-        qo_indptr = self._indptr(fb.extend_seq_lens.to(torch.int32))
+        qo_indptr = self._indptr(fb.extend_seq_lens)
         fb.attn_metadata = TritonMetadata(kv_indptr, kv_indices, qo_indptr, max(fb.extend_seq_lens_cpu))
 
     def _fill(self, indices, req_pool_indices, lens, indptr, total: int, splits=None, max_splits: int = 1) -> None:
@@ -157,15 +157,11 @@ class TritonAttnBackend(AttentionBackend):
         self._fill(g.kv_indices, req_pool_indices[:bs], seq_lens[:bs], indptr, seq_lens_sum,
                    g.num_kv_splits[:bs], self._split_cap(bs))
 
-    def _split_cap(self, bs: int) -> int:
-        """Most chunks per request at this batch size (stage 1's grid): enough for ~4 programs per
-        SM in all. More would only add merge work and programs that exit at once (measured: 8 vs
-        16 chunks at batch 64 is 0.07 ms a step)."""
-        return max(1, min(self.max_kv_splits, -(-2 * self.target_decode_programs // max(bs * self.num_kv_heads, 1))))
-
     def _min_splits(self, bs: int) -> int:
-        """Splits that give small batches enough stage-1 programs (1 once bs x kv_heads suffices)."""
-        return -(-self.target_decode_programs // max(bs * self.num_kv_heads, 1))
+        return decode_split_bounds(bs, self.num_kv_heads, self.num_sms, self.max_kv_splits)[0]
+
+    def _split_cap(self, bs: int) -> int:
+        return decode_split_bounds(bs, self.num_kv_heads, self.num_sms, self.max_kv_splits)[1]
 
     # ---------------------------------------------------------------- layers
     @staticmethod
