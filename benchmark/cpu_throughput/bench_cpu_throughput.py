@@ -53,7 +53,10 @@ def bench_ours(prompt_ids, new_tokens: int, single_prompts: int) -> dict:
     try:
         engine.generate(input_ids=prompt_ids[0], sampling_params=_params(4))  # warm-up
         t0 = time.perf_counter()
-        single = [engine.generate(input_ids=p, sampling_params=_params(new_tokens))["output_ids"] for p in prompt_ids[:single_prompts]]
+        single = [
+            engine.generate(input_ids=p, sampling_params=_params(new_tokens))["output_ids"]
+            for p in prompt_ids[:single_prompts]
+        ]
         single_s = time.perf_counter() - t0
         engine.flush_cache()  # no prefix reuse from the single-stream run
         t0 = time.perf_counter()
@@ -82,8 +85,15 @@ def bench_hf(tok, prompt_ids, new_tokens: int, single_prompts: int) -> dict:
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompt_ids])
     t0 = time.perf_counter()
     out = model.generate(
-        ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False, eos_token_id=None,
-        pad_token_id=pad, temperature=None, top_p=None, top_k=None,
+        ids,
+        attention_mask=mask,
+        max_new_tokens=new_tokens,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=pad,
+        temperature=None,
+        top_p=None,
+        top_k=None,
     )
     batch_s = time.perf_counter() - t0
     batch_ids = out[:, width:].tolist()
@@ -96,8 +106,12 @@ def main() -> None:
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--single-prompts", type=int, default=4, help="prompts run one by one in the single-stream runs")
     ap.add_argument("--out-dir", default=HERE)
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch threads in every process (OMP_NUM_THREADS); default: torch's (one per core)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads in every process (OMP_NUM_THREADS); default: torch's (one per core)",
+    )
     args = ap.parse_args()
 
     from sglang.srt.utils.hf_tokenizer import get_tokenizer
@@ -158,8 +172,10 @@ def main() -> None:
     ]
     table = "\n".join(lines)
     print(table)
-    print(f"speed-up: single stream x{speedups['single_stream']}, 16 concurrent vs transformers batched "
-          f"x{speedups['concurrent_vs_hf_batched']}, vs transformers single x{speedups['concurrent_vs_hf_single']}")
+    print(
+        f"speed-up: single stream x{speedups['single_stream']}, 16 concurrent vs transformers batched "
+        f"x{speedups['concurrent_vs_hf_batched']}, vs transformers single x{speedups['concurrent_vs_hf_single']}"
+    )
     print(f"greedy agreement (of {k}): {agree}")
     print(f"load average before/after: {info['loadavg_before']} / {info['loadavg_after']}")
 
@@ -183,8 +199,9 @@ def main() -> None:
         f"Command: `{info['command'].strip()}`",
         "",
     ]
-    write_results(args.out_dir, dict(info=info, results=results, speedups=speedups, greedy_agreement=agree),
-                  "\n".join(md))
+    write_results(
+        args.out_dir, dict(info=info, results=results, speedups=speedups, greedy_agreement=agree), "\n".join(md)
+    )
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ import os
 
 import torch
 import torch.nn.functional as F
-
 from bench_decode_roofline import copy_bandwidth
 
 from sglang.test.bench_utils import cuda_graph_ms, write_results  # bench_decode_roofline put python/ on the path
@@ -64,16 +63,23 @@ def main() -> None:
         "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
-        lines.append(f"| {r['gemm']} | {r['n']} x {r['k']} | {r['batch']} | {r['floor_ms']} | {r['cublas_ms']} | "
-                     f"{r['cublas_x_floor']} | {r['cublaslt_ms']} | {r['cublaslt_x_floor']} |")
+        lines.append(
+            f"| {r['gemm']} | {r['n']} x {r['k']} | {r['batch']} | {r['floor_ms']} | {r['cublas_ms']} | "
+            f"{r['cublas_x_floor']} | {r['cublaslt_ms']} | {r['cublaslt_x_floor']} |"
+        )
     for batch in (1, 8, 64):
         sel = [r for r in rows if r["batch"] == batch]
-        lines.append(f"| all | | {batch} | {sum(r['floor_ms'] for r in sel):.4f} | {sum(r['cublas_ms'] for r in sel):.4f} | "
-                     f"| {sum(r['cublaslt_ms'] for r in sel):.4f} | |")
+        lines.append(
+            f"| all | | {batch} | {sum(r['floor_ms'] for r in sel):.4f} | {sum(r['cublas_ms'] for r in sel):.4f} | "
+            f"| {sum(r['cublaslt_ms'] for r in sel):.4f} | |"
+        )
     table = "\n".join(lines)
     print(table)
-    write_results(args.out, {"device": torch.cuda.get_device_name(), "copy_bandwidth_GBps": round(bw / 1e9, 1),
-                             "rows": rows}, table)
+    write_results(
+        args.out,
+        {"device": torch.cuda.get_device_name(), "copy_bandwidth_GBps": round(bw / 1e9, 1), "rows": rows},
+        table,
+    )
 
 
 if __name__ == "__main__":

@@ -61,7 +61,7 @@ def hf_decode_step_ms(config_dir: str, batches, ctx: int) -> dict:
     for bs in batches:
         ids = torch.randint(0, config.vocab_size, (bs, ctx), device="cuda")
 
-        def run(m, n: int) -> float:
+        def run(m, n: int, ids=ids) -> float:
             torch.cuda.synchronize()
             t = time.perf_counter()
             m.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False)
@@ -81,7 +81,11 @@ def our_runner(config_dir: str):
     from sglang.srt.server_args import ServerArgs
 
     args = ServerArgs(
-        model_path=config_dir, load_format="dummy", skip_tokenizer_init=True, max_running_requests=256, log_level="warning"
+        model_path=config_dir,
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        max_running_requests=256,
+        log_level="warning",
     )
     return ModelRunner(ModelConfig.from_server_args(args), args)
 
@@ -111,7 +115,10 @@ def decode_step_ms(mr, bs: int, ctx: int, iters: int = 30) -> tuple[float, bool]
     for i, r in enumerate(rows):
         mr.req_to_token_pool.req_to_token[r, :ctx] = slots[0 if shared else i].to(torch.int32)
     batch = ModelWorkerBatch(
-        ForwardMode.DECODE, input_ids=[7] * bs, req_pool_indices=rows, seq_lens=[ctx] * bs,
+        ForwardMode.DECODE,
+        input_ids=[7] * bs,
+        req_pool_indices=rows,
+        seq_lens=[ctx] * bs,
         out_cache_loc=slots[0 if shared else slice(None), -1].reshape(-1).expand(bs).contiguous().cpu(),
     )
     fb = ForwardBatch.init_new(batch, mr)
@@ -137,8 +144,13 @@ def prefill_tokens_per_s(mr, chunk: int = 8192, iters: int = 5) -> float:
     slots = mr.token_to_kv_pool_allocator.alloc(chunk)
     mr.req_to_token_pool.req_to_token[row, :chunk] = slots.to(torch.int32).cuda()
     batch = ModelWorkerBatch(
-        ForwardMode.EXTEND, input_ids=[11] * chunk, req_pool_indices=[row], seq_lens=[chunk], out_cache_loc=slots,
-        extend_seq_lens=[chunk], extend_prefix_lens=[0],
+        ForwardMode.EXTEND,
+        input_ids=[11] * chunk,
+        req_pool_indices=[row],
+        seq_lens=[chunk],
+        out_cache_loc=slots,
+        extend_seq_lens=[chunk],
+        extend_prefix_lens=[0],
     )
     fb = ForwardBatch.init_new(batch, mr)
     mr.forward(fb)
@@ -157,8 +169,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
     parser.add_argument("--skip-hf", action="store_true")
-    parser.add_argument("--decode-config", default="", help='JSON overrides of the triton backend\'s decode '
-                        'choices, e.g. {"block_n": 64, "num_warps": 8, "min_block_tokens": 256} (graphs are re-captured)')
+    parser.add_argument(
+        "--decode-config",
+        default="",
+        help="JSON overrides of the triton backend's decode "
+        'choices, e.g. {"block_n": 64, "num_warps": 8, "min_block_tokens": 256} (graphs are re-captured)',
+    )
     args = parser.parse_args()
     config_dir = shape_config_dir("Llama-3.1-8B")
     bw = copy_bandwidth()
@@ -173,17 +189,28 @@ def main() -> None:
         for bs in (1, 8, 64, 256):
             ms, shared = decode_step_ms(mr, bs, ctx)
             floor_ms = (weight_bytes + bs * ctx * cell) / bw * 1000
-            rows.append({
-                "batch": bs, "context": ctx, "step_ms": round(ms, 3), "hbm_floor_ms": round(floor_ms, 3),
-                "ratio_to_floor": round(ms / floor_ms, 3), "tokens_per_s": round(bs / ms * 1000, 1),
-                "hf_step_ms": round(hf[bs], 2) if ctx == 1024 and bs in hf else None,
-                "kv_slots_shared": shared,
-            })
+            rows.append(
+                {
+                    "batch": bs,
+                    "context": ctx,
+                    "step_ms": round(ms, 3),
+                    "hbm_floor_ms": round(floor_ms, 3),
+                    "ratio_to_floor": round(ms / floor_ms, 3),
+                    "tokens_per_s": round(bs / ms * 1000, 1),
+                    "hf_step_ms": round(hf[bs], 2) if ctx == 1024 and bs in hf else None,
+                    "kv_slots_shared": shared,
+                }
+            )
     prefill = prefill_tokens_per_s(mr)
     result = {
-        "device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_bandwidth_GBps": round(bw / GB, 1),
-        "weight_GB": round(weight_bytes / GB, 3), "kv_cell_bytes": cell, "decode": rows,
-        "prefill_8k_tokens_per_s": round(prefill, 1), "cuda_graph_max_bs": mr.server_args.cuda_graph_max_bs,
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "copy_bandwidth_GBps": round(bw / GB, 1),
+        "weight_GB": round(weight_bytes / GB, 3),
+        "kv_cell_bytes": cell,
+        "decode": rows,
+        "prefill_8k_tokens_per_s": round(prefill, 1),
+        "cuda_graph_max_bs": mr.server_args.cuda_graph_max_bs,
         "decode_kernel_config": vars(mr.attn_backend.kernel_config),
         "min_block_tokens": mr.attn_backend.min_block_tokens,
     }

@@ -56,8 +56,12 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=1024)
     parser.add_argument("--top", type=int, default=15)
     parser.add_argument("--eager", action="store_true", help="profile the step without CUDA graphs")
-    parser.add_argument("--decode-config", default="", help='JSON overrides of the triton backend\'s decode '
-                        'choices, e.g. {"block_n": 64, "num_warps": 8, "min_block_tokens": 256} (graphs are re-captured)')
+    parser.add_argument(
+        "--decode-config",
+        default="",
+        help="JSON overrides of the triton backend's decode "
+        'choices, e.g. {"block_n": 64, "num_warps": 8, "min_block_tokens": 256} (graphs are re-captured)',
+    )
     args = parser.parse_args()
     mr = our_runner(shape_config_dir("Llama-3.1-8B"))
     if args.decode_config:
@@ -65,8 +69,10 @@ def main() -> None:
     for bs in args.batches:
         graph_ms, _ = decode_step_ms(mr, bs, args.context)
         kernel_ms, rows = kernel_breakdown(mr, bs, args.context, args.eager)
-        print(f"\nbatch {bs}, context {args.context}: graph step {graph_ms:.3f} ms; kernels {kernel_ms:.3f} ms "
-              f"({sum(r[2] for r in rows):.0f} launches); idle between kernels ~{graph_ms - kernel_ms:.3f} ms")
+        print(
+            f"\nbatch {bs}, context {args.context}: graph step {graph_ms:.3f} ms; kernels {kernel_ms:.3f} ms "
+            f"({sum(r[2] for r in rows):.0f} launches); idle between kernels ~{graph_ms - kernel_ms:.3f} ms"
+        )
         for name, ms, calls in rows[: args.top]:
             print(f"  {ms:8.3f} ms  {calls:6.0f}x  {name[:110]}")
 

@@ -63,8 +63,19 @@ class Case:
         def step() -> None:
             for layer in range(LAYERS):
                 decode_attention_fwd(
-                    self.q, self.k_bufs[layer], self.v_bufs[layer], self.o[layer], self.indptr, self.indices,
-                    logits, lse, splits, max_splits, D**-0.5, 0.0, config,
+                    self.q,
+                    self.k_bufs[layer],
+                    self.v_bufs[layer],
+                    self.o[layer],
+                    self.indptr,
+                    self.indices,
+                    logits,
+                    lse,
+                    splits,
+                    max_splits,
+                    D**-0.5,
+                    0.0,
+                    config,
                 )
 
         return step
@@ -95,10 +106,14 @@ def main() -> None:
     v_bufs = [torch.randn(tokens, HKV, D, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)]
     cases = [Case(bs, ctx, k_bufs, v_bufs) for bs, ctx in CASES]
     if args.focused:
-        configs = [DecodeKernelConfig(block_n=n, num_warps=w, num_stages=s)
-                   for n, w, s in ((128, 4, 3), (64, 8, 3), (128, 8, 3), (64, 4, 3), (128, 4, 2))]
-        policies = [{"min_block_tokens": t, "programs_per_sm": 2, "max_kv_splits": m}
-                    for t, m in itertools.product((256, 1024), (8, 16, "cap"))]
+        configs = [
+            DecodeKernelConfig(block_n=n, num_warps=w, num_stages=s)
+            for n, w, s in ((128, 4, 3), (64, 8, 3), (128, 8, 3), (64, 4, 3), (128, 4, 2))
+        ]
+        policies = [
+            {"min_block_tokens": t, "programs_per_sm": 2, "max_kv_splits": m}
+            for t, m in itertools.product((256, 1024), (8, 16, "cap"))
+        ]
     else:
         configs = [
             DecodeKernelConfig(block_n=n, num_warps=w, num_stages=s)
@@ -124,9 +139,11 @@ def main() -> None:
         good = [r for r in case_rows if "ms" in r and r["max_abs_err"] < 0.05]
         best[(case.bs, case.ctx)] = (base, min(good, key=lambda r: r["ms"]))
         b = best[(case.bs, case.ctx)][1]
-        print(f"batch {case.bs} ctx {case.ctx}: default {base.get('ms')} ms -> best {b['ms']} ms "
-              f"({b['kv_GBps']} GB/s of KV) with {({k: b[k] for k in b if k not in ('batch', 'context', 'stage')})}",
-              flush=True)
+        print(
+            f"batch {case.bs} ctx {case.ctx}: default {base.get('ms')} ms -> best {b['ms']} ms "
+            f"({b['kv_GBps']} GB/s of KV) with { ({k: b[k] for k in b if k not in ('batch', 'context', 'stage')}) }",
+            flush=True,
+        )
     bad = [r for r in rows if "max_abs_err" in r and r["max_abs_err"] >= 0.05]
     lines = [
         f"Decode attention, 32 layers of the Llama-3.1-8B shape (32 q / 8 kv heads of 128), bf16, "

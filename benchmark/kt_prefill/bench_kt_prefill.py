@@ -32,15 +32,20 @@ CHUNK = 8192
 
 def runner(method: str, threshold):
     from sglang.srt.configs.model_config import ModelConfig
-    from sglang.srt.layers.moe.kt_ep_wrapper import reset_full_gpu_prefill_state
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.server_args import ServerArgs
 
-    reset_full_gpu_prefill_state()
     args = ServerArgs(
-        model_path=shape_config_dir("Qwen3-30B-A3B-12L"), load_format="dummy", skip_tokenizer_init=True,
-        kt_method=method, kt_num_gpu_experts=NUM_GPU_EXPERTS, kt_gpu_prefill_token_threshold=threshold,
-        kt_cpuinfer=os.cpu_count(), chunked_prefill_size=CHUNK, max_running_requests=64, log_level="warning",
+        model_path=shape_config_dir("Qwen3-30B-A3B-12L"),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        kt_method=method,
+        kt_num_gpu_experts=NUM_GPU_EXPERTS,
+        kt_gpu_prefill_token_threshold=threshold,
+        kt_cpuinfer=os.cpu_count(),
+        chunked_prefill_size=CHUNK,
+        max_running_requests=64,
+        log_level="warning",
     )
     return ModelRunner(ModelConfig.from_server_args(args), args)
 
@@ -57,8 +62,15 @@ def prefill_seconds(mr, n_tokens: int) -> float:
     done = 0
     while done < n_tokens:
         n = min(CHUNK, n_tokens - done)
-        batch = ModelWorkerBatch(ForwardMode.EXTEND, [3] * n, [row], [done + n], slots[done : done + n],
-                                 extend_seq_lens=[n], extend_prefix_lens=[done])
+        batch = ModelWorkerBatch(
+            ForwardMode.EXTEND,
+            [3] * n,
+            [row],
+            [done + n],
+            slots[done : done + n],
+            extend_seq_lens=[n],
+            extend_prefix_lens=[done],
+        )
         mr.forward(ForwardBatch.init_new(batch, mr)).next_token_logits.sum().item()
         done += n
     elapsed = time.perf_counter() - start
@@ -107,10 +119,16 @@ def bench_method(method: str, lengths) -> dict:
     cell = mr.memory_plan.cell_size_bytes
     release(mr)
     return {
-        "method": method, "reservation_bytes": reservation, "reservation_gib": reservation / GiB,
-        "kv_tokens_without_threshold": tokens_without, "kv_tokens_with_threshold": tokens_with,
-        "reservation_tokens": reservation / cell, "hybrid_prefill_s": hybrid, "full_gpu_prefill_s": full,
-        "speedup": {n: hybrid[n] / full[n] for n in lengths}, "hybrid_decode_tokens_per_s": decode,
+        "method": method,
+        "reservation_bytes": reservation,
+        "reservation_gib": reservation / GiB,
+        "kv_tokens_without_threshold": tokens_without,
+        "kv_tokens_with_threshold": tokens_with,
+        "reservation_tokens": reservation / cell,
+        "hybrid_prefill_s": hybrid,
+        "full_gpu_prefill_s": full,
+        "speedup": {n: hybrid[n] / full[n] for n in lengths},
+        "hybrid_decode_tokens_per_s": decode,
     }
 
 

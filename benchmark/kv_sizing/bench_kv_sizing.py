@@ -41,9 +41,13 @@ FLAG_SETS = {
 }
 # Which flag sets each shape runs by default (the no-eager row is the Llama-3.1-8B headline).
 DEFAULT_PLAN = [
-    ("Llama-3.1-8B", "default"), ("Llama-3.1-8B", "graph-bs-32+max-running-256"), ("Llama-3.1-8B", "max-running-256"),
-    ("Qwen3-8B", "default"), ("Qwen3-8B", "graph-bs-32+max-running-256"),
-    ("Qwen3-30B-A3B", "default"), ("Qwen3-30B-A3B", "graph-bs-32+max-running-256"),
+    ("Llama-3.1-8B", "default"),
+    ("Llama-3.1-8B", "graph-bs-32+max-running-256"),
+    ("Llama-3.1-8B", "max-running-256"),
+    ("Qwen3-8B", "default"),
+    ("Qwen3-8B", "graph-bs-32+max-running-256"),
+    ("Qwen3-30B-A3B", "default"),
+    ("Qwen3-30B-A3B", "graph-bs-32+max-running-256"),
 ]
 
 
@@ -53,11 +57,16 @@ def _sampling(bs: int, vocab: int, device: str):
     from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
     return SamplingBatchInfo(
-        temperatures=torch.ones(bs, 1, device=device), top_ps=torch.full((bs,), 0.9, device=device),
-        top_ks=torch.full((bs,), vocab, dtype=torch.int64, device=device), min_ps=torch.zeros(bs, device=device),
-        seeds=torch.arange(bs, device=device), steps=torch.zeros(bs, dtype=torch.int64, device=device),
-        is_all_greedy=False, greedy_mask=torch.zeros(bs, dtype=torch.bool, device=device),
-        need_top_p_top_k=True, need_min_p=False,
+        temperatures=torch.ones(bs, 1, device=device),
+        top_ps=torch.full((bs,), 0.9, device=device),
+        top_ks=torch.full((bs,), vocab, dtype=torch.int64, device=device),
+        min_ps=torch.zeros(bs, device=device),
+        seeds=torch.arange(bs, device=device),
+        steps=torch.zeros(bs, dtype=torch.int64, device=device),
+        is_all_greedy=False,
+        greedy_mask=torch.zeros(bs, dtype=torch.bool, device=device),
+        need_top_p_top_k=True,
+        need_min_p=False,
     )
 
 
@@ -85,8 +94,15 @@ def worst_case_load(mr) -> dict:
     ext = [chunk // n_prefill + (1 if i < chunk % n_prefill else 0) for i in range(n_prefill)]
     prefix = [min(ctx, mr.model_config.context_len - e - 1) for e in ext]
     batches = [
-        ModelWorkerBatch(ForwardMode.EXTEND, [5] * chunk, rows[:n_prefill], [p + e for p, e in zip(prefix, ext)],
-                         torch.zeros(chunk, dtype=torch.int64), extend_seq_lens=ext, extend_prefix_lens=prefix),
+        ModelWorkerBatch(
+            ForwardMode.EXTEND,
+            [5] * chunk,
+            rows[:n_prefill],
+            [p + e for p, e in zip(prefix, ext)],
+            torch.zeros(chunk, dtype=torch.int64),
+            extend_seq_lens=ext,
+            extend_prefix_lens=prefix,
+        ),
     ] + [
         ModelWorkerBatch(ForwardMode.DECODE, [5] * bs, rows[:bs], [ctx] * bs, torch.zeros(bs, dtype=torch.int64))
         for bs in sorted({n, min(n, sa.cuda_graph_max_bs)})
@@ -97,8 +113,7 @@ def worst_case_load(mr) -> dict:
         batch.return_logprob = True
         try:
             fb = ForwardBatch.init_new(batch, mr)
-            ids, _ = mr.sample(mr.forward(fb), fb)
-            ids.tolist()
+            mr.sample(mr.forward(fb), fb).next_token_ids.tolist()
         except torch.cuda.OutOfMemoryError:
             ooms += 1
     torch.cuda.synchronize()
@@ -106,8 +121,12 @@ def worst_case_load(mr) -> dict:
     for r in rows:
         mr.req_to_token_pool.free(r)
     pool.free(slots)
-    return {"lowest_free_gb": (free_start - growth) / GiB, "ooms": ooms, "load_context_per_request": ctx,
-            "load_requests": n}
+    return {
+        "lowest_free_gb": (free_start - growth) / GiB,
+        "ooms": ooms,
+        "load_context_per_request": ctx,
+        "load_requests": n,
+    }
 
 
 def worker(shape: str, flags: list[str], tp_rank: int = 0, dist_init_method: str | None = None) -> dict:
@@ -119,23 +138,49 @@ def worker(shape: str, flags: list[str], tp_rank: int = 0, dist_init_method: str
     from sglang.test.gpu_utils import shape_config_dir
 
     args = prepare_server_args(
-        ["--model-path", shape_config_dir(shape), "--load-format", "dummy", "--skip-tokenizer-init", "--log-level", "warning", *flags]
+        [
+            "--model-path",
+            shape_config_dir(shape),
+            "--load-format",
+            "dummy",
+            "--skip-tokenizer-init",
+            "--log-level",
+            "warning",
+            *flags,
+        ]
     )
     torch.cuda.set_device(tp_rank)
     start = time.perf_counter()
-    mr = ModelRunner(ModelConfig.from_server_args(args), args, gpu_id=tp_rank, tp_rank=tp_rank, tp_size=args.tp_size,
-                     dist_init_method=dist_init_method)
+    mr = ModelRunner(
+        ModelConfig.from_server_args(args),
+        args,
+        gpu_id=tp_rank,
+        tp_rank=tp_rank,
+        tp_size=args.tp_size,
+        dist_init_method=dist_init_method,
+    )
     startup = time.perf_counter() - start
     plan = mr.memory_plan
     load = worst_case_load(mr)
     return {
-        "shape": shape, "flags": " ".join(flags) or "default", "path": plan.path, "tokens": mr.max_total_num_tokens,
-        "cell_bytes": plan.cell_size_bytes, "graph_gb": plan.cuda_graph_gb, "headroom_gb": plan.headroom_gb,
-        "headroom_rule": plan.headroom_rule, "activation_peak_gb": plan.activation_peak_gb,
-        "mem_fraction_static": plan.mem_fraction_static, "max_running_requests": mr.req_to_token_pool.size,
+        "shape": shape,
+        "flags": " ".join(flags) or "default",
+        "path": plan.path,
+        "tokens": mr.max_total_num_tokens,
+        "cell_bytes": plan.cell_size_bytes,
+        "graph_gb": plan.cuda_graph_gb,
+        "headroom_gb": plan.headroom_gb,
+        "headroom_rule": plan.headroom_rule,
+        "activation_peak_gb": plan.activation_peak_gb,
+        "mem_fraction_static": plan.mem_fraction_static,
+        "max_running_requests": mr.req_to_token_pool.size,
         "cuda_graph_max_bs": mr.cuda_graph_runner.max_bs if mr.cuda_graph_runner else 0,
-        "sglang_rule_tokens": plan.sglang_rule_tokens, "static_equivalent_tokens": plan.static_equivalent_tokens,
-        "startup_s": startup, **load, "device": torch.cuda.get_device_name(), "tp_size": args.tp_size,
+        "sglang_rule_tokens": plan.sglang_rule_tokens,
+        "static_equivalent_tokens": plan.static_equivalent_tokens,
+        "startup_s": startup,
+        **load,
+        "device": torch.cuda.get_device_name(),
+        "tp_size": args.tp_size,
     }
 
 
@@ -157,7 +202,9 @@ def tp_worker(shape: str, flags: list[str], tp: int) -> dict:
         port = sock.getsockname()[1]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_rank_main, args=(shape, flags, r, f"tcp://127.0.0.1:{port}", queue)) for r in range(tp)]
+    procs = [
+        ctx.Process(target=_rank_main, args=(shape, flags, r, f"tcp://127.0.0.1:{port}", queue)) for r in range(tp)
+    ]
     for p in procs:
         p.start()
     results = dict(queue.get(timeout=900) for _ in procs)
@@ -171,8 +218,11 @@ def tp_worker(shape: str, flags: list[str], tp: int) -> dict:
     if len(tokens) != 1:
         raise RuntimeError(f"ranks disagree on max_total_num_tokens: {[r['tokens'] for r in ranks]}")
     row = dict(min(ranks, key=lambda r: r["lowest_free_gb"]))
-    row.update(ooms=sum(r["ooms"] for r in ranks), per_rank_tokens=[r["tokens"] for r in ranks],
-               per_rank_lowest_free_gb=[r["lowest_free_gb"] for r in ranks])
+    row.update(
+        ooms=sum(r["ooms"] for r in ranks),
+        per_rank_tokens=[r["tokens"] for r in ranks],
+        per_rank_lowest_free_gb=[r["lowest_free_gb"] for r in ranks],
+    )
     return row
 
 
@@ -202,8 +252,12 @@ def main() -> None:
     rows = []
     if args.append:  # keep the committed rows this run does not redo (e.g. add the two-GPU rows)
         with open(os.path.join(args.out, "results.json")) as f:
-            rows = [r for r in json.load(f) if (r["static"]["shape"], r["static"]["flags"]) not in
-                    {(s, " ".join(FLAG_SETS[f]) or "default") for s, f in plan}]
+            rows = [
+                r
+                for r in json.load(f)
+                if (r["static"]["shape"], r["static"]["flags"])
+                not in {(s, " ".join(FLAG_SETS[f]) or "default") for s, f in plan}
+            ]
     for shape, flag_set in plan:
         static = run_worker(shape, flag_set, post_capture=False)
         post = run_worker(shape, flag_set, post_capture=True)

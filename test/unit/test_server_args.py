@@ -95,8 +95,21 @@ def test_cli_bad_args_exit_2_and_name_the_flag(argv, flag, capsys):
 
 def test_cli_good_args_parse():
     sa = prepare_server_args(
-        ["--device", "cpu", "--model-path", SMOL, "--page-size", "4", "--max-total-tokens", "1024",
-         "--chunked-prefill-size", "64", "--disable-radix-cache", "--mem-fraction-static", "0.5"]
+        [
+            "--device",
+            "cpu",
+            "--model-path",
+            SMOL,
+            "--page-size",
+            "4",
+            "--max-total-tokens",
+            "1024",
+            "--chunked-prefill-size",
+            "64",
+            "--disable-radix-cache",
+            "--mem-fraction-static",
+            "0.5",
+        ]
     )
     assert (sa.page_size, sa.max_total_tokens, sa.chunked_prefill_size) == (4, 1024, 64)
     assert sa.disable_radix_cache and sa.mem_fraction_static == 0.5
@@ -157,7 +170,7 @@ def test_default_mem_fraction_static(capacity, total, tp, extra, chunk, graph_bs
     assert sa.cuda_graph_max_bs == graph_bs
     assert sa.mem_fraction_static == fraction  # the hand-computed number in the table
     assert sa.mem_fraction_static == _expected_fraction(total, tp, chunk, graph_bs)
-    assert any("mem_fraction_static" in n and "static" in n for n in sa.resolved_notes)
+    assert not sa.post_capture_kv_sizing_planned() and sa.static_path_mem_fraction_static() == fraction
 
 
 def test_chunking_off_uses_max_prefill_tokens(capacity):
@@ -183,10 +196,85 @@ def test_reserve_terms_and_post_capture_reserve(capacity):
     assert sa.post_capture_reserved_mem_mb() == 1536 + 256
     # The CPU never plans post-capture sizing, and says why.
     assert not sa.post_capture_kv_sizing_planned()
-    assert "device is not CUDA" in sa.post_capture_kv_sizing_blockers()
+    assert "device is not CUDA" in sa.kv_sizing_path.reason
 
 
 def test_tiny_device_cannot_get_a_default_fraction(capacity):
     capacity(2048)  # 2 GiB: reserved 3728 MiB exceeds it
     with pytest.raises(ServerArgsError, match="--mem-fraction-static"):
         ServerArgs(model_path=SMOL, device="cpu")
+
+
+# ------------------------------------------------------------------ the sizing path, decided once
+H200 = 143771.0  # MiB, as nvidia-smi reports it
+
+
+def _h200(flag: bool, vmm_problem=None, **kw) -> ServerArgs:
+    from sglang.srt.environ import envs
+    from sglang.srt.server_args import AssumedDevice
+
+    with envs.SGLANG_ENABLE_POST_CAPTURE_KV_SIZING.override(flag):
+        return ServerArgs(model_path=SMOL, assume_device=AssumedDevice("cuda", H200, vmm_problem), **kw)
+
+
+def test_path_decides_the_default_fraction():
+    off, on = _h200(False), _h200(True)
+    # H200 tier: chunk 8192, graph bs 256 -> static reserve 512 + 12288 + 128 + 512 = 13440 MiB.
+    assert off.chunked_prefill_size == 8192 and off.cuda_graph_max_bs == 256
+    assert not off.post_capture_kv_sizing_planned()
+    assert off.kv_sizing_path.reason == "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING is off"
+    assert off.mem_fraction_static == round((H200 - 13440) / H200, 3) == 0.907
+    # Planned: 1536 + tp*pp/8*1024 = 1664 MiB, no activation or graph guess.
+    assert on.post_capture_kv_sizing_planned() and on.kv_sizing_path.name == "post-capture"
+    assert on.mem_fraction_static == round((H200 - 1664) / H200, 3) == 0.988
+    assert on.static_path_mem_fraction_static() == off.mem_fraction_static
+    assert on.pre_capture_activation_reserve_mb() == max(512 + 8192 * 1.5 + 128, 10240)
+
+
+@pytest.mark.parametrize(
+    "kw,reason",
+    [
+        (dict(disable_cuda_graph=True), "decode CUDA graphs are disabled"),
+        (dict(chunked_prefill_size=-1), "chunked prefill is disabled"),
+        (dict(attention_backend="torch_native"), "the torch_native attention backend has no CUDA graphs"),
+    ],
+)
+def test_blocked_post_capture_keeps_the_static_default(kw, reason):
+    sa = _h200(True, **kw)
+    assert not sa.post_capture_kv_sizing_planned() and reason in sa.kv_sizing_path.reason
+    assert sa.mem_fraction_static == sa.static_path_mem_fraction_static()
+
+
+def test_missing_vmm_decides_static_before_the_default_fraction(caplog):
+    sa = _h200(True, vmm_problem="cuda-bindings is not installed")
+    assert not sa.post_capture_kv_sizing_planned()
+    assert sa.kv_sizing_path.reason == "CUDA VMM unavailable: cuda-bindings is not installed"
+    assert sa.mem_fraction_static == _h200(False).mem_fraction_static == 0.907  # not the post-capture 0.988
+    assert any("using static sizing" in r.message for r in caplog.records)
+
+
+def test_the_decision_travels_with_the_args():
+    """Scheduler processes get the pickled args: they never decide again (nor probe the driver)."""
+    import pickle
+
+    sa = pickle.loads(pickle.dumps(_h200(True)))
+    assert sa.post_capture_kv_sizing_planned() and sa.device_memory_capacity_mib() == H200
+
+
+def test_server_info_shows_flags_only():
+    out = _h200(True).to_public_dict()
+    assert "kv_sizing_path" not in out and "device_memory_mib" not in out and "user_mem_fraction_static" not in out
+    assert out["mem_fraction_static"] == 0.988 and out["cuda_graph_max_bs"] == 256
+
+
+def test_cli_module_imports_nothing_of_ours():
+    """server_args imports server_args_cli, never the other way round."""
+    import ast
+    import inspect
+
+    from sglang.srt import server_args_cli
+
+    tree = ast.parse(inspect.getsource(server_args_cli))
+    modules = [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)]
+    modules += [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+    assert not [m for m in modules if m and m.startswith("sglang")], modules

@@ -100,14 +100,35 @@ class Envs:
     SGLANG_CPU_MEMORY_BUDGET_GB = EnvFloat(
         0.0, "On --device cpu: host memory (GB) the memory plan treats as device capacity; 0 = host MemTotal."
     )
-    # Process plumbing
+    # Process plumbing and fault handling
     SGLANG_HEALTH_CHECK_TIMEOUT = EnvFloat(20.0, "Seconds /health_generate waits for one token.")
+    SGLANG_HEALTH_STALL_S = EnvFloat(
+        30.0,
+        "/health answers 503 when the scheduler has sent no heartbeat for this many seconds (it sends one "
+        "every 0.5 s, and after every step, so silence means it is frozen or stuck in one forward).",
+    )
+    SGLANG_REQUEST_TIMEOUT_S = EnvFloat(
+        0.0,
+        "Server-side limit (seconds) on one request, from arrival to its last output; 0 = no limit. "
+        "A request past it is aborted and answered 503.",
+    )
     SGLANG_MAX_REQUEST_BODY_BYTES = EnvInt(8 * 1024 * 1024, "Largest HTTP request body accepted.")
-    SGLANG_STARTUP_TIMEOUT = EnvFloat(1800.0, "Seconds the launcher waits for the scheduler to report ready.")
+    SGLANG_STARTUP_TIMEOUT = EnvFloat(
+        1800.0, "Seconds the launcher waits for every child (scheduler ranks, detokenizer) to report ready."
+    )
+    SGLANG_SHUTDOWN_GRACE_S = EnvFloat(
+        5.0, "After SIGTERM: seconds in-flight requests get to finish before they are answered 503."
+    )
     # Kernels
     SGLANG_TRITON_DECODE_MAX_KV_SPLITS = EnvInt(16, "Upper bound on split-KV chunks in the triton decode kernel.")
     # Testing
     SGLANG_TEST_SEED = EnvInt(0, "Seed for dummy weights and tests.")
+    SGLANG_TEST_FAULT_INJECTION = EnvStr(
+        "",
+        "Tests only: faults to inject, read once at start-up, e.g. 'forward_oom=3' (the 3rd forward raises "
+        "torch.OutOfMemoryError), 'scheduler_exit=2', 'detokenizer_exit=1', 'startup_exit=scheduler', "
+        "'startup_hang=detokenizer'. See srt/utils/fault_injection.py.",
+    )
 
 
 envs = Envs()

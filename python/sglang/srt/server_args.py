@@ -1,41 +1,47 @@
 """ServerArgs: every flag of `python -m sglang.launch_server`, SGLang's names and defaults.
 
-Defaults that depend on the machine (device, chunked prefill size, CUDA-graph batch sizes,
-mem_fraction_static) are resolved in `__post_init__`, exactly once, from the device's total memory.
-The memory heuristics are split into small named helpers so the static and post-capture paths can
-be compared term by term.
+Defaults that depend on the machine (device, chunked prefill size, CUDA-graph batch sizes, the KV
+sizing path, mem_fraction_static) are resolved in `__post_init__`, exactly once, from the device's
+total memory; the resolved object travels to the scheduler processes as it is. The memory heuristics
+are SGLang's ServerArgs helpers under SGLang's names; model_executor/pool_configurator.py calls them.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import importlib.util
 import logging
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import List, Optional
 
 from sglang.srt.environ import envs
+from sglang.srt.model_executor.pool_configurator import SizingPath, decide_sizing_path
+from sglang.srt.server_args_cli import (
+    ATTENTION_BACKENDS,
+    DTYPES,
+    KT_METHODS,
+    KV_CACHE_DTYPES,
+    LOAD_FORMATS,
+    add_cli_args,
+)
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
-LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
-DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float", "bf16", "fp16", "fp32")
-KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2")
-ATTENTION_BACKENDS = ("torch_native", "triton")
-KT_METHODS = ("BF16", "FP8", "INT8", "INT4", "MXFP4", "AMXINT4", "AMXINT8")
-
-
-def _cuda_bindings_installed() -> bool:
-    try:
-        return importlib.util.find_spec("cuda.bindings") is not None
-    except ModuleNotFoundError:
-        return False
 
 
 class ServerArgsError(ValueError):
     """A flag has a bad value. The message always names the flag."""
+
+
+@dataclass(frozen=True)
+class AssumedDevice:
+    """A device described instead of probed: plan a server for a GPU this machine does not have
+    (python -m sglang.plan_memory, tests). Without one, ServerArgs asks the machine."""
+
+    kind: str  # "cuda" or "cpu"
+    memory_mib: float  # total memory (MiB, like nvidia-smi)
+    vmm_problem: Optional[str] = None  # why CUDA VMM would not work; None: it works
 
 
 @dataclass
@@ -91,16 +97,21 @@ class ServerArgs:
     kt_max_deferred_experts_per_token: Optional[int] = None
     kt_gpu_prefill_token_threshold: Optional[int] = None
 
-    # Filled in by __post_init__ (never flags): why a default was chosen, for the memory plan log.
-    resolved_notes: List[str] = field(default_factory=list, repr=False)
+    # Not a flag: describe the device instead of probing it (see AssumedDevice).
+    assume_device: InitVar[Optional[AssumedDevice]] = None
+
+    # Resolved by __post_init__ (never flags; /server_info does not show them).
+    device_memory_mib: float = field(default=0.0, init=False, repr=False)
+    kv_sizing_path: SizingPath = field(default=SizingPath(False, "not resolved"), init=False, repr=False)
     user_mem_fraction_static: Optional[float] = field(default=None, init=False, repr=False)
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, assume_device: Optional[AssumedDevice]) -> None:
         self.user_mem_fraction_static = self.mem_fraction_static
         self._check_basic()
-        self._resolve_device()
+        self._resolve_device(assume_device)
         self._resolve_model_path()
         self._resolve_gpu_tier_defaults()
+        self._resolve_kv_sizing_path(assume_device)
         self._resolve_mem_fraction_static()
 
     # ---------------------------------------------------------------- validation
@@ -109,7 +120,9 @@ class ServerArgs:
             if value is None:
                 return
             if value < 0 or (value == 0 and not allow_zero):
-                raise ServerArgsError(f"--{name.replace('_', '-')} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+                raise ServerArgsError(
+                    f"--{name.replace('_', '-')} must be {'>= 0' if allow_zero else '> 0'}, got {value}"
+                )
 
         positive("page_size", self.page_size)
         positive("tp_size", self.tp_size)
@@ -142,11 +155,15 @@ class ServerArgs:
         if self.dtype not in DTYPES:
             raise ServerArgsError(f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            raise ServerArgsError(f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}")
+            raise ServerArgsError(
+                f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}"
+            )
         if self.device not in (None, "cpu", "cuda"):
             raise ServerArgsError(f"--device must be cpu or cuda, got {self.device!r}")
         if self.attention_backend not in (None, *ATTENTION_BACKENDS):
-            raise ServerArgsError(f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention_backend!r}")
+            raise ServerArgsError(
+                f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention_backend!r}"
+            )
         if self.schedule_policy not in ("fcfs", "lpm"):
             raise ServerArgsError(f"--schedule-policy must be fcfs or lpm, got {self.schedule_policy!r}")
         if self.kt_method.upper() not in KT_METHODS:
@@ -158,16 +175,24 @@ class ServerArgs:
         if self.cuda_graph_bs is not None and any(bs <= 0 for bs in self.cuda_graph_bs):
             raise ServerArgsError(f"--cuda-graph-bs entries must be > 0, got {self.cuda_graph_bs}")
 
-    def _resolve_device(self) -> None:
-        import torch
+    def _resolve_device(self, assume_device: Optional[AssumedDevice]) -> None:
+        if assume_device is not None:
+            cuda_visible = assume_device.kind == "cuda"
+        else:
+            import torch
 
+            cuda_visible = torch.cuda.is_available()
         if self.device is None:
-            self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        elif self.device == "cuda" and not torch.cuda.is_available():
+            self.device = "cuda" if cuda_visible else "cpu"
+        elif self.device == "cuda" and not cuda_visible:
             raise ServerArgsError("--device cuda was given but no CUDA GPU is visible")
+        if assume_device is not None:
+            self.device_memory_mib = assume_device.memory_mib
+        else:
+            from sglang.srt.utils.memory import get_device_memory_capacity
+
+            self.device_memory_mib = get_device_memory_capacity(self.device, self.base_gpu_id)
         if self.device == "cpu":
-            if not self.disable_cuda_graph:
-                self.resolved_notes.append("CUDA graphs off: --device cpu")
             self.disable_cuda_graph = True
             if self.attention_backend == "triton":
                 raise ServerArgsError("--attention-backend triton needs --device cuda")
@@ -178,7 +203,6 @@ class ServerArgs:
     def _resolve_model_path(self) -> None:
         if self.model_path is None:
             self.model_path = DEFAULT_MODEL
-            self.resolved_notes.append(f"--model-path not given: serving the built-in {DEFAULT_MODEL}")
         if self.load_format != "dummy":
             from sglang.srt.model_loader.model_source import resolve_model_source
 
@@ -191,9 +215,8 @@ class ServerArgs:
 
     # ------------------------------------------------------------ memory heuristics
     def device_memory_capacity_mib(self) -> float:
-        from sglang.srt.utils.memory import get_device_memory_capacity
-
-        return get_device_memory_capacity(self.device, self.base_gpu_id)
+        """Total memory of the device, MiB (SGLang's get_device_memory_capacity), read once at start."""
+        return self.device_memory_mib
 
     def _resolve_gpu_tier_defaults(self) -> None:
         """Chunked prefill size and the largest captured decode batch follow the device's memory tier."""
@@ -230,82 +253,85 @@ class ServerArgs:
     def _parallel_reserve_mb(self) -> float:
         return self.tp_size * self.pp_size / 8 * 1024
 
+    def _floored_above_60_gib(self, reserved_mb: float) -> float:
+        return max(reserved_mb, 10 * 1024) if self.device_memory_capacity_mib() > 60 * 1024 else reserved_mb
+
     def pre_capture_activation_reserve_mb(self) -> float:
         """The generic activation reserve (MiB): constant metadata + a chunked-prefill's activations."""
-        reserved = 512 + self.activation_tokens() * 1.5 + self._parallel_reserve_mb()
-        if self.device_memory_capacity_mib() > 60 * 1024:
-            reserved = max(reserved, 10 * 1024)
-        return reserved
+        return self._floored_above_60_gib(512 + self.activation_tokens() * 1.5 + self._parallel_reserve_mb())
 
     def static_reserved_mem_mb(self) -> float:
         """Everything the classic default of mem_fraction_static keeps out of the static pool (MiB)."""
         reserved = 512 + self.activation_tokens() * 1.5 + self._parallel_reserve_mb() + self.reserve_for_graph_mb()
-        if self.device_memory_capacity_mib() > 60 * 1024:
-            reserved = max(reserved, 10 * 1024)
-        return reserved + self.reserve_for_deepep_a2a_mb()
+        return self._floored_above_60_gib(reserved) + self.reserve_for_deepep_a2a_mb()
 
     def post_capture_reserved_mem_mb(self) -> float:
         """With post-capture sizing, activations and graphs are measured, not guessed (MiB)."""
         return 1536 + self._parallel_reserve_mb()
 
     def post_capture_kv_sizing_planned(self) -> bool:
-        return not self.post_capture_kv_sizing_blockers()
+        return self.kv_sizing_path.post_capture
 
-    def post_capture_kv_sizing_blockers(self) -> List[str]:
-        """Why post-capture sizing is not planned (empty list = planned)."""
-        reasons = []
-        if not envs.SGLANG_ENABLE_POST_CAPTURE_KV_SIZING.get():
-            reasons.append("SGLANG_ENABLE_POST_CAPTURE_KV_SIZING is off")
-        if self.device != "cuda":
-            reasons.append("device is not CUDA")
-        if self.disable_cuda_graph:
-            reasons.append("decode CUDA graphs are disabled")
-        if self.chunked_prefill_size is None or self.chunked_prefill_size <= 0:
-            reasons.append("chunked prefill is disabled")
-        if self.device == "cuda" and self.attention_backend != "triton":
-            reasons.append(f"the {self.attention_backend} attention backend has no CUDA graphs")
-        if self.device == "cuda" and not _cuda_bindings_installed():
-            reasons.append("cuda-bindings is not installed (pip install cuda-bindings)")
-        # Every model this engine serves uses MHA-style KV and nothing else claims the KV memory
-        # (no MLA, no hybrid SWA/mamba pools, no disaggregation); ModelRunner re-checks the model.
-        return reasons
+    def _resolve_kv_sizing_path(self, assume_device: Optional[AssumedDevice]) -> None:
+        """Decided once, before the default mem_fraction_static that depends on it."""
+
+        def vmm_problem() -> Optional[str]:
+            """Asked only when post-capture sizing is requested and nothing else rules it out."""
+            if assume_device is not None:
+                problem = assume_device.vmm_problem
+            else:
+                from sglang.srt.mem_cache.vmm import vmm_supported
+
+                ok, why = vmm_supported(self.base_gpu_id)
+                problem = None if ok else why
+            if problem:
+                logger.warning(
+                    "Post-capture KV sizing requested but CUDA VMM is unavailable (%s); using static sizing", problem
+                )
+            return problem
+
+        self.kv_sizing_path = decide_sizing_path(
+            flag_on=envs.SGLANG_ENABLE_POST_CAPTURE_KV_SIZING.get(),
+            device=self.device,
+            cuda_graphs=not self.disable_cuda_graph,
+            chunked_prefill_size=self.chunked_prefill_size,
+            attention_backend=self.attention_backend,
+            vmm_problem=vmm_problem,
+        )
+
+    def _default_mem_fraction_static(self, reserved_mb: float) -> float:
+        capacity = self.device_memory_capacity_mib()
+        return round((capacity - reserved_mb) / capacity, 3)
 
     def static_path_mem_fraction_static(self) -> float:
         """The fraction the classic path uses: the user's, else the static default for this device."""
         if self.user_mem_fraction_static is not None:
             return self.user_mem_fraction_static
-        capacity = self.device_memory_capacity_mib()
-        return round((capacity - self.static_reserved_mem_mb()) / capacity, 3)
+        return self._default_mem_fraction_static(self.static_reserved_mem_mb())
 
     def _resolve_mem_fraction_static(self) -> None:
         if self.mem_fraction_static is not None:
             return
-        capacity = self.device_memory_capacity_mib()
         if self.post_capture_kv_sizing_planned():
             reserved = self.post_capture_reserved_mem_mb()
-            why = "post-capture"
         else:
             reserved = self.static_reserved_mem_mb()
-            why = "static"
-        self.mem_fraction_static = round((capacity - reserved) / capacity, 3)
+        self.mem_fraction_static = self._default_mem_fraction_static(reserved)
         if self.mem_fraction_static <= 0:
             raise ServerArgsError(
                 f"--mem-fraction-static: the default would be {self.mem_fraction_static} on a device of "
-                f"{capacity:.0f} MiB (reserving {reserved:.0f} MiB); give it explicitly"
+                f"{self.device_memory_capacity_mib():.0f} MiB (reserving {reserved:.0f} MiB); give it explicitly"
             )
-        self.resolved_notes.append(
-            f"mem_fraction_static={self.mem_fraction_static} ({why}: ({capacity:.0f} - {reserved:.0f}) / {capacity:.0f} MiB)"
-        )
 
     # ------------------------------------------------------------------- helpers
     def url(self) -> str:
         return f"http://{self.host}:{self.port}"
 
     def to_public_dict(self) -> dict:
-        """Server args as /server_info shows them (the API key is never echoed)."""
+        """Server args as /server_info shows them: the flags (the API key is never echoed)."""
         out = dataclasses.asdict(self)
-        out.pop("resolved_notes", None)
-        out.pop("user_mem_fraction_static", None)
+        for resolved in (f.name for f in dataclasses.fields(self) if not f.init):
+            out.pop(resolved)
         if out.get("api_key"):
             out["api_key"] = "***"
         return out
@@ -313,14 +339,12 @@ class ServerArgs:
     # ------------------------------------------------------------------- CLI
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> None:
-        from sglang.srt.server_args_cli import add_cli_args
-
-        add_cli_args(parser)
+        add_cli_args(parser, {f.name: f.default for f in dataclasses.fields(ServerArgs)})
 
     @classmethod
-    def from_cli_args(cls, args: argparse.Namespace) -> "ServerArgs":
-        names = {f.name for f in dataclasses.fields(cls) if f.init and f.name != "resolved_notes"}
-        return cls(**{k: v for k, v in vars(args).items() if k in names})
+    def from_cli_args(cls, args: argparse.Namespace, assume_device: Optional[AssumedDevice] = None) -> "ServerArgs":
+        names = {f.name for f in dataclasses.fields(cls) if f.init}
+        return cls(**{k: v for k, v in vars(args).items() if k in names}, assume_device=assume_device)
 
 
 def prepare_server_args(argv: List[str]) -> ServerArgs:

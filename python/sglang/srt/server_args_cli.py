@@ -1,29 +1,35 @@
-"""argparse definitions for ServerArgs (SGLang's flag names; defaults come from the dataclass)."""
+"""argparse definitions for ServerArgs: SGLang's flag names and the choices each flag takes.
+
+Imports nothing of ours: server_args.py imports this module (the choices, add_cli_args) and hands
+in the dataclass defaults, so the two never import each other.
+"""
 
 from __future__ import annotations
 
 import argparse
+from typing import Any, Mapping
 
-from sglang.srt.server_args import (
-    ATTENTION_BACKENDS,
-    DTYPES,
-    KT_METHODS,
-    KV_CACHE_DTYPES,
-    LOAD_FORMATS,
-    ServerArgs,
-)
-
-_D = ServerArgs.__dataclass_fields__
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float", "bf16", "fp16", "fp32")
+KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2")
+ATTENTION_BACKENDS = ("torch_native", "triton")
+KT_METHODS = ("BF16", "FP8", "INT8", "INT4", "MXFP4", "AMXINT4", "AMXINT8")
 
 
-def _default(name: str):
-    return _D[name].default
+def add_cli_args(parser: argparse.ArgumentParser, defaults: Mapping[str, Any]) -> None:
+    """Every ServerArgs flag; `defaults` are the dataclass's (field name -> default)."""
 
+    def _default(name: str) -> Any:
+        return defaults[name]
 
-def add_cli_args(parser: argparse.ArgumentParser) -> None:
     g = parser.add_argument_group("model")
-    g.add_argument("--model-path", "--model", type=str, default=None,
-                   help="Hugging Face directory, .gguf file, or a built-in name. Default: the built-in SmolLM2-135M-Instruct.")
+    g.add_argument(
+        "--model-path",
+        "--model",
+        type=str,
+        default=None,
+        help="Hugging Face directory, .gguf file, or a built-in name. Default: the built-in SmolLM2-135M-Instruct.",
+    )
     g.add_argument("--tokenizer-path", type=str, default=None)
     g.add_argument("--load-format", type=str, default=_default("load_format"), choices=LOAD_FORMATS)
     g.add_argument("--skip-tokenizer-init", action="store_true", help="Take and return token ids only.")
@@ -31,22 +37,32 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--kv-cache-dtype", type=str, default=_default("kv_cache_dtype"), choices=KV_CACHE_DTYPES)
     g.add_argument("--context-length", type=int, default=None)
     g.add_argument("--served-model-name", type=str, default=None)
-    g.add_argument("--chat-template", type=str, default=None, help="A Jinja chat template file, overriding the tokenizer's.")
+    g.add_argument(
+        "--chat-template", type=str, default=None, help="A Jinja chat template file, overriding the tokenizer's."
+    )
     g.add_argument("--random-seed", type=int, default=_default("random_seed"))
 
     g = parser.add_argument_group("http")
     g.add_argument("--host", type=str, default=_default("host"))
     g.add_argument("--port", type=int, default=_default("port"))
     g.add_argument("--api-key", type=str, default=None, help="Require `Authorization: Bearer <key>` on every request.")
-    g.add_argument("--log-level", type=str, default=_default("log_level"), choices=["debug", "info", "warning", "error"])
+    g.add_argument(
+        "--log-level", type=str, default=_default("log_level"), choices=["debug", "info", "warning", "error"]
+    )
 
     g = parser.add_argument_group("memory and scheduling")
-    g.add_argument("--mem-fraction-static", type=float, default=None,
-                   help="Fraction of device memory for weights + KV pool. Default: derived from the device size.")
+    g.add_argument(
+        "--mem-fraction-static",
+        type=float,
+        default=None,
+        help="Fraction of device memory for weights + KV pool. Default: derived from the device size.",
+    )
     g.add_argument("--max-total-tokens", type=int, default=None, help="Cap on the KV pool's token count.")
     g.add_argument("--max-running-requests", type=int, default=None)
     g.add_argument("--max-prefill-tokens", type=int, default=_default("max_prefill_tokens"))
-    g.add_argument("--chunked-prefill-size", type=int, default=None, help="Tokens per prefill chunk; -1 disables chunking.")
+    g.add_argument(
+        "--chunked-prefill-size", type=int, default=None, help="Tokens per prefill chunk; -1 disables chunking."
+    )
     g.add_argument("--page-size", type=int, default=_default("page_size"))
     g.add_argument("--schedule-policy", type=str, default=_default("schedule_policy"), choices=["fcfs", "lpm"])
     g.add_argument("--disable-radix-cache", action="store_true")
@@ -71,5 +87,9 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--kt-threadpool-count", type=int, default=_default("kt_threadpool_count"))
     g.add_argument("--kt-num-gpu-experts", type=int, default=None, help="Experts per MoE layer kept on the GPU.")
     g.add_argument("--kt-max-deferred-experts-per-token", type=int, default=None)
-    g.add_argument("--kt-gpu-prefill-token-threshold", type=int, default=None,
-                   help="Prefill batches of at least this many tokens run their MoE fully on the GPU.")
+    g.add_argument(
+        "--kt-gpu-prefill-token-threshold",
+        type=int,
+        default=None,
+        help="Prefill batches of at least this many tokens run their MoE fully on the GPU.",
+    )

@@ -21,7 +21,9 @@ def triton_test_devices() -> list:
     import pytest
 
     return [
-        pytest.param("cpu", marks=pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason=INTERPRETER_REASON)),
+        pytest.param(
+            "cpu", marks=pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1", reason=INTERPRETER_REASON)
+        ),
         pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason=REQUIRES_GPU_REASON)),
     ]
 

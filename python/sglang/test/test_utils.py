@@ -102,7 +102,9 @@ def popen_launch_server(
     with os.fdopen(fd, "w") as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "sglang.launch_server", *args],
-            stdout=log, stderr=subprocess.STDOUT, env=server_env(env),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=server_env(env),
         )
     proc.base_url = base_url  # type: ignore[attr-defined]
     proc.log_path = log_path  # type: ignore[attr-defined]
@@ -146,6 +148,22 @@ def descendant_pids(pid: int) -> List[int]:
             found.append(child)
             todo.append(child)
     return [p for p in found if is_alive(p)]
+
+
+def pids_with_env(name: str, value: str) -> List[int]:
+    """Live processes whose environment has name=value: finds a test's processes even after their parent
+    died and they were re-parented (give each launch a unique marker value)."""
+    needle = f"{name}={value}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if needle in f.read().split(b"\0") and is_alive(int(entry)):
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
 
 
 def wait_pids_gone(pids: Sequence[int], timeout: float) -> List[int]:

@@ -24,9 +24,19 @@ def _tiny_moe_dir() -> str:
     from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
     config = Qwen3MoeConfig(
-        vocab_size=512, hidden_size=128, intermediate_size=256, moe_intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2,
-        max_position_embeddings=512, norm_topk_prob=True, initializer_range=0.08,
+        vocab_size=512,
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        max_position_embeddings=512,
+        norm_topk_prob=True,
+        initializer_range=0.08,
     )
     path = tempfile.mkdtemp(prefix="tiny-qwen3-moe-")
     torch.manual_seed(3)
@@ -36,10 +46,16 @@ def _tiny_moe_dir() -> str:
 
 CASES = {
     "smollm2": lambda: dict(model_path=SMOLLM2),
-    "qwen3": lambda: dict(model_path=make_tiny_hf_model("qwen3", tempfile.mkdtemp(prefix="tiny-qwen3-")),
-                          skip_tokenizer_init=True),
-    "qwen3-moe-kt": lambda: dict(model_path=_tiny_moe_dir(), skip_tokenizer_init=True, kt_method="BF16",
-                                 kt_num_gpu_experts=3, kt_gpu_prefill_token_threshold=32),
+    "qwen3": lambda: dict(
+        model_path=make_tiny_hf_model("qwen3", tempfile.mkdtemp(prefix="tiny-qwen3-")), skip_tokenizer_init=True
+    ),
+    "qwen3-moe-kt": lambda: dict(
+        model_path=_tiny_moe_dir(),
+        skip_tokenizer_init=True,
+        kt_method="BF16",
+        kt_num_gpu_experts=3,
+        kt_gpu_prefill_token_threshold=32,
+    ),
 }
 
 
@@ -61,30 +77,37 @@ def test_tp2_matches_tp1(case):
     if case == "qwen3-moe-kt":
         # Each rank reserves its own slice of the full-GPU slot: half of the single-rank layer.
         one_rank = make_scheduler(max_total_tokens=4096, **args).model_runner.memory_plan.reservations_bytes
-        assert info["memory_plan"]["reservations_bytes"]["kt_full_gpu_prefill_slot"] * 2 == one_rank["kt_full_gpu_prefill_slot"]
+        assert (
+            info["memory_plan"]["reservations_bytes"]["kt_full_gpu_prefill_slot"] * 2
+            == one_rank["kt_full_gpu_prefill_slot"]
+        )
 
 
 def test_planner_takes_the_min_over_ranks(monkeypatch):
     """Injected per-rank readings: rank 1 sees 1 GiB less free memory, so both ranks size from it."""
     from sglang.srt.distributed import parallel_state
 
-    readings = {"after": [6.0, 5.0]}
+    GiB = 1 << 30
 
     class TwoRanks(parallel_state.GroupCoordinator):
         def all_gather_floats(self, value: float):
-            if value == 6.0:  # the after-weights reading of this (rank-0) process
-                return list(readings["after"])
+            if value == 6 * GiB:  # the after-weights reading of this (rank-0) process
+                return [6.0 * GiB, 5.0 * GiB]
             return [float(value), float(value)]
 
     from sglang.srt.model_executor.model_runner import ModelRunner
 
-    seq = iter([8.0, 8.0, 6.0, 6.0, 5.5])  # before load x2, after load, after weights, final
-    monkeypatch.setattr(ModelRunner, "read_available_memory_gb", lambda self: next(seq))
+    seq = iter([8 * GiB, 6 * GiB, 5.5 * GiB])  # free before weights, after weights, after start-up (bytes)
+    monkeypatch.setattr(ModelRunner, "read_free_memory_bytes", lambda self: next(seq))
     monkeypatch.setattr(parallel_state, "initialize_model_parallel", lambda tp: None)
     monkeypatch.setattr(parallel_state, "_TP", TwoRanks(0, 1))
-    sched = make_scheduler(reuse_model=False, poison_kv=False,
-                           model_path=make_tiny_hf_model("llama", tempfile.mkdtemp()), skip_tokenizer_init=True,
-                           mem_fraction_static=0.9)
+    sched = make_scheduler(
+        reuse_model=False,
+        poison_kv=False,
+        model_path=make_tiny_hf_model("llama", tempfile.mkdtemp()),
+        skip_tokenizer_init=True,
+        mem_fraction_static=0.9,
+    )
     plan = sched.model_runner.memory_plan
     assert plan.per_rank_available_gb == [6.0, 5.0]
     assert plan.available_after_weights_gb == 5.0
@@ -97,8 +120,11 @@ def test_server_with_tp2_serves_and_shuts_down():
     try:
         children = descendant_pids(proc.pid)
         assert len(children) >= 3  # two scheduler ranks and the detokenizer
-        r = requests.post(f"{proc.base_url}/generate", json={"text": "The capital of France is",
-                                                             "sampling_params": greedy_params(8)}, timeout=120)
+        r = requests.post(
+            f"{proc.base_url}/generate",
+            json={"text": "The capital of France is", "sampling_params": greedy_params(8)},
+            timeout=120,
+        )
         assert r.status_code == 200 and len(r.json()["output_ids"]) == 8
         info = requests.get(f"{proc.base_url}/server_info", timeout=30).json()
         assert info["tp_size"] == 2 and len(info["memory_plan"]["per_rank_available_gb"]) == 2

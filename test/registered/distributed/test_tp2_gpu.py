@@ -41,8 +41,14 @@ def _engine(shape: str, tp: int, post_capture: bool, **kwargs):
     name, old = "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING", os.environ.get("SGLANG_ENABLE_POST_CAPTURE_KV_SIZING")
     os.environ[name] = "1" if post_capture else "0"  # the ranks inherit it when they are spawned
     try:
-        return sglang.Engine(model_path=shape_config_dir(shape), load_format="dummy", skip_tokenizer_init=True,
-                             tp_size=tp, log_level="warning", **kwargs)
+        return sglang.Engine(
+            model_path=shape_config_dir(shape),
+            load_format="dummy",
+            skip_tokenizer_init=True,
+            tp_size=tp,
+            log_level="warning",
+            **kwargs,
+        )
     finally:  # later tests in this process see the environment they started with
         if old is None:
             os.environ.pop(name)
@@ -51,8 +57,11 @@ def _engine(shape: str, tp: int, post_capture: bool, **kwargs):
 
 
 def _greedy(engine) -> list:
-    outs = engine.generate(input_ids=PROMPTS, sampling_params={"temperature": 0, "max_new_tokens": NEW_TOKENS,
-                                                               "ignore_eos": True}, return_logprob=True)
+    outs = engine.generate(
+        input_ids=PROMPTS,
+        sampling_params={"temperature": 0, "max_new_tokens": NEW_TOKENS, "ignore_eos": True},
+        return_logprob=True,
+    )
     return [(o["output_ids"], [lp for lp, _, _ in o["meta_info"]["output_token_logprobs"]]) for o in outs]
 
 
@@ -82,7 +91,9 @@ def _heavy_load(engine, tokens: int, max_running: int) -> None:
     n = max_running + 16
     length = min(4000, max(64, 2 * tokens // n))
     prompts = [[random.randrange(1000, 30000) for _ in range(length)] for _ in range(n)]
-    outs = engine.generate(input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": 8, "ignore_eos": True})
+    outs = engine.generate(
+        input_ids=prompts, sampling_params={"temperature": 0, "max_new_tokens": 8, "ignore_eos": True}
+    )
     assert all(len(o["output_ids"]) == 8 for o in outs)
     print(f"  heavy load: {n} requests x {length} tokens, all completed")
 
@@ -103,8 +114,10 @@ def test_tp2_sizing_and_greedy(shape):
     assert all(r["path"] == "static" for r in static), static
     s_tokens, p_tokens = static[0]["max_total_num_tokens"], post[0]["max_total_num_tokens"]
     cell = info["memory_plan"]["cell_size_bytes"]
-    print(f"{shape} tp2: static {s_tokens} tokens, post-capture {p_tokens} tokens on both ranks "
-          f"(+{(p_tokens - s_tokens) * cell / GiB:.2f} GiB per rank)")
+    print(
+        f"{shape} tp2: static {s_tokens} tokens, post-capture {p_tokens} tokens on both ranks "
+        f"(+{(p_tokens - s_tokens) * cell / GiB:.2f} GiB per rank)"
+    )
     assert p_tokens > s_tokens
     # Same TP, same kernels: the pool size must not change a single token.
     assert tp2_post == tp2_static
@@ -114,11 +127,14 @@ def test_tp2_sizing_and_greedy(shape):
 
 @pytest.mark.parametrize("post_capture", [False, True])
 def test_tp2_kt_reservation_per_rank(post_capture):
-    from sglang.srt.layers.moe.kt_ep_wrapper import make_moe_layer, param_bytes
     import torch
 
+    from sglang.srt.layers.moe.kt_ep_wrapper import make_moe_layer, param_bytes
+
     threshold = 1024
-    kt = dict(kt_method="BF16", kt_num_gpu_experts=16, kt_gpu_prefill_token_threshold=threshold, max_running_requests=32)
+    kt = dict(
+        kt_method="BF16", kt_num_gpu_experts=16, kt_gpu_prefill_token_threshold=threshold, max_running_requests=32
+    )
     shape = "Qwen3-30B-A3B-12L"
     with open(os.path.join(shape_config_dir(shape), "config.json")) as f:
         cfg = json.load(f)
@@ -127,8 +143,11 @@ def test_tp2_kt_reservation_per_rank(post_capture):
         plan = e.get_server_info()["memory_plan"]
         # Each rank holds half of every expert's intermediate width, so half the slot.
         with torch.device("meta"):
-            half_slot = param_bytes(make_moe_layer(cfg["num_experts"], cfg["hidden_size"],
-                                                   cfg["moe_intermediate_size"] // 2, torch.bfloat16, "BF16"))
+            half_slot = param_bytes(
+                make_moe_layer(
+                    cfg["num_experts"], cfg["hidden_size"], cfg["moe_intermediate_size"] // 2, torch.bfloat16, "BF16"
+                )
+            )
         assert [r["reservations_bytes"] for r in ranks] == [{"kt_full_gpu_prefill_slot": half_slot}] * 2
         tokens, cell = ranks[0]["max_total_num_tokens"], plan["cell_size_bytes"]
         if post_capture:
@@ -136,10 +155,16 @@ def test_tp2_kt_reservation_per_rank(post_capture):
             budget = plan["post_capture_budget_bytes"] - half_slot
             assert 0 <= budget - tokens * cell < 64 * (1 << 20)  # whole VMM granules per buffer
         else:
-            rest = plan["available_after_weights_gb"] - plan["pre_model_load_memory_gb"] * (1 - plan["mem_fraction_static"])
+            rest = plan["available_after_weights_gb"] - plan["pre_model_load_memory_gb"] * (
+                1 - plan["mem_fraction_static"]
+            )
             assert tokens == (int(rest * GiB) - half_slot) // cell
-        print(f"KT tp2 ({'post-capture' if post_capture else 'static'}): {half_slot} bytes reserved per rank, "
-              f"{tokens} tokens on both ranks (cell {cell})")
+        print(
+            f"KT tp2 ({'post-capture' if post_capture else 'static'}): {half_slot} bytes reserved per rank, "
+            f"{tokens} tokens on both ranks (cell {cell})"
+        )
         long_prompt = [random.randrange(1000, 30000) for _ in range(2 * threshold)]
-        out = e.generate(input_ids=long_prompt, sampling_params={"temperature": 0, "max_new_tokens": 4, "ignore_eos": True})
+        out = e.generate(
+            input_ids=long_prompt, sampling_params={"temperature": 0, "max_new_tokens": 4, "ignore_eos": True}
+        )
         assert len(out["output_ids"]) == 4

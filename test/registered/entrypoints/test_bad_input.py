@@ -28,8 +28,9 @@ GOOD_PARAMS = {"temperature": 0, "max_new_tokens": 10, "ignore_eos": True}
 
 @pytest.fixture(scope="module")
 def base_url():
-    proc = popen_launch_server(["--max-total-tokens", "16384", "--api-key", API_KEY],
-                               env={"SGLANG_MAX_REQUEST_BODY_BYTES": str(BODY_LIMIT)})
+    proc = popen_launch_server(
+        ["--max-total-tokens", "16384", "--api-key", API_KEY], env={"SGLANG_MAX_REQUEST_BODY_BYTES": str(BODY_LIMIT)}
+    )
     yield proc.base_url
     kill_process_tree(proc.pid)
     proc.wait(10)
@@ -69,7 +70,20 @@ BAD_REQUESTS = [
     ("/generate", {"input_ids": [1, 49152]}, 400, "vocabulary"),
     ("/generate", {"input_ids": [-3, 5]}, 400, "vocabulary"),
     ("/generate", {"text": LONG_PROMPT}, 400, "context length"),
-    ("/generate", {"text": "hi", "unknown_field": 1}, 400, "unknown_field"),
+    ("/generate", {"text": "hi", "lora_path": "my-adapter"}, 400, "lora_path"),
+    ("/generate", {"text": "hi", "image_data": ["a.png"]}, 400, "image_data"),
+    ("/generate", {"text": "hi", "sampling_params": {"regex": "[a-z]+"}}, 400, "regex"),
+    # Values that once passed validation and killed the scheduler or the detokenizer (issue 18):
+    ("/generate", {"text": "hi", "sampling_params": {"sampling_seed": 2**64}}, 400, "seed"),
+    ("/generate", {"text": "hi", "sampling_params": {"top_k": 2**63}}, 400, "top_k"),
+    ("/generate", {"text": "hi", "sampling_params": {"skip_special_tokens": 5}}, 400, "skip_special_tokens"),
+    ("/generate", {"text": "hi", "sampling_params": {"spaces_between_special_tokens": "no"}}, 400, "spaces_between"),
+    ("/v1/chat/completions", chat(seed=2**64), 400, "seed"),
+    ("/v1/completions", {"prompt": "hi", "seed": -(2**64)}, 400, "seed"),
+    ("/generate", b'{"text": "\\ud800"}', 400, "Unicode"),
+    ("/v1/chat/completions", b'{"messages": [{"role": "user", "content": "\\udfff"}]}', 400, "Unicode"),
+    ("/generate", b'{"text": ' + b"[" * 50000 + b"]" * 50000 + b"}", 400, "nested"),
+    ("/generate", b'{"text": "hi", "sampling_params": {"temperature": NaN}}', 400, "NaN"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": -5}, 400, "max_new_tokens"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 10**6}, 400, "context length"),
     ("/v1/completions", {"prompt": "hi", "temperature": "hot"}, 400, "temperature"),
@@ -77,7 +91,7 @@ BAD_REQUESTS = [
     ("/v1/completions", {"prompt": ""}, 400, "empty"),
     ("/v1/completions", {"prompt": []}, 400, "empty"),
     ("/v1/completions", {"prompt": LONG_PROMPT}, 400, "context length"),
-    ("/v1/completions", {"prompt": "hi", "n": 2}, 400, "n must be 1"),
+    ("/v1/completions", {"prompt": "hi", "n": 0}, 400, "n must be in"),
     ("/v1/completions", {}, 400, "prompt"),
     ("/v1/chat/completions", chat(max_tokens=10**6), 400, "context length"),
     ("/v1/chat/completions", chat(temperature=-1), 400, "temperature"),
@@ -160,8 +174,12 @@ def assert_aborted(base_url: str) -> None:
 
 def test_stream_disconnect_frees_kv(base_url):
     wait_idle(base_url, 30)
-    r = post(base_url, "/generate", {"text": "Tell me a very long story.", "sampling_params": LONG_GEN, "stream": True},
-             stream=True)
+    r = post(
+        base_url,
+        "/generate",
+        {"text": "Tell me a very long story.", "sampling_params": LONG_GEN, "stream": True},
+        stream=True,
+    )
     lines = r.iter_lines()  # keep the iterator: dropping it would close the connection already
     assert next(lines).startswith(b"data: ")
     wait_running(base_url)

@@ -42,7 +42,7 @@ def sse_events(resp: requests.Response) -> List[str]:
     """The `data:` payloads of a server-sent-event stream, in order."""
     assert resp.status_code == 200, resp.text
     assert resp.headers["content-type"].startswith("text/event-stream")
-    return [line[len("data: "):] for line in resp.iter_lines(decode_unicode=True) if line.startswith("data: ")]
+    return [line[len("data: ") :] for line in resp.iter_lines(decode_unicode=True) if line.startswith("data: ")]
 
 
 @pytest.fixture(scope="module")
@@ -63,8 +63,12 @@ def test_generate(greedy_baseline):
 
 
 def test_generate_stream_is_cumulative_and_matches(base_url, greedy_baseline):
-    r = requests.post(f"{base_url}/generate", json={"text": PROMPT, "sampling_params": GREEDY, "stream": True},
-                      stream=True, timeout=TIMEOUT)
+    r = requests.post(
+        f"{base_url}/generate",
+        json={"text": PROMPT, "sampling_params": GREEDY, "stream": True},
+        stream=True,
+        timeout=TIMEOUT,
+    )
     events = sse_events(r)
     assert events[-1] == "[DONE]"
     outs = [json.loads(e) for e in events[:-1]]
@@ -79,8 +83,9 @@ def test_generate_stream_is_cumulative_and_matches(base_url, greedy_baseline):
 
 
 def test_generate_equals_v1_completions(base_url, greedy_baseline):
-    r = requests.post(f"{base_url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 8, "temperature": 0},
-                      timeout=TIMEOUT)
+    r = requests.post(
+        f"{base_url}/v1/completions", json={"prompt": PROMPT, "max_tokens": 8, "temperature": 0}, timeout=TIMEOUT
+    )
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["text"] == greedy_baseline["text"]
 
@@ -93,8 +98,9 @@ def test_input_ids_path(base_url, greedy_baseline):
     assert r.status_code == 200, r.text
     assert r.json()["output_ids"] == greedy_baseline["output_ids"]
     # Token ids through the OpenAI completions API, and a batch of two through /generate.
-    r = requests.post(f"{base_url}/v1/completions", json={"prompt": ids, "max_tokens": 8, "temperature": 0},
-                      timeout=TIMEOUT)
+    r = requests.post(
+        f"{base_url}/v1/completions", json={"prompt": ids, "max_tokens": 8, "temperature": 0}, timeout=TIMEOUT
+    )
     assert r.json()["choices"][0]["text"] == greedy_baseline["text"]
     r = generate(base_url, input_ids=[ids, ids[:3]], sampling_params=GREEDY)
     outs = r.json()
@@ -122,8 +128,11 @@ def test_stop_string_is_trimmed(base_url, greedy_baseline):
     out = generate(base_url, text=PROMPT, sampling_params={**GREEDY, "stop": [stop]}).json()
     assert out["text"] == expected
     assert out["meta_info"]["finish_reason"] == {"type": "stop", "matched": stop}
-    r = requests.post(f"{base_url}/v1/completions",
-                      json={"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "stop": stop}, timeout=TIMEOUT)
+    r = requests.post(
+        f"{base_url}/v1/completions",
+        json={"prompt": PROMPT, "max_tokens": 8, "temperature": 0, "stop": stop},
+        timeout=TIMEOUT,
+    )
     choice = r.json()["choices"][0]
     assert choice["text"] == expected and choice["finish_reason"] == "stop"
 
@@ -135,8 +144,14 @@ def test_openai_completions(client, greedy_baseline):
     assert len(choice.logprobs.token_logprobs) == 8 and all(lp <= 0 for lp in choice.logprobs.token_logprobs)
     assert resp.usage.completion_tokens == 8
     assert resp.usage.total_tokens == resp.usage.prompt_tokens + 8
-    stream = client.completions.create(model="anything", prompt=PROMPT, max_tokens=8, temperature=0, stream=True,
-                                       stream_options={"include_usage": True})
+    stream = client.completions.create(
+        model="anything",
+        prompt=PROMPT,
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     assert "".join(c.choices[0].text for c in chunks if c.choices) == greedy_baseline["text"]
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
@@ -151,8 +166,14 @@ def test_openai_chat(client):
     assert choice.finish_reason in ("stop", "length")
     assert len(choice.logprobs.content) == resp.usage.completion_tokens
     assert resp.usage.prompt_tokens > len(messages[0]["content"].split())  # the chat template was applied
-    stream = client.chat.completions.create(model="m", messages=messages, max_completion_tokens=16, temperature=0,
-                                            stream=True, stream_options={"include_usage": True})
+    stream = client.chat.completions.create(
+        model="m",
+        messages=messages,
+        max_completion_tokens=16,
+        temperature=0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
     chunks = list(stream)
     deltas = [c.choices[0].delta for c in chunks if c.choices]
     assert deltas[0].role == "assistant"
@@ -162,8 +183,12 @@ def test_openai_chat(client):
 
 
 def test_chat_stream_raw_sse_ends_with_done(base_url):
-    r = requests.post(f"{base_url}/v1/chat/completions", stream=True, timeout=TIMEOUT, json={
-        "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0, "stream": True})
+    r = requests.post(
+        f"{base_url}/v1/chat/completions",
+        stream=True,
+        timeout=TIMEOUT,
+        json={"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4, "temperature": 0, "stream": True},
+    )
     events = sse_events(r)
     assert events[-1] == "[DONE]"
     assert json.loads(events[0])["object"] == "chat.completion.chunk"
@@ -195,7 +220,7 @@ def test_metrics(base_url, greedy_baseline):
     assert r.status_code == 200
     assert r.headers["content-type"].startswith("text/plain; version=0.0.4")
     assert "sglang:num_running_reqs" in r.text
-    m = re.search(r'^sglang:time_to_first_token_seconds_count\{[^}]*\} (\S+)$', r.text, re.M)
+    m = re.search(r"^sglang:time_to_first_token_seconds_count\{[^}]*\} (\S+)$", r.text, re.M)
     assert m and float(m.group(1)) >= 1, "TTFT histogram has no observation after a request"
 
 

@@ -33,12 +33,24 @@ SERVER_ARGS = ["--max-total-tokens", "16384"]
 
 
 def run_launcher(args, timeout=60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "sglang.launch_server", *args], capture_output=True, text=True,
-                          timeout=timeout, env=server_env())
+    return subprocess.run(
+        [sys.executable, "-m", "sglang.launch_server", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=server_env(),
+    )
 
 
-@pytest.mark.parametrize("flag,value", [("--page-size", "-1"), ("--load-format", "foo"),
-                                        ("--model-path", "/nonexistent/model"), ("--chat-template", "/nonexistent.jinja")])
+@pytest.mark.parametrize(
+    "flag,value",
+    [
+        ("--page-size", "-1"),
+        ("--load-format", "foo"),
+        ("--model-path", "/nonexistent/model"),
+        ("--chat-template", "/nonexistent.jinja"),
+    ],
+)
 def test_bad_flag_exits_fast_naming_it(flag, value):
     start = time.monotonic()
     result = run_launcher(["--port", "1", flag, value])  # port 1 is never bound: parsing must fail first
@@ -79,8 +91,16 @@ def test_startup_time_and_sigterm_leaves_no_orphans():
         assert proc.base_url in log
         kids = children_of(proc.pid)
         # A streaming request in flight must not keep the server from stopping.
-        stream = requests.post(f"{proc.base_url}/generate", stream=True, timeout=60, json={
-            "text": "Count slowly", "stream": True, "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}})
+        stream = requests.post(
+            f"{proc.base_url}/generate",
+            stream=True,
+            timeout=60,
+            json={
+                "text": "Count slowly",
+                "stream": True,
+                "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True},
+            },
+        )
         lines = stream.iter_lines()  # keep the iterator: dropping it would close the connection
         assert next(lines).startswith(b"data: ")
         proc.send_signal(signal.SIGTERM)
@@ -90,38 +110,109 @@ def test_startup_time_and_sigterm_leaves_no_orphans():
         kill_process_tree(proc.pid)
 
 
-def _rss_kb(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            return next((int(line.split()[1]) for line in f if line.startswith("VmRSS:")), 0)
-    except OSError:
-        return 0
+def child_pid(base_url: str, name: str) -> int:
+    children = requests.get(f"{base_url}/server_info", timeout=10).json()["child_processes"]
+    return next(c["pid"] for c in children if c["name"] == name)
 
 
-def test_scheduler_crash_fails_requests_and_exits_nonzero():
+def wait_running(base_url: str, n: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while requests.get(f"{base_url}/server_info", timeout=10).json()["scheduler_stats"]["num_running_reqs"] < n:
+        assert time.monotonic() < deadline, f"fewer than {n} requests ever ran"
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("name", ["sglang-scheduler-0", "sglang-detokenizer"])
+def test_child_death_answers_503_naming_it_and_exits_nonzero(name):
+    """SIGKILL of a child while requests run: /health is 503 at once, in-flight and new requests get a
+    503 that names the child and how it died, streams end with an error event, the launcher exits 1."""
     proc = popen_launch_server(SERVER_ARGS, timeout=STARTUP_BUDGET_S)
     try:
         kids = children_of(proc.pid)
-        scheduler = max(kids, key=_rss_kb)  # it holds the weights and the KV pool: by far the largest
-        result = {}
+        victim = child_pid(proc.base_url, name)
+        results = {}
+        body = {"text": "Count slowly", "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}}
 
-        def long_request():
-            r = requests.post(f"{proc.base_url}/generate", timeout=60, json={
-                "text": "Count slowly", "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}})
-            result["status"], result["body"] = r.status_code, r.json()
+        def plain():
+            r = requests.post(f"{proc.base_url}/generate", timeout=60, json=body)
+            results["plain"] = (r.status_code, r.json())
 
-        client = threading.Thread(target=long_request)
-        client.start()
-        deadline = time.monotonic() + 30
-        while requests.get(f"{proc.base_url}/server_info", timeout=10).json()["scheduler_stats"]["num_running_reqs"] < 1:
-            assert time.monotonic() < deadline, "the request never started running"
-            time.sleep(0.2)
-        os.kill(scheduler, signal.SIGKILL)
-        client.join(30)
-        assert result.get("status") == 500, result
-        assert "error" in result["body"] and result["body"]["error"]["message"]
-        assert proc.wait(timeout=30) != 0
+        def streamed():
+            r = requests.post(f"{proc.base_url}/generate", timeout=60, json={**body, "stream": True}, stream=True)
+            results["stream"] = [line for line in r.iter_lines(decode_unicode=True) if line.startswith("data: ")]
+
+        clients = [threading.Thread(target=plain), threading.Thread(target=streamed)]
+        for t in clients:
+            t.start()
+        wait_running(proc.base_url, 2)
+        os.kill(victim, signal.SIGKILL)
+        killed, health = time.monotonic(), 200
+        while health == 200 and time.monotonic() - killed < 5:  # until the kernel has reaped the child
+            try:  # the launcher stops serving within moments; until then /health must say 503
+                health = requests.get(f"{proc.base_url}/health", timeout=10).status_code
+            except requests.ConnectionError:
+                health = None
+        noticed = time.monotonic() - killed
+        for t in clients:
+            t.join(30)
+        status, err = results["plain"]
+        assert health in (503, None) and noticed < 0.5, (health, noticed)
+        assert status == 503, err
+        message = err["error"]["message"]
+        assert name in message and "SIGKILL" in message and "the engine died" in message, message
+        events = results["stream"]
+        assert events[-1] == "data: [DONE]" and "the engine died" in events[-2], events[-3:]
+        assert proc.wait(timeout=30) == 1
         assert wait_pids_gone(kids, 5) == [], "child processes survived the launcher"
-        assert "Shutting down" in read_log(proc)
+    finally:
+        kill_process_tree(proc.pid)
+
+
+def test_sigterm_under_load_answers_everyone_and_exits_zero():
+    """SIGTERM with requests in flight: short ones finish, long ones get a JSON 503 (streams an error
+    event), nothing new is accepted, the launcher exits 0 within the grace period, no tracebacks."""
+    grace = 3
+    proc = popen_launch_server(SERVER_ARGS, timeout=STARTUP_BUDGET_S, env={"SGLANG_SHUTDOWN_GRACE_S": str(grace)})
+    try:
+        kids = children_of(proc.pid)
+        results = {}
+
+        def plain(key, tokens):
+            body = {"text": f"Request {key}", "sampling_params": {"max_new_tokens": tokens, "ignore_eos": True}}
+            r = requests.post(f"{proc.base_url}/generate", timeout=60, json=body)
+            results[key] = (r.status_code, r.json())
+
+        def streamed(key):
+            body = {"text": "Stream", "stream": True, "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}}
+            r = requests.post(f"{proc.base_url}/generate", timeout=60, json=body, stream=True)
+            results[key] = [line for line in r.iter_lines(decode_unicode=True) if line.startswith("data: ")]
+
+        clients = [threading.Thread(target=plain, args=(f"long{i}", 4000)) for i in range(3)]
+        clients.append(threading.Thread(target=streamed, args=("stream",)))
+        for t in clients:
+            t.start()
+        wait_running(proc.base_url, 4)
+        short = threading.Thread(target=plain, args=("short", 4))
+        short.start()
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        time.sleep(0.5)
+        with pytest.raises(requests.ConnectionError):  # the listening socket is closed
+            requests.get(f"{proc.base_url}/health", timeout=5)
+        for t in clients + [short]:
+            t.join(30)
+        assert proc.wait(timeout=grace + 15) == 0
+        took = time.monotonic() - stopped
+        assert results["short"][0] == 200, results["short"]
+        for i in range(3):
+            status, err = results[f"long{i}"]
+            assert status == 503 and "shutting down" in err["error"]["message"], (status, err)
+        events = results["stream"]
+        assert events[-1] == "data: [DONE]" and "shutting down" in events[-2], events[-3:]
+        assert took < grace + 10, f"took {took:.1f} s to stop"
+        assert wait_pids_gone(kids, 5) == [], "child processes survived the launcher"
+        log = read_log(proc)
+        assert "Traceback" not in log, log[-3000:]
     finally:
         kill_process_tree(proc.pid)

@@ -46,7 +46,9 @@ class Server:
         env = dict(os.environ, SGLANG_ENABLE_POST_CAPTURE_KV_SIZING="1" if post_capture else "0")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "sglang.launch_server", "--model-path", model, "--port", str(self.port), *FLAGS],
-            stdout=self.log, stderr=subprocess.STDOUT, env=env,
+            stdout=self.log,
+            stderr=subprocess.STDOUT,
+            env=env,
         )
         deadline = time.time() + 600
         while time.time() < deadline:
@@ -69,7 +71,10 @@ class Server:
     def generate(self, ids, max_new_tokens: int, timeout: float = 600) -> dict:
         r = requests.post(
             f"{self.url}/generate",
-            json={"input_ids": ids, "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True}},
+            json={
+                "input_ids": ids,
+                "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0, "ignore_eos": True},
+            },
             timeout=timeout,
         )
         assert r.status_code == 200, r.text

@@ -19,8 +19,13 @@ def runner():
     from sglang.srt.server_args import ServerArgs
 
     args = ServerArgs(
-        model_path=shape_config_dir("Llama-1B-random"), load_format="dummy", skip_tokenizer_init=True,
-        max_total_tokens=65536, max_running_requests=64, cuda_graph_max_bs=32, mem_fraction_static=0.6,
+        model_path=shape_config_dir("Llama-1B-random"),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        max_total_tokens=65536,
+        max_running_requests=64,
+        cuda_graph_max_bs=32,
+        mem_fraction_static=0.6,
     )
     return ModelRunner(ModelConfig.from_server_args(args), args)
 
@@ -39,8 +44,11 @@ def _decode_batch(mr, bs: int, ctx: int):
         v = mr.token_to_kv_pool.get_value_buffer(layer)
         v[slots.flatten().cuda()] = torch.randn_like(v[slots.flatten().cuda()])
     batch = ModelWorkerBatch(
-        ForwardMode.DECODE, input_ids=list(range(100, 100 + bs)), req_pool_indices=rows,
-        seq_lens=[ctx] * bs, out_cache_loc=slots[:, -1].contiguous(),
+        ForwardMode.DECODE,
+        input_ids=list(range(100, 100 + bs)),
+        req_pool_indices=rows,
+        seq_lens=[ctx] * bs,
+        out_cache_loc=slots[:, -1].contiguous(),
     )
     return ForwardBatch.init_new(batch, mr), rows, slots
 

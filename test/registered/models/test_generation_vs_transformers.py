@@ -16,13 +16,13 @@ import torch
 import sglang
 from sglang.test.runners import (
     SMOLLM2,
+    SMOLLM2_PROMPTS,
     greedy_params,
     hf_greedy,
     load_hf_model,
     make_scheduler,
     make_tiny_hf_model,
     run_scheduler,
-    SMOLLM2_PROMPTS,
     smollm2_engine,
 )
 

@@ -25,16 +25,25 @@ NEW_TOKENS = 24
 
 @pytest.mark.parametrize("shape", ["Llama-1B-random", "Qwen3-1B-random"])
 def test_greedy_matches_transformers(shape):
-    import sglang
     from transformers import AutoModelForCausalLM
+
+    import sglang
 
     ckpt = save_random_hf_model(shape_config_dir(shape), tempfile.mkdtemp(prefix="ckpt-"), seed=1)
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, 32000, (n,), generator=gen).tolist() for n in (5, 17, 64, 200)]
-    engine = sglang.Engine(model_path=ckpt, skip_tokenizer_init=True, max_total_tokens=32768, cuda_graph_max_bs=16,
-                           mem_fraction_static=0.5, log_level="warning")
+    engine = sglang.Engine(
+        model_path=ckpt,
+        skip_tokenizer_init=True,
+        max_total_tokens=32768,
+        cuda_graph_max_bs=16,
+        mem_fraction_static=0.5,
+        log_level="warning",
+    )
     try:
-        outs = engine.generate(input_ids=prompts, sampling_params={"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True})
+        outs = engine.generate(
+            input_ids=prompts, sampling_params={"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
+        )
     finally:
         engine.shutdown()
     ref = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16).cuda().eval()

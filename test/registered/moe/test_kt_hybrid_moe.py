@@ -30,24 +30,30 @@ def model_dir():
     from transformers import AutoModelForCausalLM, Qwen3MoeConfig
 
     config = Qwen3MoeConfig(
-        vocab_size=256, hidden_size=128, intermediate_size=256, moe_intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2,
+        vocab_size=256,
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_experts=8,
+        num_experts_per_tok=2,
         max_position_embeddings=256,
     )
     path = tempfile.mkdtemp(prefix="tiny-qwen3-moe-")
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     model.save_pretrained(path)
-    ref = model.generate(torch.tensor([PROMPT]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(PROMPT):].tolist()
+    ref = model.generate(torch.tensor([PROMPT]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(PROMPT) :].tolist()
     return path, ref
 
 
 def _scheduler(path: str, **kt):
-    from sglang.srt.layers.moe.kt_ep_wrapper import reset_full_gpu_prefill_state
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.server_args import ServerArgs
 
-    reset_full_gpu_prefill_state()
     outputs = {}
 
     def sink(out):
@@ -86,14 +92,14 @@ def _wrappers(sched):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_reservation_exact_and_paths_agree(model_dir, method):
-    from sglang.srt.layers.moe.kt_ep_wrapper import param_bytes, shared_full_context
+    from sglang.srt.layers.moe.kt_ep_wrapper import param_bytes
     from sglang.srt.layers.moe.topk import select_experts
 
     path, _ = model_dir
     sched, _ = _scheduler(path, kt_method=method, kt_num_gpu_experts=3, kt_gpu_prefill_token_threshold=8)
     reservation = sched.model_runner.memory_plan.reservations_bytes["kt_full_gpu_prefill_slot"]
     wrapper = _wrappers(sched)[0]
-    ctx = shared_full_context(wrapper)
+    ctx = wrapper.kt_state.full_gpu_context(wrapper)
     assert param_bytes(ctx.layer) == reservation  # the real slot, byte for byte
     # Hybrid (3 experts local + 5 on the CPU backend) vs the full layer streamed into the slot.
     gen = torch.Generator().manual_seed(1)
@@ -117,15 +123,37 @@ def test_reservation_exact_and_paths_agree(model_dir, method):
 
 
 def test_fallback_when_the_slot_does_not_fit(model_dir, caplog):
-    from sglang.srt.layers.moe.kt_ep_wrapper import _FullGpuPrefillState
-
     path, ref = model_dir
     sched, outputs = _scheduler(path, kt_method="BF16", kt_num_gpu_experts=3, kt_gpu_prefill_token_threshold=4)
     # A host "device" budget below what the process already holds: nothing is free for the slot.
     with envs.SGLANG_CPU_MEMORY_BUDGET_GB.override(0.01), caplog.at_level(logging.ERROR):
         results = _generate(sched, outputs, [PROMPT, PROMPT[:6], PROMPT[::-1]])
-    assert _FullGpuPrefillState.disabled
-    assert any("--mem-fraction-static" in r.message and "--kt-gpu-prefill-token-threshold 0" in r.message
-               for r in caplog.records)
+    kt_state = sched.model_runner.model.kt_state
+    assert kt_state.full_gpu_disabled and kt_state.full_gpu_slot is None
+    assert any(
+        "--mem-fraction-static" in r.message and "--kt-gpu-prefill-token-threshold 0" in r.message
+        for r in caplog.records
+    )
     assert all(len(r) == NEW_TOKENS for r in results)
     assert results[0] == ref  # served by the hybrid path, same tokens
+
+
+def test_kt_state_is_one_per_model(model_dir):
+    """Every MoE layer of a model shares its model's KT state, and models share nothing: one model
+    losing its full-GPU path (the slot did not fit) leaves another's alone."""
+    path, _ = model_dir
+    first, _ = _scheduler(path, kt_method="BF16", kt_num_gpu_experts=3, kt_gpu_prefill_token_threshold=4)
+    second, _ = _scheduler(path, kt_method="BF16", kt_num_gpu_experts=3, kt_gpu_prefill_token_threshold=4)
+    states = [sched.model_runner.model.kt_state for sched in (first, second)]
+    assert states[0] is not states[1]
+    for sched, state in zip((first, second), states):
+        assert all(w.kt_state is state for w in _wrappers(sched)) and len(_wrappers(sched)) == 2
+    states[0].full_gpu_disabled = True
+    x, router = torch.randn(8, 128), torch.randn(8, 8)
+    assert not _wrappers(first)[0]._wants_full_gpu(8, is_prefill=True)
+    assert _wrappers(second)[0]._wants_full_gpu(8, is_prefill=True)
+    wrapper = _wrappers(second)[0]
+    wrapper(x, router, is_prefill=True)  # builds the second model's slot only
+    assert states[1].full_gpu_slot is not None and states[0].full_gpu_slot is None
+    assert states[1].release_full_gpu_slot() > 0 and states[1].full_gpu_slot is None
+    assert states[0].cpu_worker() is not states[1].cpu_worker()

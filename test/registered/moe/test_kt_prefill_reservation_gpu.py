@@ -26,14 +26,20 @@ THRESHOLD = 1024
 
 def _runner(method: str, threshold, max_running_requests: int = 64):
     from sglang.srt.configs.model_config import ModelConfig
-    from sglang.srt.layers.moe.kt_ep_wrapper import reset_full_gpu_prefill_state
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.server_args import ServerArgs
 
-    reset_full_gpu_prefill_state()
-    args = ServerArgs(model_path=shape_config_dir("Qwen3-30B-A3B-12L"), load_format="dummy", skip_tokenizer_init=True,
-                      kt_method=method, kt_num_gpu_experts=16, kt_gpu_prefill_token_threshold=threshold,
-                      mem_fraction_static=0.85, max_running_requests=max_running_requests, log_level="warning")
+    args = ServerArgs(
+        model_path=shape_config_dir("Qwen3-30B-A3B-12L"),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        kt_method=method,
+        kt_num_gpu_experts=16,
+        kt_gpu_prefill_token_threshold=threshold,
+        mem_fraction_static=0.85,
+        max_running_requests=max_running_requests,
+        log_level="warning",
+    )
     return ModelRunner(ModelConfig.from_server_args(args), args)
 
 
@@ -52,7 +58,7 @@ def _tokens_without_threshold(method: str) -> int:
 
 @pytest.mark.parametrize("method", ["BF16", "FP8"])
 def test_reservation_is_exact_and_honoured(method):
-    from sglang.srt.layers.moe.kt_ep_wrapper import KTEPWrapperMethod, param_bytes, shared_full_context
+    from sglang.srt.layers.moe.kt_ep_wrapper import KTEPWrapperMethod, param_bytes
 
     tokens_without = _tokens_without_threshold(method)
 
@@ -68,13 +74,15 @@ def test_reservation_is_exact_and_honoured(method):
     # A separate start without the threshold (same process, so torch's cached/pinned memory moves the
     # free-memory reading by up to ~1.5 GiB between starts: seen on the H200) lands near that.
     assert abs(tokens_without - no_reservation) * cell < 2 * GiB
-    print(f"{method}: reservation {reservation} bytes ({reservation / GiB:.3f} GiB), cell {cell}, "
-          f"tokens {mr.max_total_num_tokens} vs {tokens_without} without the threshold")
+    print(
+        f"{method}: reservation {reservation} bytes ({reservation / GiB:.3f} GiB), cell {cell}, "
+        f"tokens {mr.max_total_num_tokens} vs {tokens_without} without the threshold"
+    )
 
     wrapper = next(m for m in mr.model.modules() if isinstance(m, KTEPWrapperMethod))
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
-    ctx = shared_full_context(wrapper)
+    ctx = wrapper.kt_state.full_gpu_context(wrapper)
     after = torch.cuda.memory_allocated()
     assert ctx is not None
     assert param_bytes(ctx.layer) == reservation
@@ -94,13 +102,18 @@ def _long_prompt(mr, n: int):
     (row,) = mr.req_to_token_pool.alloc(1)
     slots = mr.token_to_kv_pool_allocator.alloc(n)
     mr.req_to_token_pool.req_to_token[row, :n] = slots.to(torch.int32).cuda()
-    batch = ModelWorkerBatch(ForwardMode.EXTEND, [7] * n, [row], [n], slots, extend_seq_lens=[n], extend_prefix_lens=[0])
+    batch = ModelWorkerBatch(
+        ForwardMode.EXTEND, [7] * n, [row], [n], slots, extend_seq_lens=[n], extend_prefix_lens=[0]
+    )
     return mr.forward(ForwardBatch.init_new(batch, mr)).next_token_logits
 
 
 @pytest.mark.parametrize("method", ["BF16", "FP8"])
 def test_reservation_honoured_post_capture(method, monkeypatch):
-    from sglang.srt.layers.moe.kt_ep_wrapper import KTEPWrapperMethod, release_full_gpu_prefill_slots, shared_full_context
+    import dataclasses
+
+    from sglang.srt.layers.moe.kt_ep_wrapper import KTEPWrapperMethod
+    from sglang.srt.model_executor.pool_configurator import post_capture_pool_size
 
     monkeypatch.setenv("SGLANG_ENABLE_POST_CAPTURE_KV_SIZING", "1")
     mr = _runner(method, THRESHOLD, max_running_requests=32)
@@ -110,23 +123,26 @@ def test_reservation_honoured_post_capture(method, monkeypatch):
         assert mr.cuda_graph_runner is None  # CPU experts: decode is eager
         reservation = plan.reservations_bytes["kt_full_gpu_prefill_slot"]
         cell, budget = plan.cell_size_bytes, plan.post_capture_budget_bytes
-        assert mr.max_total_num_tokens == mr._tokens_for_budget(budget - reservation)
-        without = mr._tokens_for_budget(budget)
+        assert budget == mr.pool_size.budget_bytes
+        assert mr.max_total_num_tokens == post_capture_pool_size(mr.readings, mr.pool_args).tokens  # applied as decided
+        # The planner's decision from the same readings without the reservation.
+        without = post_capture_pool_size(dataclasses.replace(mr.readings, reservations_bytes={}), mr.pool_args).tokens
         # Token counts are whole VMM granules per buffer: the drop is reservation / cell up to one granule.
-        k_slot, v_slot = mr._slot_bytes()
-        granule_tokens = mr.kv_arena.granularity // max(k_slot, v_slot) + plan.page_size
+        granule_tokens = mr.kv_arena.granularity // mr.kv_geometry.widest_slot_bytes + plan.page_size
         drop = without - mr.max_total_num_tokens
         assert abs(drop - reservation / cell) <= granule_tokens, (drop, reservation / cell, granule_tokens)
         # The activation probe (a chunk over the threshold) built the slot and released it: nothing is left.
-        assert release_full_gpu_prefill_slots() == 0
+        assert mr.model.kt_state.full_gpu_slot is None and mr.model.release_reserved_buffers() == 0
         wrapper = next(m for m in mr.model.modules() if isinstance(m, KTEPWrapperMethod))
-        print(f"{method} post-capture: reservation {reservation} bytes, cell {cell}, tokens {mr.max_total_num_tokens}, "
-              f"without the reservation {without} (drop {drop}, reservation/cell {reservation / cell:.1f}), "
-              f"activation peak {plan.activation_peak_gb:.3f} GiB, headroom {plan.headroom_gb:.3f} GiB")
+        print(
+            f"{method} post-capture: reservation {reservation} bytes, cell {cell}, tokens {mr.max_total_num_tokens}, "
+            f"without the reservation {without} (drop {drop}, reservation/cell {reservation / cell:.1f}), "
+            f"activation peak {plan.activation_peak_gb:.3f} GiB, headroom {plan.headroom_gb:.3f} GiB"
+        )
         free_before = torch.cuda.mem_get_info()[0]
         logits = _long_prompt(mr, 2 * THRESHOLD)  # first long prompt after the resize: builds the slot
         assert torch.isfinite(logits).all()
-        ctx = shared_full_context(wrapper)
+        ctx = wrapper.kt_state.full_gpu_slot
         assert ctx is not None and ctx.loaded_layer_id is not None
         assert free_before >= reservation, "the resize left less than the reservation free"
     finally:

@@ -128,7 +128,10 @@ def test_engine_reports_cached_tokens(tok):
 @pytest.mark.parametrize("page_size", [1, 4])
 def test_small_pool_retracts_and_finishes_every_request(prompts, alone, page_size):
     sched = make_scheduler(
-        model_path=SMOLLM2, skip_tokenizer_init=True, max_total_tokens=256, chunked_prefill_size=32,
+        model_path=SMOLLM2,
+        skip_tokenizer_init=True,
+        max_total_tokens=256,
+        chunked_prefill_size=32,
         page_size=page_size,
     )
     assert sched.max_total_num_tokens == 256
@@ -160,7 +163,10 @@ def long_ref(plain, long_prompt):
 @pytest.mark.parametrize("chunk,page_size", [(16, 1), (64, 1), (24, 8)])
 def test_chunked_prefill_equals_unchunked(long_prompt, long_ref, chunk, page_size):
     sched = make_scheduler(
-        model_path=SMOLLM2, skip_tokenizer_init=True, max_total_tokens=2048, chunked_prefill_size=chunk,
+        model_path=SMOLLM2,
+        skip_tokenizer_init=True,
+        max_total_tokens=2048,
+        chunked_prefill_size=chunk,
         page_size=page_size,
     )
     out = run_scheduler(sched, [long_prompt], greedy_params(NEW))[0]
@@ -199,7 +205,9 @@ def test_requests_that_cannot_fit_are_refused_not_hung(prompts):
 
 def test_seeded_sampling_is_batch_invariant(cached, prompts):
     """A seeded, sampled request draws the same tokens alone and inside a batch of others."""
-    params = [{"max_new_tokens": 8, "temperature": 0.8, "top_p": 0.9, "seed": 1234 + i, "ignore_eos": True} for i in range(4)]
+    params = [
+        {"max_new_tokens": 8, "temperature": 0.8, "top_p": 0.9, "seed": 1234 + i, "ignore_eos": True} for i in range(4)
+    ]
     picks = [prompts[i] for i in (1, 4, 7, 9)]
     cached.flush_cache()
     together = run_scheduler(cached, picks, params)
@@ -219,7 +227,8 @@ def test_stop_token_ids_and_min_new_tokens(cached, prompts, alone):
     assert out.finish_reason == {"type": "stop", "matched": stop}
     # min_new_tokens masks the stop token until enough tokens exist, so the continuation changes.
     later = run_scheduler(
-        cached, [prompts[2]],
+        cached,
+        [prompts[2]],
         {"max_new_tokens": NEW, "temperature": 0, "stop_token_ids": [stop], "min_new_tokens": first + 2},
     )[0]
     assert len(later.output_ids) >= first + 2 and stop not in later.output_ids[: first + 1]
@@ -233,7 +242,9 @@ def test_abort_running_and_waiting_requests(cached, prompts):
     cached.flush_cache()
     col = cached.output_sink
     for rid, p in (("keep", prompts[1]), ("drop-running", prompts[2]), ("drop-waiting", prompts[3])):
-        cached.add_request(TokenizedGenerateReqInput(rid, "", p, SamplingParams.from_dict(greedy_params(NEW)), False, False))
+        cached.add_request(
+            TokenizedGenerateReqInput(rid, "", p, SamplingParams.from_dict(greedy_params(NEW)), False, False)
+        )
     cached.max_running_requests, saved = 2, cached.max_running_requests  # keep the third one waiting
     try:
         cached.step()  # prefill of the first two
@@ -259,8 +270,10 @@ def test_ttft_metric_uses_the_first_token_time_for_non_streamed_requests():
 
     def sums():
         reg = metrics.registry
-        return (reg.get_sample_value("sglang:time_to_first_token_seconds_sum", metrics.labels) or 0.0,
-                reg.get_sample_value("sglang:e2e_request_latency_seconds_sum", metrics.labels) or 0.0)
+        return (
+            reg.get_sample_value("sglang:time_to_first_token_seconds_sum", metrics.labels) or 0.0,
+            reg.get_sample_value("sglang:e2e_request_latency_seconds_sum", metrics.labels) or 0.0,
+        )
 
     ttft0, e2e0 = sums()
     out = engine.generate("Count from one to twenty:", greedy_params(48))

@@ -17,14 +17,22 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 V = 64
 
 
+def sample(logits, info):
+    out = Sampler()(logits, info)
+    return out.next_token_ids, out.logprobs
+
+
 def make_info(params, seeds, steps=None, vocab=V, output_ids=None):
     reqs = []
     for i, (p, s) in enumerate(zip(params, seeds)):
         sp = SamplingParams.from_dict(p)
         reqs.append(
             SimpleNamespace(
-                sampling_params=sp, sampling_seed=s, output_ids=list(output_ids[i] if output_ids else [0] * (steps or [0] * len(params))[i]),
-                origin_input_ids=[1, 2], stop_token_ids={2},
+                sampling_params=sp,
+                sampling_seed=s,
+                output_ids=list(output_ids[i] if output_ids else [0] * (steps or [0] * len(params))[i]),
+                origin_input_ids=[1, 2],
+                stop_token_ids={2},
             )
         )
     return SamplingBatchInfo.from_reqs(reqs, vocab, "cpu")
@@ -38,7 +46,7 @@ def test_greedy_is_argmax_with_logprobs():
     logits = logits_rows(5)
     info = make_info([{"temperature": 0}] * 5, [1, 2, 3, 4, 5])
     assert info.is_all_greedy
-    ids, lps = Sampler()(logits, info)
+    ids, lps = sample(logits, info)
     assert ids.tolist() == logits.argmax(-1).tolist()
     assert torch.allclose(lps, torch.log_softmax(logits, -1).max(-1).values)
 
@@ -46,7 +54,7 @@ def test_greedy_is_argmax_with_logprobs():
 def test_top_k_one_is_greedy_even_with_temperature():
     logits = logits_rows(4, seed=1)
     info = make_info([{"temperature": 1.5, "top_k": 1}] * 4, [7, 8, 9, 10])
-    ids, _ = Sampler()(logits, info)
+    ids, _ = sample(logits, info)
     assert ids.tolist() == logits.argmax(-1).tolist()
 
 
@@ -55,15 +63,17 @@ def test_mixed_batch_greedy_rows_stay_greedy():
     params = [{"temperature": 0}, {"temperature": 1.0}] * 3
     info = make_info(params, list(range(6)))
     assert not info.is_all_greedy
-    ids, _ = Sampler()(logits, info)
+    ids, _ = sample(logits, info)
     greedy = logits.argmax(-1)
     assert ids[0::2].tolist() == greedy[0::2].tolist()
 
 
 def _probs_info(**kw):
     return SimpleNamespace(
-        need_top_p_top_k=kw.get("need_top_p_top_k", False), need_min_p=kw.get("need_min_p", False),
-        top_ks=torch.tensor(kw.get("top_ks", [4])), top_ps=torch.tensor(kw.get("top_ps", [1.0])),
+        need_top_p_top_k=kw.get("need_top_p_top_k", False),
+        need_min_p=kw.get("need_min_p", False),
+        top_ks=torch.tensor(kw.get("top_ks", [4])),
+        top_ps=torch.tensor(kw.get("top_ps", [1.0])),
         min_ps=torch.tensor(kw.get("min_ps", [0.0])),
     )
 
@@ -108,7 +118,7 @@ def test_sampled_tokens_respect_filters(params, allowed):
     n = 400
     logits = logits_rows(1, seed=3).repeat(n, 1)
     info = make_info([{"temperature": 1.0, **params}] * n, list(range(1000, 1000 + n)))
-    ids, _ = Sampler()(logits, info)
+    ids, _ = sample(logits, info)
     probs = torch.softmax(logits[0], -1)
     order = probs.argsort(descending=True)
     if "top_k" in params:
@@ -127,7 +137,7 @@ def test_sampling_frequencies_match_probabilities():
     n = 20000
     logits = target.log().repeat(n, 1)
     info = make_info([{"temperature": 1.0}] * n, list(range(n)), vocab=4)
-    ids, _ = Sampler()(logits, info)
+    ids, _ = sample(logits, info)
     freq = torch.bincount(ids, minlength=4).float() / n
     # Binomial standard error is at most ~0.0035 here; allow 4 sigma.
     assert torch.allclose(freq, target, atol=0.015), freq
@@ -139,34 +149,39 @@ def test_temperature_sharpens():
     logits = target.log().repeat(n, 1)
     cold = make_info([{"temperature": 0.25}] * n, list(range(n)), vocab=4)
     hot = make_info([{"temperature": 1.0}] * n, list(range(n)), vocab=4)
-    top_cold = (Sampler()(logits, cold)[0] == 0).float().mean()
-    top_hot = (Sampler()(logits, hot)[0] == 0).float().mean()
+    top_cold = (sample(logits, cold)[0] == 0).float().mean()
+    top_hot = (sample(logits, hot)[0] == 0).float().mean()
     assert top_cold > top_hot + 0.2
 
 
 def test_seeded_sampling_is_reproducible_and_batch_invariant():
     logits = logits_rows(8, seed=4)
-    params = [{"temperature": 1.0}, {"temperature": 0.7, "top_p": 0.9}, {"temperature": 0}, {"temperature": 1.2, "top_k": 10}] * 2
+    params = [
+        {"temperature": 1.0},
+        {"temperature": 0.7, "top_p": 0.9},
+        {"temperature": 0},
+        {"temperature": 1.2, "top_k": 10},
+    ] * 2
     seeds = [11, 22, 33, 44, 55, 66, 77, 88]
     info = make_info(params, seeds, steps=[3] * 8)
-    ids_batch, lp_batch = Sampler()(logits, info)
-    ids_again, _ = Sampler()(logits, make_info(params, seeds, steps=[3] * 8))
+    ids_batch, lp_batch = sample(logits, info)
+    ids_again, _ = sample(logits, make_info(params, seeds, steps=[3] * 8))
     assert ids_batch.tolist() == ids_again.tolist()
     for i in range(8):
-        alone, lp = Sampler()(logits[i : i + 1], make_info([params[i]], [seeds[i]], steps=[3]))
+        alone, lp = sample(logits[i : i + 1], make_info([params[i]], [seeds[i]], steps=[3]))
         assert alone.item() == ids_batch[i].item()
         assert torch.allclose(lp, lp_batch[i : i + 1])
     # Reversing the batch order changes nothing either.
-    rev, _ = Sampler()(logits.flip(0), make_info(params[::-1], seeds[::-1], steps=[3] * 8))
+    rev, _ = sample(logits.flip(0), make_info(params[::-1], seeds[::-1], steps=[3] * 8))
     assert rev.flip(0).tolist() == ids_batch.tolist()
 
 
 def test_seed_and_step_change_the_draw():
     n = 256
     logits = torch.zeros(n, V)  # uniform: every token equally likely
-    a = Sampler()(logits, make_info([{"temperature": 1.0}] * n, [5] * n, steps=list(range(n))))[0]
+    a = sample(logits, make_info([{"temperature": 1.0}] * n, [5] * n, steps=list(range(n))))[0]
     assert len(set(a.tolist())) > 40  # a fixed seed still draws differently at each step
-    b = Sampler()(logits, make_info([{"temperature": 1.0}] * n, list(range(n)), steps=[0] * n))[0]
+    b = sample(logits, make_info([{"temperature": 1.0}] * n, list(range(n)), steps=[0] * n))[0]
     assert len(set(b.tolist())) > 40
 
 
@@ -181,6 +196,7 @@ def test_uniform_noise_is_uniform_ish():
     assert abs(flat.var().item() - 1 / 12) < 0.002
     hist = torch.histc(flat, bins=20, min=0, max=1) / flat.numel()
     assert (hist - 0.05).abs().max() < 0.004
+
     # Neighbouring tokens, steps and seeds are uncorrelated.
     def corr(x, y):
         return torch.corrcoef(torch.stack((x.flatten(), y.flatten())))[0, 1].abs().item()
@@ -215,13 +231,13 @@ def test_penalties_change_only_seen_tokens():
     assert apply_penalties(logits.clone(), info).tolist() == [[2.0, -2.0, 0.25, 1.5]]
     info = make_info([{"temperature": 0, "frequency_penalty": 1.0}], [0], vocab=4, output_ids=[[3, 3]])
     assert apply_penalties(logits.clone(), info).tolist() == [[2.0, -1.0, 0.5, 1.0]]
-    ids, _ = Sampler()(logits.clone(), info)
+    ids, _ = sample(logits.clone(), info)
     assert ids.item() == 0  # the penalty moved the argmax
 
 
 def test_min_new_tokens_blocks_stop_tokens():
     logits = torch.tensor([[0.0, 0.0, 9.0, 1.0]])  # token 2 is the stop token and the argmax
     info = make_info([{"temperature": 0, "min_new_tokens": 2}], [0], vocab=4, output_ids=[[3]])
-    assert Sampler()(logits.clone(), info)[0].item() == 3
+    assert sample(logits.clone(), info)[0].item() == 3
     info = make_info([{"temperature": 0, "min_new_tokens": 1}], [0], vocab=4, output_ids=[[3]])
-    assert Sampler()(logits.clone(), info)[0].item() == 2
+    assert sample(logits.clone(), info)[0].item() == 2

@@ -24,7 +24,9 @@ def setup_cache(pool=64, cached=40):
 
 def make_req(tree, ids, max_new=0):
     req = SimpleNamespace(
-        fill_ids=list(ids), output_ids=[], sampling_params=SamplingParams.from_dict({"max_new_tokens": max_new}),
+        fill_ids=list(ids),
+        output_ids=[],
+        sampling_params=SamplingParams.from_dict({"max_new_tokens": max_new}),
         cache_protected_len=0,
     )
     req.prefix_indices, req.last_node = tree.match_prefix(req.fill_ids[:-1])
@@ -34,8 +36,12 @@ def make_req(tree, ids, max_new=0):
 
 def adder(alloc, tree, has_running):
     return PrefillAdder(
-        page_size=1, rem_total_tokens=alloc.available_size() + tree.evictable_size(), rem_input_tokens=4096,
-        rem_chunk_tokens=None, rem_requests=8, has_running=has_running,
+        page_size=1,
+        rem_total_tokens=alloc.available_size() + tree.evictable_size(),
+        rem_input_tokens=4096,
+        rem_chunk_tokens=None,
+        rem_requests=8,
+        has_running=has_running,
     )
 
 

@@ -15,13 +15,14 @@ DEVICES = triton_test_devices()
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("tokens,hq,hkv,d,dtype", [(1, 8, 2, 64, torch.bfloat16), (37, 6, 3, 96, torch.float16),
-                                                  (5, 4, 4, 64, torch.uint8)])  # uint8: the fp8 pool's storage
+@pytest.mark.parametrize(
+    "tokens,hq,hkv,d,dtype", [(1, 8, 2, 64, torch.bfloat16), (37, 6, 3, 96, torch.float16), (5, 4, 4, 64, torch.uint8)]
+)  # uint8: the fp8 pool's storage
 def test_store_kv_matches_index_put(device, tokens, hq, hkv, d, dtype):
     gen = torch.Generator().manual_seed(tokens)
     qkv = torch.randint(0, 255, (tokens, (hq + 2 * hkv) * d), generator=gen).to(dtype).to(device)
-    k = qkv[:, hq * d:(hq + hkv) * d].view(tokens, hkv, d)  # strided views, as the attention layer has them
-    v = qkv[:, (hq + hkv) * d:].view(tokens, hkv, d)
+    k = qkv[:, hq * d : (hq + hkv) * d].view(tokens, hkv, d)  # strided views, as the attention layer has them
+    v = qkv[:, (hq + hkv) * d :].view(tokens, hkv, d)
     slots = 3 * tokens + 5
     loc = torch.randperm(slots, generator=gen)[:tokens].to(device)
     k_buf = torch.zeros(slots, hkv, d, dtype=dtype, device=device)

@@ -140,8 +140,9 @@ def test_disabled_cache_matches_and_stores_nothing():
     assert c.total_size() == 0 and c.evict(10) == 0
 
 
-def _req(pool, alloc, tokens, prefix=torch.empty(0, dtype=torch.int64), last_node=None):
+def _req(pool, alloc, tokens, prefix=None, last_node=None):
     """A minimal request that 'prefilled' `tokens`, reusing `prefix` slots, as the scheduler would."""
+    prefix = torch.empty(0, dtype=torch.int64) if prefix is None else prefix
     (idx,) = pool.alloc(1)
     new = alloc.alloc(len(tokens) - len(prefix)) if alloc.page_size == 1 else None
     if new is None:
@@ -149,8 +150,14 @@ def _req(pool, alloc, tokens, prefix=torch.empty(0, dtype=torch.int64), last_nod
     slots = torch.cat((prefix, new))
     pool.req_to_token[idx, : len(tokens)] = slots.to(torch.int32)
     return SimpleNamespace(
-        origin_input_ids=list(tokens), output_ids=[], fill_ids=list(tokens), kv_committed_len=len(tokens),
-        req_pool_idx=idx, prefix_indices=prefix, last_node=last_node, cache_protected_len=len(prefix),
+        origin_input_ids=list(tokens),
+        output_ids=[],
+        fill_ids=list(tokens),
+        kv_committed_len=len(tokens),
+        req_pool_idx=idx,
+        prefix_indices=prefix,
+        last_node=last_node,
+        cache_protected_len=len(prefix),
     )
 
 

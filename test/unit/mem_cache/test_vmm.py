@@ -74,12 +74,24 @@ class Opaque:
 
 
 class FakeDriver:
-    ENUMS = (CUresult, CUmemAllocationType, CUmemLocationType, CUmemAccess_flags,
-             CUmemAllocationGranularity_flags, CUdevice_attribute)
+    ENUMS = (
+        CUresult,
+        CUmemAllocationType,
+        CUmemLocationType,
+        CUmemAccess_flags,
+        CUmemAllocationGranularity_flags,
+        CUdevice_attribute,
+    )
     STRUCTS = (CUmemLocation, CUmemAllocationProp, CUmemAccessDesc)
 
-    def __init__(self, device: int = 0, granularity: int = G, physical: int = 1 << 40,
-                 max_create: Optional[int] = None, vmm_attr: int = 1):
+    def __init__(
+        self,
+        device: int = 0,
+        granularity: int = G,
+        physical: int = 1 << 40,
+        max_create: Optional[int] = None,
+        vmm_attr: int = 1,
+    ):
         for cls in self.ENUMS + self.STRUCTS:
             setattr(self, cls.__name__, cls)
         self.device, self.granularity, self.free_phys = device, granularity, physical
@@ -128,8 +140,7 @@ class FakeDriver:
 
     def cuDeviceGetAttribute(self, attr: Any, dev: int) -> tuple:
         assert attr == CUdevice_attribute.CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
-        return (self._call("cuDeviceGetAttribute", (attr, dev)) or CUresult.CUDA_SUCCESS,
-                self.vmm_attr)
+        return (self._call("cuDeviceGetAttribute", (attr, dev)) or CUresult.CUDA_SUCCESS, self.vmm_attr)
 
     def cuGetErrorName(self, err: CUresult) -> tuple:
         return CUresult.CUDA_SUCCESS, CUresult(err).name.encode()
@@ -222,7 +233,7 @@ def make(n: int = 4, reserve: int = 64 * MiB, drv: Optional[FakeDriver] = None, 
 def assert_consistent(arena: VirtualKVArena, drv: FakeDriver) -> None:
     """Each buffer's [base, base + mapped) is exactly covered by read-write mappings, nothing
     else is mapped, the live handles are exactly the arena's, and each handle is mapped once,
-    whole, from offset 0, inside one buffer's growth step [lo, hi) (no handle shared)."""
+    whole, from offset 0, inside one buffer's mapped part (no handle shared)."""
     covered = 0
     for base in arena.buffer_ptrs:
         pos = base
@@ -241,7 +252,7 @@ def assert_consistent(arena: VirtualKVArena, drv: FakeDriver) -> None:
     for rec in arena._handles:
         [(va, size)] = rec.mappings
         assert drv.maps[va] == (size, int(rec.handle), 0)
-        assert any(b + rec.lo <= va and va + size <= b + rec.hi for b in arena.buffer_ptrs)
+        assert any(b <= va and va + size <= b + arena.mapped_bytes_per_buffer for b in arena.buffer_ptrs)
 
 
 def test_reserve_rounds_to_granularity_and_maps_first_granule():
@@ -251,8 +262,7 @@ def test_reserve_rounds_to_granularity_and_maps_first_granule():
     assert arena.mapped_bytes_per_buffer == G
     assert drv.calls("cuMemCreate") == [(G,)] * 6  # slot 0: one handle per buffer
     assert len(set(drv.created)) == 6 and arena.num_handles == 6
-    assert drv.calls("cuMemMap") == [(base, G, 0, h)
-                                     for base, h in zip(arena.buffer_ptrs, drv.created)]
+    assert drv.calls("cuMemMap") == [(base, G, 0, h) for base, h in zip(arena.buffer_ptrs, drv.created)]
     assert drv.calls("cuMemSetAccess") == [(base, G) for base in arena.buffer_ptrs]
     assert_consistent(arena, drv)
 
@@ -281,11 +291,9 @@ def test_map_to_one_handle_per_buffer_mapped_at_offset_0():
     assert drv.calls("cuMemCreate") == [(delta,)] * 8  # one handle of the delta per buffer
     handles = drv.created[8:]
     assert len(handles) == len(set(handles)) == 8
-    assert drv.calls("cuMemMap") == [(base + G, delta, 0, h)
-                                     for base, h in zip(arena.buffer_ptrs, handles)]
+    assert drv.calls("cuMemMap") == [(base + G, delta, 0, h) for base, h in zip(arena.buffer_ptrs, handles)]
     assert drv.calls("cuMemSetAccess") == [(base + G, delta) for base in arena.buffer_ptrs]
-    assert [n for n, _ in drv.log] == (["synchronize"]
-                                       + ["cuMemCreate", "cuMemMap", "cuMemSetAccess"] * 8)
+    assert [n for n, _ in drv.log] == (["synchronize"] + ["cuMemCreate", "cuMemMap", "cuMemSetAccess"] * 8)
     assert arena.num_handles == 16
     drv.log.clear()
     assert arena.mapped_bytes_per_buffer == 10 * MiB and arena.map_to(4 * MiB) == 10 * MiB
@@ -299,8 +307,9 @@ def test_map_to_splits_each_buffer_above_the_handle_cap():
     assert arena.map_to(13 * G) == 13 * G  # delta 12 granules per buffer -> 5, 5, 2 per buffer
     assert drv.calls("cuMemCreate") == [(5 * G,), (5 * G,), (2 * G,)] * 3
     handles = drv.created[3:]
-    expected = [(base + lo, size, 0) for base in arena.buffer_ptrs
-                for lo, size in ((G, 5 * G), (6 * G, 5 * G), (11 * G, 2 * G))]
+    expected = [
+        (base + lo, size, 0) for base in arena.buffer_ptrs for lo, size in ((G, 5 * G), (6 * G, 5 * G), (11 * G, 2 * G))
+    ]
     assert [c[:3] for c in drv.calls("cuMemMap")] == expected
     assert [c[3] for c in drv.calls("cuMemMap")] == handles
     assert drv.calls("cuMemSetAccess") == [c[:2] for c in expected]
@@ -308,8 +317,9 @@ def test_map_to_splits_each_buffer_above_the_handle_cap():
     drv.log.clear()
     assert arena.map_to(18 * G) == 18 * G  # delta exactly the cap: one handle per buffer
     assert drv.calls("cuMemCreate") == [(5 * G,)] * 3
-    assert drv.calls("cuMemMap") == [(base + 13 * G, 5 * G, 0, h)
-                                     for base, h in zip(arena.buffer_ptrs, drv.created[-3:])]
+    assert drv.calls("cuMemMap") == [
+        (base + 13 * G, 5 * G, 0, h) for base, h in zip(arena.buffer_ptrs, drv.created[-3:])
+    ]
     assert arena.num_handles == 3 + 9 + 3
     assert_consistent(arena, drv)
 
@@ -320,8 +330,10 @@ def test_map_to_falls_back_to_smaller_handles_when_a_big_create_fails():
     assert arena.map_to(9 * G) == 9 * G  # delta 8 granules per buffer: 8 fails, then halves
     # the halved size sticks for the later buffers: no second failed attempt
     assert drv.calls("cuMemCreate") == [(8 * G,)] + [(4 * G,)] * 8
-    assert drv.calls("cuMemMap") == [(base + lo, 4 * G, 0, h) for (base, lo), h in zip(
-        [(b, lo) for b in arena.buffer_ptrs for lo in (G, 5 * G)], drv.created[4:])]
+    assert drv.calls("cuMemMap") == [
+        (base + lo, 4 * G, 0, h)
+        for (base, lo), h in zip([(b, lo) for b in arena.buffer_ptrs for lo in (G, 5 * G)], drv.created[4:])
+    ]
     assert_consistent(arena, drv)
 
 
@@ -332,10 +344,15 @@ def test_map_past_reservation_names_sizes():
     assert arena.map_to(8 * MiB) == 8 * MiB
 
 
-@pytest.mark.parametrize("func,after", [("cuMemGetAllocationGranularity", 0),
-                                        ("cuMemAddressReserve", 2),  # 3rd of 4 buffers
-                                        ("cuMemCreate", 0),
-                                        ("cuMemMap", 1)])  # 2nd buffer's slot-0 mapping
+@pytest.mark.parametrize(
+    "func,after",
+    [
+        ("cuMemGetAllocationGranularity", 0),
+        ("cuMemAddressReserve", 2),  # 3rd of 4 buffers
+        ("cuMemCreate", 0),
+        ("cuMemMap", 1),
+    ],
+)  # 2nd buffer's slot-0 mapping
 def test_init_errors_name_function_and_leak_nothing(func, after):
     drv = FakeDriver()
     drv.fail(func, CUresult.CUDA_ERROR_NOT_SUPPORTED, after=after)
@@ -363,8 +380,9 @@ def test_map_errors_roll_back(func, after):
 
 
 def test_oom_midway_leaves_arena_consistent_and_usable():
-    arena, drv = make(n=4, max_handle_bytes=4 * G, min_handle_bytes=4 * G,
-                      drv=FakeDriver(physical=12 * G))  # 4 x 1 for slot 0, 8 left
+    arena, drv = make(
+        n=4, max_handle_bytes=4 * G, min_handle_bytes=4 * G, drv=FakeDriver(physical=12 * G)
+    )  # 4 x 1 for slot 0, 8 left
     slot0 = dict(drv.maps)
     drv.log.clear()
     with pytest.raises(VMMOutOfMemory, match="cuMemCreate failed: CUDA_ERROR_OUT_OF_MEMORY"):
@@ -373,8 +391,7 @@ def test_oom_midway_leaves_arena_consistent_and_usable():
     ptrs = arena.buffer_ptrs
     new = drv.created[4:]
     assert drv.calls("cuMemCreate") == [(3 * G,)] * 3  # at min_handle_bytes: no halving retry
-    assert drv.calls("cuMemMap") == [(ptrs[0] + G, 3 * G, 0, new[0]),
-                                     (ptrs[1] + G, 3 * G, 0, new[1])]
+    assert drv.calls("cuMemMap") == [(ptrs[0] + G, 3 * G, 0, new[0]), (ptrs[1] + G, 3 * G, 0, new[1])]
     assert len(new) == 2 and all(h not in drv.handles for h in new)  # every new one released
     assert drv.calls("cuMemUnmap") == [(ptrs[1] + G, 3 * G), (ptrs[0] + G, 3 * G)]
     assert [a[0] for a in drv.calls("cuMemRelease")] == new[::-1]
@@ -386,35 +403,6 @@ def test_oom_midway_leaves_arena_consistent_and_usable():
     assert_consistent(arena, drv)
 
 
-def test_shrink_releases_whole_growth_steps_only():
-    arena, drv = make(n=2)
-    ptrs = arena.buffer_ptrs
-    arena.map_to(4 * G)
-    step1 = drv.created[2:4]  # [G, 4G) of buffers 0 and 1
-    arena.map_to(8 * G)
-    step2 = drv.created[4:6]  # [4G, 8G)
-    drv.log.clear()
-    assert arena.shrink_to(6 * G) == 8 * G and arena.shrink_to(5 * G) == 8 * G  # mid-step
-    assert drv.log == []
-    assert arena.shrink_to(4 * G) == 4 * G  # one step = one handle per buffer
-    assert drv.log == [("synchronize", ()),
-                       ("cuMemUnmap", (ptrs[1] + 4 * G, 4 * G)),
-                       ("cuMemUnmap", (ptrs[0] + 4 * G, 4 * G)),
-                       ("cuMemRelease", (step2[1],)), ("cuMemRelease", (step2[0],))]
-    assert arena.num_handles == 4 and drv.free_phys == (1 << 40) - 8 * G
-    assert_consistent(arena, drv)
-    drv.log.clear()
-    assert arena.shrink_to(2 * G) == 4 * G  # the [G, 4G) step is not entirely above 2G
-    assert drv.log == []
-    assert arena.shrink_to(G) == G
-    assert sorted(a[0] for a in drv.calls("cuMemRelease")) == sorted(step1)
-    assert sorted(drv.calls("cuMemUnmap")) == sorted([(p + G, 3 * G) for p in ptrs])
-    assert arena.num_handles == 2 and set(drv.handles) == set(drv.created[:2])
-    assert_consistent(arena, drv)
-    assert arena.map_to(3 * G) == 3 * G
-    assert_consistent(arena, drv)
-
-
 def test_release_order_and_idempotence():
     arena, drv = make(n=3, max_handle_bytes=2 * G)
     arena.map_to(4 * G)  # delta 3 granules per buffer, split 2 + 1: 3 + 6 handles in all
@@ -422,8 +410,7 @@ def test_release_order_and_idempotence():
     drv.log.clear()
     arena.release()
     names = [n for n, _ in drv.log]
-    assert names == ["synchronize"] + ["cuMemUnmap"] * 9 + ["cuMemRelease"] * 9 + [
-        "cuMemAddressFree"] * 3
+    assert names == ["synchronize"] + ["cuMemUnmap"] * 9 + ["cuMemRelease"] * 9 + ["cuMemAddressFree"] * 3
     assert sorted(a[0] for a in drv.calls("cuMemRelease")) == sorted(drv.created)
     assert not drv.reserved and not drv.handles and not drv.maps
     drv.log.clear()
@@ -468,8 +455,14 @@ def test_tensor_over_the_reserved_range(monkeypatch):
     monkeypatch.setattr(torch, "as_tensor", fake_as_tensor)
     t = arena.tensor(1, torch.bfloat16, (4096, 8, 128))  # 8 MiB: may extend past the mapped part
     assert t.dtype == torch.bfloat16 and t.shape == (4096, 8, 128)
-    assert seen == {"version": 3, "shape": (8 * MiB,), "typestr": "|u1",
-                    "strides": None, "data": (arena.buffer_ptrs[1], False), "arena": arena}
+    assert seen == {
+        "version": 3,
+        "shape": (8 * MiB,),
+        "typestr": "|u1",
+        "strides": None,
+        "data": (arena.buffer_ptrs[1], False),
+        "arena": arena,
+    }
     assert arena.tensor(0, torch.float8_e4m3fn, (16 * MiB,)).shape == (16 * MiB,)
     with pytest.raises(ValueError, match="exceeds"):
         arena.tensor(0, torch.float16, (8 * MiB + 1,))
@@ -504,7 +497,6 @@ def test_fake_matches_the_real_cuda_bindings_names():
     real = pytest.importorskip("cuda.bindings.driver", reason="cuda-bindings not installed")
     arena, drv = make()
     arena.map_to(4 * G)
-    arena.shrink_to(G)
     drv.fail("cuMemMap", CUresult.CUDA_ERROR_OUT_OF_MEMORY)
     with pytest.raises(VMMOutOfMemory, match="cuMemMap failed: CUDA_ERROR_OUT_OF_MEMORY"):
         arena.map_to(2 * G)

@@ -99,12 +99,19 @@ def _write_llama_gguf(hf_dir: str, path: str, quantize_mlp: bool) -> dict:
     w.add_vocab_size(cfg.vocab_size)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
-    to_gguf = {v: k for k, v in {
-        "token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}.items()}
+    to_gguf = {
+        v: k for k, v in {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}.items()
+    }
     parts = {
-        "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm", "self_attn.q_proj": "attn_q",
-        "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v", "self_attn.o_proj": "attn_output",
-        "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up", "mlp.down_proj": "ffn_down",
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
     }
     for name, t in sd.items():
         arr = t.float().numpy()
@@ -171,8 +178,16 @@ def test_config_from_synthetic_gguf(tiny_llama_gguf):
 
     ref = AutoConfig.from_pretrained(d)
     cfg = config_from_gguf(path)
-    for key in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
-                "num_key_value_heads", "vocab_size", "max_position_embeddings", "rms_norm_eps"):
+    for key in (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "vocab_size",
+        "max_position_embeddings",
+        "rms_norm_eps",
+    ):
         assert getattr(cfg, key) == pytest.approx(getattr(ref, key)), key
     assert cfg.architectures == ["LlamaForCausalLM"]
     assert cfg.tie_word_embeddings is False  # output.weight is present
@@ -184,7 +199,9 @@ def test_transformers_reads_our_synthetic_gguf_identically(tiny_llama_gguf):
     from transformers import AutoModelForCausalLM
 
     _, path, _, sd = tiny_llama_gguf
-    hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32)
+    hf = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(path), gguf_file=os.path.basename(path), dtype=torch.float32
+    )
     hf_sd = hf.state_dict()
     ours = dict(gguf_weights_iterator(path, show_progress=False))
     for name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.2.self_attn.k_proj.weight"):

@@ -43,8 +43,28 @@ BAD = [
     ({"frequency_penalty": 3}, "frequency_penalty"),
     ({"presence_penalty": -2.5}, "presence_penalty"),
     ({"repetition_penalty": 0}, "repetition_penalty"),
-    ({"n": 2}, "n must be 1"),
+    ({"n": 0}, "n must be in"),
+    ({"n": 65}, "n must be in"),
     ({"seed": "abc"}, "seed"),
+    ({"seed": 2**64}, "seed"),
+    ({"sampling_seed": -(2**63) - 1}, "seed"),
+    ({"top_k": 2**63}, "top_k"),
+    ({"max_new_tokens": 2**40}, "max_new_tokens"),
+    ({"temperature": float("nan")}, "temperature"),
+    ({"top_p": float("inf")}, "top_p"),
+    ({"skip_special_tokens": 5}, "skip_special_tokens"),
+    ({"ignore_eos": "yes"}, "ignore_eos"),
+    ({"no_stop_trim": 1}, "no_stop_trim"),
+    ({"spaces_between_special_tokens": None, "stream_interval": 0}, "stream_interval"),
+    ({"stop": ["x"] * 129}, "stop"),
+    ({"stop": "x" * 1025}, "stop"),
+    ({"logit_bias": {"abc": 1.0}}, "logit_bias"),
+    ({"logit_bias": {"5": 1000}}, "logit_bias"),
+    ({"logit_bias": [1, 2]}, "logit_bias"),
+    ({"regex": "a+"}, "regex"),
+    ({"json_schema": "{}"}, "json_schema"),
+    ({"stop_regex": "x"}, "stop_regex"),
+    ({"custom_params": {"a": 1}}, "custom_params"),
     ({"stop": ""}, "stop"),
     ({"stop": ["ok", 3]}, "stop"),
     ({"stop_token_ids": [1, "x"]}, "stop_token_ids"),
@@ -65,3 +85,50 @@ def test_stop_token_ids_checked_against_vocab():
     p.verify(vocab_size=1000)
     with pytest.raises(SamplingParamsError, match="stop_token_ids"):
         p.verify(vocab_size=512)
+
+
+def test_upstream_keys_at_their_defaults_are_accepted():
+    """SGLang's frontend sends every key, the unsupported ones as null."""
+    p = SamplingParams.from_dict(
+        {
+            "max_new_tokens": 4,
+            "stop": [],
+            "stop_token_ids": [],
+            "temperature": 0.5,
+            "top_p": 0.9,
+            "top_k": -1,
+            "min_p": 0.0,
+            "frequency_penalty": 0.0,
+            "presence_penalty": 0.0,
+            "repetition_penalty": 1.0,
+            "min_new_tokens": 0,
+            "n": 1,
+            "ignore_eos": False,
+            "skip_special_tokens": True,
+            "spaces_between_special_tokens": True,
+            "no_stop_trim": False,
+            "regex": None,
+            "json_schema": None,
+            "ebnf": None,
+            "structural_tag": None,
+            "stop_regex": None,
+            "custom_params": None,
+            "stream_interval": None,
+            "logit_bias": None,
+            "sampling_seed": None,
+        }
+    )
+    assert p.max_new_tokens == 4 and p.stop_strs == [] and p.logit_bias_ids == {}
+
+
+def test_seeds_wrap_into_int64_and_logit_bias_parses():
+    from sglang.srt.sampling.sampling_params import to_int64
+
+    assert SamplingParams.from_dict({"seed": 2**63}).sampling_seed == 2**63
+    assert to_int64(2**63) == -(2**63) and to_int64(2**64 - 1) == -1 and to_int64(5) == 5
+    p = SamplingParams.from_dict({"logit_bias": {"5": -100, "7": 2.5}, "n": 3})
+    p.verify(vocab_size=10)
+    assert p.logit_bias_ids == {5: -100.0, 7: 2.5} and p.n == 3
+    with pytest.raises(SamplingParamsError, match="logit_bias"):
+        p.logit_bias = {"12": 1.0}
+        p.verify(vocab_size=10)

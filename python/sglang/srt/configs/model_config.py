@@ -9,12 +9,18 @@ import torch
 from transformers import AutoConfig, PretrainedConfig
 
 from sglang.srt.distributed.partition import HeadPartition
+from sglang.srt.model_executor.pool_configurator import KVGeometry
 from sglang.srt.model_loader.model_source import ModelSource, resolve_model_source
 
 _DTYPE_NAMES = {
-    "float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
-    "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
-    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    "float32": torch.float32,
+    "float": torch.float32,
+    "fp32": torch.float32,
+    "float16": torch.float16,
+    "half": torch.float16,
+    "fp16": torch.float16,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
 }
 
 
@@ -42,6 +48,17 @@ def resolve_kv_dtype(requested: str, model_dtype: torch.dtype) -> torch.dtype:
         "fp8_e4m3": torch.float8_e4m3fn,
         "fp8_e5m2": torch.float8_e5m2,
     }[requested]
+
+
+def attention_head_dim(config: PretrainedConfig) -> int:
+    """Width of one attention head: the config's head_dim, else hidden_size / heads (the one rule
+    ModelConfig and the model code share)."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
+def total_num_kv_heads(config: PretrainedConfig) -> int:
+    """KV heads of the whole model (before the tensor-parallel split); MHA models name none."""
+    return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
 
 
 def load_hf_config(source: ModelSource) -> PretrainedConfig:
@@ -92,8 +109,7 @@ class ModelConfig:
         context_length: Optional[int] = None,
     ) -> "ModelConfig":
         text = getattr(hf_config, "text_config", None) or hf_config
-        heads = text.num_attention_heads
-        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+        head_dim = attention_head_dim(text)
         derived_ctx = getattr(text, "max_position_embeddings", None) or 4096
         if context_length is not None and context_length > derived_ctx:
             raise ValueError(
@@ -111,8 +127,8 @@ class ModelConfig:
             architecture=(hf_config.architectures or ["LlamaForCausalLM"])[0],
             num_hidden_layers=text.num_hidden_layers,
             hidden_size=text.hidden_size,
-            num_attention_heads=heads,
-            num_key_value_heads=getattr(text, "num_key_value_heads", None) or heads,
+            num_attention_heads=text.num_attention_heads,
+            num_key_value_heads=total_num_kv_heads(text),
             head_dim=head_dim,
             v_head_dim=head_dim,
             vocab_size=text.vocab_size,
@@ -125,6 +141,21 @@ class ModelConfig:
     def get_num_kv_heads(self, tp_size: int = 1, tp_rank: int = 0) -> int:
         """KV heads held by one rank: split across ranks (unevenly if need be), replicated when fewer than ranks."""
         return self.head_partition(tp_size, tp_rank).num_kv_heads
+
+    def kv_geometry(self, tp_size: int = 1, tp_rank: int = 0) -> KVGeometry:
+        """One rank's KV layout: what its pool allocates and its cell size."""
+        return KVGeometry(
+            num_layers=self.num_hidden_layers,
+            kv_heads=self.get_num_kv_heads(tp_size, tp_rank),
+            head_dim=self.head_dim,
+            v_head_dim=self.v_head_dim,
+            dtype_bytes=self.kv_cache_dtype.itemsize,
+        )
+
+    def largest_kv_geometry(self, tp_size: int = 1) -> KVGeometry:
+        """The layout of the rank holding the most KV heads (uneven splits): it binds the token count
+        every rank must share, so the planner sizes from it."""
+        return max((self.kv_geometry(tp_size, rank) for rank in range(tp_size)), key=lambda g: g.kv_heads)
 
     @property
     def is_moe(self) -> bool:

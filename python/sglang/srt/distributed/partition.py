@@ -43,7 +43,9 @@ class HeadPartition:
             kv_start, kv_end = shard_range(num_kv_heads, tp_size, rank)
             return cls(kv_start * group, kv_end * group, kv_start, kv_end, 1)
         if tp_size % num_kv_heads:
-            raise ValueError(f"--tp-size {tp_size} must be a multiple of the {num_kv_heads} KV heads when it exceeds them")
+            raise ValueError(
+                f"--tp-size {tp_size} must be a multiple of the {num_kv_heads} KV heads when it exceeds them"
+            )
         replicas = tp_size // num_kv_heads
         if group % replicas:
             raise ValueError(

@@ -17,8 +17,12 @@ import multiprocessing as mp
 import os
 import signal
 import threading
+import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
+from sglang.srt.entrypoints.server_info import build_server_info
+from sglang.srt.entrypoints.startup_watch import LaunchError, StartingChild, wait_until_ready
+from sglang.srt.environ import envs
 from sglang.srt.managers.detokenizer_manager import run_detokenizer_process
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.scheduler_process import run_scheduler_process
@@ -27,10 +31,6 @@ from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.process import PortArgs, configure_logger, kill_process_tree
 
 logger = logging.getLogger(__name__)
-
-
-class LaunchError(RuntimeError):
-    pass
 
 
 @contextlib.contextmanager
@@ -49,50 +49,48 @@ def _children_ignore_sigint():
         signal.signal(signal.SIGINT, previous)
 
 
+def _start_child(ctx, target, args: tuple, name: str) -> StartingChild:
+    reader, writer = ctx.Pipe(duplex=False)
+    p = ctx.Process(target=target, args=(*args, writer), name=name, daemon=True)
+    with _children_ignore_sigint():
+        p.start()
+    # Only the child may hold the write end: then its death is end-of-file here, not silence.
+    writer.close()
+    return StartingChild(p, reader)
+
+
 def launch_subprocesses(server_args: ServerArgs) -> Tuple[Optional[TokenizerManager], dict, List[mp.Process]]:
-    """Start the scheduler rank(s) of this node and the detokenizer; wait until every rank is ready."""
+    """Start the scheduler rank(s) of this node and the detokenizer; wait until every one is ready.
+    Raises LaunchError (and leaves no child behind) when one fails, dies or times out."""
     port_args = PortArgs.init_new(server_args.dist_init_addr)
     ctx = mp.get_context("spawn")  # CUDA cannot be used in forked children
-    procs: List[mp.Process] = []
-    pipes = []
     ranks_per_node = server_args.tp_size // server_args.nnodes
     first_rank = server_args.node_rank * ranks_per_node
     if server_args.device == "cpu":
         # Spawned children inherit this: idle OpenMP threads sleep instead of spinning, so ranks and the
         # other processes sharing the cores do not steal each other's time (a 10x slowdown otherwise).
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    for local in range(ranks_per_node):
-        reader, writer = ctx.Pipe(duplex=False)
-        gpu_id = server_args.base_gpu_id + local
-        p = ctx.Process(
-            target=run_scheduler_process,
-            args=(server_args, port_args, gpu_id, first_rank + local, writer),
-            name=f"sglang-scheduler-{first_rank + local}",
-            daemon=True,
-        )
-        with _children_ignore_sigint():
-            p.start()
-        procs.append(p)
-        pipes.append(reader)
-    if server_args.node_rank == 0:
-        p = ctx.Process(target=run_detokenizer_process, args=(server_args, port_args), name="sglang-detokenizer", daemon=True)
-        with _children_ignore_sigint():
-            p.start()
-        procs.append(p)
-    infos = []
-    for reader, p in zip(pipes, procs):
-        try:
-            info = reader.recv()
-        except EOFError:
-            info = {"status": "error", "message": f"{p.name} exited with code {p.exitcode} before it was ready"}
-        if info.get("status") != "ready":
-            kill_process_tree(procs)
-            raise LaunchError(f"scheduler failed to start:\n{info.get('message', info)}")
-        infos.append(info)
+    children: List[StartingChild] = []
+    try:
+        for local in range(ranks_per_node):
+            rank = first_rank + local
+            args = (server_args, port_args, server_args.base_gpu_id + local, rank)
+            children.append(_start_child(ctx, run_scheduler_process, args, f"sglang-scheduler-{rank}"))
+        if server_args.node_rank == 0:
+            children.append(_start_child(ctx, run_detokenizer_process, (server_args, port_args), "sglang-detokenizer"))
+        infos = wait_until_ready(children, envs.SGLANG_STARTUP_TIMEOUT.get())[:ranks_per_node]
+    except BaseException:  # a failed, dead or timed-out child, or a signal: no child survives
+        kill_process_tree([c.process for c in children], timeout=5)
+        raise
+    procs = [c.process for c in children]
     # What each rank planned, for /server_info: the pool size must agree, the plan's readings may not.
     ranks = [
-        {"tp_rank": first_rank + n, "max_total_num_tokens": i["max_total_num_tokens"], "path": i["memory_plan"]["path"],
-         "reservations_bytes": i["memory_plan"]["reservations_bytes"]}
+        {
+            "tp_rank": first_rank + n,
+            "max_total_num_tokens": i["max_total_num_tokens"],
+            "path": i["memory_plan"]["path"],
+            "reservations_bytes": i["memory_plan"]["reservations_bytes"],
+        }
         for n, i in enumerate(infos)
     ]
     info = dict(infos[0], ranks=ranks)
@@ -112,6 +110,7 @@ class Engine:
         configure_logger(self.server_args.log_level)
         self.tokenizer_manager, self.scheduler_info, self.processes = launch_subprocesses(self.server_args)
         self.loop = asyncio.new_event_loop()
+        self.startup_time = time.time()
         atexit.register(self.shutdown)
 
     # ---------------------------------------------------------- generation
@@ -125,8 +124,12 @@ class Engine:
         rid: Optional[Union[str, List[str]]] = None,
     ) -> Union[Dict, List[Dict], Iterator[Dict]]:
         obj = GenerateReqInput(
-            text=prompt, input_ids=input_ids, sampling_params=sampling_params, rid=rid,
-            return_logprob=return_logprob, stream=stream,
+            text=prompt,
+            input_ids=input_ids,
+            sampling_params=sampling_params,
+            rid=rid,
+            return_logprob=return_logprob,
+            stream=stream,
         )
         agen = self.tokenizer_manager.generate_request(obj)
         if stream:
@@ -141,7 +144,9 @@ class Engine:
                 return
 
     async def async_generate(self, prompt=None, sampling_params=None, input_ids=None, return_logprob=False) -> Dict:
-        obj = GenerateReqInput(text=prompt, input_ids=input_ids, sampling_params=sampling_params, return_logprob=return_logprob)
+        obj = GenerateReqInput(
+            text=prompt, input_ids=input_ids, sampling_params=sampling_params, return_logprob=return_logprob
+        )
         async for out in self.tokenizer_manager.generate_request(obj):
             return out
 
@@ -149,12 +154,13 @@ class Engine:
         return self.loop.run_until_complete(self.tokenizer_manager.flush_cache()).success
 
     def get_server_info(self) -> Dict:
-        self.loop.run_until_complete(asyncio.sleep(0.6))  # let the scheduler's periodic stats arrive
-        return {
-            **self.server_args.to_public_dict(),
-            **{k: v for k, v in self.scheduler_info.items() if k != "status"},
-            "scheduler_stats": vars(self.tokenizer_manager.stats),
-        }
+        """What /server_info returns (the scheduler's latest periodic stats included)."""
+        self.loop.run_until_complete(self._receive_stats())
+        return build_server_info(self.server_args, self.tokenizer_manager, self.startup_time)
+
+    async def _receive_stats(self) -> None:
+        self.tokenizer_manager.start()
+        await asyncio.sleep(0.6)  # the scheduler reports every 0.5 s
 
     def shutdown(self) -> None:
         if not self.loop.is_closed():

@@ -2,8 +2,9 @@
 
     python -m sglang.launch_server [flags]   ->   launch_server(server_args) here
 
-Routes: /generate (SGLang native), /v1/completions, /v1/chat/completions, /v1/models, /server_info
-(+ /get_server_info), /get_model_info, /health, /health_generate, /flush_cache, /metrics.
+Routes: /generate (SGLang native), /v1/completions, /v1/chat/completions, /v1/models, /v1/models/{id},
+/server_info (+ /get_server_info), /model_info (+ /get_model_info), /health, /health_generate,
+/flush_cache, /metrics.
 The process layout is SGLang's: this process runs uvicorn and the TokenizerManager on one event loop;
 the scheduler rank(s) and the detokenizer are child processes (see engine.launch_subprocesses).
 """
@@ -11,14 +12,13 @@ the scheduler rank(s) and the detokenizer are child processes (see engine.launch
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import signal
 import socket
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import Optional
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -26,7 +26,7 @@ from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from sglang import __version__
-from sglang.srt.entrypoints.engine import LaunchError, launch_subprocesses
+from sglang.srt.entrypoints.engine import launch_subprocesses
 from sglang.srt.entrypoints.http_utils import (
     RequestGuardMiddleware,
     error_response,
@@ -48,6 +48,8 @@ from sglang.srt.entrypoints.native_protocol import GenerateRequest, to_generate_
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat, load_chat_template
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from sglang.srt.entrypoints.server_info import build_model_info, build_server_info
+from sglang.srt.entrypoints.startup_watch import LaunchError
 from sglang.srt.environ import envs
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
@@ -56,7 +58,7 @@ from sglang.srt.utils.process import configure_logger, kill_process_tree
 
 logger = logging.getLogger(__name__)
 
-GRACEFUL_SHUTDOWN_S = 5  # in-flight requests get this long to finish after SIGTERM / a fatal error
+SHUTDOWN_FLUSH_S = 3.0  # after the drain answered every request, their responses get this long to be written
 WARMUP_TIMEOUT_S = 300.0
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -77,28 +79,21 @@ def create_app(tm: TokenizerManager, server_args: ServerArgs) -> FastAPI:
         RequestGuardMiddleware, api_key=server_args.api_key, max_body_bytes=envs.SGLANG_MAX_REQUEST_BODY_BYTES.get()
     )
     # Added last, so outermost: browsers' preflight requests are answered before the key check (as SGLang).
-    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_credentials=True, allow_methods=["*"], allow_headers=["*"])
+    app.add_middleware(
+        CORSMiddleware, allow_origins=["*"], allow_credentials=True, allow_methods=["*"], allow_headers=["*"]
+    )
     model_name = server_args.served_model_name
     completions = OpenAIServingCompletion(tm, model_name)
     chat = OpenAIServingChat(tm, model_name, server_args.chat_template)
-
-    def with_token_text(out: Any, enabled: bool) -> Any:
-        if not enabled or tm.tokenizer is None:
-            return out
-        for o in out if isinstance(out, list) else [out]:
-            for entry in o["meta_info"].get("output_token_logprobs", []):
-                entry[2] = tm.tokenizer.decode([entry[1]])
-        return out
 
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(raw: Request):
         req = await parse_body(raw, GenerateRequest)
         obj, rids = to_generate_input(req)
         first, agen = await start_generation(tm, obj, rids, raw)
-        text_lp = req.return_text_in_logprobs
         if not req.stream:
-            return JSONResponse(with_token_text(first, text_lp))
-        events = sse_stream(tm, rids, first, agen, lambda out: [with_token_text(out, text_lp)], lambda last: [])
+            return JSONResponse(first)
+        events = sse_stream(tm, rids, first, agen, lambda out: [out], lambda last: [])
         return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
 
     @app.post("/v1/completions")
@@ -109,40 +104,61 @@ def create_app(tm: TokenizerManager, server_args: ServerArgs) -> FastAPI:
     async def v1_chat_completions(raw: Request):
         return await chat.handle(await parse_body(raw, ChatCompletionRequest), raw)
 
+    card = ModelCard(id=model_name, root=server_args.model_path, max_model_len=tm.context_len)
+    startup_time = time.time()
+
     @app.get("/v1/models")
     async def v1_models():
-        card = ModelCard(id=model_name, root=server_args.model_path, max_model_len=tm.context_len)
         return ModelList(data=[card]).model_dump()
 
+    @app.get("/v1/models/{model_id:path}")
+    async def v1_model(model_id: str):
+        if model_id != model_name:
+            return error_response(f"model {model_id!r} not found; this server serves {model_name!r}", 404)
+        return card.model_dump()
+
+    @app.get("/model_info")
     @app.get("/get_model_info")
     async def model_info():
-        return {"model_path": server_args.model_path, "tokenizer_path": server_args.tokenizer_path, "is_generation": True}
+        return build_model_info(server_args, tm)
 
     @app.get("/server_info")
     @app.get("/get_server_info")
     async def server_info():
-        return {
-            **server_args.to_public_dict(),
-            **{k: v for k, v in tm.scheduler_info.items() if k != "status"},
-            "scheduler_stats": dataclasses.asdict(tm.stats),
-            "version": __version__,
-        }
+        return build_server_info(server_args, tm, startup_time)
+
+    def unhealthy(starting_ok: bool = False) -> Optional[str]:
+        """Why the server cannot serve now, or None."""
+        tm.check_children()
+        if tm.fatal_error is not None:
+            return f"unhealthy: the engine died: {tm.fatal_error}"
+        if state.shutting_down:
+            return "the server is shutting down"
+        stall_s = envs.SGLANG_HEALTH_STALL_S.get()
+        if tm.stalled_for() > stall_s:
+            return (
+                f"unhealthy: the scheduler has sent no heartbeat for {tm.stalled_for():.0f} s "
+                f"(SGLANG_HEALTH_STALL_S={stall_s:g}): it is frozen or stuck in one step"
+            )
+        if not state.ready and not starting_ok:
+            return "the server is starting"
+        return None
 
     @app.get("/health")
     async def health():
-        if tm.fatal_error is not None:
-            return error_response(f"unhealthy: {tm.fatal_error}", 503)
-        if not state.ready:
-            return error_response("the server is starting", 503)
-        return Response(status_code=200)
+        problem = unhealthy()
+        return error_response(problem, 503) if problem else Response(status_code=200)
 
     @app.get("/health_generate")
     async def health_generate():
         """Liveness of the whole pipeline: one token through the scheduler and detokenizer."""
-        if tm.fatal_error is not None:
-            return error_response(f"unhealthy: {tm.fatal_error}", 503)
+        problem = unhealthy(starting_ok=True)
+        if problem:
+            return error_response(problem, 503)
         rid = f"HEALTH_CHECK_{uuid.uuid4().hex}"
-        obj = GenerateReqInput(input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0}, rid=rid)
+        obj = GenerateReqInput(
+            input_ids=[0], sampling_params={"max_new_tokens": 1, "temperature": 0}, rid=rid, log_metrics=False
+        )
         timeout = envs.SGLANG_HEALTH_CHECK_TIMEOUT.get()
         try:
             await asyncio.wait_for(tm.generate_request(obj).__anext__(), timeout)
@@ -171,15 +187,21 @@ def create_app(tm: TokenizerManager, server_args: ServerArgs) -> FastAPI:
 
 
 # ---------------------------------------------------------------------- serving
-async def _warm_up_and_announce(server: uvicorn.Server, tm: TokenizerManager, server_args: ServerArgs,
-                                state: ServerState, request_shutdown) -> None:
+async def _warm_up_and_announce(
+    server: uvicorn.Server, tm: TokenizerManager, server_args: ServerArgs, state: ServerState, request_shutdown
+) -> None:
     while not server.started:
         if server.should_exit:
             return
         await asyncio.sleep(0.05)
     # One short generation first, so the first user request does not pay one-time costs.
     prompt = {"text": "The capital city of France is"} if tm.tokenizer is not None else {"input_ids": [0, 1, 2]}
-    obj = GenerateReqInput(**prompt, sampling_params={"max_new_tokens": 1, "temperature": 0}, rid=f"WARMUP_{uuid.uuid4().hex}")
+    obj = GenerateReqInput(
+        **prompt,
+        sampling_params={"max_new_tokens": 1, "temperature": 0},
+        rid=f"WARMUP_{uuid.uuid4().hex}",
+        log_metrics=False,
+    )
     try:
         await asyncio.wait_for(tm.generate_request(obj).__anext__(), WARMUP_TIMEOUT_S)
     except Exception as e:  # noqa: BLE001 - any failure here means the server cannot serve
@@ -196,21 +218,41 @@ async def _serve(server_args: ServerArgs, tm: TokenizerManager, sock: socket.soc
     app = create_app(tm, server_args)
     state: ServerState = app.state.server
     config = uvicorn.Config(
-        app, host=server_args.host, port=server_args.port, log_level=server_args.log_level, lifespan="off",
-        timeout_keep_alive=5, timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
+        app,
+        host=server_args.host,
+        port=server_args.port,
+        log_level=server_args.log_level,
+        lifespan="off",
+        # Past our own drain (which answers every request in flight), so uvicorn never has to cancel a handler.
+        timeout_keep_alive=5,
+        timeout_graceful_shutdown=envs.SGLANG_SHUTDOWN_GRACE_S.get() + SHUTDOWN_FLUSH_S,
     )
     server = UvicornServer(config)
 
+    grace_s = envs.SGLANG_SHUTDOWN_GRACE_S.get()
+
+    async def drain() -> None:
+        """In-flight requests get `grace_s` to finish; then whatever is left is answered 503."""
+        deadline = time.monotonic() + grace_s
+        while tm.num_in_flight() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        tm.fail_all("the server is shutting down; this request was aborted", 503)
+
     def request_shutdown(reason: str, exit_code: int) -> None:
         if state.shutting_down:
-            server.force_exit = True  # a second Ctrl-C: stop waiting for in-flight requests
+            # A second signal: answer everything in flight now and stop waiting for connections.
+            tm.fail_all("the server is shutting down now; this request was aborted", 503)
+            server.force_exit = True
             return
         state.shutting_down = True
         state.exit_code = exit_code
         (logger.error if exit_code else logger.info)("Shutting down: %s", reason)
+        tm.begin_shutdown()  # new requests: 503; the listening socket closes when uvicorn stops
         server.should_exit = True
+        drainer.append(loop.create_task(drain()))
 
     loop = asyncio.get_running_loop()
+    drainer: list = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, request_shutdown, f"received {signal.Signals(sig).name}", 0)
     # A dead scheduler or detokenizer: the tokenizer manager has already failed the in-flight
@@ -223,6 +265,8 @@ async def _serve(server_args: ServerArgs, tm: TokenizerManager, sock: socket.soc
     finally:
         state.shutting_down = True
         announcer.cancel()
+        for task in drainer:
+            task.cancel()
         await tm.stop()
     return state.exit_code
 

@@ -64,16 +64,65 @@ def describe_validation_errors(errors: List[dict]) -> str:
     return "; ".join(parts) or "invalid request"
 
 
-async def parse_body(request: Request, model: Type[M]) -> M:
-    """The JSON body as `model`, whatever the Content-Type says (`curl -d` sends a form type);
-    malformed JSON and wrong field types become 400s that name the problem."""
-    body = await request.body()
+MAX_JSON_DEPTH = 32  # the deepest real bodies (chat messages with content parts) nest 5 levels
+PARSE_OFF_LOOP_BYTES = 64 * 1024  # larger bodies are parsed on a worker thread
+
+
+def _reject_constant(name: str) -> float:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"the number {text[:40]} is out of range")
+    return value
+
+
+def check_json_value(data: Any) -> None:
+    """Every string (and key) encodable as UTF-8 (a lone surrogate such as "\\ud800" is not), and no
+    nesting deeper than MAX_JSON_DEPTH, so nothing downstream (tokenizer, pydantic, the detokenizer)
+    meets what it cannot handle. Iterative: a hostile body cannot exhaust the stack here."""
+    stack = [(data, "body", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > MAX_JSON_DEPTH:
+            raise RequestError(f"{path}: JSON nested deeper than {MAX_JSON_DEPTH} levels")
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise RequestError(f"{path}: not valid Unicode (a lone surrogate at position {e.start})") from None
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                stack.append((key, f"{path} key", depth + 1))
+                stack.append((item, key if path == "body" else f"{path}.{key}", depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, f"{path}.{i}", depth + 1) for i, item in enumerate(value))
+
+
+def decode_json_body(body: bytes) -> dict:
+    """Strict JSON (no NaN / Infinity, no out-of-range floats), checked by check_json_value."""
     try:
-        data = json.loads(body) if body.strip() else None
+        data = json.loads(body, parse_constant=_reject_constant, parse_float=_finite_float) if body.strip() else None
+    except RecursionError:
+        raise RequestError(f"malformed JSON body: nested deeper than {MAX_JSON_DEPTH} levels") from None
     except ValueError as e:
         raise RequestError(f"malformed JSON body: {e}") from None
     if not isinstance(data, dict):
         raise RequestError("the request body must be a JSON object")
+    check_json_value(data)
+    return data
+
+
+async def parse_body(request: Request, model: Type[M]) -> M:
+    """The JSON body as `model`, whatever the Content-Type says (`curl -d` sends a form type);
+    malformed JSON and wrong field types become 400s that name the problem."""
+    body = await request.body()
+    if len(body) > PARSE_OFF_LOOP_BYTES:
+        data = await asyncio.to_thread(decode_json_body, body)
+    else:
+        data = decode_json_body(body)
     try:
         return model.model_validate(data)
     except ValidationError as e:

@@ -16,8 +16,20 @@ import triton.language as tl
 
 @triton.jit
 def _rmsnorm_kernel(
-    x_ptr, res_ptr, out_ptr, w_ptr, n_cols, heads, sx0, sx1, sres, so0, so1, eps,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+    x_ptr,
+    res_ptr,
+    out_ptr,
+    w_ptr,
+    n_cols,
+    heads,
+    sx0,
+    sx1,
+    sres,
+    so0,
+    so1,
+    eps,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
 ):
     # Row r is (r // heads, r % heads): 2-D inputs use heads=1; per-head norms (Qwen3's q/k norm)
     # run on strided [T, H, D] views of the fused qkv output without a copy.
@@ -38,8 +50,13 @@ def _rmsnorm_kernel(
     tl.store(out_ptr + r0 * so0 + r1 * so1 + cols, out, mask=mask)
 
 
-def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None,
-            out: torch.Tensor | None = None) -> torch.Tensor:
+def rmsnorm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
     """norm over the last dim of x ([T, D], or [T, H, D] normed per head; strided rows are fine).
     With `residual` ([T, D]): residual += x in place and the result is norm(residual). `out` may be
     x itself (in place); by default a new contiguous tensor."""
@@ -53,8 +70,20 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
     res = residual if residual is not None else x3[:, 0]
     if n_tok:
         _rmsnorm_kernel[(n_tok * heads,)](
-            x3, res, o3, weight, n_cols, heads, x3.stride(0), x3.stride(1), res.stride(0), o3.stride(0), o3.stride(1),
-            eps, HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(n_cols),
+            x3,
+            res,
+            o3,
+            weight,
+            n_cols,
+            heads,
+            x3.stride(0),
+            x3.stride(1),
+            res.stride(0),
+            o3.stride(0),
+            o3.stride(1),
+            eps,
+            HAS_RESIDUAL=residual is not None,
+            BLOCK=triton.next_power_of_2(n_cols),
             num_warps=4 if n_cols <= 1024 else 8,
         )
     return out
@@ -62,9 +91,28 @@ def rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.T
 
 @triton.jit
 def _rotary_kernel(
-    q_ptr, k_ptr, cos_ptr, sin_ptr, pos_ptr, stride_q, stride_k, stride_cos, num_q_heads, num_k_heads,
-    v_ptr, k_buf, v_buf, loc_ptr, stride_v, stride_kb, stride_vb, v_row,
-    HEAD_DIM: tl.constexpr, HALF: tl.constexpr, BLOCK_H: tl.constexpr, STORE_KV: tl.constexpr,
+    q_ptr,
+    k_ptr,
+    cos_ptr,
+    sin_ptr,
+    pos_ptr,
+    stride_q,
+    stride_k,
+    stride_cos,
+    num_q_heads,
+    num_k_heads,
+    v_ptr,
+    k_buf,
+    v_buf,
+    loc_ptr,
+    stride_v,
+    stride_kb,
+    stride_vb,
+    v_row,
+    HEAD_DIM: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    STORE_KV: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
     token = tl.program_id(0)
@@ -98,8 +146,15 @@ def _rotary_kernel(
         tl.store(v_buf + slot * stride_vb + offs_v, v, mask=offs_v < v_row)
 
 
-def apply_rotary_inplace(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor, cos_cache: torch.Tensor,
-                         sin_cache: torch.Tensor, head_dim: int, kv_store=None) -> None:
+def apply_rotary_inplace(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    cos_cache: torch.Tensor,
+    sin_cache: torch.Tensor,
+    head_dim: int,
+    kv_store=None,
+) -> None:
     """Rotate-half rotary on q [T, Hq*D] and k [T, Hkv*D] (rows may be strided views of qkv).
 
     With ``kv_store`` (a FusedSetKVBufferArg) the same kernel also writes the rotated K rows and
@@ -115,10 +170,30 @@ def apply_rotary_inplace(positions: torch.Tensor, q: torch.Tensor, k: torch.Tens
         v, k_buf, v_buf, loc = kv_store.value, kv_store.k_buffer, kv_store.v_buffer, kv_store.cache_loc
         stride_v, stride_kb, stride_vb, v_row = v.stride(0), k_buf.stride(0), v_buf.stride(0), v.shape[1]
     _rotary_kernel[(n_tokens,)](
-        q, k, cos_cache, sin_cache, positions, q.stride(0), k.stride(0), cos_cache.stride(0), hq, hk,
-        v, k_buf, v_buf, loc, stride_v, stride_kb, stride_vb, v_row,
-        HEAD_DIM=head_dim, HALF=head_dim // 2, BLOCK_H=triton.next_power_of_2(max(hq, hk)),
-        STORE_KV=kv_store is not None, BLOCK_V=triton.next_power_of_2(v_row), num_warps=4,
+        q,
+        k,
+        cos_cache,
+        sin_cache,
+        positions,
+        q.stride(0),
+        k.stride(0),
+        cos_cache.stride(0),
+        hq,
+        hk,
+        v,
+        k_buf,
+        v_buf,
+        loc,
+        stride_v,
+        stride_kb,
+        stride_vb,
+        v_row,
+        HEAD_DIM=head_dim,
+        HALF=head_dim // 2,
+        BLOCK_H=triton.next_power_of_2(max(hq, hk)),
+        STORE_KV=kv_store is not None,
+        BLOCK_V=triton.next_power_of_2(v_row),
+        num_warps=4,
     )
 
 
@@ -129,7 +204,9 @@ def _silu_and_mul_kernel(x_ptr, out_ptr, d, stride_x, stride_out, BLOCK: tl.cons
     mask = cols < d
     gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + d + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * stride_out + cols, (gate / (1.0 + tl.exp(-gate)) * up).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(
+        out_ptr + row * stride_out + cols, (gate / (1.0 + tl.exp(-gate)) * up).to(out_ptr.dtype.element_ty), mask=mask
+    )
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
@@ -138,5 +215,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty((n_rows, d), dtype=x.dtype, device=x.device)
     if n_rows:
         block = min(triton.next_power_of_2(d), 2048)
-        _silu_and_mul_kernel[(n_rows, triton.cdiv(d, block))](x, out, d, x.stride(0), out.stride(0), BLOCK=block, num_warps=4)
+        _silu_and_mul_kernel[(n_rows, triton.cdiv(d, block))](
+            x, out, d, x.stride(0), out.stride(0), BLOCK=block, num_warps=4
+        )
     return out

@@ -45,7 +45,9 @@ def _copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:
 
 
 class ReplicatedLinear(LinearBase):
-    def __init__(self, input_size: int, output_size: int, bias: bool = False, params_dtype=None, prefix: str = "") -> None:
+    def __init__(
+        self, input_size: int, output_size: int, bias: bool = False, params_dtype=None, prefix: str = ""
+    ) -> None:
         super().__init__(input_size, output_size, bias, params_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -87,7 +89,9 @@ class ColumnParallelLinear(LinearBase):
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel outputs (e.g. gate_proj and up_proj) stored back to back."""
 
-    def __init__(self, input_size: int, output_sizes: List[int], bias: bool = False, params_dtype=None, prefix: str = "") -> None:
+    def __init__(
+        self, input_size: int, output_sizes: List[int], bias: bool = False, params_dtype=None, prefix: str = ""
+    ) -> None:
         self.output_sizes = output_sizes
         super().__init__(input_size, sum(output_sizes), bias, params_dtype=params_dtype, prefix=prefix)
 
@@ -121,7 +125,10 @@ class QKVParallelLinear(ColumnParallelLinear):
     ) -> None:
         self.head_size = head_size
         self.heads = HeadPartition.for_rank(
-            total_num_heads, total_num_kv_heads, get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
+            total_num_heads,
+            total_num_kv_heads,
+            get_tensor_model_parallel_world_size(),
+            get_tensor_model_parallel_rank(),
         )
         self.num_heads, self.num_kv_heads = self.heads.num_q_heads, self.heads.num_kv_heads
         output_size = (total_num_heads + 2 * total_num_kv_heads) * head_size  # the checkpoint's

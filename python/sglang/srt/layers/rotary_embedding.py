@@ -89,7 +89,9 @@ class RotaryEmbedding(nn.Module):
             arg.v_buffer[arg.cache_loc] = arg.value.view(k.shape[0], *arg.v_buffer.shape[1:]).to(arg.v_buffer.dtype)
         return q, k
 
-    def _forward_torch(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def _forward_torch(
+        self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         cos = self.cos_cache[positions].unsqueeze(1)
         sin = self.sin_cache[positions].unsqueeze(1)
         qs = q.view(q.shape[0], -1, self.head_dim)

@@ -6,11 +6,13 @@ so a seeded request samples the same tokens whatever else is in its batch, on an
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from dataclasses import dataclass
+from typing import List, Optional
 
 import torch
 from torch import nn
 
+from sglang.srt.sampling.logprobs import LogprobExtras, extras_from_logprobs
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
 _MASK64 = (1 << 64) - 1
@@ -95,15 +97,25 @@ def filter_probs(probs: torch.Tensor, info: SamplingBatchInfo, rows: slice = sli
 SAMPLING_CHUNK_ROWS = 64
 
 
+@dataclass
+class SampleOutput:
+    next_token_ids: torch.Tensor  # [bs] int64
+    logprobs: Optional[torch.Tensor]  # [bs] fp32: of each sampled token, under the penalised logits
+    extras: Optional[LogprobExtras] = None  # top-k and chosen ids at this position, where asked
+
+
 class Sampler(nn.Module):
-    def forward(
-        self, logits: torch.Tensor, info: SamplingBatchInfo, return_logprob: bool = True
-    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """Returns (next token ids [bs] int64, their log-probabilities under the penalised logits [bs],
-        or None when not asked for). `logits` may be in any float dtype; each row chunk is promoted."""
+    def forward(self, logits: torch.Tensor, info: SamplingBatchInfo, return_logprob: bool = True) -> SampleOutput:
+        """Sample one token per row. With return_logprob, also its logprob under the penalised logits
+        and whatever top-k / chosen-id logprobs the batch asked for (`info.logprob_requests`).
+        `logits` may be in any float dtype; each row chunk is promoted."""
         bs = logits.shape[0]
         ids = torch.empty(bs, dtype=torch.int64, device=logits.device)
         logprobs = torch.empty(bs, dtype=torch.float32, device=logits.device) if return_logprob else None
+        wanted = info.logprob_requests if return_logprob else None
+        top_k = wanted.max_top() if wanted is not None else 0
+        chosen_ids = wanted.ids_matrix(list(range(bs)), logits.device) if wanted is not None else None
+        extra_parts: List[LogprobExtras] = []
         for start in range(0, bs, SAMPLING_CHUNK_ROWS):
             rows = slice(start, start + SAMPLING_CHUNK_ROWS)
             chunk = apply_penalties(logits[rows].float(), info, start)
@@ -117,5 +129,12 @@ class Sampler(nn.Module):
                 chunk_ids = torch.where(info.greedy_mask[rows], chunk_ids, sampled)
             ids[rows] = chunk_ids
             if logprobs is not None:
-                logprobs[rows] = chunk.gather(-1, chunk_ids[:, None]).squeeze(-1) - torch.logsumexp(chunk, dim=-1)
-        return ids, logprobs
+                normalizer = torch.logsumexp(chunk, dim=-1, keepdim=True)
+                logprobs[rows] = (chunk.gather(-1, chunk_ids[:, None]) - normalizer).squeeze(-1)
+                if top_k or chosen_ids is not None:
+                    extra_parts.append(
+                        extras_from_logprobs(
+                            chunk - normalizer, top_k, None if chosen_ids is None else chosen_ids[rows]
+                        )
+                    )
+        return SampleOutput(ids, logprobs, LogprobExtras.cat(extra_parts) if extra_parts else None)

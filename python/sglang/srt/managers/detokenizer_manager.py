@@ -11,9 +11,11 @@ import zmq
 
 from sglang.srt.managers.io_struct import BatchStrOut, BatchTokenIDOut
 from sglang.srt.server_args import ServerArgs
-from sglang.srt.utils.process import PortArgs, configure_logger, die_with_parent
+from sglang.srt.utils.fault_injection import FaultPlan
+from sglang.srt.utils.process import PortArgs, ShutdownRequested, configure_logger, die_with_parent, raise_on_sigterm
 
 logger = logging.getLogger(__name__)
+DETOKENIZER_SOURCE = "detokenizer"  # marks an abort decided here: the scheduler must be told to stop the request
 
 
 @dataclass
@@ -35,8 +37,16 @@ class IncrementalDetokenizer:
     def _decode(self, ids: List[int], skip: bool, spaces: bool) -> str:
         return self.tokenizer.decode(ids, skip_special_tokens=skip, spaces_between_special_tokens=spaces)
 
-    def step(self, rid: str, new_ids: List[int], finished: Optional[dict], skip: bool, spaces: bool, no_stop_trim: bool,
-             stop_str_max_len: int = 0) -> str:
+    def step(
+        self,
+        rid: str,
+        new_ids: List[int],
+        finished: Optional[dict],
+        skip: bool,
+        spaces: bool,
+        no_stop_trim: bool,
+        stop_str_max_len: int = 0,
+    ) -> str:
         st = self.states.setdefault(rid, DecodeStatus(ids=[]))
         st.ids.extend(new_ids)
         ids = st.ids
@@ -63,26 +73,57 @@ class IncrementalDetokenizer:
             del self.states[rid]
         return delta
 
-    def process(self, out: BatchTokenIDOut) -> BatchStrOut:
-        strs = [
-            self.step(rid, ids, fin, skip, spaces, nst, stop_len) if self.tokenizer is not None else ""
-            for rid, ids, fin, skip, spaces, nst, stop_len in zip(
-                out.rids, out.output_ids, out.finished_reasons, out.skip_special_tokens,
-                out.spaces_between_special_tokens, out.no_stop_trim, out.stop_str_max_len,
+    def _step_or_fail(self, i: int, out: BatchTokenIDOut, finished: List[Optional[dict]]) -> str:
+        """Decode request i; if its data cannot be decoded, fail that request alone (never the process)."""
+        if self.tokenizer is None:
+            return ""
+        rid = out.rids[i]
+        try:
+            return self.step(
+                rid,
+                out.output_ids[i],
+                out.finished_reasons[i],
+                out.skip_special_tokens[i],
+                out.spaces_between_special_tokens[i],
+                out.no_stop_trim[i],
+                out.stop_str_max_len[i],
             )
-        ]
+        except Exception as e:  # noqa: BLE001 - one request's bad data must not take the detokenizer down
+            logger.exception("Detokenizing request %s failed; it is aborted", rid)
+            self.states.pop(rid, None)
+            finished[i] = {
+                "type": "abort",
+                "status_code": 500,
+                "source": DETOKENIZER_SOURCE,
+                "message": f"the detokenizer could not decode this request's output: {type(e).__name__}: {e}",
+            }
+            return ""
+
+    def process(self, out: BatchTokenIDOut) -> BatchStrOut:
+        finished = list(out.finished_reasons)
+        strs = [self._step_or_fail(i, out, finished) for i in range(len(out.rids))]
         return BatchStrOut(
-            rids=out.rids, output_strs=strs, output_ids=out.output_ids, finished_reasons=out.finished_reasons,
-            prompt_tokens=out.prompt_tokens, completion_tokens=out.completion_tokens,
-            cached_tokens=out.cached_tokens, output_token_logprobs=out.output_token_logprobs,
+            rids=out.rids,
+            output_strs=strs,
+            output_ids=out.output_ids,
+            finished_reasons=finished,
+            prompt_tokens=out.prompt_tokens,
+            completion_tokens=out.completion_tokens,
+            cached_tokens=out.cached_tokens,
+            output_token_logprobs=out.output_token_logprobs,
             first_token_times=out.first_token_times,
+            queue_times=out.queue_times,
+            logprob_extras=out.logprob_extras,
         )
 
 
-def run_detokenizer_process(server_args: ServerArgs, port_args: PortArgs) -> None:
+def run_detokenizer_process(server_args: ServerArgs, port_args: PortArgs, pipe) -> None:
     die_with_parent()
+    pipe.send({"status": "started"})
+    raise_on_sigterm()
     configure_logger(server_args.log_level, prefix="detokenizer")
     try:
+        faults = FaultPlan.from_env()
         tokenizer = None
         if not server_args.skip_tokenizer_init:
             from sglang.srt.utils.hf_tokenizer import get_tokenizer
@@ -94,8 +135,24 @@ def run_detokenizer_process(server_args: ServerArgs, port_args: PortArgs) -> Non
         send = ctx.socket(zmq.PUSH)
         send.connect(port_args.tokenizer_ipc_name)
         detok = IncrementalDetokenizer(tokenizer)
+        faults.at_startup("detokenizer")
+        pipe.send({"status": "ready"})
+    except ShutdownRequested:
+        raise SystemExit(0) from None
+    except BaseException:
+        msg = traceback.format_exc()
+        logger.error("Detokenizer failed to start:\n%s", msg)
+        pipe.send({"status": "error", "message": msg})
+        raise SystemExit(1) from None
+    try:
+        count = 0
         while True:
-            send.send_pyobj(detok.process(recv.recv_pyobj()))
+            msg = recv.recv_pyobj()
+            count += 1
+            faults.on_detokenizer_message(count)
+            send.send_pyobj(detok.process(msg))
+    except ShutdownRequested:
+        raise SystemExit(0) from None
     except BaseException:
         logger.error("Detokenizer failed:\n%s", traceback.format_exc())
-        raise SystemExit(1)
+        raise SystemExit(1) from None

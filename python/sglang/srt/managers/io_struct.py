@@ -16,6 +16,14 @@ class GenerateReqInput:
     rid: Optional[Union[str, List[str]]] = None
     return_logprob: Union[bool, List[bool]] = False
     stream: bool = False
+    # Logprobs as SGLang returns them: of input tokens from logprob_start_len (-1: output tokens only),
+    # the top_logprobs_num most likely tokens at each position, and those of token_ids_logprob.
+    logprob_start_len: Union[int, List[int]] = -1
+    top_logprobs_num: Union[int, List[int]] = 0
+    token_ids_logprob: Optional[Union[List[int], List[List[int]]]] = None
+    return_text_in_logprobs: bool = False
+    return_prompt_token_ids: bool = False
+    log_metrics: bool = True  # false for internal requests (health checks, warm-up)
 
     @property
     def is_batch(self) -> bool:
@@ -31,6 +39,9 @@ class GenerateReqInput:
     def item(self, i: int) -> "GenerateReqInput":
         """The i-th single request of a batch."""
         pick = lambda v: v[i] if isinstance(v, list) else v  # noqa: E731
+        ids_lp = self.token_ids_logprob  # one list for every item, or a list per item
+        if ids_lp is not None and ids_lp and not isinstance(ids_lp[0], int):
+            ids_lp = ids_lp[i]
         return GenerateReqInput(
             text=self.text[i] if self.text is not None else None,
             input_ids=self.input_ids[i] if self.input_ids is not None else None,
@@ -38,6 +49,12 @@ class GenerateReqInput:
             rid=self.rid[i] if isinstance(self.rid, list) else (f"{self.rid}-{i}" if self.rid else None),
             return_logprob=pick(self.return_logprob),
             stream=self.stream,
+            logprob_start_len=pick(self.logprob_start_len),
+            top_logprobs_num=pick(self.top_logprobs_num),
+            token_ids_logprob=ids_lp,
+            return_text_in_logprobs=self.return_text_in_logprobs,
+            return_prompt_token_ids=self.return_prompt_token_ids,
+            log_metrics=self.log_metrics,
         )
 
 
@@ -49,6 +66,13 @@ class TokenizedGenerateReqInput:
     sampling_params: Any  # SamplingParams
     return_logprob: bool
     stream: bool
+    log_metrics: bool = True
+    logprob_start_len: int = -1
+    top_logprobs_num: int = 0
+    token_ids_logprob: Optional[List[int]] = None
+    # Output formatting only (the tokenizer manager's; the scheduler ignores them).
+    return_text_in_logprobs: bool = False
+    return_prompt_token_ids: bool = False
 
 
 @dataclass
@@ -82,7 +106,10 @@ class SchedulerStats:
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     gen_throughput: float = 0.0
-    num_retractions: int = 0
+    num_retractions: int = 0  # retractions so far (a request may be retracted more than once)
+    num_retracted_waiting: int = 0  # waiting requests that were retracted at least once
+    num_oom_recoveries: int = 0  # batches aborted after an out-of-memory error, the server kept serving
+    forward_ct: int = 0  # forwards run so far: the heartbeat /health watches
 
 
 @dataclass
@@ -103,6 +130,10 @@ class BatchTokenIDOut:
     # time.monotonic() of each request's first token in the scheduler (CLOCK_MONOTONIC is one clock for
     # every process of the host), so TTFT is right even when tokens are sent only at the end.
     first_token_times: List[Optional[float]]
+    queue_times: List[Optional[float]]  # seconds from arrival at the scheduler to the first prefill
+    # Per request, when it asked for logprobs: new top-k / chosen-id pairs of its output tokens
+    # ("output_top", "output_ids") and, once, its prompt logprobs ("input_token", "input_top", "input_ids").
+    logprob_extras: List[Optional[dict]]
 
 
 @dataclass
@@ -118,6 +149,8 @@ class BatchStrOut:
     cached_tokens: List[int]
     output_token_logprobs: List[List[float]]
     first_token_times: List[Optional[float]]
+    queue_times: List[Optional[float]]
+    logprob_extras: List[Optional[dict]]
 
 
 @dataclass

@@ -7,12 +7,13 @@ are recorded in ReqToTokenPool row `req_pool_idx`; a cached prefix comes from th
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, List, Optional
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 import torch
 
 from sglang.srt.model_executor.forward_batch_info import ForwardMode, ModelWorkerBatch
+from sglang.srt.sampling.logprobs import LogprobRequests
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -36,6 +37,16 @@ class FinishReason:
         if self.kind == "abort":
             return {"type": "abort", "message": self.message, "status_code": self.status_code}
         return {"type": "stop", "matched": self.matched}
+
+
+@dataclass
+class PromptLogprobs:
+    """A request's prompt-position logprobs, from logprob_start_len on: per position the prompt token's
+    (logprob, id) (logprob None at position 0, which nothing predicts), its top-k and chosen-id pairs."""
+
+    token: List[Tuple[Optional[float], int]] = field(default_factory=list)
+    top: List[Optional[List[Tuple[float, int]]]] = field(default_factory=list)
+    chosen: List[Optional[List[Tuple[float, int]]]] = field(default_factory=list)
 
 
 class Req:
@@ -62,6 +73,15 @@ class Req:
             self.stop_token_ids |= set(eos_token_ids)
         self.output_ids: List[int] = []
         self.output_token_logprobs: List[float] = []
+        # Logprobs beyond the sampled token's (SGLang's logprob_start_len / top_logprobs_num / token_ids_logprob).
+        self.logprob_start_len: Optional[int] = None  # first prompt position scored; None: no prompt logprobs
+        self.top_logprobs_num = 0
+        self.token_ids_logprob: Optional[List[int]] = None
+        self.input_logprobs = PromptLogprobs()  # filled chunk by chunk during the prefill
+        self.input_logprobs_done = False  # the whole prompt was scored (not again after a retraction)
+        self.input_logprobs_sent = False
+        self.output_top_logprobs: List[List[Tuple[float, int]]] = []
+        self.output_token_ids_logprobs: List[List[Tuple[float, int]]] = []
         self.finished_reason: Optional[FinishReason] = None
         # KV bookkeeping
         self.fill_ids: List[int] = []
@@ -75,6 +95,7 @@ class Req:
         self.retractions = 0
         self.created_time = time.monotonic()
         self.first_token_time: Optional[float] = None
+        self.queue_time: Optional[float] = None  # arrival -> first prefill, seconds
         self.sent_offset = 0  # output tokens already sent to the detokenizer
 
     @property
@@ -84,11 +105,19 @@ class Req:
     def finished(self) -> bool:
         return self.finished_reason is not None
 
+    @property
+    def wants_input_logprobs(self) -> bool:
+        return self.return_logprob and self.logprob_start_len is not None and not self.input_logprobs_done
+
     def init_next_round_input(self, tree_cache: Optional["RadixCache"]) -> None:
         """Set fill_ids and match the longest cached prefix (the last token is always recomputed)."""
         self.fill_ids = self.origin_input_ids + self.output_ids
         if tree_cache is not None:
-            self.prefix_indices, self.last_node = tree_cache.match_prefix(self.fill_ids[: len(self.fill_ids) - 1])
+            key = self.fill_ids[: len(self.fill_ids) - 1]
+            if self.wants_input_logprobs:
+                # Prompt token q is scored from the hidden state at q - 1: those must be computed here.
+                key = key[: max(self.logprob_start_len, 1) - 1]
+            self.prefix_indices, self.last_node = tree_cache.match_prefix(key)
         self.extend_input_len = len(self.fill_ids) - len(self.prefix_indices)
 
     def init_chunk_continuation(self) -> None:
@@ -212,6 +241,29 @@ class ScheduleBatch:
     def merge(self, other: "ScheduleBatch") -> None:
         self.reqs = self.reqs + other.reqs
 
+    def logprob_requests(self) -> Optional[LogprobRequests]:
+        """What this batch asks of logprobs beyond the sampled tokens, or None if no request wants logprobs.
+        In a prefill, the rows of prompt positions to score: hidden row r (position pos) scores token pos + 1."""
+        if not any(r.return_logprob for r in self.reqs):
+            return None
+        wanted = LogprobRequests(
+            top_nums=[r.top_logprobs_num if r.return_logprob else 0 for r in self.reqs],
+            token_ids=[r.token_ids_logprob if r.return_logprob else None for r in self.reqs],
+        )
+        if not self.forward_mode.is_extend():
+            return wanted
+        first_row = 0
+        for i, (req, prefix, ext) in enumerate(zip(self.reqs, self.prefix_lens, self.extend_lens)):
+            if req.wants_input_logprobs:
+                prompt = req.origin_input_ids
+                lo, hi = max(prefix, max(req.logprob_start_len, 1) - 1), min(prefix + ext, len(prompt) - 1)
+                for pos in range(lo, hi):
+                    wanted.input_rows.append(first_row + pos - prefix)
+                    wanted.input_targets.append(prompt[pos + 1])
+                    wanted.input_owner.append(i)
+            first_row += ext
+        return wanted
+
     def get_model_worker_batch(self) -> ModelWorkerBatch:
         extend = self.forward_mode.is_extend()
         return ModelWorkerBatch(
@@ -222,6 +274,6 @@ class ScheduleBatch:
             out_cache_loc=self.out_cache_loc,
             extend_seq_lens=self.extend_lens if extend else None,
             extend_prefix_lens=self.prefix_lens if extend else None,
-            sampling_info=SamplingBatchInfo.from_reqs(self.reqs, self.vocab_size, self.device),
+            sampling_info=SamplingBatchInfo.from_reqs(self.reqs, self.vocab_size, self.device, self.logprob_requests()),
             return_logprob=any(r.return_logprob for r in self.reqs),
         )

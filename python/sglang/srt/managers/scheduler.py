@@ -19,11 +19,14 @@ from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.managers.io_struct import AbortReq, SchedulerStats, TokenizedGenerateReqInput
 from sglang.srt.managers.schedule_batch import FinishReason, Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import PrefillAdder, estimated_future_tokens, sort_waiting_queue
-from sglang.srt.managers.scheduler_output import SchedulerOutputMixin
+from sglang.srt.managers.scheduler_faults import SchedulerFaultMixin
+from sglang.srt.managers.scheduler_output import BatchResult, SchedulerOutputMixin
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.sampling.sampling_params import SamplingParams, to_int64
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils.fault_injection import FaultPlan
 
 logger = logging.getLogger(__name__)
 
@@ -32,7 +35,7 @@ MIN_NEW_TOKEN_RATIO = 0.14
 NEW_TOKEN_RATIO_DECAY = 0.001
 
 
-class Scheduler(SchedulerOutputMixin):
+class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
     def __init__(
         self,
         server_args: ServerArgs,
@@ -40,8 +43,10 @@ class Scheduler(SchedulerOutputMixin):
         tp_rank: int = 0,
         dist_init_method: Optional[str] = None,
         output_sink: Optional[Callable] = None,
+        faults: Optional[FaultPlan] = None,
     ) -> None:
         self.server_args = server_args
+        self.faults = faults or FaultPlan()
         self.tp_rank = tp_rank
         self.model_config = ModelConfig.from_server_args(server_args)
         self.model_runner = ModelRunner(
@@ -59,9 +64,7 @@ class Scheduler(SchedulerOutputMixin):
         self.tree_cache = RadixCache(
             self.req_to_token_pool, self.allocator, server_args.page_size, disable=server_args.disable_radix_cache
         )
-        self.max_running_requests = min(
-            self.model_runner.memory_plan.max_running_requests, self.req_to_token_pool.size
-        )
+        self.max_running_requests = self.req_to_token_pool.size  # the request table is sized once, by the planner
         chunk = server_args.chunked_prefill_size
         self.chunked_prefill_size = chunk if chunk and chunk > 0 else None
         self.waiting_queue: Deque[Req] = deque()
@@ -73,6 +76,7 @@ class Scheduler(SchedulerOutputMixin):
         self._tokens_since = (time.monotonic(), 0)
         self.forward_ct = 0
         self._finished_reqs: List[Req] = []  # finished outside process_batch_result, sent with the next output
+        self._oom_logged = False  # the memory summary is logged at the first out-of-memory error only
 
     def _tokenizer_eos(self) -> set:
         tok = self.tokenizer
@@ -80,25 +84,61 @@ class Scheduler(SchedulerOutputMixin):
 
     @property
     def max_total_num_tokens(self) -> int:
-        return self.model_runner.max_total_num_tokens
+        return self.allocator.size  # the allocator owns the token count
 
     # --------------------------------------------------------------- input
     def add_request(self, recv: TokenizedGenerateReqInput) -> None:
+        """Queue a request; one whose data cannot be handled is answered with an error, never fatal."""
+        try:
+            self._add_request(recv)
+        except Exception as e:  # noqa: BLE001 - the second line of defence behind the tokenizer manager's checks
+            logger.exception("Could not admit request %s", recv.rid)
+            req = Req(recv.rid, [], SamplingParams(), [], 0)
+            req.finished_reason = FinishReason(
+                "abort", message=f"the scheduler could not admit this request: {type(e).__name__}: {e}", status_code=400
+            )
+            self.stream_output([req])
+
+    def _add_request(self, recv: TokenizedGenerateReqInput) -> None:
         params = recv.sampling_params
-        seed = params.sampling_seed if params.sampling_seed is not None else random.getrandbits(62)
-        req = Req(recv.rid, recv.input_ids, params, self.eos_token_ids, seed, recv.return_logprob, recv.stream, recv.input_text)
+        seed = to_int64(params.sampling_seed) if params.sampling_seed is not None else random.getrandbits(62)
+        req = Req(
+            recv.rid,
+            recv.input_ids,
+            params,
+            self.eos_token_ids,
+            seed,
+            recv.return_logprob,
+            recv.stream,
+            recv.input_text,
+        )
+        if recv.return_logprob:
+            # SGLang's rule: -1 scores the last prompt token only (the first position it can be asked for).
+            start = len(req.origin_input_ids) - 1 if recv.logprob_start_len == -1 else recv.logprob_start_len
+            if start >= len(req.origin_input_ids):
+                self._abort_new(
+                    req,
+                    f"logprob_start_len ({start}) must be smaller than the prompt's {len(req.origin_input_ids)} tokens",
+                )
+                return
+            req.logprob_start_len = start
+            req.top_logprobs_num = recv.top_logprobs_num
+            req.token_ids_logprob = recv.token_ids_logprob
         if len(req.origin_input_ids) >= self.model_config.context_len:
-            self._abort_new(req, f"prompt of {len(req.origin_input_ids)} tokens does not fit the context length {self.model_config.context_len}")
+            self._abort_new(
+                req,
+                f"prompt of {len(req.origin_input_ids)} tokens does not fit the context length {self.model_config.context_len}",
+            )
             return
         if len(req.origin_input_ids) + 1 > self.max_total_num_tokens:
-            self._abort_new(req, f"prompt of {len(req.origin_input_ids)} tokens does not fit the KV cache of {self.max_total_num_tokens} tokens")
+            self._abort_new(
+                req,
+                f"prompt of {len(req.origin_input_ids)} tokens does not fit the KV cache of {self.max_total_num_tokens} tokens",
+            )
             return
-        # Never generate past the context window.
+        # Never generate past the context window. max_new_tokens 0 still runs the prefill, as in SGLang:
+        # it caches the prompt (the frontend's prefix caching, parallel samples) and computes prompt logprobs.
         params.max_new_tokens = min(params.max_new_tokens, self.model_config.context_len - len(req.origin_input_ids))
-        if params.max_new_tokens == 0:
-            req.finished_reason = FinishReason("length", length=0)
-            self.stream_output([req])
-            return
         self.waiting_queue.append(req)
 
     def _abort_new(self, req: Req, message: str) -> None:
@@ -179,6 +219,8 @@ class Scheduler(SchedulerOutputMixin):
         batch = self.new_batch(adder.can_run_list)
         for req in batch.reqs:
             if req.kv_committed_len == 0 and not req.output_ids:  # first admission, not a later chunk
+                if req.queue_time is None:
+                    req.queue_time = time.monotonic() - req.created_time
                 req.cached_tokens = len(req.prefix_indices)
                 self.stats.cached_tokens_total += req.cached_tokens
         batch.prepare_for_extend()
@@ -190,7 +232,9 @@ class Scheduler(SchedulerOutputMixin):
             if batch.batch_size() == 1:
                 req = batch.reqs[0]
                 req.finished_reason = FinishReason(
-                    "abort", message=f"KV cache of {self.max_total_num_tokens} tokens cannot hold this request", status_code=400
+                    "abort",
+                    message=f"KV cache of {self.max_total_num_tokens} tokens cannot hold this request",
+                    status_code=400,
                 )
                 self.release_finished(batch)
                 self.running_batch = None
@@ -215,21 +259,28 @@ class Scheduler(SchedulerOutputMixin):
         logger.info("KV cache full: retracted request %s (%d tokens) to the waiting queue", victim.rid, victim.seqlen)
 
     # -------------------------------------------------------------- running
-    def run_batch(self, batch: ScheduleBatch):
-        forward_batch = ForwardBatch.init_new(batch.get_model_worker_batch(), self.model_runner)
-        logits_output = self.model_runner.forward(forward_batch)
-        next_ids, logprobs = self.model_runner.sample(logits_output, forward_batch)
+    def run_batch(self, batch: ScheduleBatch) -> BatchResult:
         self.forward_ct += 1
-        ids = next_ids.tolist()
-        return ids, logprobs.tolist() if logprobs is not None else [0.0] * len(ids)
+        self.faults.before_forward(self.forward_ct)
+        worker_batch = batch.get_model_worker_batch()
+        forward_batch = ForwardBatch.init_new(worker_batch, self.model_runner)
+        logits_output = self.model_runner.forward(forward_batch)
+        sampled = self.model_runner.sample(logits_output, forward_batch)
+        return BatchResult.from_device(
+            sampled, logits_output.input_logprobs, worker_batch.sampling_info.logprob_requests
+        )
 
     def step(self) -> bool:
         """Run at most one batch; returns False when there was nothing to do."""
         batch = self.get_next_batch_to_run()
         if batch is None:
             return False
-        next_ids, logprobs = self.run_batch(batch)
-        self.process_batch_result(batch, next_ids, logprobs)
+        try:
+            result = self.run_batch(batch)
+        except Exception as e:  # noqa: BLE001 - out of memory, or a bug in one batch: fail it, keep serving
+            self.handle_batch_failure(batch, e)
+            return True
+        self.process_batch_result(batch, result)
         return True
 
     def has_work(self) -> bool:

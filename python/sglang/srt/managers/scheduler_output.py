@@ -3,25 +3,105 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, List
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 from sglang.srt.managers.io_struct import BatchTokenIDOut
+from sglang.srt.managers.schedule_batch import FinishReason
 
 if TYPE_CHECKING:
+    from sglang.srt.layers.sampler import SampleOutput
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
     from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.sampling.logprobs import InputLogprobs, LogprobExtras, LogprobRequests
+
+Pairs = List[Tuple[float, int]]
+
+
+def _pairs(values: Optional[List[List[float]]], ids: Optional[List[List[int]]], row: int, n: int) -> Pairs:
+    return list(zip(values[row][:n], ids[row][:n])) if values is not None and n else []
+
+
+@dataclass
+class BatchResult:
+    """One forward's results on the host: sampled tokens and every logprob some request asked for."""
+
+    next_ids: List[int]
+    logprobs: List[float]
+    top_values: Optional[List[List[float]]] = None  # per batch row, the batch's largest top-k
+    top_ids: Optional[List[List[int]]] = None
+    chosen: Optional[List[List[float]]] = None  # per batch row, aligned with its token_ids_logprob
+    input_token: Optional[List[float]] = None  # per scored prompt row (LogprobRequests.input_rows)
+    input_top_values: Optional[List[List[float]]] = None
+    input_top_ids: Optional[List[List[int]]] = None
+    input_chosen: Optional[List[List[float]]] = None
+    requests: Optional["LogprobRequests"] = None
+
+    @classmethod
+    def from_device(
+        cls, sampled: "SampleOutput", prompt: Optional["InputLogprobs"], requests: Optional["LogprobRequests"]
+    ) -> "BatchResult":
+        def host(x):
+            return None if x is None else x.tolist()
+
+        ids = sampled.next_token_ids.tolist()
+        out = cls(ids, host(sampled.logprobs) or [0.0] * len(ids), requests=requests)
+        extras: Optional["LogprobExtras"] = sampled.extras
+        if extras is not None:
+            out.top_values, out.top_ids, out.chosen = host(extras.top_values), host(extras.top_ids), host(extras.chosen)
+        if prompt is not None:
+            out.input_token = host(prompt.token_logprobs)
+            e = prompt.extras
+            out.input_top_values, out.input_top_ids, out.input_chosen = (
+                host(e.top_values),
+                host(e.top_ids),
+                host(e.chosen),
+            )
+        return out
+
+    def output_extras(self, row: int, req: "Req") -> Tuple[Pairs, Pairs]:
+        """(top-k pairs, chosen-id pairs) at batch row `row`'s sampled position."""
+        chosen = list(zip(self.chosen[row], req.token_ids_logprob)) if self.chosen and req.token_ids_logprob else []
+        return _pairs(self.top_values, self.top_ids, row, req.top_logprobs_num), chosen
+
+    def add_prompt_logprobs(self, row: int, req: "Req", prefix_len: int) -> None:
+        """Append what this prefill chunk scored of batch row `row`'s prompt to the request."""
+        got = req.input_logprobs
+        if req.logprob_start_len == 0 and prefix_len == 0:  # nothing predicts the first prompt token
+            got.token.append((None, req.origin_input_ids[0]))
+            got.top.append(None)
+            got.chosen.append(None)
+        if self.requests is None or self.input_token is None:
+            return
+        for k, owner in enumerate(self.requests.input_owner):
+            if owner != row:
+                continue
+            got.token.append((self.input_token[k], self.requests.input_targets[k]))
+            got.top.append(_pairs(self.input_top_values, self.input_top_ids, k, req.top_logprobs_num))
+            ids = req.token_ids_logprob
+            got.chosen.append(list(zip(self.input_chosen[k], ids)) if self.input_chosen and ids else [])
 
 
 class SchedulerOutputMixin:
-    def process_batch_result(self: "Scheduler", batch: "ScheduleBatch", next_ids: List[int], logprobs: List[float]) -> None:
+    def process_batch_result(self: "Scheduler", batch: "ScheduleBatch", result: BatchResult) -> None:
         extend = batch.forward_mode.is_extend()
-        for req, seq_len, token, logprob in zip(batch.reqs, batch.seq_lens, next_ids, logprobs):
+        for row, (req, seq_len) in enumerate(zip(batch.reqs, batch.seq_lens)):
             req.kv_committed_len = seq_len
+            if extend and req.wants_input_logprobs:
+                result.add_prompt_logprobs(row, req, batch.prefix_lens[row])
+                req.input_logprobs_done = req is not self.chunked_req
             if extend and req is self.chunked_req:  # more chunks to come: no token yet
                 self.tree_cache.cache_unfinished_req(req)
                 continue
             if not req.finished():
-                self.append_token(req, token, logprob)
+                if req.sampling_params.max_new_tokens == 0:  # a prefill-only request: no token is sampled
+                    req.finished_reason = FinishReason("length", length=0)
+                else:
+                    self.append_token(req, result.next_ids[row], result.logprobs[row])
+                    if req.return_logprob:
+                        top, chosen = result.output_extras(row, req)
+                        req.output_top_logprobs.append(top)
+                        req.output_token_ids_logprobs.append(chosen)
         if extend:
             self.stats.prompt_tokens_total += sum(batch.extend_lens)
             done_with_prefill = [r for r in batch.reqs if r is not self.chunked_req]
@@ -70,10 +150,10 @@ class SchedulerOutputMixin:
         batch.filter(keep)
 
     def stream_output(self: "Scheduler", reqs: List["Req"]) -> None:
-        interval = self.server_args.stream_interval
         chosen = []
         for req in reqs:
             new_tokens = len(req.output_ids) - req.sent_offset
+            interval = req.sampling_params.stream_interval or self.server_args.stream_interval
             if req.finished() or (req.stream and new_tokens >= interval):
                 chosen.append(req)
         # Requests finished while not part of this batch (aborts, failed admissions) are sent too.
@@ -82,9 +162,20 @@ class SchedulerOutputMixin:
         if not chosen:
             return
         out = BatchTokenIDOut(
-            rids=[], output_ids=[], finished_reasons=[], prompt_tokens=[], completion_tokens=[],
-            cached_tokens=[], output_token_logprobs=[], skip_special_tokens=[],
-            spaces_between_special_tokens=[], no_stop_trim=[], stop_str_max_len=[], first_token_times=[],
+            rids=[],
+            output_ids=[],
+            finished_reasons=[],
+            prompt_tokens=[],
+            completion_tokens=[],
+            cached_tokens=[],
+            output_token_logprobs=[],
+            skip_special_tokens=[],
+            spaces_between_special_tokens=[],
+            no_stop_trim=[],
+            stop_str_max_len=[],
+            first_token_times=[],
+            queue_times=[],
+            logprob_extras=[],
         )
         for req in chosen:
             start = req.sent_offset
@@ -96,19 +187,48 @@ class SchedulerOutputMixin:
             out.completion_tokens.append(len(req.output_ids))
             out.cached_tokens.append(req.cached_tokens)
             out.output_token_logprobs.append(req.output_token_logprobs[start:] if req.return_logprob else [])
+            out.logprob_extras.append(self._logprob_extras(req, start))
             out.skip_special_tokens.append(req.sampling_params.skip_special_tokens)
             out.spaces_between_special_tokens.append(req.sampling_params.spaces_between_special_tokens)
             out.no_stop_trim.append(req.sampling_params.no_stop_trim)
             out.stop_str_max_len.append(req.sampling_params.stop_str_max_len)
             out.first_token_times.append(req.first_token_time)
+            out.queue_times.append(req.queue_time)
         self.output_sink(out)
+
+    @staticmethod
+    def _logprob_extras(req: "Req", start: int) -> Optional[dict]:
+        """The new top-k / chosen-id output logprobs since output token `start`, and the prompt logprobs
+        once the whole prompt is scored (sent once)."""
+        if not req.return_logprob:
+            return None
+        extras: dict = {}
+        if req.top_logprobs_num:
+            extras["output_top"] = req.output_top_logprobs[start:]
+        if req.token_ids_logprob:
+            extras["output_ids"] = req.output_token_ids_logprobs[start:]
+        if (
+            req.logprob_start_len is not None
+            and not req.input_logprobs_sent
+            and (req.input_logprobs_done or req.finished())
+        ):
+            req.input_logprobs_sent = True
+            got = req.input_logprobs
+            extras["input_token"] = got.token
+            if req.top_logprobs_num:
+                extras["input_top"] = got.top
+            if req.token_ids_logprob:
+                extras["input_ids"] = got.chosen
+        return extras
 
     def update_stats(self: "Scheduler") -> None:
         s = self.stats
         s.num_running_reqs = self.running_batch.batch_size() if self.running_batch else 0
         s.num_queued_reqs = len(self.waiting_queue)
+        s.num_retracted_waiting = sum(1 for r in self.waiting_queue if r.retractions)
         used = self.max_total_num_tokens - self.allocator.available_size() - self.tree_cache.evictable_size()
         s.num_used_tokens = used
+        s.forward_ct = self.forward_ct
         s.max_total_num_tokens = self.max_total_num_tokens
         s.token_usage = used / max(self.max_total_num_tokens, 1)
         now = time.monotonic()

@@ -28,7 +28,8 @@ from sglang.srt.managers.io_struct import (
 )
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.server_args import ServerArgs
-from sglang.srt.utils.process import PortArgs, configure_logger, die_with_parent
+from sglang.srt.utils.fault_injection import FaultPlan
+from sglang.srt.utils.process import PortArgs, ShutdownRequested, configure_logger, die_with_parent, raise_on_sigterm
 
 logger = logging.getLogger(__name__)
 STATS_INTERVAL_S = 0.5
@@ -56,7 +57,9 @@ def broadcast_pyobj(objs: List, src_is_me: bool) -> List:
 
 
 class SchedulerProcess:
-    def __init__(self, server_args: ServerArgs, port_args: PortArgs, gpu_id: int, tp_rank: int) -> None:
+    def __init__(
+        self, server_args: ServerArgs, port_args: PortArgs, gpu_id: int, tp_rank: int, faults: FaultPlan
+    ) -> None:
         self.tp_rank = tp_rank
         self.is_entry_rank = tp_rank == 0
         ctx = zmq.Context(2)
@@ -68,7 +71,7 @@ class SchedulerProcess:
             self.send_to_tokenizer = ctx.socket(zmq.PUSH)
             self.send_to_tokenizer.connect(port_args.tokenizer_ipc_name)
         self.scheduler = Scheduler(
-            server_args, gpu_id, tp_rank, port_args.dist_init_method, output_sink=self._send_tokens
+            server_args, gpu_id, tp_rank, port_args.dist_init_method, output_sink=self._send_tokens, faults=faults
         )
         self._last_stats = 0.0
 
@@ -80,10 +83,12 @@ class SchedulerProcess:
         mr = self.scheduler.model_runner
         return {
             "status": "ready",
-            "max_total_num_tokens": mr.max_total_num_tokens,
+            "max_total_num_tokens": self.scheduler.max_total_num_tokens,
             "max_running_requests": self.scheduler.max_running_requests,
             "context_len": self.scheduler.model_config.context_len,
             "vocab_size": self.scheduler.model_config.vocab_size,
+            "model_type": self.scheduler.model_config.hf_config.model_type,
+            "architectures": list(self.scheduler.model_config.hf_config.architectures or []),
             "memory_plan": mr.memory_plan.to_dict(),
         }
 
@@ -136,6 +141,8 @@ class SchedulerProcess:
 
 def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, gpu_id: int, tp_rank: int, pipe) -> None:
     die_with_parent()
+    pipe.send({"status": "started"})  # our code runs: the spawn bootstrap (main-module re-import) is behind us
+    raise_on_sigterm()
     if server_args.device == "cpu" and server_args.tp_size > 1:
         # CPU ranks of one node share its cores: each takes its share of intra-op threads.
         ranks_here = server_args.tp_size // server_args.nnodes
@@ -143,17 +150,25 @@ def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, gpu_id: 
     configure_logger(server_args.log_level, prefix=f"TP{tp_rank}" if server_args.tp_size > 1 else "")
     proc = None
     try:
-        proc = SchedulerProcess(server_args, port_args, gpu_id, tp_rank)
+        faults = FaultPlan.from_env()
+        proc = SchedulerProcess(server_args, port_args, gpu_id, tp_rank, faults)
+        faults.at_startup("scheduler")
         pipe.send(proc.ready_info())
+    except ShutdownRequested:
+        raise SystemExit(0) from None
     except BaseException:
         msg = traceback.format_exc()
         logger.error("Scheduler failed to start:\n%s", msg)
         pipe.send({"status": "error", "message": msg})
-        raise SystemExit(1)
+        raise SystemExit(1) from None
     try:
         proc.event_loop()
+    except ShutdownRequested as e:
+        logger.info("Scheduler rank %d stopping (%s)", tp_rank, e)
+        proc.scheduler.model_runner.shutdown()  # graphs, pools, then the VMM ranges, in that order
+        raise SystemExit(0) from None
     except BaseException:
         msg = traceback.format_exc()
         logger.error("Scheduler hit an exception:\n%s", msg)
         proc.report_failure(msg)
-        raise SystemExit(1)
+        raise SystemExit(1) from None

@@ -2,20 +2,29 @@
 
 Runs in the main process on an asyncio loop (the HTTP server's, or the offline Engine's). Each
 request has a ReqState that the receive loop fills from the detokenizer's BatchStrOut messages.
+
+The loop must stay responsive whatever one request sends: tokenization and chat templates run on
+one worker thread (`run_cpu`), after a size check that needs no tokenizer, so a multi-megabyte prompt
+never freezes other streams or /health. It also watches the engine: a child process that dies is
+seen at once (its process sentinel is a file descriptor on the loop), every request in flight is
+answered 503 with which child died and how, and the scheduler's periodic stats are its heartbeat.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Dict, List, Optional
+from typing import Any, AsyncIterator, Callable, Dict, List, Optional, TypeVar
 
 import zmq
 import zmq.asyncio
 
+from sglang.srt.environ import envs
 from sglang.srt.managers.io_struct import (
     AbortReq,
     BatchStrOut,
@@ -27,15 +36,22 @@ from sglang.srt.managers.io_struct import (
     TokenizedGenerateReqInput,
 )
 from sglang.srt.managers.tokenizer_metrics import TokenizerMetrics
-from sglang.srt.sampling.sampling_params import SamplingParams, SamplingParamsError
+from sglang.srt.sampling.sampling_params import SamplingParams, SamplingParamsError, to_int64
 from sglang.srt.server_args import ServerArgs
-from sglang.srt.utils.process import PortArgs
+from sglang.srt.utils.process import PortArgs, describe_exit
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
+
+# Normalizers may shrink text (NFKC folds some 3-byte characters into one byte): the byte bound on the
+# token count below is loosened by this factor so that it never refuses a prompt that would fit.
+NORMALIZATION_SLACK = 4
+CLIENT_GONE_STATUS = 499  # aborts nobody waits for (the client went away)
+REAP_WAIT_S = 1.0
 
 
 class RequestError(Exception):
-    """A request the server refuses; the HTTP layer answers with `status_code` and the message."""
+    """A request the server refuses or could not finish; the HTTP layer answers `status_code` with the message."""
 
     def __init__(self, message: str, status_code: int = 400) -> None:
         super().__init__(message)
@@ -53,7 +69,50 @@ class ReqState:
     event: asyncio.Event = field(default_factory=asyncio.Event)
     created: float = field(default_factory=time.monotonic)
     first_token_time: Optional[float] = None
+    last_chunk_time: Optional[float] = None  # arrival of the latest new tokens (inter-token latency)
     error: Optional[RequestError] = None
+    req: Optional[TokenizedGenerateReqInput] = None  # what was asked (logprob options, output format)
+    # Logprobs beyond the sampled tokens' (see scheduler_output._logprob_extras): lists of (logprob, id).
+    output_top: List[list] = field(default_factory=list)
+    output_chosen: List[list] = field(default_factory=list)
+    prompt: Dict[str, list] = field(default_factory=dict)
+
+    @property
+    def log_metrics(self) -> bool:
+        return self.req is None or self.req.log_metrics
+
+
+def max_token_bytes(tokenizer) -> int:
+    """An upper bound on the UTF-8 bytes of input one token can stand for (the longest vocabulary entry;
+    byte-level and SentencePiece spellings are never shorter than the bytes they cover)."""
+    return max((len(tok.encode("utf-8", "replace")) for tok in tokenizer.get_vocab()), default=1) or 1
+
+
+def parallel_samples(t: TokenizedGenerateReqInput) -> List[TokenizedGenerateReqInput]:
+    """The n samples of one prompt as n requests (`rid-0` ... `rid-{n-1}`); a seeded prompt gives each
+    sample its own seed (seed + j), so the samples differ and are still reproducible."""
+    n = t.sampling_params.n
+    if n == 1:
+        return [t]
+    seed = t.sampling_params.sampling_seed
+    return [
+        dataclasses.replace(
+            t,
+            rid=f"{t.rid}-{j}",
+            sampling_params=dataclasses.replace(
+                t.sampling_params, n=1, sampling_seed=None if seed is None else to_int64(seed + j)
+            ),
+        )
+        for j in range(n)
+    ]
+
+
+def prefill_only(t: TokenizedGenerateReqInput) -> TokenizedGenerateReqInput:
+    """The prompt's prefill alone (max_new_tokens 0): it leaves the prompt in the radix cache."""
+    params = dataclasses.replace(t.sampling_params, n=1, max_new_tokens=0, min_new_tokens=0)
+    return dataclasses.replace(
+        t, rid=f"{t.rid}-prefill", sampling_params=params, return_logprob=False, stream=False, log_metrics=False
+    )
 
 
 class TokenizerManager:
@@ -63,26 +122,36 @@ class TokenizerManager:
         self.context_len: int = scheduler_info["context_len"]
         self.vocab_size: int = scheduler_info["vocab_size"]
         self.tokenizer = None
+        self.max_prompt_bytes: Optional[int] = None
         if not server_args.skip_tokenizer_init:
             from sglang.srt.utils.hf_tokenizer import get_tokenizer
 
             self.tokenizer = get_tokenizer(server_args.tokenizer_path)
+            self.max_prompt_bytes = self.context_len * max_token_bytes(self.tokenizer) * NORMALIZATION_SLACK
         self.port_args = port_args
         self.rid_to_state: Dict[str, ReqState] = {}
         self.stats = SchedulerStats(max_total_num_tokens=scheduler_info["max_total_num_tokens"])
         self.metrics = TokenizerMetrics(server_args.served_model_name)
         self.fatal_error: Optional[str] = None
         self.on_fatal: Callable[[str], None] = lambda msg: None
+        self.last_heartbeat = time.monotonic()
+        self.request_timeout_s = envs.SGLANG_REQUEST_TIMEOUT_S.get()
         self._flush_waiters: List[asyncio.Future] = []
         self._loop_task: Optional[asyncio.Task] = None
         self._zmq_ctx: Optional[zmq.asyncio.Context] = None
         self._stopped = False
+        self._draining = False
         self._tasks: List[asyncio.Task] = []
+        self._watched_fds: List[int] = []
+        self._children: Dict[str, List[str]] = {}  # a prompt's rid -> the rids of its n > 1 samples
+        self._token_texts: Dict[int, str] = {}  # token id -> its text alone (logprob entries), at most the vocab
+        # One thread: HF fast tokenizers are not safe to call from several threads at once.
+        self._cpu_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sglang-tokenize")
         self.child_processes: List = []
 
     # ------------------------------------------------------------- sockets
     def start(self) -> None:
-        """Create the sockets and the receive loop on the running event loop (idempotent)."""
+        """Create the sockets, the receive loop and the child watch on the running loop (idempotent)."""
         if self._loop_task is not None:
             return
         ctx = self._zmq_ctx = zmq.asyncio.Context(2)
@@ -91,11 +160,21 @@ class TokenizerManager:
         self.send_to_scheduler = ctx.socket(zmq.PUSH)
         self.send_to_scheduler.connect(self.port_args.scheduler_input_ipc_name)
         loop = asyncio.get_running_loop()
-        self._tasks = [loop.create_task(self.handle_loop()), loop.create_task(self.watch_children())]
+        self._tasks = [loop.create_task(self.handle_loop())]
         self._loop_task = self._tasks[0]
+        self.last_heartbeat = time.monotonic()
+        for p in self.child_processes:
+            # A process sentinel becomes readable the moment the child exits, however it died.
+            loop.add_reader(p.sentinel, self._on_child_exit, p)
+            self._watched_fds.append(p.sentinel)
+        self.check_children()  # one that died before the loop started
 
     async def stop(self) -> None:
         """Cancel the background tasks (before the loop closes) and close the sockets."""
+        loop = asyncio.get_running_loop()
+        for fd in self._watched_fds:
+            loop.remove_reader(fd)
+        self._watched_fds = []
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
@@ -105,6 +184,7 @@ class TokenizerManager:
                 pass
         self._tasks = []
         self._stopped = True
+        self._cpu_pool.shutdown(wait=False, cancel_futures=True)
         if self._zmq_ctx is not None:
             # linger=0: a message still queued for a scheduler that is gone (an abort) must not block
             # close/term forever -- nor pyzmq's destroy() when the context is garbage-collected later.
@@ -118,6 +198,7 @@ class TokenizerManager:
                 self._on_outputs(msg)
             elif isinstance(msg, SchedulerStats):
                 self.stats = msg
+                self.last_heartbeat = time.monotonic()
                 self.metrics.observe_scheduler(msg)
             elif isinstance(msg, FlushCacheReqOutput):
                 waiters, self._flush_waiters = self._flush_waiters, []
@@ -125,26 +206,58 @@ class TokenizerManager:
                     if not fut.done():
                         fut.set_result(msg)
             elif isinstance(msg, SchedulerFailed):
-                self._fatal(f"scheduler failed: {msg.message.strip().splitlines()[-1]}")
+                last_line = msg.message.strip().splitlines()[-1] if msg.message.strip() else "no message"
+                self._fatal(f"the scheduler hit an exception: {last_line}")
 
-    async def watch_children(self) -> None:
-        while self.fatal_error is None:
-            await asyncio.sleep(1.0)
+    # ---------------------------------------------------------- liveness
+    def _on_child_exit(self, process) -> None:
+        asyncio.get_running_loop().remove_reader(process.sentinel)
+        # The sentinel closes while the child is exiting, a moment before it can be reaped.
+        process.join(REAP_WAIT_S)
+        self._fatal(describe_exit(process.name, process.pid, process.exitcode))
+
+    def check_children(self) -> None:
+        """Notice a dead child now (cheap: a non-blocking waitpid per child)."""
+        if self.fatal_error is None:
             for p in self.child_processes:
                 if not p.is_alive():
-                    self._fatal(f"child process {p.name} (pid {p.pid}) exited with code {p.exitcode}")
+                    self._fatal(describe_exit(p.name, p.pid, p.exitcode))
                     return
+
+    def stalled_for(self) -> float:
+        """Seconds since the scheduler's last heartbeat (it sends one every 0.5 s while its loop runs)."""
+        return time.monotonic() - self.last_heartbeat
 
     def _fatal(self, message: str) -> None:
         if self.fatal_error is not None:
             return
         self.fatal_error = message
-        logger.error("Fatal: %s", message)
-        for state in self.rid_to_state.values():
-            state.error = RequestError(f"internal server error: {message}", 500)
-            state.event.set()
+        logger.error("Fatal: the engine died: %s", message)
+        self.fail_all(f"the engine died: {message}; the server is shutting down", 503)
         self.on_fatal(message)
 
+    def fail_all(self, message: str, status_code: int) -> None:
+        """Answer every request in flight with this error (engine death, end of a graceful shutdown)."""
+        for state in self.rid_to_state.values():
+            if state.error is None and state.finished_reason is None:
+                state.error = RequestError(message, status_code)
+                state.event.set()
+
+    def begin_shutdown(self) -> None:
+        """New requests get 503 from now on; those in flight keep running."""
+        self._draining = True
+
+    def num_in_flight(self) -> int:
+        return len(self.rid_to_state)
+
+    def _check_alive(self) -> None:
+        self.check_children()
+        if self.fatal_error is not None:
+            raise RequestError(f"the engine died: {self.fatal_error}; the server is shutting down", 503)
+        if self._stopped or self._draining:
+            raise RequestError("the server is shutting down", 503)
+
+    # ------------------------------------------------------------ outputs
     def _on_outputs(self, out: BatchStrOut) -> None:
         now = time.monotonic()
         for i, rid in enumerate(out.rids):
@@ -152,25 +265,60 @@ class TokenizerManager:
             if state is None:
                 continue  # aborted and forgotten
             state.text += out.output_strs[i]
+            extras = out.logprob_extras[i]
+            if extras:
+                state.output_top.extend(extras.get("output_top", []))
+                state.output_chosen.extend(extras.get("output_ids", []))
+                state.prompt.update({k: v for k, v in extras.items() if k.startswith("input_")})
+            new_tokens = len(out.output_ids[i])
             state.output_ids.extend(out.output_ids[i])
             state.logprobs.extend(out.output_token_logprobs[i])
             if state.first_token_time is None and state.output_ids:
                 # The scheduler's timestamp: non-streamed tokens arrive only with the last one.
                 first = out.first_token_times[i]
                 state.first_token_time = first if first is not None else now
-                self.metrics.observe_ttft(max(state.first_token_time - state.created, 0.0))
+                if state.log_metrics:
+                    self.metrics.observe_ttft(max(state.first_token_time - state.created, 0.0))
+            elif new_tokens and state.last_chunk_time is not None and state.log_metrics:
+                self.metrics.observe_inter_token(now - state.last_chunk_time, new_tokens)
+            if new_tokens:
+                state.last_chunk_time = now
             state.finished_reason = out.finished_reasons[i]
             state.meta = {
                 "prompt_tokens": out.prompt_tokens[i],
                 "completion_tokens": out.completion_tokens[i],
                 "cached_tokens": out.cached_tokens[i],
             }
-            if state.finished_reason is not None:
-                self.metrics.observe_finished(now - state.created, out.prompt_tokens[i], out.completion_tokens[i])
+            fr = state.finished_reason
+            if fr is not None and state.log_metrics:
+                self.metrics.observe_finished(
+                    now - state.created,
+                    out.prompt_tokens[i],
+                    out.completion_tokens[i],
+                    fr.get("type") == "abort",
+                    out.queue_times[i],
+                )
+                if fr.get("source") == "detokenizer":  # the scheduler still runs it: stop it there
+                    self.send_to_scheduler.send_pyobj(AbortReq(rid, fr.get("message", "aborted"), 500))
             state.event.set()
 
     # ----------------------------------------------------------- requests
+    async def run_cpu(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run CPU-heavy request work (tokenization, chat templates) off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._cpu_pool, fn, *args)
+
+    def check_text_size(self, text: str, what: str = "the prompt") -> None:
+        """Refuse a text that cannot fit the context before paying for its tokenization."""
+        if self.max_prompt_bytes is not None and len(text) * 4 > self.max_prompt_bytes:  # 4: UTF-8's widest
+            size = len(text.encode("utf-8", "surrogatepass"))
+            if size > self.max_prompt_bytes:
+                raise RequestError(
+                    f"{what} is {size} bytes; no text over {self.max_prompt_bytes} bytes fits this model's context "
+                    f"length of {self.context_len} tokens"
+                )
+
     def tokenize_one(self, obj: GenerateReqInput) -> TokenizedGenerateReqInput:
+        """Validate one (non-batch) request and tokenize it. Thread-safe apart from the tokenizer."""
         if (obj.text is None) == (obj.input_ids is None):
             raise RequestError("give exactly one of `text` and `input_ids`")
         if obj.text is not None:
@@ -178,11 +326,21 @@ class TokenizerManager:
                 raise RequestError("`text` must be a string or a list of strings")
             if self.tokenizer is None:
                 raise RequestError("this server runs with --skip-tokenizer-init: send `input_ids`, not `text`")
-            input_ids = self.tokenizer.encode(obj.text)
+            self.check_text_size(obj.text)
+            try:
+                input_ids = self.tokenizer.encode(obj.text)
+            except Exception as e:  # noqa: BLE001 - text the tokenizer cannot take is the request's problem
+                raise RequestError(f"text: the tokenizer cannot encode it: {type(e).__name__}: {e}") from None
         else:
             input_ids = obj.input_ids
-            if not isinstance(input_ids, list) or not all(isinstance(t, int) and not isinstance(t, bool) for t in input_ids):
+            if not isinstance(input_ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in input_ids
+            ):
                 raise RequestError("`input_ids` must be a list of integers")
+            if len(input_ids) >= self.context_len:
+                raise RequestError(
+                    f"the prompt has {len(input_ids)} tokens; this model's context length is {self.context_len}"
+                )
             bad = [t for t in input_ids if not 0 <= t < self.vocab_size]
             if bad:
                 raise RequestError(f"input_ids out of the vocabulary [0, {self.vocab_size}): {bad[:5]}")
@@ -206,98 +364,194 @@ class TokenizerManager:
             )
         if not isinstance(obj.return_logprob, bool):
             raise RequestError("`return_logprob` must be a boolean")
+        ids_lp = obj.token_ids_logprob
+        if ids_lp is not None and not all(isinstance(t, int) and 0 <= t < self.vocab_size for t in ids_lp):
+            raise RequestError(f"token_ids_logprob must be token ids in [0, {self.vocab_size})")
+        if obj.return_logprob and obj.logprob_start_len >= len(input_ids):
+            raise RequestError(
+                f"logprob_start_len ({obj.logprob_start_len}) must be smaller than the prompt's {len(input_ids)} tokens"
+            )
         rid = obj.rid if obj.rid is not None else uuid.uuid4().hex
         if not isinstance(rid, str):
             raise RequestError("`rid` must be a string")
-        if rid in self.rid_to_state:
-            raise RequestError(f"request id {rid!r} is already in flight")
-        return TokenizedGenerateReqInput(rid, obj.text or "", list(input_ids), params, obj.return_logprob, obj.stream)
+        return TokenizedGenerateReqInput(
+            rid,
+            obj.text or "",
+            list(input_ids),
+            params,
+            obj.return_logprob,
+            obj.stream,
+            log_metrics=obj.log_metrics,
+            logprob_start_len=obj.logprob_start_len,
+            top_logprobs_num=obj.top_logprobs_num or 0,
+            token_ids_logprob=list(ids_lp) if ids_lp else None,
+            return_text_in_logprobs=obj.return_text_in_logprobs,
+            return_prompt_token_ids=obj.return_prompt_token_ids,
+        )
 
-    def _check_alive(self) -> None:
-        if self._stopped:
-            raise RequestError("the server is shutting down", 503)
-        if self.fatal_error is not None:
-            raise RequestError(f"the server is shutting down: {self.fatal_error}", 503)
+    def _tokenize_all(self, items: List[GenerateReqInput]) -> List[TokenizedGenerateReqInput]:
+        return [self.tokenize_one(it) for it in items]
+
+    def _check_new_rids(self, tokenized: List[TokenizedGenerateReqInput]) -> None:
+        if len({t.rid for t in tokenized}) != len(tokenized):
+            raise RequestError("request ids in a batch must be unique")
+        for t in tokenized:
+            if t.rid in self.rid_to_state:
+                raise RequestError(f"request id {t.rid!r} is already in flight")
 
     async def generate_request(self, obj: GenerateReqInput) -> AsyncIterator[Any]:
         """Yields output dicts: for a stream every update, else one final dict (a list for a batch)."""
         self.start()
         self._check_alive()
-        if obj.is_batch:
-            items = [obj.item(i) for i in range(obj.batch_size())]
-            if not items:
-                raise RequestError("the batch is empty")
-            tokenized = [self.tokenize_one(it) for it in items]  # validate all before sending any
-            if len({t.rid for t in tokenized}) != len(tokenized):
-                raise RequestError("request ids in a batch must be unique")
-            if obj.stream:
-                raise RequestError("streaming is supported for single requests only")
-            states = [self._send(t) for t in tokenized]
-            results = await asyncio.gather(*(self._wait_final(t.rid, s) for t, s in zip(tokenized, states)))
-            yield list(results)
+        items = [obj.item(i) for i in range(obj.batch_size())] if obj.is_batch else [obj]
+        if not items:
+            raise RequestError("the batch is empty")
+        if obj.is_batch and obj.stream:
+            raise RequestError("streaming is supported for single requests only")
+        for it in items:  # cheap checks first, on the loop: no tokenizer work for a hopeless request
+            if isinstance(it.text, str):
+                self.check_text_size(it.text)
+        tokenized = await self.run_cpu(self._tokenize_all, items)  # validate all before sending any
+        self._check_alive()  # the engine may have died or started shutting down meanwhile
+        parallel = any(t.sampling_params.n > 1 for t in tokenized)
+        if parallel and obj.stream:
+            raise RequestError("streaming is supported for one prompt with n = 1; set stream to false for n > 1")
+        samples = [sample for t in tokenized for sample in parallel_samples(t)]
+        self._check_new_rids(samples + [t for t in tokenized if t.sampling_params.n > 1])
+        if obj.is_batch or parallel:
+            yield await self._generate_all(tokenized, samples)
             return
-        tokenized = self.tokenize_one(obj)
-        state = self._send(tokenized)
+        (one,) = tokenized
+        state = self._send(one)
         if not obj.stream:
-            yield await self._wait_final(tokenized.rid, state)
+            yield await self._wait_final(one.rid, state)
             return
         try:
             while True:
-                await state.event.wait()
-                state.event.clear()
-                if state.error is not None:
-                    raise state.error
-                out = self._make_output(tokenized.rid, state)
+                await self._wait_event(one.rid, state)
+                out = self._make_output(one.rid, state)
                 yield out
                 if state.finished_reason is not None:
                     break
         finally:
-            self._forget(tokenized.rid, state)
+            self._forget(one.rid, state)
+
+    async def _generate_all(
+        self, prompts: List[TokenizedGenerateReqInput], samples: List[TokenizedGenerateReqInput]
+    ) -> List[dict]:
+        """Every sample of every prompt, prompt-major (as SGLang orders them). A prompt with n > 1 is
+        prefilled once first, so its samples find it in the radix cache instead of computing it n times."""
+        shared = [t for t in prompts if t.sampling_params.n > 1 and not self.server_args.disable_radix_cache]
+        if shared:
+            warm = [prefill_only(t) for t in shared]
+            await asyncio.gather(*(self._wait_final(w.rid, self._send(w)) for w in warm))
+        parents = {s.rid: t.rid for t in prompts for s in parallel_samples(t) if s.rid != t.rid}
+        for child, parent in parents.items():
+            self._children.setdefault(parent, []).append(child)
+        try:
+            states = [self._send(t) for t in samples]
+            return list(await asyncio.gather(*(self._wait_final(t.rid, st) for t, st in zip(samples, states))))
+        finally:
+            for parent in set(parents.values()):
+                self._children.pop(parent, None)
 
     def _send(self, tokenized: TokenizedGenerateReqInput) -> ReqState:
-        state = ReqState()
+        state = ReqState(req=tokenized)
         self.rid_to_state[tokenized.rid] = state
         self.send_to_scheduler.send_pyobj(tokenized)
         return state
 
+    async def _wait_event(self, rid: str, state: ReqState) -> None:
+        """Wait for the next update of `rid`; raise its error, or a 503 past SGLANG_REQUEST_TIMEOUT_S."""
+        timeout = None
+        if self.request_timeout_s > 0:
+            timeout = max(state.created + self.request_timeout_s - time.monotonic(), 0.0)
+        try:
+            await asyncio.wait_for(state.event.wait(), timeout)
+        except asyncio.TimeoutError:
+            self._forget(rid, state, f"timed out after {self.request_timeout_s:g} s (SGLANG_REQUEST_TIMEOUT_S)")
+            raise RequestError(
+                f"no result within {self.request_timeout_s:g} s (SGLANG_REQUEST_TIMEOUT_S); the request was aborted",
+                503,
+            ) from None
+        state.event.clear()
+        if state.error is not None:
+            raise state.error
+
     async def _wait_final(self, rid: str, state: ReqState) -> dict:
         try:
             while state.finished_reason is None:
-                await state.event.wait()
-                state.event.clear()
-                if state.error is not None:
-                    raise state.error
+                await self._wait_event(rid, state)
             return self._make_output(rid, state)
         finally:
             self._forget(rid, state)
 
-    def _forget(self, rid: str, state: ReqState) -> None:
+    def _forget(self, rid: str, state: ReqState, why: str = "client disconnected") -> None:
         """Drop the state; a request that has not finished (client gone) is aborted so its KV is freed."""
         if self.rid_to_state.get(rid) is state:
             del self.rid_to_state[rid]
             if state.finished_reason is None and self.fatal_error is None and not self._stopped:
-                self.send_to_scheduler.send_pyobj(AbortReq(rid, "client disconnected"))
+                self.send_to_scheduler.send_pyobj(AbortReq(rid, why, CLIENT_GONE_STATUS))
 
     def abort_request(self, rid: str) -> None:
-        state = self.rid_to_state.get(rid)
-        if state is not None:
-            self._forget(rid, state)
+        """Abort `rid` (a client went away); for a prompt with n > 1, all of its samples."""
+        for one in [rid, *self._children.get(rid, [])]:
+            state = self.rid_to_state.get(one)
+            if state is not None:
+                self._forget(one, state)
 
     def _make_output(self, rid: str, state: ReqState) -> dict:
         fr = state.finished_reason
-        if fr is not None and fr.get("type") == "abort" and fr.get("status_code", 0) == 400:
-            raise RequestError(fr.get("message", "request aborted"), 400)
+        if (
+            fr is not None
+            and fr.get("type") == "abort"
+            and fr.get("status_code", 0) >= 400
+            and fr.get("status_code") != CLIENT_GONE_STATUS
+        ):
+            # Refused by the scheduler (400), out of memory (503), a failed batch (500): an HTTP error.
+            raise RequestError(fr.get("message", "request aborted"), fr["status_code"])
         meta = dict(state.meta)
         meta.update(id=rid, finish_reason=fr, e2e_latency=time.monotonic() - state.created)
-        if state.logprobs:
-            meta["output_token_logprobs"] = [[lp, tid, None] for lp, tid in zip(state.logprobs, state.output_ids)]
+        req = state.req
+        if req is not None and req.return_logprob:
+            meta.update(self._logprob_meta(state))
+        if req is not None and req.return_prompt_token_ids:
+            meta["prompt_token_ids"] = list(req.input_ids)
         out = {"output_ids": list(state.output_ids), "meta_info": meta}
         if self.tokenizer is not None:
             out["text"] = state.text
         return out
 
+    def _token_text(self, token_id: int) -> Optional[str]:
+        text = self._token_texts.get(token_id)
+        if text is None and self.tokenizer is not None:
+            text = self._token_texts[token_id] = self.tokenizer.decode([token_id])
+        return text
+
+    def _logprob_meta(self, state: ReqState) -> dict:
+        """meta_info's logprob fields in SGLang's layout: lists of (logprob, token_id, text or None); top-k
+        and chosen-id fields are per position lists of those (None where nothing predicts the token)."""
+        req = state.req
+        text = self._token_text if req.return_text_in_logprobs else (lambda tid: None)
+
+        def entries(pairs):
+            return None if pairs is None else [[lp, tid, text(tid)] for lp, tid in pairs]
+
+        meta = {
+            "input_token_logprobs": entries(state.prompt.get("input_token", [])),
+            "output_token_logprobs": entries(zip(state.logprobs, state.output_ids)),
+        }
+        if req.top_logprobs_num:
+            meta["input_top_logprobs"] = [entries(p) for p in state.prompt.get("input_top", [])]
+            meta["output_top_logprobs"] = [entries(p) for p in state.output_top]
+        if req.token_ids_logprob:
+            meta["input_token_ids_logprobs"] = [entries(p) for p in state.prompt.get("input_ids", [])]
+            meta["output_token_ids_logprobs"] = [entries(p) for p in state.output_chosen]
+        return meta
+
     async def flush_cache(self) -> FlushCacheReqOutput:
         self.start()
+        self._check_alive()
         fut = asyncio.get_running_loop().create_future()
         self._flush_waiters.append(fut)
         self.send_to_scheduler.send_pyobj(FlushCacheReq())

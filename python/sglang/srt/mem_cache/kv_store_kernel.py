@@ -15,9 +15,19 @@ import triton.language as tl
 
 @triton.jit
 def _store_kv_kernel(
-    K, V, K_Buf, V_Buf, Loc,
-    stride_k, stride_v, stride_kb, stride_vb,
-    ROW_K: tl.constexpr, ROW_V: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_V: tl.constexpr,
+    K,
+    V,
+    K_Buf,
+    V_Buf,
+    Loc,
+    stride_k,
+    stride_v,
+    stride_kb,
+    stride_vb,
+    ROW_K: tl.constexpr,
+    ROW_V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_V: tl.constexpr,
 ):
     t = tl.program_id(0)
     slot = tl.load(Loc + t).to(tl.int64)
@@ -36,20 +46,34 @@ def _rows_contiguous(x: torch.Tensor) -> bool:
 
 def can_store_kv_fused(k: torch.Tensor, v: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor) -> bool:
     return (
-        k.dtype == k_buffer.dtype and v.dtype == v_buffer.dtype
+        k.dtype == k_buffer.dtype
+        and v.dtype == v_buffer.dtype
         and all(_rows_contiguous(x) for x in (k, v, k_buffer, v_buffer))
-        and k.shape[1:] == k_buffer.shape[1:] and v.shape[1:] == v_buffer.shape[1:]
+        and k.shape[1:] == k_buffer.shape[1:]
+        and v.shape[1:] == v_buffer.shape[1:]
     )
 
 
-def store_kv(k: torch.Tensor, v: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, loc: torch.Tensor) -> None:
+def store_kv(
+    k: torch.Tensor, v: torch.Tensor, k_buffer: torch.Tensor, v_buffer: torch.Tensor, loc: torch.Tensor
+) -> None:
     """k [T, Hkv, D], v [T, Hkv, Dv] into k_buffer/v_buffer [slots, Hkv, D/Dv] at loc [T] (any int dtype)."""
     num_tokens = k.shape[0]
     if num_tokens == 0:
         return
     row_k, row_v = k.shape[1] * k.shape[2], v.shape[1] * v.shape[2]
     _store_kv_kernel[(num_tokens,)](
-        k, v, k_buffer, v_buffer, loc,
-        k.stride(0), v.stride(0), k_buffer.stride(0), v_buffer.stride(0),
-        ROW_K=row_k, ROW_V=row_v, BLOCK_K=triton.next_power_of_2(row_k), BLOCK_V=triton.next_power_of_2(row_v),
+        k,
+        v,
+        k_buffer,
+        v_buffer,
+        loc,
+        k.stride(0),
+        v.stride(0),
+        k_buffer.stride(0),
+        v_buffer.stride(0),
+        ROW_K=row_k,
+        ROW_V=row_v,
+        BLOCK_K=triton.next_power_of_2(row_k),
+        BLOCK_V=triton.next_power_of_2(row_v),
     )

@@ -4,7 +4,8 @@ ReqToTokenPool maps (request slot, position) -> KV slot index. MHATokenToKVPool 
 K and one V buffer of shape [slots, kv_heads, head_dim] (token-major: each layer's tokens contiguous).
 Slot 0 (the whole first page) is the dummy slot: padded CUDA-graph entries write there, it is never
 handed to a request. The buffers may be ordinary tensors or tensors over CUDA virtual memory whose
-backed size grows after graph capture; either way the slot counts are derived from the buffers.
+backed size grows after graph capture. How many tokens are usable is the allocator's to say
+(TokenToKVPoolAllocator.size); the pool only holds the memory.
 """
 
 from __future__ import annotations
@@ -13,6 +14,12 @@ from types import ModuleType
 from typing import List, Optional, Sequence, Tuple
 
 import torch
+
+
+def kv_storage_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype KV buffers are allocated in: fp8 is stored as bytes (index_put on float8 tensors is
+    not supported everywhere) and viewed back as fp8 when read."""
+    return torch.uint8 if dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else dtype
 
 
 def _fused_store_module(device: str) -> Optional[ModuleType]:
@@ -64,15 +71,14 @@ class MHATokenToKVPool:
         device: str,
         buffers: Optional[Sequence[torch.Tensor]] = None,
     ) -> None:
-        """`size` usable token slots (a multiple of page_size) plus one dummy page in front.
+        """Room for `size` usable tokens (a multiple of page_size) plus one dummy page in front.
 
         `buffers`, when given, are 2 * layer_num tensors (K0, V0, K1, V1, ...) already shaped
         [>= size + page_size, head_num, head_dim]; otherwise they are allocated here.
         """
         self.page_size = page_size
         self.dtype = dtype
-        # fp8 is stored as bytes: index_put on float8 tensors is not supported everywhere.
-        self.store_dtype = torch.uint8 if dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else dtype
+        self.store_dtype = kv_storage_dtype(dtype)
         self.head_num = head_num
         self.head_dim = head_dim
         self.v_head_dim = v_head_dim
@@ -83,55 +89,21 @@ class MHATokenToKVPool:
             # torch.empty, not zeros: every slot is written before it is read, and on the CPU an
             # untouched buffer costs no RAM until the cache fills.
             self.k_buffer = [
-                torch.empty((slots, head_num, head_dim), dtype=self.store_dtype, device=device) for _ in range(layer_num)
+                torch.empty((slots, head_num, head_dim), dtype=self.store_dtype, device=device)
+                for _ in range(layer_num)
             ]
             self.v_buffer = [
-                torch.empty((slots, head_num, v_head_dim), dtype=self.store_dtype, device=device) for _ in range(layer_num)
+                torch.empty((slots, head_num, v_head_dim), dtype=self.store_dtype, device=device)
+                for _ in range(layer_num)
             ]
-            self.backed_slots = slots
         else:
             if len(buffers) != 2 * layer_num:
                 raise ValueError(f"expected {2 * layer_num} KV buffers, got {len(buffers)}")
             self.k_buffer = list(buffers[0::2])
             self.v_buffer = list(buffers[1::2])
-            self.backed_slots = size + page_size
-        self.size = size
+            if size + page_size > self.k_buffer[0].shape[0]:
+                raise ValueError(f"{size} tokens do not fit in buffers of {self.k_buffer[0].shape[0]} slots")
         self._fused_store = _fused_store_module(device)
-        if self.backed_slots > self.k_buffer[0].shape[0]:
-            raise ValueError(f"{size} tokens do not fit in buffers of {self.k_buffer[0].shape[0]} slots")
-
-    # Bytes of one token slot in one K (or V) buffer, derived from the buffers themselves.
-    @property
-    def k_slot_bytes(self) -> int:
-        return self.k_buffer[0][0].numel() * self.k_buffer[0].element_size()
-
-    @property
-    def v_slot_bytes(self) -> int:
-        return self.v_buffer[0][0].numel() * self.v_buffer[0].element_size()
-
-    @property
-    def cell_size(self) -> int:
-        """Bytes of KV per token across all layers (the planner's unit)."""
-        return (self.k_slot_bytes + self.v_slot_bytes) * self.layer_num
-
-    def capacity_for_backed_bytes(self, backed_bytes_per_buffer: int) -> int:
-        """Usable token slots when each buffer has this many bytes backed by physical memory."""
-        slots = min(backed_bytes_per_buffer // self.k_slot_bytes, backed_bytes_per_buffer // self.v_slot_bytes)
-        slots = min(slots, self.k_buffer[0].shape[0])
-        return max(0, (slots // self.page_size) * self.page_size - self.page_size)
-
-    def resize(self, new_size: int) -> None:
-        """Grow or shrink the usable token count within the buffers' extent (their memory is the caller's)."""
-        if new_size % self.page_size:
-            raise ValueError(f"pool size {new_size} is not a multiple of the page size {self.page_size}")
-        if new_size + self.page_size > self.k_buffer[0].shape[0]:
-            raise ValueError(f"pool size {new_size} exceeds the buffers' {self.k_buffer[0].shape[0]} slots")
-        self.size = new_size
-        self.backed_slots = new_size + self.page_size
-
-    def get_kv_size_bytes(self) -> tuple[int, int]:
-        slots = self.size + self.page_size
-        return slots * self.k_slot_bytes * self.layer_num, slots * self.v_slot_bytes * self.layer_num
 
     def _view(self, buf: torch.Tensor) -> torch.Tensor:
         return buf.view(self.dtype) if self.store_dtype != self.dtype else buf
@@ -157,7 +129,9 @@ class MHATokenToKVPool:
         k_buf[loc] = cache_k
         v_buf[loc] = cache_v
 
-    def fused_store_buffers(self, layer_id: int, k: torch.Tensor, v: torch.Tensor) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    def fused_store_buffers(
+        self, layer_id: int, k: torch.Tensor, v: torch.Tensor
+    ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
         """The layer's (K, V) buffers when a kernel may write k/v ([T, H, D] views) into them as they
         are (CUDA, pool dtype == activation dtype, contiguous rows); else None (use set_kv_buffer)."""
         k_buf, v_buf = self.k_buffer[layer_id], self.v_buffer[layer_id]

@@ -7,7 +7,7 @@ range as the measured free memory allows: same addresses, graphs stay valid. Pur
 ranks never race on a build. Before driver calls the arena runs ``torch.cuda.synchronize(device)``
 (creates torch's primary context and makes it current) and calls under ``torch.cuda.device``.
 Tensors from ``tensor()`` keep the arena object alive (GC never unmaps under them), but release()
-and shrink_to() free memory regardless: only once no tensor or CUDA graph uses the freed part.
+frees memory regardless: only once no tensor or CUDA graph uses the arena.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ DEFAULT_MIN_HANDLE_BYTES = 1 << 30
 
 class VMMError(RuntimeError):
     """A CUDA driver call failed: ``func`` and ``error_name`` say which and why."""
+
     def __init__(self, func: str, error_name: str, code: int):
         super().__init__(f"{func} failed: {error_name}")
         self.func, self.error_name, self.code = func, error_name, code
@@ -79,25 +80,28 @@ def vmm_supported(device_index: int, driver: Any = None) -> tuple[bool, str]:
 
 @dataclass
 class _PhysicalHandle:
-    """One cuMemCreate allocation and its slices mapped into buffers. All handles of one map_to
-    call back the same per-buffer range [lo, hi): released together, buffers stay equal."""
+    """One cuMemCreate allocation and its slices mapped into buffers."""
 
     handle: Any
     size: int
-    lo: int
-    hi: int
     mappings: list[tuple[int, int]] = field(default_factory=list)  # (va, size) per cuMemMap
 
 
 class VirtualKVArena:
-    """``num_buffers`` reserved ranges whose physically backed prefixes grow/shrink together."""
+    """``num_buffers`` reserved ranges whose physically backed prefixes grow together."""
 
-    def __init__(self, num_buffers: int, reserve_bytes_per_buffer: int, device_index: int,
-                 driver: Any = None, *,
-                 initial_bytes_per_buffer: Optional[int] = None,  # None: one granule (slot 0)
-                 synchronize: Optional[Callable[[], None]] = None,
-                 max_handle_bytes: int = DEFAULT_MAX_HANDLE_BYTES,
-                 min_handle_bytes: int = DEFAULT_MIN_HANDLE_BYTES):
+    def __init__(
+        self,
+        num_buffers: int,
+        reserve_bytes_per_buffer: int,
+        device_index: int,
+        driver: Any = None,
+        *,
+        initial_bytes_per_buffer: Optional[int] = None,  # None: one granule (slot 0)
+        synchronize: Optional[Callable[[], None]] = None,
+        max_handle_bytes: int = DEFAULT_MAX_HANDLE_BYTES,
+        min_handle_bytes: int = DEFAULT_MIN_HANDLE_BYTES,
+    ):
         # Bookkeeping first, so release()/__del__ work on a half-built arena.
         self._ranges: list[tuple[int, int]] = []  # (base va, reserved size) per buffer
         self._handles: list[_PhysicalHandle] = []
@@ -118,16 +122,18 @@ class VirtualKVArena:
             prop.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
             prop.location.id = device_index
             minimum = drv.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
-            self.granularity: int = int(_check(drv, "cuMemGetAllocationGranularity",
-                                               drv.cuMemGetAllocationGranularity(prop, minimum)))
+            self.granularity: int = int(
+                _check(drv, "cuMemGetAllocationGranularity", drv.cuMemGetAllocationGranularity(prop, minimum))
+            )
             g = self.granularity
             self.reserved_bytes_per_buffer = _round_up(reserve_bytes_per_buffer, g)
             self.max_handle_bytes = max(g, _round_up(max_handle_bytes, g))
             self.min_handle_bytes = max(g, _round_up(min_handle_bytes, g))
             try:
                 for _ in range(num_buffers):
-                    ptr = _check(drv, "cuMemAddressReserve",
-                                 drv.cuMemAddressReserve(self.reserved_bytes_per_buffer, 0, 0, 0))
+                    ptr = _check(
+                        drv, "cuMemAddressReserve", drv.cuMemAddressReserve(self.reserved_bytes_per_buffer, 0, 0, 0)
+                    )
                     self._ranges.append((int(ptr), self.reserved_bytes_per_buffer))
                 initial = g if initial_bytes_per_buffer is None else initial_bytes_per_buffer
                 if initial > 0:
@@ -171,8 +177,10 @@ class VirtualKVArena:
         self._ensure_live()
         target = _round_up(max(bytes_per_buffer, 0), self.granularity)
         if target > self.reserved_bytes_per_buffer:
-            raise ValueError(f"map_to({bytes_per_buffer}) needs {target} bytes per buffer, beyond "
-                             f"the {self.reserved_bytes_per_buffer} bytes reserved per buffer")
+            raise ValueError(
+                f"map_to({bytes_per_buffer}) needs {target} bytes per buffer, beyond "
+                f"the {self.reserved_bytes_per_buffer} bytes reserved per buffer"
+            )
         old = self.mapped_bytes_per_buffer
         if target <= old:
             return old
@@ -197,7 +205,7 @@ class VirtualKVArena:
                                 raise
                             chunk = _round_up(size // 2, self.granularity)  # fragmentation: try smaller
                             continue
-                        new.append(rec := _PhysicalHandle(handle, size, old, target))
+                        new.append(rec := _PhysicalHandle(handle, size))
                         va = base + old + pos
                         _check(drv, "cuMemMap", drv.cuMemMap(va, size, 0, handle, 0))
                         rec.mappings.append((va, size))
@@ -229,23 +237,6 @@ class VirtualKVArena:
             self._attempt(errors, "cuMemRelease", rec.handle)
         return errors
 
-    def shrink_to(self, bytes_per_buffer: int) -> int:
-        """Synchronize, then unmap and free physical memory above ``bytes_per_buffer``. Only whole
-        handles can go, i.e. whole map_to growth steps: the new mapped size (returned) is the
-        smallest step boundary >= the request, so it may stay larger than asked."""
-        self._ensure_live()
-        drop = [h for h in self._handles if h.lo >= bytes_per_buffer]
-        if not drop:
-            return self.mapped_bytes_per_buffer
-        self._sync()
-        with self._device_scope():
-            errors = self._free_handles(drop)
-        self._handles = [h for h in self._handles if h.lo < bytes_per_buffer]
-        self.mapped_bytes_per_buffer = max((h.hi for h in self._handles), default=0)
-        if errors:
-            raise errors[0]
-        return self.mapped_bytes_per_buffer
-
     def tensor(self, buffer_index: int, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         """A CUDA tensor over buffer ``buffer_index``'s reserved range; it may extend past the
         mapped part (touch only what is mapped). Built as uint8 via __cuda_array_interface__,
@@ -256,17 +247,19 @@ class VirtualKVArena:
         shape = tuple(int(s) for s in shape)
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes > self.reserved_bytes_per_buffer:
-            raise ValueError(f"tensor of {nbytes} bytes exceeds the "
-                             f"{self.reserved_bytes_per_buffer} bytes reserved per buffer")
+            raise ValueError(
+                f"tensor of {nbytes} bytes exceeds the {self.reserved_bytes_per_buffer} bytes reserved per buffer"
+            )
         if self.mapped_bytes_per_buffer == 0:  # torch asks the driver where the pointer lives
             raise RuntimeError("map at least one granule before making tensors")
         ptr = self._ranges[buffer_index][0]
-        cai = {"version": 3, "shape": (nbytes,), "typestr": "|u1", "strides": None,
-               "data": (ptr, False)}
+        cai = {"version": 3, "shape": (nbytes,), "typestr": "|u1", "strides": None, "data": (ptr, False)}
         # torch keeps the exporter alive as long as the tensor, and the exporter keeps the arena.
         # An explicit device: some torch versions otherwise .to() the default (CPU) device.
-        t = torch.as_tensor(types.SimpleNamespace(__cuda_array_interface__=cai, arena=self),
-                            device=torch.device("cuda", self.device_index))
+        t = torch.as_tensor(
+            types.SimpleNamespace(__cuda_array_interface__=cai, arena=self),
+            device=torch.device("cuda", self.device_index),
+        )
         if t.is_cuda and t.data_ptr() != ptr:
             raise RuntimeError(f"torch copied the arena range instead of viewing it ({t.device})")
         return t.view(dtype).view(shape)

@@ -8,8 +8,6 @@ real request's cache. Inputs are copied into static buffers before each replay.
 from __future__ import annotations
 
 import bisect
-import logging
-import time
 from typing import Dict, List
 
 import torch
@@ -17,8 +15,6 @@ from tqdm.auto import tqdm
 
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
-
-logger = logging.getLogger(__name__)
 
 
 def default_capture_batch_sizes(max_bs: int) -> List[int]:
@@ -64,13 +60,14 @@ class CudaGraphRunner:
             token_to_kv_pool=mr.token_to_kv_pool,
             attn_backend=mr.attn_backend,
         )
-        fb.attn_metadata = mr.attn_backend.init_forward_metadata_capture_cuda_graph(bs, self.req_pool_indices, self.seq_lens)
+        fb.attn_metadata = mr.attn_backend.init_forward_metadata_capture_cuda_graph(
+            bs, self.req_pool_indices, self.seq_lens
+        )
         return fb
 
     def capture(self) -> None:
+        """Capture every batch size; the model runner measures the memory this takes and logs it."""
         mr = self.model_runner
-        start = time.perf_counter()
-        before = mr.read_available_memory_gb()
         stream = torch.cuda.Stream()
         for bs in tqdm(list(reversed(self.capture_bs)), desc="Capturing CUDA graphs", leave=False):
             fb = self._forward_batch(bs)
@@ -84,11 +81,6 @@ class CudaGraphRunner:
             self.graphs[bs] = graph
             self.outputs[bs] = out.next_token_logits
         torch.cuda.synchronize()
-        after = mr.read_available_memory_gb()
-        logger.info(
-            "Capture cuda graph end. Time elapsed: %.2f s. mem usage=%.2f GB. avail mem=%.2f GB. bs=%s",
-            time.perf_counter() - start, before - after, after, self.capture_bs,
-        )
 
     def can_run(self, forward_batch: ForwardBatch) -> bool:
         return forward_batch.forward_mode.is_decode() and forward_batch.batch_size <= self.max_bs

@@ -1,19 +1,20 @@
-"""MemoryPlan: every term of the device-memory budget, in one object.
+"""MemoryPlan: the report of how device memory was planned, every term of the budget in one object.
 
-Each sizing decision reads from or writes to the plan; it is logged as a table at start-up and
-returned by /server_info under `memory_plan`. Sizes are GiB (floats) unless the name says bytes.
+Built once at the end of start-up from the readings and the pool size the planner decided
+(pool_configurator.py); logged as a table and returned by /server_info under `memory_plan`. Nothing
+reads it back to decide anything. Sizes are GiB (floats) unless the name says bytes.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
-GiB = 1 << 30
+from sglang.srt.model_executor.pool_configurator import GiB, MemoryReadings, PoolArgs, PoolSize, SizingPath
 
 
-@dataclass
+@dataclass(frozen=True)
 class MemoryPlan:
     device: str
     tp_size: int = 1
@@ -37,7 +38,7 @@ class MemoryPlan:
     cuda_graph_max_bs: int = 0
     activation_peak_gb: float = 0.0  # measured by worst-case eager forwards (post-capture path)
     free_after_plan_gb: float = 0.0  # measured once everything is allocated
-    token_cap_reason: str = ""  # set when --max-total-tokens or the VA bound capped the pool
+    token_cap_reason: str = ""  # set when --max-total-tokens capped the pool
     per_rank_available_gb: List[float] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
     # Post-capture path only: what static sizing would have given, and SGLang's headroom rule's count.
@@ -45,6 +46,54 @@ class MemoryPlan:
     sglang_rule_tokens: Optional[int] = None
     # Post-capture path only: free after capture - headroom + KV already backed, before reservations.
     post_capture_budget_bytes: Optional[int] = None
+
+    @classmethod
+    def report(
+        cls,
+        readings: MemoryReadings,
+        pool: PoolSize,
+        path: SizingPath,
+        args: PoolArgs,
+        *,
+        device: str,
+        tp_size: int,
+        weights_bytes: int,
+        per_rank_free_after_weights_bytes: Sequence[int],
+        req_to_token_bytes: int,
+        cuda_graph_max_bs: int,
+        free_after_start_up_bytes: int,
+        notes: Sequence[str] = (),
+    ) -> "MemoryPlan":
+        return cls(
+            device=device,
+            tp_size=tp_size,
+            path=path.name,
+            path_reason=path.reason,
+            mem_fraction_static=args.mem_fraction_static,
+            device_capacity_gb=readings.device_capacity_bytes / GiB,
+            pre_model_load_memory_gb=readings.free_before_weights_bytes / GiB,
+            weights_gb=weights_bytes / GiB,
+            available_after_weights_gb=readings.free_after_weights_bytes / GiB,
+            headroom_gb=pool.headroom_bytes / GiB,
+            headroom_rule=pool.headroom_rule,
+            reservations_bytes=dict(readings.reservations_bytes),
+            cell_size_bytes=readings.kv.cell_size_bytes,
+            page_size=readings.page_size,
+            max_total_num_tokens=pool.tokens,
+            kv_pool_gb=pool.tokens * readings.kv.cell_size_bytes / GiB,
+            max_running_requests=pool.max_running_requests,
+            req_to_token_gb=req_to_token_bytes / GiB,
+            cuda_graph_gb=readings.graph_bytes / GiB,
+            cuda_graph_max_bs=cuda_graph_max_bs,
+            activation_peak_gb=(readings.activation_peak_bytes or 0) / GiB,
+            free_after_plan_gb=free_after_start_up_bytes / GiB,
+            token_cap_reason=pool.cap_reason,
+            per_rank_available_gb=[b / GiB for b in per_rank_free_after_weights_bytes],
+            notes=list(notes),
+            static_equivalent_tokens=pool.static_equivalent_tokens,
+            sglang_rule_tokens=pool.sglang_rule_tokens,
+            post_capture_budget_bytes=pool.budget_bytes if path.post_capture else None,
+        )
 
     @property
     def reservations_gb(self) -> float:
@@ -55,7 +104,9 @@ class MemoryPlan:
         out["reservations_gb"] = round(self.reservations_gb, 4)
         return out
 
-    def format_table(self) -> str:
+    def format_table(self, measured: bool = True) -> str:
+        """The start-up log table; measured=False labels the measured terms as estimates (plan_memory)."""
+        how = "measured" if measured else "estimated"
         rows = [
             ("path", f"{self.path} ({self.path_reason})" if self.path_reason else self.path),
             ("device", f"{self.device} x{self.tp_size} rank(s), capacity {self.device_capacity_gb:.2f} GiB"),
@@ -71,10 +122,10 @@ class MemoryPlan:
             ("KV cell size", f"{self.cell_size_bytes} bytes/token"),
             ("KV pool", f"{self.kv_pool_gb:.2f} GiB = {self.max_total_num_tokens} tokens (page {self.page_size})"),
             ("req_to_token", f"{self.req_to_token_gb:.3f} GiB for {self.max_running_requests} running requests"),
-            ("CUDA graphs", f"{self.cuda_graph_gb:.3f} GiB measured (max bs {self.cuda_graph_max_bs})"),
+            ("CUDA graphs", f"{self.cuda_graph_gb:.3f} GiB {how} (max bs {self.cuda_graph_max_bs})"),
         ]
         if self.activation_peak_gb:
-            rows.append(("activation peak", f"{self.activation_peak_gb:.3f} GiB measured"))
+            rows.append(("activation peak", f"{self.activation_peak_gb:.3f} GiB {how}"))
         if self.static_equivalent_tokens is not None:
             rows.append(("static path would give", f"{self.static_equivalent_tokens} tokens"))
         if self.sglang_rule_tokens is not None:

@@ -1,34 +1,45 @@
 """ModelRunner: one rank's model, KV pools, attention backend, CUDA graphs, and the memory plan.
 
-Start-up order (each step reads the memory the previous one left):
-    distributed init -> pre_model_load_memory -> load weights -> KV pools -> attention backend
-    -> CUDA graphs -> (post-capture resize) -> final plan.
+Start-up order (each step reads the memory the previous one left; every sizing decision is a pure
+function of pool_configurator.py, the mixins only apply it):
+    distributed init -> free before weights -> load weights -> free after weights
+    -> KV pools (static: sized now; post-capture: address space reserved, request table sized)
+    -> attention backend -> CUDA graphs -> (post-capture: measure, size, map, resize) -> MemoryPlan.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
-from typing import Optional, Tuple
+from typing import List, Optional
 
 import torch
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.distributed import parallel_state
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
-from sglang.srt.layers.sampler import Sampler
+from sglang.srt.layers.sampler import SampleOutput, Sampler
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.memory_plan import MemoryPlan
 from sglang.srt.model_executor.model_runner_kv_cache_mixin import ModelRunnerKVCacheMixin
+from sglang.srt.model_executor.pool_configurator import GiB, MemoryReadings, MiB, PoolArgs, PoolSize
 from sglang.srt.model_executor.post_capture_mixin import PostCaptureKVSizingMixin
 from sglang.srt.model_loader.loader import get_model
 from sglang.srt.server_args import ServerArgs
-from sglang.srt.utils.memory import get_available_memory_gb, get_device_memory_capacity
+from sglang.srt.utils.memory import get_available_memory_bytes
 
 logger = logging.getLogger(__name__)
 
 
+def model_extra_kwargs(model_config: ModelConfig, server_args: ServerArgs) -> dict:
+    """Keyword arguments only some model classes take (the KT settings for MoE models)."""
+    return {"server_args": server_args} if model_config.is_moe else {}
+
+
 class ModelRunner(ModelRunnerKVCacheMixin, PostCaptureKVSizingMixin):
+    pool_size: PoolSize  # the planner's decision (static: at init_memory_pool; post-capture: after the resize)
+
     def __init__(
         self,
         model_config: ModelConfig,
@@ -45,43 +56,52 @@ class ModelRunner(ModelRunnerKVCacheMixin, PostCaptureKVSizingMixin):
         self.tp_rank = tp_rank
         self.tp_size = tp_size
         self.dist_init_method = dist_init_method
-        self.memory_plan = MemoryPlan(
-            device=self.device,
-            tp_size=tp_size,
-            mem_fraction_static=server_args.mem_fraction_static,
-            device_capacity_gb=get_device_memory_capacity(self.device, gpu_id) / 1024,
-            cuda_graph_max_bs=0 if server_args.disable_cuda_graph else server_args.cuda_graph_max_bs,
-        )
-        self.post_capture_planned = self.decide_post_capture_path()
+        self.sizing_path = server_args.kv_sizing_path  # decided once, by ServerArgs
+        self.pool_args = PoolArgs.from_server_args(server_args, model_config.context_len)
+        self.kv_geometry = model_config.kv_geometry(tp_size, tp_rank)  # this rank's pool layout
         self.cuda_graph_runner = None
         self.kv_arena = None  # the VMM arena of the post-capture path
         self.token_to_kv_pool = None  # pools exist once init_memory_pool ran
 
         self.init_torch_distributed()
-        self.memory_plan.pre_model_load_memory_gb = self.min_over_ranks(
-            self.read_available_memory_gb(), "pre_model_load_memory_gb"
-        )
-        self.load_model()
+        free_before_weights = self.read_free_memory_bytes()
+        free_after_weights = self.load_model(free_before_weights)
+        self.readings = self.take_memory_readings(free_before_weights, free_after_weights)
         self.init_memory_pool()
         self.sampler = Sampler()
         self.init_attention_backend()
         self.init_cuda_graphs()
-        if self.post_capture_planned:
+        if self.sizing_path.post_capture:
             self.post_capture_resize_kv_pool()
-        self.memory_plan.free_after_plan_gb = self.read_available_memory_gb()
+        self.memory_plan = self.build_memory_plan(free_before_weights - free_after_weights)
         logger.info("%s", self.memory_plan.format_table())
 
+    # ------------------------------------------------------------- readings
+    def read_free_memory_bytes(self) -> int:
+        """Free device memory on this rank, torch's cache emptied first (the planner's one reading)."""
+        return get_available_memory_bytes(self.device, self.gpu_id)
+
+    def all_ranks(self, value: int) -> List[int]:
+        """`value` as every tensor-parallel rank has it (this rank's alone without TP)."""
+        return [int(v) for v in parallel_state.get_tp_group().all_gather_floats(float(value))]
+
+    def take_memory_readings(self, free_before_weights: int, free_after_weights: int) -> MemoryReadings:
+        """Every rank must size the same pool: free memory is the MIN over ranks, the reservations
+        the largest rank's (the KV geometry's largest rank needs no exchange: heads split by rule)."""
+        self.per_rank_free_after_weights = self.all_ranks(free_after_weights)
+        reservations = {
+            name: max(self.all_ranks(int(nbytes))) for name, nbytes in self.model.memory_reservations().items()
+        }
+        return MemoryReadings(
+            device_capacity_bytes=int(self.server_args.device_memory_capacity_mib() * MiB),
+            free_before_weights_bytes=min(self.all_ranks(free_before_weights)),
+            free_after_weights_bytes=min(self.per_rank_free_after_weights),
+            kv=self.model_config.largest_kv_geometry(self.tp_size),
+            page_size=self.server_args.page_size,
+            reservations_bytes=reservations,
+        )
+
     # ------------------------------------------------------------------ setup
-    def read_available_memory_gb(self) -> float:
-        return get_available_memory_gb(self.device, self.gpu_id)
-
-    def min_over_ranks(self, value: float, what: str) -> float:
-        """Every rank must size the same pool: planner readings are the MIN over tensor-parallel ranks."""
-        readings = parallel_state.get_tp_group().all_gather_floats(value)
-        if what == "available_after_weights_gb":
-            self.memory_plan.per_rank_available_gb = readings
-        return min(readings)
-
     def init_torch_distributed(self) -> None:
         if self.device == "cuda":
             torch.cuda.set_device(self.gpu_id)
@@ -93,36 +113,28 @@ class ModelRunner(ModelRunnerKVCacheMixin, PostCaptureKVSizingMixin):
             )
         parallel_state.initialize_model_parallel(self.tp_size)
 
-    def load_model(self) -> None:
+    def load_model(self, free_before: int) -> int:
+        """Build and fill the model; returns the free memory after it (this rank's reading)."""
         start = time.perf_counter()
-        before = self.read_available_memory_gb()
-        logger.info("Load weight begin. avail mem=%.2f GB", before)
+        logger.info("Load weight begin. avail mem=%.2f GB", free_before / GiB)
         torch.manual_seed(self.server_args.random_seed)
         self.model = get_model(
             self.model_config,
             self.server_args.load_format,
             self.device,
             seed=self.server_args.random_seed,
-            **self.model_extra_kwargs(),
+            **model_extra_kwargs(self.model_config, self.server_args),
         )
-        after = self.read_available_memory_gb()
-        self.memory_plan.weights_gb = before - after
-        self.register_model_reservations()
+        free_after = self.read_free_memory_bytes()
         logger.info(
             "Load weight end. type=%s, dtype=%s, avail mem=%.2f GB, mem usage=%.2f GB, elapsed %.1f s",
-            type(self.model).__name__, self.model_config.dtype, after, before - after, time.perf_counter() - start,
+            type(self.model).__name__,
+            self.model_config.dtype,
+            free_after / GiB,
+            (free_before - free_after) / GiB,
+            time.perf_counter() - start,
         )
-
-    def model_extra_kwargs(self) -> dict:
-        """Keyword arguments only some model classes take (the KT wrapper's settings for MoE models)."""
-        if self.model_config.is_moe:
-            return {"server_args": self.server_args}
-        return {}
-
-    def register_model_reservations(self) -> None:
-        """Bytes that MoE layers ask to keep out of the KV pool (the KT full-GPU prefill slot)."""
-        for name, nbytes in self.model.memory_reservations().items():
-            self.memory_plan.reservations_bytes[name] = int(nbytes)
+        return free_after
 
     def init_attention_backend(self) -> None:
         backend = self.server_args.attention_backend
@@ -142,14 +154,49 @@ class ModelRunner(ModelRunnerKVCacheMixin, PostCaptureKVSizingMixin):
             logger.warning("CUDA graphs disabled: some MoE experts run on the CPU (--kt-num-gpu-experts < experts)")
             return
         if not self.attn_backend.supports_cuda_graph:
-            logger.warning("CUDA graphs disabled: the %s attention backend cannot be captured", self.server_args.attention_backend)
+            logger.warning(
+                "CUDA graphs disabled: the %s attention backend cannot be captured", self.server_args.attention_backend
+            )
             return
         from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
 
-        before = self.read_available_memory_gb()
+        start, before = time.perf_counter(), self.read_free_memory_bytes()
         self.cuda_graph_runner = CudaGraphRunner(self)
-        after = self.read_available_memory_gb()
-        self.memory_plan.cuda_graph_gb = max(before - after, 0.0)
+        after = self.read_free_memory_bytes()
+        logger.info(
+            "Capture cuda graph end. Time elapsed: %.2f s. mem usage=%.2f GB. avail mem=%.2f GB. bs=%s",
+            time.perf_counter() - start,
+            (before - after) / GiB,
+            after / GiB,
+            self.cuda_graph_runner.capture_bs,
+        )
+        self.readings = dataclasses.replace(
+            self.readings, graph_bytes=max(before - after, 0), captured_graph_max_bs=self.cuda_graph_runner.max_bs
+        )
+
+    def build_memory_plan(self, weights_bytes: int) -> MemoryPlan:
+        """The report, once everything is allocated."""
+        sa = self.server_args
+        notes = []
+        if self.sizing_path.post_capture and self.model.needs_host_work_per_forward():
+            notes.append(
+                "KT experts on the CPU: decode runs eagerly (no CUDA graphs); the measured eager "
+                "decode at max_running_requests sets the headroom"
+            )
+        return MemoryPlan.report(
+            self.readings,
+            self.pool_size,
+            self.sizing_path,
+            self.pool_args,
+            device=self.device,
+            tp_size=self.tp_size,
+            weights_bytes=weights_bytes,
+            per_rank_free_after_weights_bytes=self.per_rank_free_after_weights,
+            req_to_token_bytes=self.req_to_token_pool.nbytes(),
+            cuda_graph_max_bs=0 if sa.disable_cuda_graph else sa.cuda_graph_max_bs,
+            free_after_start_up_bytes=self.read_free_memory_bytes(),
+            notes=notes,
+        )
 
     # ---------------------------------------------------------------- forward
     def forward(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
@@ -158,10 +205,8 @@ class ModelRunner(ModelRunnerKVCacheMixin, PostCaptureKVSizingMixin):
         self.attn_backend.init_forward_metadata(forward_batch)
         return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
 
-    def sample(
-        self, logits_output: LogitsProcessorOutput, forward_batch: ForwardBatch
-    ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """(token ids, their logprobs when some request asked for them, else None)."""
+    def sample(self, logits_output: LogitsProcessorOutput, forward_batch: ForwardBatch) -> SampleOutput:
+        """Token ids and, when some request asked for them, their logprobs (and the top-k / chosen ids')."""
         return self.sampler(logits_output.next_token_logits, forward_batch.sampling_info, forward_batch.return_logprob)
 
     def shutdown(self) -> None:

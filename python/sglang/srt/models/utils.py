@@ -26,4 +26,6 @@ def create_fused_set_kv_buffer_arg(
     buffers = pool.fused_store_buffers(layer.layer_id, k, v)
     if buffers is None:
         return None
-    return FusedSetKVBufferArg(value=value, k_buffer=buffers[0], v_buffer=buffers[1], cache_loc=forward_batch.out_cache_loc)
+    return FusedSetKVBufferArg(
+        value=value, k_buffer=buffers[0], v_buffer=buffers[1], cache_loc=forward_batch.out_cache_loc
+    )

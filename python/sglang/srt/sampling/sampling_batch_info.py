@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from collections import Counter
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional
 
 import torch
+
+from sglang.srt.sampling.logprobs import LogprobRequests
 
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
@@ -28,22 +30,25 @@ class SamplingBatchInfo:
     # dense [bs, vocab] tensors would cost GBs at large batch sizes (memory the planner must keep free).
     penalty_rows: Optional[torch.Tensor] = None  # [n] int64
     penalty_cols: Optional[torch.Tensor] = None  # [n] int64: tokens generated so far
-    penalty_bias: Optional[torch.Tensor] = None  # [n]: -(frequency * count + presence)
+    penalty_bias: Optional[torch.Tensor] = None  # [n]: -(frequency * count + presence), plus logit_bias
     repetition_rows: Optional[torch.Tensor] = None  # [m] int64
     repetition_cols: Optional[torch.Tensor] = None  # [m] int64: tokens seen (prompt and output)
     repetition_factor: Optional[torch.Tensor] = None  # [m]
     block_rows: Optional[torch.Tensor] = None  # stop tokens forbidden while below min_new_tokens
     block_cols: Optional[torch.Tensor] = None
+    logprob_requests: Optional[LogprobRequests] = None  # top-k / chosen-id / prompt logprobs some row asked for
 
     @classmethod
-    def from_reqs(cls, reqs: List["Req"], vocab_size: int, device: str) -> "SamplingBatchInfo":
+    def from_reqs(
+        cls, reqs: List["Req"], vocab_size: int, device: str, logprob_requests: Optional[LogprobRequests] = None
+    ) -> "SamplingBatchInfo":
         ps = [r.sampling_params for r in reqs]
         greedy = [p.is_greedy for p in ps]
         f = lambda xs, dt=torch.float32: torch.tensor(xs, dtype=dt).to(device, non_blocking=True)  # noqa: E731
         info = cls(
             temperatures=f([max(p.temperature, 1e-6) for p in ps]).view(-1, 1),
             top_ps=f([p.top_p for p in ps]),
-            top_ks=f([p.top_k if p.top_k > 0 else vocab_size for p in ps], torch.int64),
+            top_ks=f([min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size for p in ps], torch.int64),
             min_ps=f([p.min_p for p in ps]),
             seeds=f([r.sampling_seed for r in reqs], torch.int64),
             steps=f([len(r.output_ids) for r in reqs], torch.int64),
@@ -51,11 +56,17 @@ class SamplingBatchInfo:
             greedy_mask=f(greedy, torch.bool),
             need_top_p_top_k=any(p.top_p < 1 or 0 < p.top_k < vocab_size for p in ps),
             need_min_p=any(p.min_p > 0 for p in ps),
+            logprob_requests=logprob_requests,
         )
-        if any(p.has_penalties for p in ps):
+        if any(p.has_penalties or p.logit_bias_ids for p in ps):
             info._build_penalties(reqs, f)
-        blocked = [(i, t) for i, r in enumerate(reqs) if len(r.output_ids) < r.sampling_params.min_new_tokens
-                   for t in sorted(r.stop_token_ids) if t < vocab_size]
+        blocked = [
+            (i, t)
+            for i, r in enumerate(reqs)
+            if len(r.output_ids) < r.sampling_params.min_new_tokens
+            for t in sorted(r.stop_token_ids)
+            if t < vocab_size
+        ]
         if blocked:
             info.block_rows = f([i for i, _ in blocked], torch.int64)
             info.block_cols = f([t for _, t in blocked], torch.int64)
@@ -71,13 +82,21 @@ class SamplingBatchInfo:
                     rows.append(i)
                     cols.append(tok)
                     bias.append(-(p.frequency_penalty * n + p.presence_penalty))
+            for tok, b in p.logit_bias_ids.items():  # added like a penalty (index_put_ accumulates)
+                rows.append(i)
+                cols.append(tok)
+                bias.append(b)
             if p.repetition_penalty != 1:
                 for tok in set(r.origin_input_ids) | set(r.output_ids):
                     rrows.append(i)
                     rcols.append(tok)
                     rfac.append(p.repetition_penalty)
         if rows:
-            self.penalty_rows, self.penalty_cols, self.penalty_bias = f(rows, torch.int64), f(cols, torch.int64), f(bias)
+            self.penalty_rows, self.penalty_cols, self.penalty_bias = (
+                f(rows, torch.int64),
+                f(cols, torch.int64),
+                f(bias),
+            )
         if rrows:
             self.repetition_rows, self.repetition_cols = f(rrows, torch.int64), f(rcols, torch.int64)
             self.repetition_factor = f(rfac)

@@ -12,7 +12,7 @@ import os
 
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
-from sglang.srt.model_loader.model_source import resolve_model_source
+from sglang.srt.model_loader.model_source import resolve_tokenizer_source
 
 logger = logging.getLogger(__name__)
 
@@ -25,7 +25,7 @@ def _cache_dir(gguf_path: str) -> str:
 
 
 def get_tokenizer(tokenizer_path: str) -> PreTrainedTokenizerBase:
-    source = resolve_model_source(tokenizer_path, "auto")
+    source = resolve_tokenizer_source(tokenizer_path)
     if source.kind == "hf":
         return AutoTokenizer.from_pretrained(source.path)
     cache = _cache_dir(source.path)

@@ -1,8 +1,8 @@
 """Device and host memory readings, all in one unit per function (the name says which).
 
-The planner works in GiB (floats) like SGLang's `get_available_gpu_memory`; the ServerArgs
-heuristics work in MiB like SGLang's `get_device_memory_capacity`. Mixing them up is the classic
-MiB-vs-bytes bug, so every function converts exactly once.
+The planner works in bytes (pool_configurator.py); the ServerArgs heuristics work in MiB like
+SGLang's `get_device_memory_capacity`. Mixing them up is the classic MiB-vs-bytes bug, so every
+function converts exactly once.
 """
 
 from __future__ import annotations
@@ -85,11 +85,10 @@ def get_device_memory_capacity(device: str, index: int = 0) -> float:
     return host_total_memory_bytes() / MiB
 
 
-def get_available_memory_gb(device: str, index: int = 0, empty_cache: bool = True) -> float:
-    """Free memory on the device in GiB, as the planner reads it (after emptying torch's cache)."""
+def get_available_memory_bytes(device: str, index: int = 0) -> int:
+    """Free memory on the device in bytes, as the planner reads it (after emptying torch's cache)."""
     if device == "cuda":
-        if empty_cache:
-            torch.cuda.empty_cache()
+        torch.cuda.empty_cache()
         free, _ = torch.cuda.mem_get_info(index)
-        return free / GiB
-    return host_available_memory_bytes() / GiB
+        return int(free)
+    return host_available_memory_bytes()

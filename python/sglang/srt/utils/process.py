@@ -9,7 +9,7 @@ import signal
 import socket
 import tempfile
 from dataclasses import dataclass
-from typing import List
+from typing import List, Optional
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +47,30 @@ def die_with_parent() -> None:
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
         pass
+
+
+def describe_exit(name: str, pid: Optional[int], exitcode: Optional[int]) -> str:
+    """`sglang-scheduler-0 (pid 123) exited with code -9 (SIGKILL)`: which child, and how it ended."""
+    how = f"exited with code {exitcode}"
+    if exitcode is not None and exitcode < 0:
+        try:
+            how += f" ({signal.Signals(-exitcode).name})"
+        except ValueError:
+            pass
+    return f"{name} (pid {pid}) {how}"
+
+
+class ShutdownRequested(BaseException):
+    """SIGTERM from the launcher: a child leaves its loop, frees what it holds and exits 0. A
+    BaseException, so the per-batch and per-request `except Exception` guards let it through."""
+
+
+def _raise_shutdown(signum: int, frame: object) -> None:  # noqa: ARG001 - signal handler signature
+    raise ShutdownRequested(signal.Signals(signum).name)
+
+
+def raise_on_sigterm() -> None:
+    signal.signal(signal.SIGTERM, _raise_shutdown)
 
 
 def kill_process_tree(processes: List, timeout: float = 10.0) -> None:

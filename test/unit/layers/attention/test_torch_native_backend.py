@@ -40,10 +40,17 @@ def make_env(page_size=1):
 
 def fb(mode, rows, pool, backend, seq_lens, out_loc, prefix=None, ext=None):
     f = SimpleNamespace(
-        forward_mode=mode, batch_size=len(seq_lens), req_pool_indices=torch.arange(len(seq_lens)),
-        seq_lens=torch.tensor(seq_lens), seq_lens_cpu=list(seq_lens), out_cache_loc=out_loc,
-        req_to_token_pool=rows, token_to_kv_pool=pool, attn_backend=backend,
-        extend_prefix_lens_cpu=prefix, extend_seq_lens_cpu=ext,
+        forward_mode=mode,
+        batch_size=len(seq_lens),
+        req_pool_indices=torch.arange(len(seq_lens)),
+        seq_lens=torch.tensor(seq_lens),
+        seq_lens_cpu=list(seq_lens),
+        out_cache_loc=out_loc,
+        req_to_token_pool=rows,
+        token_to_kv_pool=pool,
+        attn_backend=backend,
+        extend_prefix_lens_cpu=prefix,
+        extend_seq_lens_cpu=ext,
     )
     backend.init_forward_metadata(f)
     return f

@@ -27,13 +27,28 @@ def runner():
     from sglang.srt.server_args import ServerArgs
 
     path = tempfile.mkdtemp(prefix="tiny-llama-")
-    config = LlamaConfig(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    config = LlamaConfig(
+        vocab_size=300,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(path)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    args = ServerArgs(model_path=path, skip_tokenizer_init=True, max_total_tokens=2048, device=device,
-                      dtype="float32", disable_cuda_graph=True, attention_backend="torch_native", mem_fraction_static=0.5)
+    args = ServerArgs(
+        model_path=path,
+        skip_tokenizer_init=True,
+        max_total_tokens=2048,
+        device=device,
+        dtype="float32",
+        disable_cuda_graph=True,
+        attention_backend="torch_native",
+        mem_fraction_static=0.5,
+    )
     return ModelRunner(ModelConfig.from_server_args(args), args)
 
 

@@ -103,7 +103,18 @@ def _run_decode(device, lens, hq, hkv, d, dv, max_splits, idx_dtype, cap=0.0, sp
         num_splits.copy_(torch.tensor(splits, dtype=torch.int32))
     scale = 1.0 / math.sqrt(d)
     decode_attention_fwd(
-        q, k_buf, v_buf, o, indptr, indices, logits, lse, num_splits, max_splits, scale, cap,
+        q,
+        k_buf,
+        v_buf,
+        o,
+        indptr,
+        indices,
+        logits,
+        lse,
+        num_splits,
+        max_splits,
+        scale,
+        cap,
         DecodeKernelConfig(block_n=block_n),
     )
     ref = _ref_decode(q, k_buf, v_buf, indptr, indices, scale, cap)
@@ -199,17 +210,25 @@ def test_extend_matches_reference(device, pre, ext, hq, hkv, d, dv, causal, idx_
     o = torch.full((n, hq, dv), float("nan"), device=device, dtype=dtype)
     scale = 1.0 / math.sqrt(d)
     extend_attention_fwd(
-        q, k_ext, v_ext, o, k_buf, v_buf, qo_indptr, kv_indptr, indices, max(ext), scale,
-        is_causal=causal, logit_cap=cap,
+        q,
+        k_ext,
+        v_ext,
+        o,
+        k_buf,
+        v_buf,
+        qo_indptr,
+        kv_indptr,
+        indices,
+        max(ext),
+        scale,
+        is_causal=causal,
+        logit_cap=cap,
     )
-    ref = _ref_extend(q, k_ext, v_ext, k_buf, v_buf, qo_indptr, kv_indptr, indices, scale,
-                      causal, cap)
+    ref = _ref_extend(q, k_ext, v_ext, k_buf, v_buf, qo_indptr, kv_indptr, indices, scale, causal, cap)
     torch.testing.assert_close(o.float().cpu(), ref, atol=tol, rtol=tol)
 
 
-@pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the GPU machine)"
-)
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the GPU machine)")
 def test_decode_cuda_graph_replay_with_new_indices():
     """Capture once, then change indptr/indices/splits contents: replay must follow them."""
     dev, dtype, (hq, hkv, d, max_splits) = "cuda", torch.bfloat16, (32, 8, 128, 16)
@@ -228,8 +247,7 @@ def test_decode_cuda_graph_replay_with_new_indices():
 
     def step():
         get_num_kv_splits(splits, seq_lens, max_splits)
-        decode_attention_fwd(q, k_buf, v_buf, o, indptr, indices, logits, lse, splits,
-                             max_splits, scale)
+        decode_attention_fwd(q, k_buf, v_buf, o, indptr, indices, logits, lse, splits, max_splits, scale)
 
     step()  # warm up / compile outside capture
     torch.cuda.synchronize()

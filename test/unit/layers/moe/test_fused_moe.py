@@ -5,9 +5,8 @@ register_cuda_ci(est_time=60, suite="per-commit-cuda")
 
 # Routing, the torch MoE, the triton fused MoE (interpreter on CPU) and the FusedMoE layer.
 
-from typing import Optional
-
 import os
+from typing import Optional
 
 import pytest
 import torch

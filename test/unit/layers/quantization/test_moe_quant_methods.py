@@ -17,7 +17,7 @@ from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase
 CUDA_SKIP = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the GPU machine)")
 DEVICES = ["cpu", pytest.param("cuda", marks=CUDA_SKIP)]
 METHODS = list(MOE_METHODS)
-E, H, I = 3, 256, 128  # small, but H spans two FP8 blocks / INT4 groups
+E, H, I = 3, 256, 128  # noqa: E741 - small, but H spans two FP8 blocks / INT4 groups
 
 
 def _expected_layouts(name: str, e: int, h: int, i: int, dtype: torch.dtype) -> dict:
@@ -62,7 +62,11 @@ def _layer(method: FusedMoEMethodBase, device: str, e: int = E, h: int = H, i: i
 
 def _weights(seed: int, h: int = H, i: int = I) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
-    w = {"w1": torch.randn(i, h, generator=g), "w3": torch.randn(i, h, generator=g), "w2": torch.randn(h, i, generator=g)}
+    w = {
+        "w1": torch.randn(i, h, generator=g),
+        "w3": torch.randn(i, h, generator=g),
+        "w2": torch.randn(h, i, generator=g),
+    }
     w["w1"][5, 17] = 9.0  # one outlier: block/group scales must keep it and the error bounds stay per-block
     return {k: v * 0.02 for k, v in w.items()}
 

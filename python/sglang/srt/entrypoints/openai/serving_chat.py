@@ -2,8 +2,8 @@
 
 The prompt is the template rendered with `add_generation_prompt=True` (or the `--chat-template`
 file), tokenized without adding special tokens again (templates already contain BOS where the
-model needs it). `logprobs` gives each sampled token's logprob; `top_logprobs` alternatives are
-not computed by the engine, so they come back empty.
+model needs it). `logprobs` gives each sampled token's logprob and `top_logprobs` the most likely
+tokens at its position, computed in the same forward.
 """
 
 from __future__ import annotations
@@ -29,12 +29,11 @@ from sglang.srt.entrypoints.openai.protocol import (
 )
 from sglang.srt.entrypoints.openai.utils import (
     build_sampling_params,
-    check_common_fields,
+    entry_text,
     finish_reason,
     new_request_id,
-    output_logprobs,
+    output_logprob_entries,
     stream_options_usage,
-    token_strings,
     usage_of,
 )
 from sglang.srt.managers.io_struct import GenerateReqInput
@@ -56,7 +55,9 @@ def load_chat_template(path_or_template: Optional[str]) -> Optional[str]:
 
 
 class OpenAIServingChat:
-    def __init__(self, tokenizer_manager: TokenizerManager, served_model_name: str, chat_template: Optional[str]) -> None:
+    def __init__(
+        self, tokenizer_manager: TokenizerManager, served_model_name: str, chat_template: Optional[str]
+    ) -> None:
         self.tm = tokenizer_manager
         self.served_model_name = served_model_name
         self.chat_template = load_chat_template(chat_template)
@@ -94,35 +95,46 @@ class OpenAIServingChat:
         return tok.encode(text, add_special_tokens=False)
 
     def _check(self, req: ChatCompletionRequest) -> None:
-        check_common_fields(req)
         if req.tools and req.tool_choice != "none":
             raise RequestError("tools (function calling) are not supported by this server")
         if req.response_format and req.response_format.get("type", "text") != "text":
             raise RequestError("response_format other than {'type': 'text'} is not supported by this server")
         if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
             raise RequestError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {req.top_logprobs}")
+        if req.top_logprobs and not req.logprobs:
+            raise RequestError("top_logprobs needs logprobs: true")
 
     async def handle(self, req: ChatCompletionRequest, raw: Request):
         self._check(req)
         rid = new_request_id(req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        for i, m in enumerate(req.messages):  # before any template or tokenizer work
+            self.tm.check_text_size(self._content(m, i), f"messages.{i}.content")
         obj = GenerateReqInput(
-            input_ids=self.prompt_ids(req),
+            input_ids=await self.tm.run_cpu(self.prompt_ids, req),
             sampling_params=build_sampling_params(req, max_tokens),
             rid=rid,
             return_logprob=req.logprobs,
+            top_logprobs_num=req.top_logprobs or 0,
+            return_text_in_logprobs=True,
             stream=req.stream,
         )
         first, agen = await start_generation(self.tm, obj, [rid], raw)
         model = req.model or self.served_model_name
         if not req.stream:
-            choice = ChatChoice(
-                index=0,
-                message=ChatMessageOut(content=first.get("text", "")),
-                logprobs=self._logprobs(first, 0) if req.logprobs else None,
-                finish_reason=finish_reason(first["meta_info"]),
+            outs = first if isinstance(first, list) else [first]  # n choices
+            choices = [
+                ChatChoice(
+                    index=i,
+                    message=ChatMessageOut(content=out.get("text", "")),
+                    logprobs=self._logprobs(out, 0) if req.logprobs else None,
+                    finish_reason=finish_reason(out["meta_info"]),
+                )
+                for i, out in enumerate(outs)
+            ]
+            resp = ChatCompletionResponse(
+                id=f"chatcmpl-{rid}", model=model, choices=choices, usage=usage_of(outs, len(outs))
             )
-            resp = ChatCompletionResponse(id=f"chatcmpl-{rid}", model=model, choices=[choice], usage=usage_of([first]))
             return JSONResponse(resp.model_dump())
         return StreamingResponse(
             sse_stream(self.tm, [rid], first, agen, *self._stream_events(req, rid, model)),
@@ -132,10 +144,22 @@ class OpenAIServingChat:
 
     # ------------------------------------------------------------ output
     def _logprobs(self, out: dict, start: int) -> ChatLogProbs:
-        ids, lps = output_logprobs(out, start)
-        tokens = token_strings(self.tm.tokenizer, ids)
+        entries, tops = output_logprob_entries(out, start)
+
+        def alternative(e) -> dict:
+            text = entry_text(e)
+            return {"token": text, "logprob": e[0], "bytes": list(text.encode("utf-8"))}
+
         return ChatLogProbs(
-            content=[ChatLogProbToken(token=t, logprob=lp, bytes=list(t.encode("utf-8"))) for t, lp in zip(tokens, lps)]
+            content=[
+                ChatLogProbToken(
+                    token=entry_text(e),
+                    logprob=e[0],
+                    bytes=list(entry_text(e).encode("utf-8")),
+                    top_logprobs=[alternative(t) for t in top],
+                )
+                for e, top in zip(entries, tops)
+            ]
         )
 
     def _stream_events(self, req: ChatCompletionRequest, rid: str, model: str):
@@ -165,6 +189,8 @@ class OpenAIServingChat:
         def closing_events(last: dict) -> List[dict]:
             if not stream_options_usage(req):
                 return []
-            return [ChatCompletionChunk(id=f"chatcmpl-{rid}", model=model, choices=[], usage=usage_of([last])).model_dump()]
+            return [
+                ChatCompletionChunk(id=f"chatcmpl-{rid}", model=model, choices=[], usage=usage_of([last])).model_dump()
+            ]
 
         return events_for, closing_events

@@ -1,8 +1,9 @@
 """POST /v1/completions: OpenAI's legacy completions API on top of the TokenizerManager.
 
 `prompt` may be a string, a list of strings (one choice per prompt), token ids, or a list of
-token-id lists. `logprobs` gives each sampled token's exact logprob; the alternatives of
-`top_logprobs` are not computed by the engine, so each entry holds the sampled token only.
+token-id lists. `logprobs=N` gives each sampled token's logprob and the N most likely tokens at its
+position (computed in the same forward); with `echo`, the prompt tokens' logprobs come first (the
+first prompt token has none, as in OpenAI's API).
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ from sglang.srt.entrypoints.openai.protocol import (
 )
 from sglang.srt.entrypoints.openai.utils import (
     build_sampling_params,
-    check_common_fields,
+    entry_text,
     finish_reason,
     new_request_id,
-    output_logprobs,
+    output_logprob_entries,
+    prompt_logprob_entries,
     stream_options_usage,
-    token_strings,
     usage_of,
 )
 from sglang.srt.managers.io_struct import GenerateReqInput
@@ -55,7 +56,6 @@ class OpenAIServingCompletion:
         return True, None, [list(p) for p in prompt]
 
     def _check(self, req: CompletionRequest) -> None:
-        check_common_fields(req)
         if req.suffix:
             raise RequestError("suffix is not supported by this server")
         if req.best_of not in (None, 1):
@@ -75,23 +75,29 @@ class OpenAIServingCompletion:
             sampling_params=build_sampling_params(req, req.max_tokens),
             rid=rids if is_batch else rids[0],
             return_logprob=req.logprobs is not None,
+            top_logprobs_num=req.logprobs or 0,
+            logprob_start_len=0 if req.echo and req.logprobs is not None else -1,
+            return_text_in_logprobs=True,
             stream=req.stream,
         )
         first, agen = await start_generation(self.tm, obj, rids, raw)
         model = req.model or self.served_model_name
         echo_prefixes = [self._echo_text(p) if req.echo else "" for p in prompts]
         if not req.stream:
-            outs = first if is_batch else [first]
+            outs = first if isinstance(first, list) else [first]  # prompt-major: n choices per prompt
+            per_prompt = max(req.n, 1)
             choices = [
                 CompletionChoice(
                     index=i,
-                    text=echo_prefixes[i] + out.get("text", ""),
-                    logprobs=self._logprobs(out, req.logprobs, 0, 0),
+                    text=echo_prefixes[i // per_prompt] + out.get("text", ""),
+                    logprobs=self._logprobs(out, req.logprobs, 0, 0, echo=req.echo),
                     finish_reason=finish_reason(out["meta_info"]),
                 )
                 for i, out in enumerate(outs)
             ]
-            resp = CompletionResponse(id=f"cmpl-{base_rid}", model=model, choices=choices, usage=usage_of(outs))
+            resp = CompletionResponse(
+                id=f"cmpl-{base_rid}", model=model, choices=choices, usage=usage_of(outs, per_prompt)
+            )
             return JSONResponse(resp.model_dump())
         return StreamingResponse(
             sse_stream(self.tm, rids, first, agen, *self._stream_events(req, base_rid, model, echo_prefixes[0])),
@@ -106,17 +112,24 @@ class OpenAIServingCompletion:
         return tok.decode(prompt) if tok is not None else ""
 
     # ------------------------------------------------------------ output
-    def _logprobs(self, out: dict, k: Optional[int], start: int, text_offset: int) -> Optional[CompletionLogProbs]:
+    def _logprobs(
+        self, out: dict, k: Optional[int], start: int, text_offset: int, echo: bool = False
+    ) -> Optional[CompletionLogProbs]:
         if k is None:
             return None
-        ids, lps = output_logprobs(out, start)
-        tokens = token_strings(self.tm.tokenizer, ids)
+        entries, tops = output_logprob_entries(out, start)
+        if echo:  # the prompt's entries first (its first token has no logprob: OpenAI shows null)
+            prompt, prompt_tops = prompt_logprob_entries(out)
+            entries, tops = prompt + entries, [t or [] for t in prompt_tops] + tops
+        tokens = [entry_text(e) for e in entries]
         offsets = []
         for t in tokens:
             offsets.append(text_offset)
             text_offset += len(t)
-        top = [{t: lp} for t, lp in zip(tokens, lps)] if k > 0 else None
-        return CompletionLogProbs(tokens=tokens, token_logprobs=lps, top_logprobs=top, text_offset=offsets)
+        top = [{entry_text(t): t[0] for t in alternatives} for alternatives in tops] if k > 0 else None
+        return CompletionLogProbs(
+            tokens=tokens, token_logprobs=[e[0] for e in entries], top_logprobs=top, text_offset=offsets
+        )
 
     def _stream_events(self, req: CompletionRequest, rid: str, model: str, echo: str):
         """Callbacks that turn cumulative outputs into OpenAI completion chunks (text deltas)."""

@@ -7,17 +7,10 @@ import uuid
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from sglang.srt.entrypoints.openai.protocol import UsageInfo, _SamplingRequest
-from sglang.srt.managers.tokenizer_manager import RequestError
 
 
 def new_request_id(req: _SamplingRequest) -> str:
     return req.rid if req.rid else uuid.uuid4().hex
-
-
-def check_common_fields(req: _SamplingRequest) -> None:
-    """Refuse what we cannot honour instead of silently ignoring it."""
-    if req.logit_bias:
-        raise RequestError("logit_bias is not supported by this server")
 
 
 def build_sampling_params(req: _SamplingRequest, max_new_tokens: Optional[int]) -> Dict[str, Any]:
@@ -39,6 +32,7 @@ def build_sampling_params(req: _SamplingRequest, max_new_tokens: Optional[int]) 
         "ignore_eos": req.ignore_eos,
         "skip_special_tokens": req.skip_special_tokens,
         "no_stop_trim": req.no_stop_trim,
+        "logit_bias": req.logit_bias,
     }
     return {k: v for k, v in params.items() if v is not None}
 
@@ -51,23 +45,34 @@ def finish_reason(meta: dict) -> Optional[str]:
     return fr.get("type") if fr.get("type") in ("stop", "length", "abort") else "stop"
 
 
-def usage_of(outputs: Sequence[dict]) -> UsageInfo:
-    prompt = sum(o["meta_info"].get("prompt_tokens", 0) for o in outputs)
+def usage_of(outputs: Sequence[dict], samples_per_prompt: int = 1) -> UsageInfo:
+    """Token counts as OpenAI reports them: each prompt once, however many choices it has."""
+    prompt = sum(o["meta_info"].get("prompt_tokens", 0) for o in outputs[:: max(samples_per_prompt, 1)])
     completion = sum(o["meta_info"].get("completion_tokens", 0) for o in outputs)
     return UsageInfo(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion)
 
 
-def token_strings(tokenizer, ids: Sequence[int]) -> List[str]:
-    """The text of each token on its own (as OpenAI's logprobs show it)."""
-    if tokenizer is None:
-        return [f"token_id:{t}" for t in ids]
-    return [tokenizer.decode([t]) for t in ids]
+Entry = List[Any]  # SGLang's (logprob, token_id, text) triple
 
 
-def output_logprobs(out: dict, start: int = 0) -> Tuple[List[int], List[float]]:
-    """(token ids, logprobs) of the output tokens from index `start` on."""
-    entries = out["meta_info"].get("output_token_logprobs") or []
-    return [e[1] for e in entries[start:]], [e[0] for e in entries[start:]]
+def entry_text(entry: Entry) -> str:
+    """The token's text, as OpenAI's logprobs show it (`token_id:N` without a tokenizer, as vLLM does)."""
+    return entry[2] if entry[2] is not None else f"token_id:{entry[1]}"
+
+
+def output_logprob_entries(out: dict, start: int = 0) -> Tuple[List[Entry], List[List[Entry]]]:
+    """The output tokens' (logprob, id, text) entries from index `start` on, and their top-k lists
+    (empty lists when no top-k was asked for)."""
+    meta = out["meta_info"]
+    entries = (meta.get("output_token_logprobs") or [])[start:]
+    tops = (meta.get("output_top_logprobs") or [[] for _ in range(start + len(entries))])[start:]
+    return entries, tops
+
+
+def prompt_logprob_entries(out: dict) -> Tuple[List[Entry], List[Optional[List[Entry]]]]:
+    meta = out["meta_info"]
+    entries = meta.get("input_token_logprobs") or []
+    return entries, meta.get("input_top_logprobs") or [None] * len(entries)
 
 
 def stream_options_usage(req: _SamplingRequest) -> bool:

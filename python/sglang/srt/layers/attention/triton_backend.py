@@ -75,7 +75,9 @@ class TritonAttnBackend(AttentionBackend):
         self.max_kv_splits = envs.SGLANG_TRITON_DECODE_MAX_KV_SPLITS.get()
         self.num_kv_heads = mc.get_num_kv_heads(model_runner.tp_size, model_runner.tp_rank)
         # Stage-1 programs per decode step scale with the SM count (decode_split_bounds).
-        self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count if self.device == "cuda" else 1
+        self.num_sms = (
+            torch.cuda.get_device_properties(self.device).multi_processor_count if self.device == "cuda" else 1
+        )
         self.kernel_config = DecodeKernelConfig.for_head_dim(max(mc.head_dim, self.v_head_dim))
         # A long context gets one chunk per this many keys: few long chunks stream best once the batch
         # fills the SMs; small batches get more chunks (decode_split_bounds, tune_decode_attention.py).
@@ -106,8 +108,9 @@ class TritonAttnBackend(AttentionBackend):
             splits = torch.empty(fb.batch_size, dtype=torch.int32, device=self.device)
             self._fill(indices, fb.req_pool_indices, fb.seq_lens, indptr, fb.seq_lens_sum, splits, cap)
             logits, lse = self._scratch(fb.batch_size, cap)
-            fb.attn_metadata = TritonMetadata(indptr, indices, num_kv_splits=splits, attn_logits=logits, attn_lse=lse,
-                                              max_kv_splits=cap)
+            fb.attn_metadata = TritonMetadata(
+                indptr, indices, num_kv_splits=splits, attn_logits=logits, attn_lse=lse, max_kv_splits=cap
+            )
             return
         prefix_total = sum(fb.extend_prefix_lens_cpu)
         kv_indptr = self._indptr(fb.extend_prefix_lens)
@@ -122,8 +125,17 @@ class TritonAttnBackend(AttentionBackend):
         bs = req_pool_indices.shape[0]
         min_splits, block_n = self._min_splits(bs), self.kernel_config.block_n
         if self.device == "cuda":
-            fill_kv_indices_triton(indices, self.req_to_token, req_pool_indices, indptr, splits, max_splits,
-                                   self.min_block_tokens, min_splits, block_n)
+            fill_kv_indices_triton(
+                indices,
+                self.req_to_token,
+                req_pool_indices,
+                indptr,
+                splits,
+                max_splits,
+                self.min_block_tokens,
+                min_splits,
+                block_n,
+            )
             return
         fill_kv_indices(indices, self.req_to_token, req_pool_indices, lens, indptr, total)
         if splits is not None:
@@ -143,8 +155,12 @@ class TritonAttnBackend(AttentionBackend):
     def _graph_metadata(self, bs: int) -> TritonMetadata:
         g = self.graph
         return TritonMetadata(
-            g.kv_indptr[: bs + 1], g.kv_indices, num_kv_splits=g.num_kv_splits[:bs],
-            attn_logits=g.attn_logits[:bs], attn_lse=g.attn_lse[:bs], max_kv_splits=self._split_cap(bs),
+            g.kv_indptr[: bs + 1],
+            g.kv_indices,
+            num_kv_splits=g.num_kv_splits[:bs],
+            attn_logits=g.attn_logits[:bs],
+            attn_lse=g.attn_lse[:bs],
+            max_kv_splits=self._split_cap(bs),
         )
 
     def init_forward_metadata_capture_cuda_graph(self, bs: int, req_pool_indices, seq_lens) -> TritonMetadata:
@@ -154,8 +170,15 @@ class TritonAttnBackend(AttentionBackend):
     def init_forward_metadata_replay_cuda_graph(self, bs: int, req_pool_indices, seq_lens, seq_lens_sum: int) -> None:
         g = self.graph
         indptr = self._indptr(seq_lens[:bs], out=g.kv_indptr)
-        self._fill(g.kv_indices, req_pool_indices[:bs], seq_lens[:bs], indptr, seq_lens_sum,
-                   g.num_kv_splits[:bs], self._split_cap(bs))
+        self._fill(
+            g.kv_indices,
+            req_pool_indices[:bs],
+            seq_lens[:bs],
+            indptr,
+            seq_lens_sum,
+            g.num_kv_splits[:bs],
+            self._split_cap(bs),
+        )
 
     def _min_splits(self, bs: int) -> int:
         return decode_split_bounds(bs, self.num_kv_heads, self.num_sms, self.max_kv_splits)[0]
@@ -167,8 +190,10 @@ class TritonAttnBackend(AttentionBackend):
     @staticmethod
     def _save(layer, fb, k, v) -> None:
         fb.token_to_kv_pool.set_kv_buffer(
-            layer.layer_id, fb.out_cache_loc,
-            k.view(-1, layer.tp_k_head_num, layer.qk_head_dim), v.view(-1, layer.tp_v_head_num, layer.v_head_dim),
+            layer.layer_id,
+            fb.out_cache_loc,
+            k.view(-1, layer.tp_k_head_num, layer.qk_head_dim),
+            v.view(-1, layer.tp_v_head_num, layer.v_head_dim),
         )
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
@@ -180,9 +205,18 @@ class TritonAttnBackend(AttentionBackend):
         o = torch.empty((bs, layer.tp_q_head_num, layer.v_head_dim), dtype=q.dtype, device=q.device)
         decode_attention_fwd(
             q.view(bs, layer.tp_q_head_num, layer.qk_head_dim),
-            pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id), o,
-            md.kv_indptr, md.kv_indices, md.attn_logits, md.attn_lse, md.num_kv_splits,
-            md.max_kv_splits, layer.scaling, layer.logit_cap, self.kernel_config,
+            pool.get_key_buffer(layer.layer_id),
+            pool.get_value_buffer(layer.layer_id),
+            o,
+            md.kv_indptr,
+            md.kv_indices,
+            md.attn_logits,
+            md.attn_lse,
+            md.num_kv_splits,
+            md.max_kv_splits,
+            layer.scaling,
+            layer.logit_cap,
+            self.kernel_config,
         )
         return o.view(bs, -1)
 
@@ -197,8 +231,15 @@ class TritonAttnBackend(AttentionBackend):
             q.view(n, layer.tp_q_head_num, layer.qk_head_dim),
             k.view(n, layer.tp_k_head_num, layer.qk_head_dim).to(q.dtype),
             v.view(n, layer.tp_v_head_num, layer.v_head_dim).to(q.dtype),
-            o, pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id),
-            md.qo_indptr, md.kv_indptr, md.kv_indices, md.max_len_extend, layer.scaling,
-            is_causal=True, logit_cap=layer.logit_cap,
+            o,
+            pool.get_key_buffer(layer.layer_id),
+            pool.get_value_buffer(layer.layer_id),
+            md.qo_indptr,
+            md.kv_indptr,
+            md.kv_indices,
+            md.max_len_extend,
+            layer.scaling,
+            is_causal=True,
+            logit_cap=layer.logit_cap,
         )
         return o.view(n, -1)

@@ -6,9 +6,12 @@ mixtures add up to the full layer. A prefill batch of at least --kt-gpu-prefill-
 tokens instead runs the whole layer on the GPU: one SharedFullContext (a complete MoE layer in the
 layer's quant method) is built on first use and every layer streams its experts into it.
 
-The slot's size is known before any KV is planned: get_full_gpu_prefill_reservation_bytes builds
-the very same layer on the meta device and sums its parameter bytes, and the model reports it as a
-memory reservation, so profile_max_num_token and the post-capture resize keep it free.
+The slot's size is known before any KV is planned: moe_layer_bytes builds the very same
+layer on the meta device and sums its parameter bytes, and the model reports it as a memory
+reservation, so both KV sizing paths keep it free.
+
+What the layers of one model share (the settings, the slot, whether the full-GPU path was switched
+off, the CPU expert worker) lives in one KTState, created with the model and handed to each layer.
 """
 
 from __future__ import annotations
@@ -27,12 +30,6 @@ from sglang.srt.layers.quantization import get_moe_method
 
 logger = logging.getLogger(__name__)
 RESERVATION_NAME = "kt_full_gpu_prefill_slot"
-
-
-class _FullGpuPrefillState:
-    """Module state: set when the slot could not be allocated, so no later prefill tries again."""
-
-    disabled = False
 
 
 @dataclass(frozen=True)
@@ -75,6 +72,12 @@ def param_bytes(module: nn.Module) -> int:
     return sum(p.numel() * p.element_size() for p in module.parameters())
 
 
+def moe_layer_bytes(num_experts: int, hidden: int, inter: int, dtype: torch.dtype, method: str) -> int:
+    """Exact parameter bytes of one MoE layer in `method`'s layout: built on the meta device (allocates nothing)."""
+    with torch.device("meta"):
+        return param_bytes(make_moe_layer(num_experts, hidden, inter, dtype, method))
+
+
 class SharedFullContext:
     """One complete MoE layer on the GPU, shared by every layer's full-GPU prefill (built lazily)."""
 
@@ -94,12 +97,84 @@ class SharedFullContext:
         self.loaded_layer_id = wrapper.layer_id
 
 
+class KTState:
+    """The KT machinery one model's MoE layers share; the model creates it and hands it to each layer.
+
+    It owns the settings, the full-GPU prefill slot (built on the first qualifying prompt), whether
+    that path was switched off (the slot did not fit: no later prefill tries again), and the worker
+    thread that computes the CPU experts."""
+
+    def __init__(self, config: KTConfig) -> None:
+        self.config = config
+        self.full_gpu_slot: Optional[SharedFullContext] = None
+        self.full_gpu_disabled = False
+        self._cpu_worker: Optional[ThreadPoolExecutor] = None
+
+    def cpu_worker(self) -> ThreadPoolExecutor:
+        """One worker thread computes CPU experts while the main thread drives the GPU. Its torch ops use
+        --kt-cpuinfer intra-op threads (process-wide). --kt-threadpool-count is KTransformers' NUMA-pool
+        count for kt-kernel; the torch backend has one pool and accepts it for compatibility."""
+        if self._cpu_worker is None:
+            if self.config.cpuinfer:
+                torch.set_num_threads(self.config.cpuinfer)
+            if self.config.max_deferred_experts_per_token:
+                logger.warning("--kt-max-deferred-experts-per-token needs kt-kernel; the torch CPU backend defers none")
+            self._cpu_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kt-cpu-experts")
+        return self._cpu_worker
+
+    def full_gpu_context(self, wrapper: "KTEPWrapperMethod") -> Optional[SharedFullContext]:
+        """The one slot, built on first use; None (and the path switched off) when it does not fit."""
+        if self.full_gpu_slot is not None:
+            return self.full_gpu_slot
+        need = wrapper.full_gpu_prefill_reservation_bytes()
+        try:
+            if wrapper.device.type == "cpu":
+                from sglang.srt.utils.memory import host_available_memory_bytes
+
+                if host_available_memory_bytes() < need:
+                    raise MemoryError(f"{need} bytes requested, {host_available_memory_bytes()} available")
+            self.full_gpu_slot = SharedFullContext(
+                wrapper.num_experts,
+                wrapper.hidden_size,
+                wrapper.intermediate_size,
+                wrapper.params_dtype,
+                self.config.method,
+                wrapper.device,
+            )
+        except (torch.cuda.OutOfMemoryError, MemoryError) as e:
+            self.full_gpu_disabled = True
+            logger.error(
+                "Cannot allocate the full-GPU prefill slot (%.2f GiB): %s. Prefills use the hybrid CPU/GPU path from "
+                "now on. Raise --mem-fraction-static, or pass --kt-gpu-prefill-token-threshold 0 to turn the "
+                "full-GPU path off.",
+                need / (1 << 30),
+                e,
+            )
+        return self.full_gpu_slot
+
+    def release_full_gpu_slot(self) -> int:
+        """Free the slot if it was built (the next qualifying prefill builds it again); returns its
+        parameter bytes. The post-capture probe uses it: the slot is covered by its reservation, so the
+        bytes it held during the probe are not activation memory."""
+        freed = 0 if self.full_gpu_slot is None else param_bytes(self.full_gpu_slot.layer)
+        self.full_gpu_slot = None
+        return freed
+
+
 class KTEPWrapperMethod(nn.Module):
     def __init__(
-        self, num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, params_dtype: torch.dtype,
-        renormalize: bool, layer_id: int, kt: KTConfig,
+        self,
+        num_experts: int,
+        top_k: int,
+        hidden_size: int,
+        intermediate_size: int,
+        params_dtype: torch.dtype,
+        renormalize: bool,
+        layer_id: int,
+        kt_state: KTState,
     ) -> None:
         super().__init__()
+        kt = kt_state.config
         if not 0 <= kt.num_gpu_experts <= num_experts:
             raise ValueError(f"--kt-num-gpu-experts {kt.num_gpu_experts} must be in [0, {num_experts}]")
         self.num_experts, self.top_k, self.renormalize = num_experts, top_k, renormalize
@@ -108,20 +183,26 @@ class KTEPWrapperMethod(nn.Module):
         self.inter_range = moe_intermediate_partition(intermediate_size)
         local_inter = self.inter_range[1] - self.inter_range[0]
         self.hidden_size, self.intermediate_size, self.params_dtype = hidden_size, local_inter, params_dtype
-        self.layer_id, self.kt = layer_id, kt
+        self.layer_id, self.kt_state = layer_id, kt_state
         self.num_gpu_experts = kt.num_gpu_experts
         self.device = torch.empty(0).device  # the model's device (the caller's `with torch.device`)
         self.gpu_experts = (
             FusedMoE(self.num_gpu_experts, top_k, hidden_size, intermediate_size, params_dtype, kt.method, renormalize)
-            if self.num_gpu_experts else None
+            if self.num_gpu_experts
+            else None
         )
         # The CPU-resident experts live outside the module tree: the model's device placement never moves them.
-        with torch.device("cpu"):
+        # A model built on the meta device (to count its bytes) allocates nothing, not even these.
+        with torch.device("meta" if self.device.type == "meta" else "cpu"):
             num_cpu = num_experts - self.num_gpu_experts
             self._cpu = [make_moe_layer(num_cpu, hidden_size, local_inter, params_dtype, kt.method)] if num_cpu else []
         # Every wrapper can size the one shared slot (they are identical); none needs it when all
         # experts already live on the GPU.
         self.registers_prefill_slot = bool(kt.gpu_prefill_token_threshold) and self.num_gpu_experts < num_experts
+
+    @property
+    def kt(self) -> KTConfig:
+        return self.kt_state.config
 
     @property
     def cpu_layer(self) -> Optional[nn.Module]:
@@ -144,7 +225,9 @@ class KTEPWrapperMethod(nn.Module):
             self.gpu_experts.weight_loader(param, loaded_weight, shard_id, expert_id)  # slices itself
             return
         layer, idx = self.expert_home(expert_id)
-        layer.quant_method.load_expert(layer, idx, shard_id, shard_expert_weight(loaded_weight, shard_id, self.inter_range))
+        layer.quant_method.load_expert(
+            layer, idx, shard_id, shard_expert_weight(loaded_weight, shard_id, self.inter_range)
+        )
 
     def finish_loading(self) -> None:
         """Pin the host experts so copies to the GPU are asynchronous DMA."""
@@ -155,16 +238,18 @@ class KTEPWrapperMethod(nn.Module):
 
     # ---------------------------------------------------------- reservation
     def full_gpu_prefill_reservation_bytes(self) -> int:
-        """Exact bytes of the shared full-GPU slot: the same layer built on the meta device."""
-        with torch.device("meta"):
-            slot = make_moe_layer(self.num_experts, self.hidden_size, self.intermediate_size, self.params_dtype, self.kt.method)
-        return param_bytes(slot)
+        """Exact bytes of the shared full-GPU slot on this rank: every expert, this rank's slice of each."""
+        return moe_layer_bytes(
+            self.num_experts, self.hidden_size, self.intermediate_size, self.params_dtype, self.kt.method
+        )
 
     # --------------------------------------------------------------- forward
-    def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor, is_prefill: bool = False) -> torch.Tensor:
+    def forward(
+        self, hidden_states: torch.Tensor, router_logits: torch.Tensor, is_prefill: bool = False
+    ) -> torch.Tensor:
         topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
         if self._wants_full_gpu(hidden_states.shape[0], is_prefill):
-            ctx = shared_full_context(self)
+            ctx = self.kt_state.full_gpu_context(self)
             if ctx is not None:
                 ctx.load_from(self)
                 return ctx.layer.quant_method.apply(ctx.layer, hidden_states, topk_weights, topk_ids)
@@ -172,8 +257,14 @@ class KTEPWrapperMethod(nn.Module):
 
     def _wants_full_gpu(self, num_tokens: int, is_prefill: bool) -> bool:
         threshold = self.kt.gpu_prefill_token_threshold
-        return is_prefill and threshold is not None and threshold > 0 and num_tokens >= threshold \
-            and not _FullGpuPrefillState.disabled and self.num_gpu_experts < self.num_experts
+        return (
+            is_prefill
+            and threshold is not None
+            and threshold > 0
+            and num_tokens >= threshold
+            and not self.kt_state.full_gpu_disabled
+            and self.num_gpu_experts < self.num_experts
+        )
 
     def hybrid_forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         g = self.num_gpu_experts
@@ -182,7 +273,7 @@ class KTEPWrapperMethod(nn.Module):
             # The CPU's share is computed on host copies while the GPU computes its own.
             cpu_ids = torch.where(topk_ids >= g, topk_ids - g, -1)
             args = (x.to("cpu"), topk_weights.to("cpu"), cpu_ids.to("cpu"))
-            cpu_future = cpu_expert_pool(self.kt).submit(self._cpu_compute, *args)
+            cpu_future = self.kt_state.cpu_worker().submit(self._cpu_compute, *args)
         if self.gpu_experts is not None:
             gpu_ids = torch.where(topk_ids < g, topk_ids, -1)
             out = self.gpu_experts.quant_method.apply(self.gpu_experts, x, topk_weights, gpu_ids)
@@ -193,81 +284,37 @@ class KTEPWrapperMethod(nn.Module):
         return out
 
     def _cpu_compute(self, x: torch.Tensor, topk_weights: torch.Tensor, cpu_ids: torch.Tensor) -> torch.Tensor:
-        """The CPU experts' mixture: torch kernels on --kt-cpuinfer threads (see cpu_expert_pool)."""
+        """The CPU experts' mixture: torch kernels on --kt-cpuinfer threads (see KTState.cpu_worker)."""
         layer = self.cpu_layer
-        return layer.quant_method.apply(layer, x, topk_weights, cpu_ids, backend="native", compute_dtype=self.params_dtype)
-
-
-_POOL: Optional[ThreadPoolExecutor] = None
-
-
-def cpu_expert_pool(kt: KTConfig) -> ThreadPoolExecutor:
-    """One worker thread computes CPU experts while the main thread drives the GPU. Its torch ops use
-    --kt-cpuinfer intra-op threads (process-wide, set once). --kt-threadpool-count is KTransformers'
-    NUMA-pool count for kt-kernel; the torch backend has one pool and accepts it for compatibility."""
-    global _POOL
-    if _POOL is None:
-        if kt.cpuinfer:
-            torch.set_num_threads(kt.cpuinfer)
-        if kt.max_deferred_experts_per_token:
-            logger.warning("--kt-max-deferred-experts-per-token needs kt-kernel; the torch CPU backend defers none")
-        _POOL = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kt-cpu-experts")
-    return _POOL
-
-
-_SHARED: Dict[tuple, SharedFullContext] = {}
-
-
-def shared_full_context(wrapper: KTEPWrapperMethod) -> Optional[SharedFullContext]:
-    """The one slot for this geometry, built on first use; None (and the path disabled) when it does not fit."""
-    key = (wrapper.num_experts, wrapper.hidden_size, wrapper.intermediate_size, wrapper.params_dtype,
-           wrapper.kt.method, str(wrapper.device))
-    if key in _SHARED:
-        return _SHARED[key]
-    need = wrapper.full_gpu_prefill_reservation_bytes()
-    try:
-        if wrapper.device.type == "cpu":
-            from sglang.srt.utils.memory import host_available_memory_bytes
-
-            if host_available_memory_bytes() < need:
-                raise MemoryError(f"{need} bytes requested, {host_available_memory_bytes()} available")
-        ctx = SharedFullContext(wrapper.num_experts, wrapper.hidden_size, wrapper.intermediate_size,
-                                wrapper.params_dtype, wrapper.kt.method, wrapper.device)
-    except (torch.cuda.OutOfMemoryError, MemoryError) as e:
-        _FullGpuPrefillState.disabled = True
-        logger.error(
-            "Cannot allocate the full-GPU prefill slot (%.2f GiB): %s. Prefills use the hybrid CPU/GPU path from "
-            "now on. Raise --mem-fraction-static, or pass --kt-gpu-prefill-token-threshold 0 to turn the "
-            "full-GPU path off.", need / (1 << 30), e,
+        return layer.quant_method.apply(
+            layer, x, topk_weights, cpu_ids, backend="native", compute_dtype=self.params_dtype
         )
-        return None
-    _SHARED[key] = ctx
-    return ctx
-
-
-def release_full_gpu_prefill_slots() -> int:
-    """Free the slots built so far (the next qualifying prefill builds them again); returns their
-    parameter bytes. The post-capture probe uses it: the slot is covered by its reservation, so the
-    bytes it held during the probe are not activation memory."""
-    freed = sum(param_bytes(ctx.layer) for ctx in _SHARED.values())
-    _SHARED.clear()
-    return freed
-
-
-def reset_full_gpu_prefill_state() -> None:
-    """Forget the shared slot and re-enable the full-GPU path (a new model in the same process)."""
-    _SHARED.clear()
-    _FullGpuPrefillState.disabled = False
 
 
 def build_moe_experts(
-    num_experts: int, top_k: int, hidden_size: int, intermediate_size: int, params_dtype: torch.dtype,
-    renormalize: bool, layer_id: int, kt: Optional[KTConfig],
+    num_experts: int,
+    top_k: int,
+    hidden_size: int,
+    intermediate_size: int,
+    params_dtype: torch.dtype,
+    renormalize: bool,
+    layer_id: int,
+    kt_state: Optional[KTState],
 ) -> nn.Module:
-    if kt is None:
-        return FusedMoE(num_experts, top_k, hidden_size, intermediate_size, params_dtype, "BF16", renormalize,
-                        prefix=f"layers.{layer_id}.mlp.experts")
-    return KTEPWrapperMethod(num_experts, top_k, hidden_size, intermediate_size, params_dtype, renormalize, layer_id, kt)
+    if kt_state is None:
+        return FusedMoE(
+            num_experts,
+            top_k,
+            hidden_size,
+            intermediate_size,
+            params_dtype,
+            "BF16",
+            renormalize,
+            prefix=f"layers.{layer_id}.mlp.experts",
+        )
+    return KTEPWrapperMethod(
+        num_experts, top_k, hidden_size, intermediate_size, params_dtype, renormalize, layer_id, kt_state
+    )
 
 
 def full_gpu_prefill_reservations(model: nn.Module) -> Dict[str, int]:

@@ -81,9 +81,13 @@ class FusedMoE(torch.nn.Module):
         expert_id: int,
     ) -> None:
         """Load one checkpoint matrix (w1/w3: [I, H], w2: [H, I]); the method picks the target params."""
-        self.quant_method.load_expert(self, expert_id, shard_id, shard_expert_weight(loaded_weight, shard_id, self.inter_range))
+        self.quant_method.load_expert(
+            self, expert_id, shard_id, shard_expert_weight(loaded_weight, shard_id, self.inter_range)
+        )
 
-    def forward(self, hidden_states: torch.Tensor, router_logits: torch.Tensor, is_prefill: bool = False) -> torch.Tensor:
+    def forward(
+        self, hidden_states: torch.Tensor, router_logits: torch.Tensor, is_prefill: bool = False
+    ) -> torch.Tensor:
         """`is_prefill` only matters to wrappers with a prefill-specific path (KT); same signature."""
         topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
         return self.quant_method.apply(self, hidden_states, topk_weights, topk_ids)

@@ -111,7 +111,7 @@ class FusedMoEMethodBase(ABC):
     def kernel_quant(self) -> tuple[WeightQuant, int, int]:
         """(kernel decode mode, group_n, group_k) for the triton GEMM."""
 
-    def check_sizes(self, hidden_size: int, intermediate_size: int) -> None:
+    def check_sizes(self, hidden_size: int, intermediate_size: int) -> None:  # noqa: B027 - optional hook
         """Raise ValueError when the format cannot store matrices of these sizes."""
 
     # ---- the layer-level API ----
@@ -219,5 +219,7 @@ class FusedMoEMethodBase(ABC):
         if backend == "native":
             from sglang.srt.layers.moe.fused_moe_native import fused_moe_native
 
-            return fused_moe_native(x, topk_weights, topk_ids, lambda e: self.dequantize_expert(layer, e), compute_dtype)
+            return fused_moe_native(
+                x, topk_weights, topk_ids, lambda e: self.dequantize_expert(layer, e), compute_dtype
+            )
         raise ValueError(f"unknown MoE backend {backend!r}; expected auto, triton or native")

@@ -58,9 +58,27 @@ def _split_range(kv_len, num_splits, split_id, ALIGN: tl.constexpr):
 
 @triton.jit
 def _attend_kv_block(
-    acc, m_i, l_i, q, K, V, rows, mask_n, mask_qk, kv_head,
-    stride_kn, stride_kh, stride_vn, stride_vh, offs_d, offs_dv, mask_d, mask_dv,
-    sm_scale, logit_cap, USE_CAP: tl.constexpr,
+    acc,
+    m_i,
+    l_i,
+    q,
+    K,
+    V,
+    rows,
+    mask_n,
+    mask_qk,
+    kv_head,
+    stride_kn,
+    stride_kh,
+    stride_vn,
+    stride_vh,
+    offs_d,
+    offs_dv,
+    mask_d,
+    mask_dv,
+    sm_scale,
+    logit_cap,
+    USE_CAP: tl.constexpr,
 ):
     """One online-softmax step over BLOCK_N keys at int64 ``rows`` of K/V (pool or extend rows).
 
@@ -69,7 +87,8 @@ def _attend_kv_block(
     """
     k = tl.load(  # [BLOCK_D, BLOCK_N]: K^T for the dot
         K + rows[None, :] * stride_kn + kv_head * stride_kh + offs_d[:, None],
-        mask=mask_n[None, :] & mask_d[:, None], other=0.0,
+        mask=mask_n[None, :] & mask_d[:, None],
+        other=0.0,
     )
     qk = tl.dot(q, k.to(q.dtype)) * sm_scale
     if USE_CAP:
@@ -81,7 +100,8 @@ def _attend_kv_block(
     l_i = l_i * alpha + tl.sum(p, 1)
     v = tl.load(
         V + rows[:, None] * stride_vn + kv_head * stride_vh + offs_dv[None, :],
-        mask=mask_n[:, None] & mask_dv[None, :], other=0.0,
+        mask=mask_n[:, None] & mask_dv[None, :],
+        other=0.0,
     )
     acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
     return acc, m_new, l_i
@@ -89,14 +109,38 @@ def _attend_kv_block(
 
 @triton.jit
 def _decode_grouped_stage1(
-    Q, K_Buf, V_Buf, Kv_Indptr, Kv_Indices, Att_Out, Att_Lse, Num_Kv_Splits,
-    sm_scale, logit_cap,
-    stride_qb, stride_qh, stride_kb, stride_kh, stride_vb, stride_vh,
-    stride_ab, stride_ah, stride_as, stride_lb, stride_lh,
-    kv_group_num: tl.constexpr, progs_per_kv_head: tl.constexpr,
-    D: tl.constexpr, DV: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_H: tl.constexpr,
-    SPLIT_ALIGN: tl.constexpr, USE_CAP: tl.constexpr, WHILE_LOOPS: tl.constexpr,
+    Q,
+    K_Buf,
+    V_Buf,
+    Kv_Indptr,
+    Kv_Indices,
+    Att_Out,
+    Att_Lse,
+    Num_Kv_Splits,
+    sm_scale,
+    logit_cap,
+    stride_qb,
+    stride_qh,
+    stride_kb,
+    stride_kh,
+    stride_vb,
+    stride_vh,
+    stride_ab,
+    stride_ah,
+    stride_as,
+    stride_lb,
+    stride_lh,
+    kv_group_num: tl.constexpr,
+    progs_per_kv_head: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    SPLIT_ALIGN: tl.constexpr,
+    USE_CAP: tl.constexpr,
+    WHILE_LOOPS: tl.constexpr,
 ):
     b = tl.program_id(0)
     pid_h = tl.program_id(1)
@@ -123,7 +167,8 @@ def _decode_grouped_stage1(
     if (split_id < num_splits) & (end > start):
         q = tl.load(
             Q + b * stride_qb + heads[:, None] * stride_qh + offs_d[None, :],
-            mask=mask_h[:, None] & mask_d[None, :], other=0.0,
+            mask=mask_h[:, None] & mask_d[None, :],
+            other=0.0,
         )
         m_i = tl.full([BLOCK_H], -1e30, dtype=tl.float32)  # finite: no (-inf) - (-inf)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
@@ -134,9 +179,27 @@ def _decode_grouped_stage1(
                 mask_n = n0 + offs_n < end
                 slot = tl.load(Kv_Indices + kv_start + n0 + offs_n, mask=mask_n, other=0)
                 acc, m_i, l_i = _attend_kv_block(
-                    acc, m_i, l_i, q, K_Buf, V_Buf, slot.to(tl.int64), mask_n, mask_n[None, :],
-                    kv_head, stride_kb, stride_kh, stride_vb, stride_vh,
-                    offs_d, offs_dv, mask_d, mask_dv, sm_scale, logit_cap, USE_CAP,
+                    acc,
+                    m_i,
+                    l_i,
+                    q,
+                    K_Buf,
+                    V_Buf,
+                    slot.to(tl.int64),
+                    mask_n,
+                    mask_n[None, :],
+                    kv_head,
+                    stride_kb,
+                    stride_kh,
+                    stride_vb,
+                    stride_vh,
+                    offs_d,
+                    offs_dv,
+                    mask_d,
+                    mask_dv,
+                    sm_scale,
+                    logit_cap,
+                    USE_CAP,
                 )
                 n0 += BLOCK_N
         else:  # a `for` loop, so num_stages can software-pipeline the gathers
@@ -144,25 +207,56 @@ def _decode_grouped_stage1(
                 mask_n = n0 + offs_n < end
                 slot = tl.load(Kv_Indices + kv_start + n0 + offs_n, mask=mask_n, other=0)
                 acc, m_i, l_i = _attend_kv_block(
-                    acc, m_i, l_i, q, K_Buf, V_Buf, slot.to(tl.int64), mask_n, mask_n[None, :],
-                    kv_head, stride_kb, stride_kh, stride_vb, stride_vh,
-                    offs_d, offs_dv, mask_d, mask_dv, sm_scale, logit_cap, USE_CAP,
+                    acc,
+                    m_i,
+                    l_i,
+                    q,
+                    K_Buf,
+                    V_Buf,
+                    slot.to(tl.int64),
+                    mask_n,
+                    mask_n[None, :],
+                    kv_head,
+                    stride_kb,
+                    stride_kh,
+                    stride_vb,
+                    stride_vh,
+                    offs_d,
+                    offs_dv,
+                    mask_d,
+                    mask_dv,
+                    sm_scale,
+                    logit_cap,
+                    USE_CAP,
                 )
         out = acc / l_i[:, None]
         lse = (m_i + tl.log2(l_i)) * 0.6931471805599453  # natural-log LSE of this chunk
         tl.store(
-            Att_Out + b * stride_ab + heads[:, None] * stride_ah + split_id * stride_as
-            + offs_dv[None, :],
-            out, mask=mask_h[:, None] & mask_dv[None, :],
+            Att_Out + b * stride_ab + heads[:, None] * stride_ah + split_id * stride_as + offs_dv[None, :],
+            out,
+            mask=mask_h[:, None] & mask_dv[None, :],
         )
         tl.store(Att_Lse + b * stride_lb + heads * stride_lh + split_id, lse, mask=mask_h)
 
 
 @triton.jit
 def _decode_stage2(
-    Att_Out, Att_Lse, O, Kv_Indptr, Num_Kv_Splits,
-    stride_ab, stride_ah, stride_as, stride_lb, stride_lh, stride_ob, stride_oh,
-    MAX_KV_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, DV: tl.constexpr, BLOCK_DV: tl.constexpr,
+    Att_Out,
+    Att_Lse,
+    O,  # noqa: E741 - the attention output, named as in the papers
+    Kv_Indptr,
+    Num_Kv_Splits,
+    stride_ab,
+    stride_ah,
+    stride_as,
+    stride_lb,
+    stride_lh,
+    stride_ob,
+    stride_oh,
+    MAX_KV_SPLITS: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
     SPLIT_ALIGN: tl.constexpr,
 ):
     """Merge request b / head h's chunks: their LSE-weighted sum. All chunks load as one
@@ -179,7 +273,8 @@ def _decode_stage2(
     lse = tl.load(Att_Lse + b * stride_lb + h * stride_lh + offs_s, mask=written, other=float("-inf"))
     part = tl.load(
         Att_Out + b * stride_ab + h * stride_ah + offs_s[:, None] * stride_as + offs_dv[None, :],
-        mask=written[:, None] & mask_dv[None, :], other=0.0,
+        mask=written[:, None] & mask_dv[None, :],
+        other=0.0,
     )
     w = tl.exp(lse - tl.maximum(tl.max(lse, 0), -1e30))  # unwritten chunks: exp(-inf) = 0
     out = tl.sum(w[:, None] * part, 0) / tl.maximum(tl.sum(w, 0), 1e-30)  # empty row -> zeros
@@ -246,31 +341,69 @@ def decode_attention_fwd(
 
     grid1 = (bs, hkv * progs_per_kv_head, max_kv_splits)
     _decode_grouped_stage1[grid1](
-        q, k_buffer, v_buffer, kv_indptr, kv_indices, attn_logits, attn_lse, num_kv_splits,
-        float(sm_scale), float(logit_cap),
-        q.stride(0), q.stride(1), k_buffer.stride(0), k_buffer.stride(1),
-        v_buffer.stride(0), v_buffer.stride(1),
-        attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
-        attn_lse.stride(0), attn_lse.stride(1),
-        kv_group_num=group, progs_per_kv_head=progs_per_kv_head, D=d, DV=dv,
-        BLOCK_D=block_d, BLOCK_DV=block_dv, BLOCK_N=config.block_n, BLOCK_H=BLOCK_H,
-        SPLIT_ALIGN=config.block_n, USE_CAP=logit_cap > 0, WHILE_LOOPS=_use_while_loops(q), **extra,
+        q,
+        k_buffer,
+        v_buffer,
+        kv_indptr,
+        kv_indices,
+        attn_logits,
+        attn_lse,
+        num_kv_splits,
+        float(sm_scale),
+        float(logit_cap),
+        q.stride(0),
+        q.stride(1),
+        k_buffer.stride(0),
+        k_buffer.stride(1),
+        v_buffer.stride(0),
+        v_buffer.stride(1),
+        attn_logits.stride(0),
+        attn_logits.stride(1),
+        attn_logits.stride(2),
+        attn_lse.stride(0),
+        attn_lse.stride(1),
+        kv_group_num=group,
+        progs_per_kv_head=progs_per_kv_head,
+        D=d,
+        DV=dv,
+        BLOCK_D=block_d,
+        BLOCK_DV=block_dv,
+        BLOCK_N=config.block_n,
+        BLOCK_H=BLOCK_H,
+        SPLIT_ALIGN=config.block_n,
+        USE_CAP=logit_cap > 0,
+        WHILE_LOOPS=_use_while_loops(q),
+        **extra,
     )
     extra2 = {} if interp else {"num_warps": 4, "num_stages": 1}
     _decode_stage2[(bs, hq)](
-        attn_logits, attn_lse, o, kv_indptr, num_kv_splits,
-        attn_logits.stride(0), attn_logits.stride(1), attn_logits.stride(2),
-        attn_lse.stride(0), attn_lse.stride(1), o.stride(0), o.stride(1),
-        MAX_KV_SPLITS=max_kv_splits, BLOCK_S=triton.next_power_of_2(max_kv_splits), DV=dv, BLOCK_DV=block_dv,
-        SPLIT_ALIGN=config.block_n, **extra2,
+        attn_logits,
+        attn_lse,
+        o,
+        kv_indptr,
+        num_kv_splits,
+        attn_logits.stride(0),
+        attn_logits.stride(1),
+        attn_logits.stride(2),
+        attn_lse.stride(0),
+        attn_lse.stride(1),
+        o.stride(0),
+        o.stride(1),
+        MAX_KV_SPLITS=max_kv_splits,
+        BLOCK_S=triton.next_power_of_2(max_kv_splits),
+        DV=dv,
+        BLOCK_DV=block_dv,
+        SPLIT_ALIGN=config.block_n,
+        **extra2,
     )
 
 
 MIN_BLOCK_TOKENS = 1024  # keys per chunk of a long context: few long chunks stream best (tuning)
 
 
-def decode_split_bounds(bs: int, num_kv_heads: int, num_sms: int, max_kv_splits: int,
-                        programs_per_sm: int = 2) -> tuple[int, int]:
+def decode_split_bounds(
+    bs: int, num_kv_heads: int, num_sms: int, max_kv_splits: int, programs_per_sm: int = 2
+) -> tuple[int, int]:
     """(min_splits, split cap) for a decode batch of ``bs`` requests.
 
     min_splits: chunks per request that give small batches ``programs_per_sm`` stage-1 programs per SM

@@ -29,13 +29,39 @@ from sglang.srt.layers.attention.triton_ops.decode_attention import (
 
 @triton.jit
 def _extend_fwd_kernel(
-    Q, K_Ext, V_Ext, O, K_Buf, V_Buf, Qo_Indptr, Kv_Indptr, Kv_Indices,
-    sm_scale, logit_cap,
-    stride_qn, stride_qh, stride_ken, stride_keh, stride_ven, stride_veh,
-    stride_on, stride_oh, stride_kbn, stride_kbh, stride_vbn, stride_vbh,
-    kv_group_num: tl.constexpr, D: tl.constexpr, DV: tl.constexpr,
-    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, USE_CAP: tl.constexpr, WHILE_LOOPS: tl.constexpr,
+    Q,
+    K_Ext,
+    V_Ext,
+    O,  # noqa: E741 - the attention output, named as in the papers
+    K_Buf,
+    V_Buf,
+    Qo_Indptr,
+    Kv_Indptr,
+    Kv_Indices,
+    sm_scale,
+    logit_cap,
+    stride_qn,
+    stride_qh,
+    stride_ken,
+    stride_keh,
+    stride_ven,
+    stride_veh,
+    stride_on,
+    stride_oh,
+    stride_kbn,
+    stride_kbh,
+    stride_vbn,
+    stride_vbh,
+    kv_group_num: tl.constexpr,
+    D: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_DV: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr,
+    USE_CAP: tl.constexpr,
+    WHILE_LOOPS: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -60,7 +86,8 @@ def _extend_fwd_kernel(
 
         q = tl.load(
             Q + rows[:, None] * stride_qn + h * stride_qh + offs_d[None, :],
-            mask=mask_m[:, None] & mask_d[None, :], other=0.0,
+            mask=mask_m[:, None] & mask_d[None, :],
+            other=0.0,
         )
         m_i = tl.full([BLOCK_M], -1e30, dtype=tl.float32)  # finite: no (-inf) - (-inf)
         l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
@@ -81,9 +108,27 @@ def _extend_fwd_kernel(
                 mask_n = n0 + offs_n < pre_len
                 slot = tl.load(Kv_Indices + pre_start + n0 + offs_n, mask=mask_n, other=0)
                 acc, m_i, l_i = _attend_kv_block(
-                    acc, m_i, l_i, q, K_Buf, V_Buf, slot.to(tl.int64), mask_n, mask_n[None, :],
-                    kv_head, stride_kbn, stride_kbh, stride_vbn, stride_vbh,
-                    offs_d, offs_dv, mask_d, mask_dv, sm_scale, logit_cap, USE_CAP,
+                    acc,
+                    m_i,
+                    l_i,
+                    q,
+                    K_Buf,
+                    V_Buf,
+                    slot.to(tl.int64),
+                    mask_n,
+                    mask_n[None, :],
+                    kv_head,
+                    stride_kbn,
+                    stride_kbh,
+                    stride_vbn,
+                    stride_vbh,
+                    offs_d,
+                    offs_dv,
+                    mask_d,
+                    mask_dv,
+                    sm_scale,
+                    logit_cap,
+                    USE_CAP,
                 )
                 n0 += BLOCK_N
             n0 = 0
@@ -94,9 +139,27 @@ def _extend_fwd_kernel(
                 if IS_CAUSAL:
                     mask_qk = mask_qk & (offs_m[:, None] >= cols[None, :])
                 acc, m_i, l_i = _attend_kv_block(
-                    acc, m_i, l_i, q, K_Ext, V_Ext, q_start + cols, mask_n, mask_qk,
-                    kv_head, stride_ken, stride_keh, stride_ven, stride_veh,
-                    offs_d, offs_dv, mask_d, mask_dv, sm_scale, logit_cap, USE_CAP,
+                    acc,
+                    m_i,
+                    l_i,
+                    q,
+                    K_Ext,
+                    V_Ext,
+                    q_start + cols,
+                    mask_n,
+                    mask_qk,
+                    kv_head,
+                    stride_ken,
+                    stride_keh,
+                    stride_ven,
+                    stride_veh,
+                    offs_d,
+                    offs_dv,
+                    mask_d,
+                    mask_dv,
+                    sm_scale,
+                    logit_cap,
+                    USE_CAP,
                 )
                 n0 += BLOCK_N
         else:
@@ -104,9 +167,27 @@ def _extend_fwd_kernel(
                 mask_n = n0 + offs_n < pre_len
                 slot = tl.load(Kv_Indices + pre_start + n0 + offs_n, mask=mask_n, other=0)
                 acc, m_i, l_i = _attend_kv_block(
-                    acc, m_i, l_i, q, K_Buf, V_Buf, slot.to(tl.int64), mask_n, mask_n[None, :],
-                    kv_head, stride_kbn, stride_kbh, stride_vbn, stride_vbh,
-                    offs_d, offs_dv, mask_d, mask_dv, sm_scale, logit_cap, USE_CAP,
+                    acc,
+                    m_i,
+                    l_i,
+                    q,
+                    K_Buf,
+                    V_Buf,
+                    slot.to(tl.int64),
+                    mask_n,
+                    mask_n[None, :],
+                    kv_head,
+                    stride_kbn,
+                    stride_kbh,
+                    stride_vbn,
+                    stride_vbh,
+                    offs_d,
+                    offs_dv,
+                    mask_d,
+                    mask_dv,
+                    sm_scale,
+                    logit_cap,
+                    USE_CAP,
                 )
             for n0 in range(0, ext_end, BLOCK_N):
                 cols = n0 + offs_n
@@ -115,15 +196,34 @@ def _extend_fwd_kernel(
                 if IS_CAUSAL:
                     mask_qk = mask_qk & (offs_m[:, None] >= cols[None, :])
                 acc, m_i, l_i = _attend_kv_block(
-                    acc, m_i, l_i, q, K_Ext, V_Ext, q_start + cols, mask_n, mask_qk,
-                    kv_head, stride_ken, stride_keh, stride_ven, stride_veh,
-                    offs_d, offs_dv, mask_d, mask_dv, sm_scale, logit_cap, USE_CAP,
+                    acc,
+                    m_i,
+                    l_i,
+                    q,
+                    K_Ext,
+                    V_Ext,
+                    q_start + cols,
+                    mask_n,
+                    mask_qk,
+                    kv_head,
+                    stride_ken,
+                    stride_keh,
+                    stride_ven,
+                    stride_veh,
+                    offs_d,
+                    offs_dv,
+                    mask_d,
+                    mask_dv,
+                    sm_scale,
+                    logit_cap,
+                    USE_CAP,
                 )
 
         out = acc / l_i[:, None]
         tl.store(
             O + rows[:, None] * stride_on + h * stride_oh + offs_dv[None, :],
-            out.to(O.dtype.element_ty), mask=mask_m[:, None] & mask_dv[None, :],
+            out.to(O.dtype.element_ty),
+            mask=mask_m[:, None] & mask_dv[None, :],
         )
 
 
@@ -176,14 +276,38 @@ def extend_attention_fwd(
     extra = {"num_warps": num_warps, "num_stages": num_stages} if q_extend.is_cuda else {}
     grid = (bs, hq, triton.cdiv(max_len_extend, block_m))
     _extend_fwd_kernel[grid](
-        q_extend, k_extend, v_extend, o_extend, k_buffer, v_buffer,
-        qo_indptr, kv_indptr, kv_indices, float(sm_scale), float(logit_cap),
-        q_extend.stride(0), q_extend.stride(1), k_extend.stride(0), k_extend.stride(1),
-        v_extend.stride(0), v_extend.stride(1), o_extend.stride(0), o_extend.stride(1),
-        k_buffer.stride(0), k_buffer.stride(1), v_buffer.stride(0), v_buffer.stride(1),
-        kv_group_num=hq // hkv, D=d, DV=dv,
-        BLOCK_D=max(16, triton.next_power_of_2(d)), BLOCK_DV=max(16, triton.next_power_of_2(dv)),
-        BLOCK_M=block_m, BLOCK_N=block_n, IS_CAUSAL=bool(is_causal), USE_CAP=logit_cap > 0,
+        q_extend,
+        k_extend,
+        v_extend,
+        o_extend,
+        k_buffer,
+        v_buffer,
+        qo_indptr,
+        kv_indptr,
+        kv_indices,
+        float(sm_scale),
+        float(logit_cap),
+        q_extend.stride(0),
+        q_extend.stride(1),
+        k_extend.stride(0),
+        k_extend.stride(1),
+        v_extend.stride(0),
+        v_extend.stride(1),
+        o_extend.stride(0),
+        o_extend.stride(1),
+        k_buffer.stride(0),
+        k_buffer.stride(1),
+        v_buffer.stride(0),
+        v_buffer.stride(1),
+        kv_group_num=hq // hkv,
+        D=d,
+        DV=dv,
+        BLOCK_D=max(16, triton.next_power_of_2(d)),
+        BLOCK_DV=max(16, triton.next_power_of_2(dv)),
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        IS_CAUSAL=bool(is_causal),
+        USE_CAP=logit_cap > 0,
         WHILE_LOOPS=_use_while_loops(q_extend),
         **extra,
     )

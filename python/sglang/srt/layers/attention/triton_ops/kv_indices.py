@@ -20,9 +20,19 @@ from sglang.srt.layers.attention.triton_ops.decode_attention import _use_while_l
 
 @triton.jit
 def _fill_kv_indices_kernel(
-    Req_To_Token, Req_Pool_Indices, Kv_Indptr, Kv_Indices, Num_Kv_Splits,
-    stride_req, max_splits, min_block_tokens, min_splits, block_n,
-    BLOCK: tl.constexpr, WITH_SPLITS: tl.constexpr, WHILE_LOOPS: tl.constexpr,
+    Req_To_Token,
+    Req_Pool_Indices,
+    Kv_Indptr,
+    Kv_Indices,
+    Num_Kv_Splits,
+    stride_req,
+    max_splits,
+    min_block_tokens,
+    min_splits,
+    block_n,
+    BLOCK: tl.constexpr,
+    WITH_SPLITS: tl.constexpr,
+    WHILE_LOOPS: tl.constexpr,
 ):
     b = tl.program_id(0)
     req = tl.load(Req_Pool_Indices + b).to(tl.int64)
@@ -65,7 +75,17 @@ def fill_kv_indices_triton(
         return
     with_splits = num_kv_splits is not None
     _fill_kv_indices_kernel[(bs,)](
-        req_to_token, req_pool_indices, kv_indptr, out, num_kv_splits if with_splits else out,
-        req_to_token.stride(0), max(1, int(max_kv_splits)), int(min_block_tokens), int(min_splits), int(block_n),
-        BLOCK=512, WITH_SPLITS=with_splits, WHILE_LOOPS=_use_while_loops(out),
+        req_to_token,
+        req_pool_indices,
+        kv_indptr,
+        out,
+        num_kv_splits if with_splits else out,
+        req_to_token.stride(0),
+        max(1, int(max_kv_splits)),
+        int(min_block_tokens),
+        int(min_splits),
+        int(block_n),
+        BLOCK=512,
+        WITH_SPLITS=with_splits,
+        WHILE_LOOPS=_use_while_loops(out),
     )

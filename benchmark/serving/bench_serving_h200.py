@@ -1,0 +1,376 @@
+"""Upstream SGLang's own serving benchmark (`bench_serving.py` of sglang==0.4.6.post5, unchanged) against our
+server: Llama-3.1-8B shape, dummy weights, a real tokenizer, static vs post-capture KV sizing.
+
+    python benchmark/serving/bench_serving_h200.py --prepare         # here (network): wheel, tokenizer -> .device/upstream
+    python3 benchmark/serving/bench_serving_h200.py --out-dir $OUT   # the GPU machine (no network; carry .device)
+    python benchmark/serving/bench_serving_h200.py --dry-run         # this CPU machine: tiny model, tiny counts
+
+For each path (static: SGLANG_ENABLE_POST_CAPTURE_KV_SIZING=0; post-capture: =1) it starts
+`python -m sglang.launch_server --model-path DIR --load-format dummy`, where DIR holds the Llama-3.1-8B
+config (vocab_size 49152, SmolLM2's) and SmolLM2's tokenizer, runs one unrecorded warm-up benchmark, then
+`bench_serving.py --backend sglang --dataset-name random --random-range-ratio 1` at each concurrency
+(1024 in / 256 out, ignore_eos, the cache flushed after bench_serving's own warm-up request). The random
+dataset cuts ShareGPT-format conversations to the input length; they are written from this repository's
+markdown (no download), each starting at a different word so that no two prompts share a cached prefix.
+
+bench_serving runs as a script from the unpacked wheel, with PYTHONPATH cleared so that this checkout's
+`sglang` is not importable in it (it imports aiohttp, numpy, requests, tqdm and transformers, all on the
+GPU machine). Each row sits next to the decode step time of benchmark/decode_roofline/ (CUDA-graph replay
+at the same batch size, context 1024). Results are written after every run (results.json + results.md via
+sglang.test.bench_utils.write_results), so a run cut short keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional, Sequence
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+from sglang.test.bench_utils import write_results  # noqa: E402
+from sglang.test.test_utils import kill_process_tree, popen_launch_server, read_log  # noqa: E402
+from sglang.test.upstream_clients import (  # noqa: E402
+    UPSTREAM_VERSION,
+    client_env,
+    fetch_wheel,
+    last_json_line,
+    save_portable_tokenizer,
+    unpack_wheel,
+)
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+STAGE = os.path.join(ROOT, ".device", "upstream")  # git-ignored; what a device run carries
+TOKENIZER_DIR = os.path.join(STAGE, "smollm2-tokenizer")
+ROOFLINE = os.path.join(ROOT, "benchmark", "decode_roofline", "results.json")
+PATHS = {"static": "0", "post-capture": "1"}
+SMOLLM2_VOCAB, SMOLLM2_BOS, SMOLLM2_EOS = 49152, 1, 2  # <|im_start|>, <|im_end|>
+
+
+def _load_script(path: str, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def prepare() -> None:
+    """Needs the network and the project env (the built-in SmolLM2 wheel): run here, before the device run."""
+    from sglang.srt.utils.hf_tokenizer import get_tokenizer
+
+    print("wheel:", fetch_wheel(STAGE))
+    shutil.rmtree(TOKENIZER_DIR, ignore_errors=True)
+    print("tokenizer:", save_portable_tokenizer(get_tokenizer("SmolLM2-135M-Instruct"), TOKENIZER_DIR))
+
+
+def model_dir(work: str, shape: str) -> str:
+    """A dummy-weight model directory: the shape's config with SmolLM2's vocabulary, plus its tokenizer."""
+    if shape == "tiny-llama":  # the CPU dry run
+        from sglang.test.runners import TINY_CONFIGS
+
+        cfg = dict(TINY_CONFIGS["llama"], model_type="llama", torch_dtype="float32", max_position_embeddings=4096)
+    else:
+        shapes = _load_script(os.path.join(ROOT, "scripts", "make_model_configs.py"), "make_model_configs").SHAPES
+        cfg = dict(shapes[shape])
+    cfg.update(vocab_size=SMOLLM2_VOCAB, bos_token_id=SMOLLM2_BOS, eos_token_id=SMOLLM2_EOS)
+    d = os.path.join(work, f"{shape}-vocab{SMOLLM2_VOCAB}")
+    shutil.copytree(TOKENIZER_DIR, d)
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(cfg, f, indent=2)
+    return d
+
+
+def write_corpus(path: str, rows: int, words_per_row: int) -> str:
+    """ShareGPT-format conversations from the repository's markdown, each starting at its own word."""
+    words: List[str] = []
+    for md in sorted(glob.glob(os.path.join(ROOT, "**", "*.md"), recursive=True)):
+        if "/.device/" not in md:
+            with open(md, errors="replace") as f:
+                words += f.read().split()
+    if len(words) < rows:
+        raise RuntimeError(f"only {len(words)} words of markdown for {rows} distinct prompts")
+    stride = len(words) // rows
+    convs = []
+    for k in range(rows):
+        start = k * stride
+        text = " ".join(words[(start + i) % len(words)] for i in range(words_per_row))
+        convs.append({"conversations": [{"from": "human", "value": text}, {"from": "gpt", "value": "-"}]})
+    with open(path, "w") as f:
+        json.dump(convs, f)
+    return path
+
+
+def roofline_steps() -> Dict[int, float]:
+    """Decode step ms by batch size at context 1024, from benchmark/decode_roofline/results.json."""
+    try:
+        with open(ROOFLINE) as f:
+            rows = json.load(f)["decode"]
+    except (OSError, KeyError, ValueError):
+        return {}
+    return {r["batch"]: r["step_ms"] for r in rows if r.get("context") == 1024}
+
+
+def run_bench(
+    bench_py: str,
+    python: str,
+    backend: str,
+    base_url: str,
+    tokenizer: str,
+    dataset: str,
+    out_file: str,
+    concurrency: int,
+    num_prompts: int,
+    in_len: int,
+    out_len: int,
+    log,
+) -> dict:
+    args = [
+        python,
+        bench_py,
+        "--backend",
+        backend,
+        "--base-url",
+        base_url,
+        "--tokenizer",
+        tokenizer,
+        "--dataset-name",
+        "random",
+        "--dataset-path",
+        dataset,
+        "--random-input-len",
+        str(in_len),
+        "--random-output-len",
+        str(out_len),
+        "--random-range-ratio",
+        "1",
+        "--num-prompts",
+        str(num_prompts),
+        "--max-concurrency",
+        str(concurrency),
+        "--flush-cache",
+        "--output-file",
+        out_file,
+        "--disable-tqdm",
+    ]
+    print("$", " ".join(args[1:]), file=log, flush=True)
+    proc = subprocess.run(
+        args, cwd=os.path.dirname(out_file), env=client_env(), capture_output=True, text=True, timeout=900
+    )
+    log.write(proc.stdout + proc.stderr)
+    log.flush()
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench_serving failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return last_json_line(out_file)
+
+
+def server_facts(base_url: str) -> dict:
+    import requests
+
+    info = requests.get(f"{base_url}/server_info", timeout=30).json()
+    plan = info.get("memory_plan") or {}
+    return {
+        "max_total_num_tokens": info.get("max_total_num_tokens"),
+        "cuda_graph_max_bs": info.get("cuda_graph_max_bs"),
+        "max_running_requests": info.get("max_running_requests"),
+        "kv_path": plan.get("path"),
+    }
+
+
+def markdown(data: dict) -> str:
+    lines = [
+        f"Upstream `bench_serving.py` (sglang {UPSTREAM_VERSION}) `--backend {data['backend']}`, random dataset "
+        f"{data['input_len']} in / {data['output_len']} out, model {data['model']} ({data['weights']} weights); "
+        "graph step ms: benchmark/decode_roofline/ at the same batch size, context 1024.",
+        "",
+        "| path | concurrency | prompts | completed | output tok/s | TTFT median ms | TTFT p99 ms "
+        "| ITL median ms | ITL p99 ms | graph step ms | ITL median / step | KV tokens |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in data["rows"]:
+        step = "-" if r["graph_step_ms"] is None else f"{r['graph_step_ms']:.3f}"
+        ratio = "-" if r["itl_over_graph_step"] is None else f"{r['itl_over_graph_step']:.2f}"
+        lines.append(
+            f"| {r['path']} | {r['concurrency']} | {r['num_prompts']} | {r['completed']} "
+            f"| {r['output_throughput']:.1f} | {r['median_ttft_ms']:.1f} | {r['p99_ttft_ms']:.1f} "
+            f"| {r['median_itl_ms']:.2f} | {r['p99_itl_ms']:.2f} | {step} | {ratio} "
+            f"| {r['max_total_num_tokens']} |"
+        )
+    return "\n".join(lines)
+
+
+def run(args) -> dict:
+    wheels = sorted(glob.glob(os.path.join(STAGE, f"sglang-{UPSTREAM_VERSION}-*.whl")))
+    if not wheels or not os.path.isfile(os.path.join(TOKENIZER_DIR, "tokenizer.json")):
+        raise SystemExit(f"{STAGE} lacks the wheel or the tokenizer: run this script with --prepare first (here)")
+    work = tempfile.mkdtemp(prefix="bench-serving-")
+    try:
+        return _run_in(work, wheels[0], args)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def _run_in(work: str, wheel: str, args) -> dict:
+    bench_py = os.path.join(unpack_wheel(wheel, os.path.join(work, "upstream")), "bench_serving.py")
+    mdir = args.model_path or model_dir(work, args.shape)
+    dataset = write_corpus(os.path.join(work, "corpus.json"), max(args.num_prompts) + 1, args.input_len * 2)
+    python = args.client_python or sys.executable
+    steps = roofline_steps() if args.roofline else {}  # H200 step times: meaningless next to a CPU run
+    os.makedirs(args.out_dir, exist_ok=True)
+    data = {
+        "upstream": UPSTREAM_VERSION,
+        "backend": args.backend,
+        "model": args.model_label or args.shape,
+        "weights": "real" if args.model_path else "dummy",
+        "input_len": args.input_len,
+        "output_len": args.output_len,
+        "server_args": args.server_args,
+        "rows": [],
+    }
+    with open(os.path.join(args.out_dir, "bench_serving_runs.log"), "a") as log:
+        for path in args.paths:
+            server_cmd = [
+                "--model-path",
+                mdir,
+                *([] if args.model_path else ["--load-format", "dummy"]),
+                *args.server_args,
+            ]
+            t0 = time.monotonic()
+            proc = popen_launch_server(
+                server_cmd, timeout=900, env={"SGLANG_ENABLE_POST_CAPTURE_KV_SIZING": PATHS[path]}
+            )
+            try:
+                facts = server_facts(proc.base_url)
+                print(f"[{path}] server up in {proc.startup_seconds:.1f} s: {facts}", flush=True)
+                if args.check_path and facts["kv_path"] != path:
+                    raise RuntimeError(f"asked for the {path} path, the server's memory plan says {facts['kv_path']}")
+                out = os.path.join(work, f"{path}.jsonl")
+                # Unrecorded warm-up: compiles every prefill/decode kernel shape the runs below meet.
+                run_bench(
+                    bench_py,
+                    python,
+                    args.backend,
+                    proc.base_url,
+                    TOKENIZER_DIR,
+                    dataset,
+                    out,
+                    args.warmup_concurrency,
+                    args.warmup_prompts,
+                    args.input_len,
+                    16,
+                    log,
+                )
+                for conc, n in zip(args.concurrency, args.num_prompts):
+                    t = time.monotonic()
+                    res = run_bench(
+                        bench_py,
+                        python,
+                        args.backend,
+                        proc.base_url,
+                        TOKENIZER_DIR,
+                        dataset,
+                        out,
+                        conc,
+                        n,
+                        args.input_len,
+                        args.output_len,
+                        log,
+                    )
+                    step = steps.get(conc)
+                    row = {
+                        "path": path,
+                        "concurrency": conc,
+                        "num_prompts": n,
+                        "completed": res["completed"],
+                        "output_throughput": res["output_throughput"],
+                        "median_ttft_ms": res["median_ttft_ms"],
+                        "p99_ttft_ms": res["p99_ttft_ms"],
+                        "median_itl_ms": res["median_itl_ms"],
+                        "p99_itl_ms": res["p99_itl_ms"],
+                        "graph_step_ms": step,
+                        "itl_over_graph_step": None if step is None else res["median_itl_ms"] / step,
+                        "mean_itl_ms": res["mean_itl_ms"],
+                        "median_tpot_ms": res["median_tpot_ms"],
+                        "median_e2e_latency_ms": res["median_e2e_latency_ms"],
+                        "request_throughput": res["request_throughput"],
+                        "duration_s": res["duration"],
+                        "total_input_tokens": res["total_input_tokens"],
+                        "total_output_tokens": res["total_output_tokens"],
+                        "server_startup_s": proc.startup_seconds,
+                        **facts,
+                    }
+                    data["rows"].append(row)
+                    write_results(args.out_dir, data, markdown(data))
+                    print(
+                        f"[{path}] concurrency {conc}: {res['completed']}/{n} completed, "
+                        f"{res['output_throughput']:.1f} tok/s, ITL median {res['median_itl_ms']:.2f} ms "
+                        f"({time.monotonic() - t:.1f} s)",
+                        flush=True,
+                    )
+            finally:
+                kill_process_tree(proc.pid)
+                proc.wait(30)
+                with open(os.path.join(args.out_dir, f"server-{path}.log"), "w") as f:
+                    f.write(read_log(proc))
+            print(f"[{path}] done in {time.monotonic() - t0:.1f} s", flush=True)
+    print(markdown(data))
+    return data
+
+
+def main(argv: Optional[Sequence[str]] = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--prepare", action="store_true", help="fetch the wheel, save the tokenizer")
+    p.add_argument("--dry-run", action="store_true", help="CPU check of the whole script: tiny model, tiny counts")
+    p.add_argument("--out-dir", default=HERE)
+    p.add_argument("--shape", default="Llama-3.1-8B")
+    p.add_argument("--model-path", help="serve this model (real weights) instead of the shape with dummy weights")
+    p.add_argument("--model-label")
+    p.add_argument("--backend", default="sglang", choices=["sglang", "sglang-oai", "vllm"])
+    p.add_argument("--paths", nargs="+", default=list(PATHS), choices=list(PATHS))
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 256])
+    p.add_argument("--num-prompts", type=int, nargs="+", default=[16, 128, 512])
+    p.add_argument("--input-len", type=int, default=1024)
+    p.add_argument("--output-len", type=int, default=256)
+    p.add_argument("--warmup-concurrency", type=int, default=64)
+    p.add_argument("--warmup-prompts", type=int, default=64)
+    p.add_argument(
+        "--no-check-path",
+        dest="check_path",
+        action="store_false",
+        help="do not require /server_info's memory_plan.path to be the path asked for",
+    )
+    p.add_argument("--client-python", help="interpreter for bench_serving (default: this one)")
+    p.add_argument("--server-args", nargs=argparse.REMAINDER, default=[], help="extra launch_server flags (last)")
+    args = p.parse_args(argv)
+    if args.prepare:
+        return prepare()
+    if args.dry_run:
+        from sglang.test.upstream_clients import ensure_upstream_venv
+
+        args.shape = "tiny-llama" if args.shape == "Llama-3.1-8B" else args.shape
+        args.out_dir = args.out_dir if args.out_dir != HERE else tempfile.mkdtemp(prefix="bench-serving-dry-")
+        args.concurrency, args.num_prompts, args.input_len, args.output_len = [1, 2, 4], [2, 4, 8], 32, 8
+        args.warmup_concurrency, args.warmup_prompts = 2, 2
+        args.roofline, args.check_path = False, False  # CPU: no H200 step times; the flag needs CUDA
+        args.server_args = ["--device", "cpu", "--max-total-tokens", "8192", *args.server_args]
+        # This machine's project env lacks aiohttp: use the upstream-clients venv's interpreter (the wheel's
+        # unpacked script still runs, with the venv's packages).
+        args.client_python = args.client_python or ensure_upstream_venv().python
+    else:
+        args.roofline = True
+    if len(args.concurrency) != len(args.num_prompts):
+        p.error("--concurrency and --num-prompts need the same number of values")
+    run(args)
+    print("results in", args.out_dir)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,112 @@
+"""What the scheduler does when one batch fails: answer its requests, free their KV, keep serving.
+
+A forward can fail without the engine being broken: CUDA runs out of memory because a neighbour
+process took it (the caching allocator and the KV pool are intact; the memory comes back), or one
+batch trips over a bug. Dying would drop every other user's request and take the server down for
+good. Instead the requests of that batch are finished with an error the client can read (HTTP 503
+for out-of-memory: retry later; 500 for a bug), the KV slots the batch had just allocated are freed
+without entering the radix cache (their contents are half-written), and the next step runs.
+
+With tensor parallelism a failure on one rank leaves the other ranks inside a collective that will
+never complete, so there it stays fatal (a clear message and a clean exit, never a hang).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from sglang.srt.managers.schedule_batch import FinishReason
+
+if TYPE_CHECKING:
+    from sglang.srt.managers.schedule_batch import ScheduleBatch
+    from sglang.srt.managers.scheduler import Scheduler
+
+logger = logging.getLogger(__name__)
+
+OOM_STATUS = 503  # the request was fine; the device was not: retry later
+ERROR_STATUS = 500
+
+
+def is_device_oom(exc: BaseException) -> bool:
+    """CUDA (or CPU allocator) out of memory, however the library reported it."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    text = str(exc)
+    return isinstance(exc, RuntimeError) and ("CUBLAS_STATUS_ALLOC_FAILED" in text or "out of memory" in text.lower())
+
+
+def is_device_fault(exc: BaseException) -> bool:
+    """A CUDA error other than out-of-memory: it poisons the context, so every later step would fail too."""
+    accelerator_error = getattr(torch, "AcceleratorError", None)  # torch >= 2.8 raises this for CUDA errors
+    return (accelerator_error is not None and isinstance(exc, accelerator_error)) or "CUDA error" in str(exc)
+
+
+class SchedulerFaultMixin:
+    def handle_batch_failure(self: "Scheduler", batch: "ScheduleBatch", exc: Exception) -> None:
+        oom = is_device_oom(exc)
+        if not oom and is_device_fault(exc):
+            raise exc  # the CUDA context is broken (e.g. an illegal memory access): nothing can run after it
+        what = "prefill" if batch.forward_mode.is_extend() else "decode"
+        tokens = sum(batch.extend_lens) if batch.forward_mode.is_extend() else batch.batch_size()
+        if self.server_args.tp_size > 1:
+            raise RuntimeError(
+                f"{'out of device memory' if oom else 'error'} in a {what} batch on tensor-parallel rank "
+                f"{self.tp_rank}; the other ranks cannot continue in step, so the server stops: {exc}"
+            ) from exc
+        if oom:
+            self.stats.num_oom_recoveries += 1
+            self._log_oom_once(exc)
+            if self.device == "cuda":
+                torch.cuda.empty_cache()  # give back what the failed step had cached
+            message = (
+                f"the server ran out of device memory while running this request's {what} batch "
+                f"({batch.batch_size()} request(s), {tokens} token(s)); the batch was aborted and the server keeps "
+                "serving: retry later, or start it with a lower --mem-fraction-static, --chunked-prefill-size or "
+                "--max-running-requests"
+            )
+            logger.error(
+                "Out of device memory in a %s batch of %d request(s): aborted them (%s)", what, batch.batch_size(), exc
+            )
+            status = OOM_STATUS
+        else:
+            logger.exception(
+                "A %s batch of %d request(s) failed; they are aborted, the server keeps serving",
+                what,
+                batch.batch_size(),
+            )
+            message = f"internal error while running this request's batch: {type(exc).__name__}: {exc}"
+            status = ERROR_STATUS
+        self.fail_batch(batch, FinishReason("abort", message=message, status_code=status))
+
+    def _log_oom_once(self: "Scheduler", exc: BaseException) -> None:
+        if self._oom_logged:
+            return
+        self._oom_logged = True
+        plan = self.model_runner.memory_plan.format_table()
+        summary = torch.cuda.memory_summary(abbreviated=True) if self.device == "cuda" else "(not a CUDA device)"
+        logger.error("First out-of-memory error (%s). %s\n%s", exc, plan, summary)
+
+    def fail_batch(self: "Scheduler", batch: "ScheduleBatch", reason: FinishReason) -> None:
+        """Finish every request of `batch` with `reason` and free the KV it holds. Only the K/V written
+        before this batch (the prefix for a prefill, all but the new token for a decode) may be cached."""
+        extend = batch.forward_mode.is_extend()
+        rows = self.req_to_token_pool.req_to_token
+        for i, req in enumerate(batch.reqs):
+            if not req.finished():
+                req.finished_reason = reason
+            if req.req_pool_idx is None:
+                continue
+            seq_len = batch.seq_lens[i]
+            valid = batch.prefix_lens[i] if extend else seq_len - 1
+            self.allocator.free(rows[req.req_pool_idx, valid:seq_len].to("cpu", torch.int64))
+            req.kv_committed_len = valid
+            self.tree_cache.cache_finished_req(req)
+            if req is self.chunked_req:
+                self.chunked_req = None
+        if batch is self.running_batch:
+            self.running_batch = None
+        self.stream_output(batch.reqs)
+        self.update_stats()

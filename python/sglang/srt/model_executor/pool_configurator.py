@@ -1,0 +1,373 @@
+"""Every KV-pool sizing decision, as pure functions: readings in, pool size out.
+
+Start-up (model_runner.py) takes each memory reading once, already agreed by all tensor-parallel
+ranks (free memory: the MIN over ranks; per-rank sizes such as the KV cell or a reservation: the
+largest rank's, the one that binds), and hands them here as a frozen `MemoryReadings`. The
+functions below decide; the KV-cache mixins only apply (allocate, reserve, map, resize, log).
+Nothing here touches torch, CUDA or the clock, so every rule is testable with numbers alone.
+
+Both paths share one formula; only the budget and the rounding differ:
+
+    headroom = free_before_weights * (1 - mem_fraction_static)          (SGLang's rule)
+    static:        budget = free_after_weights - headroom
+                   tokens = (budget - reservations) // cell_size
+    post-capture:  budget = free_after_capture - headroom' + KV already backed
+                   tokens = (budget - reservations) // cell_size, whole VMM granules per buffer
+    then           tokens = min(tokens, --max-total-tokens), rounded down to the page size
+
+The post-capture headroom' is the measured activation peak plus a margin, or without a
+measurement SGLang's rule (floored to the activation reserve when decode runs eagerly above the
+captured batch size). See docs/memory_planning.md for where each reading is taken.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable, Mapping, Optional
+
+if TYPE_CHECKING:
+    from sglang.srt.server_args import ServerArgs
+
+GiB = 1 << 30
+MiB = 1 << 20
+# Kept on top of the measured activation peak: allocator rounding/fragmentation and per-step index tensors.
+ACTIVATION_SAFETY_FRACTION = 0.10
+ACTIVATION_SAFETY_MARGIN_BYTES = 256 * MiB
+
+STATIC_HEADROOM_RULE = "pre_model_load_memory * (1 - mem_fraction_static)"
+MEASURED_HEADROOM_RULE = "measured activation peak + 10% + 256 MiB"
+POST_CAPTURE_REASON = "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING=1"
+
+
+class NotEnoughMemoryError(RuntimeError):
+    """No room for a KV cache; the message names the knob to turn."""
+
+
+# ----------------------------------------------------------------------------- the path
+@dataclass(frozen=True)
+class SizingPath:
+    """Static or post-capture, and why: decided once, before the default mem_fraction_static."""
+
+    post_capture: bool
+    reason: str
+
+    @property
+    def name(self) -> str:
+        return "post-capture" if self.post_capture else "static"
+
+
+def decide_sizing_path(
+    *,
+    flag_on: bool,
+    device: str,
+    cuda_graphs: bool,
+    chunked_prefill_size: int,
+    attention_backend: str,
+    vmm_problem: Callable[[], Optional[str]],
+) -> SizingPath:
+    """Post-capture sizing needs the flag, CUDA, decode graphs, chunked prefill, a backend that can be
+    captured and CUDA VMM. `vmm_problem` (None when VMM works) is asked only when all else allows it,
+    so a server with the flag off never touches the driver. Every model here uses MHA-style KV and
+    nothing else claims the KV memory (no MLA, no hybrid SWA/mamba pools, no disaggregation)."""
+    blockers = []
+    if not flag_on:
+        blockers.append("SGLANG_ENABLE_POST_CAPTURE_KV_SIZING is off")
+    if device != "cuda":
+        blockers.append("device is not CUDA")
+    if not cuda_graphs:
+        blockers.append("decode CUDA graphs are disabled")
+    if chunked_prefill_size <= 0:
+        blockers.append("chunked prefill is disabled")
+    if device == "cuda" and attention_backend != "triton":
+        blockers.append(f"the {attention_backend} attention backend has no CUDA graphs")
+    if blockers:
+        return SizingPath(False, "; ".join(blockers))
+    problem = vmm_problem()
+    if problem:
+        return SizingPath(False, f"CUDA VMM unavailable: {problem}")
+    return SizingPath(True, POST_CAPTURE_REASON)
+
+
+# ------------------------------------------------------------------------- the inputs
+@dataclass(frozen=True)
+class KVGeometry:
+    """One rank's KV layout: per layer one K and one V buffer of [slots, kv_heads, head_dim]."""
+
+    num_layers: int
+    kv_heads: int
+    head_dim: int
+    v_head_dim: int
+    dtype_bytes: int
+
+    @property
+    def k_slot_bytes(self) -> int:
+        return self.kv_heads * self.head_dim * self.dtype_bytes
+
+    @property
+    def v_slot_bytes(self) -> int:
+        return self.kv_heads * self.v_head_dim * self.dtype_bytes
+
+    @property
+    def widest_slot_bytes(self) -> int:
+        """Bytes per token of the wider of the K and V buffers (VMM ranges are sized by it)."""
+        return max(self.k_slot_bytes, self.v_slot_bytes)
+
+    @property
+    def cell_size_bytes(self) -> int:
+        """KV bytes per token over all layers: kv_heads * (head_dim + v_head_dim) * layers * dtype bytes."""
+        return (self.k_slot_bytes + self.v_slot_bytes) * self.num_layers
+
+    @property
+    def num_buffers(self) -> int:
+        return 2 * self.num_layers
+
+
+@dataclass(frozen=True)
+class MemoryReadings:
+    """What start-up measured, each reading taken once and agreed by every rank (bytes throughout)."""
+
+    device_capacity_bytes: int
+    free_before_weights_bytes: int  # right after distributed init (MIN over ranks)
+    free_after_weights_bytes: int  # weights loaded, cache emptied (MIN over ranks)
+    kv: KVGeometry  # the largest rank's (uneven head splits: the first ranks hold more)
+    page_size: int
+    reservations_bytes: Mapping[str, int] = field(default_factory=dict)  # e.g. the KT prefill slot (largest rank)
+    # Filled in as start-up gets there.
+    graph_bytes: int = 0  # measured around CUDA-graph capture
+    captured_graph_max_bs: int = 0  # largest captured decode batch; 0 without graphs
+    vmm_granularity_bytes: Optional[int] = None  # post-capture: the VMM arena's physical granularity
+    free_after_capture_bytes: Optional[int] = None  # post-capture: after capture and the probe (MIN over ranks)
+    activation_peak_bytes: Optional[int] = None  # post-capture: measured worst-case eager forwards
+
+    @property
+    def reserved_bytes(self) -> int:
+        return sum(self.reservations_bytes.values())
+
+    def granularity(self) -> int:
+        """The VMM arena's granularity: only the post-capture path has one."""
+        if self.vmm_granularity_bytes is None:
+            raise ValueError("post-capture sizing needs the VMM granularity (read from the arena)")
+        return self.vmm_granularity_bytes
+
+    @property
+    def backed_before_capture_bytes(self) -> int:
+        """KV memory already physically backed when capture runs: one granule of every buffer."""
+        return self.granularity() * self.kv.num_buffers
+
+
+@dataclass(frozen=True)
+class PoolArgs:
+    """The flags and model facts the sizing reads; from_server_args takes them from ServerArgs,
+    whose helpers (SGLang's names) hold the heuristics."""
+
+    mem_fraction_static: float
+    static_mem_fraction_static: float  # what the static path would use (the post-capture comparison)
+    max_total_tokens: Optional[int]
+    max_running_requests: Optional[int]
+    context_len: int
+    activation_reserve_bytes: int  # SGLang's generic activation reserve (pre_capture_activation_reserve_mb)
+
+    @classmethod
+    def from_server_args(cls, sa: "ServerArgs", context_len: int) -> "PoolArgs":
+        return cls(
+            mem_fraction_static=sa.mem_fraction_static,
+            static_mem_fraction_static=sa.static_path_mem_fraction_static(),
+            max_total_tokens=sa.max_total_tokens,
+            max_running_requests=sa.max_running_requests,
+            context_len=context_len,
+            activation_reserve_bytes=int(sa.pre_capture_activation_reserve_mb() * MiB),
+        )
+
+
+# ------------------------------------------------------------------------- the output
+@dataclass(frozen=True)
+class PoolSize:
+    tokens: int
+    max_running_requests: int
+    headroom_bytes: int  # kept free for activations and everything not planned
+    headroom_rule: str
+    budget_bytes: int  # what the KV pool and the reservations share
+    cap_reason: str = ""  # set when --max-total-tokens capped the pool
+    warnings: tuple[str, ...] = ()  # for the log
+    # Post-capture only: what the static path and SGLang's headroom rule give from the same readings.
+    static_equivalent_tokens: Optional[int] = None
+    sglang_rule_tokens: Optional[int] = None
+
+
+@dataclass(frozen=True)
+class VirtualPool:
+    """Post-capture, before capture: the address space to reserve and the request-table size."""
+
+    max_tokens: int  # the pool can never grow past this (every free byte as KV, --max-total-tokens)
+    memory_bound_tokens: int  # the same bound from memory alone
+    max_running_requests: int  # decided now: the request table is captured by the graphs
+    reserve_bytes_per_buffer: int
+
+
+# ------------------------------------------------------------------ the common terms
+def minimal_headroom_bytes(readings: MemoryReadings, mem_fraction_static: float) -> float:
+    """SGLang's headroom: what mem_fraction_static leaves of the memory free before the weights."""
+    return readings.free_before_weights_bytes * (1 - mem_fraction_static)
+
+
+def default_max_running_requests(tokens: int, args: PoolArgs) -> int:
+    if args.max_running_requests is not None:
+        return args.max_running_requests
+    return min(max(int(tokens / args.context_len * 512), 2048), 4096)
+
+
+@dataclass(frozen=True)
+class _Capped:
+    tokens: int
+    reason: str
+    warnings: tuple[str, ...]
+
+
+def _cap_and_align(memory_tokens: int, page_size: int, max_total_tokens: Optional[int]) -> _Capped:
+    """--max-total-tokens, then whole pages: the same for both paths."""
+    tokens, reason, warnings = memory_tokens, "", ()
+    if max_total_tokens is not None:
+        if max_total_tokens > memory_tokens:
+            warnings = (
+                f"--max-total-tokens {max_total_tokens} is larger than the memory allows ({memory_tokens}); "
+                f"using {memory_tokens}",
+            )
+        elif max_total_tokens < memory_tokens:
+            reason = f"--max-total-tokens {max_total_tokens} (memory allows {memory_tokens})"
+            tokens = max_total_tokens
+    return _Capped(tokens // page_size * page_size, reason, warnings)
+
+
+def _static_sizing(readings: MemoryReadings, mem_fraction_static: float, max_total_tokens: Optional[int]):
+    """(headroom, budget, capped tokens) of the static path; the budget truncates to whole bytes as
+    SGLang does, the reservations (exact byte counts) are subtracted as integers."""
+    headroom = minimal_headroom_bytes(readings, mem_fraction_static)
+    budget = int(readings.free_after_weights_bytes - headroom)
+    memory_tokens = (budget - readings.reserved_bytes) // readings.kv.cell_size_bytes
+    return headroom, budget, _cap_and_align(memory_tokens, readings.page_size, max_total_tokens)
+
+
+# ---------------------------------------------------------------------- static path
+def static_pool_size(readings: MemoryReadings, args: PoolArgs) -> PoolSize:
+    """SGLang's profile_max_num_token: the pool is what the weights leave, less the headroom and the
+    reservations."""
+    headroom, budget, capped = _static_sizing(readings, args.mem_fraction_static, args.max_total_tokens)
+    if capped.tokens <= 0:
+        raise NotEnoughMemoryError(
+            f"Not enough memory for the KV cache (max_total_num_tokens={capped.tokens}). "
+            f"Increase --mem-fraction-static (now {args.mem_fraction_static}) or free device memory."
+        )
+    return PoolSize(
+        tokens=capped.tokens,
+        max_running_requests=default_max_running_requests(capped.tokens, args),
+        headroom_bytes=int(headroom),
+        headroom_rule=STATIC_HEADROOM_RULE,
+        budget_bytes=budget,
+        cap_reason=capped.reason,
+        warnings=capped.warnings,
+    )
+
+
+# ---------------------------------------------------------------- post-capture path
+def virtual_pool(readings: MemoryReadings, args: PoolArgs) -> VirtualPool:
+    """Before capture: every byte free after the weights as KV bounds the pool (address space is
+    cheap, nothing is backed); the request table is sized from that bound, once."""
+    page = readings.page_size
+    memory_bound = readings.free_after_weights_bytes // readings.kv.cell_size_bytes // page * page
+    bound = memory_bound if args.max_total_tokens is None else min(memory_bound, args.max_total_tokens // page * page)
+    if bound <= 0:
+        raise NotEnoughMemoryError("no free memory for a KV cache after loading the weights")
+    return VirtualPool(
+        max_tokens=bound,
+        memory_bound_tokens=memory_bound,
+        max_running_requests=default_max_running_requests(bound, args),
+        reserve_bytes_per_buffer=(bound + page) * readings.kv.widest_slot_bytes,
+    )
+
+
+def tokens_in_backed_bytes(bytes_per_buffer: int, readings: MemoryReadings) -> int:
+    """Usable tokens when every buffer has this many bytes backed: whole pages, the first page the dummy."""
+    page = readings.page_size
+    slots = bytes_per_buffer // readings.kv.widest_slot_bytes
+    return max(0, slots // page * page - page)
+
+
+def tokens_backed_before_capture(readings: MemoryReadings, pool: VirtualPool) -> int:
+    """The pool's size while graphs are captured: what the first granule of each buffer holds."""
+    page = readings.page_size
+    return max(page, min(pool.max_tokens, tokens_in_backed_bytes(readings.granularity(), readings)))
+
+
+def backed_bytes_per_buffer(tokens: int, slot_bytes: int, page_size: int, granularity: int) -> int:
+    """Bytes to back in each buffer so `tokens` (plus the dummy page) fit: whole granules, rounded up.
+    `slot_bytes` is this rank's widest slot (ranks holding fewer heads back less)."""
+    return -(-(tokens + page_size) * slot_bytes // granularity) * granularity
+
+
+def _granule_tokens(budget_bytes: int, readings: MemoryReadings, bound: int) -> int:
+    """Tokens a KV budget holds: whole pages, then whole granules per buffer, rounded down so the
+    mapping stays inside the budget."""
+    page, gran = readings.page_size, readings.granularity()
+    tokens = min(max(budget_bytes, 0) // readings.kv.cell_size_bytes // page * page, bound)
+    per_buffer = (tokens + page) * readings.kv.widest_slot_bytes // gran * gran
+    return tokens_in_backed_bytes(per_buffer, readings)
+
+
+def _post_capture_headroom(
+    readings: MemoryReadings, args: PoolArgs, max_running_requests: int
+) -> tuple[int, int, str, tuple[str, ...]]:
+    """(headroom kept, headroom by SGLang's rule alone, the rule applied, warnings).
+
+    SGLang's rule: the minimal headroom, floored to the activation reserve when decode runs eagerly
+    above the captured batch size. With a measurement (the worst-case eager forwards, sampled) the
+    measured peak plus a margin replaces both guesses."""
+    minimal = minimal_headroom_bytes(readings, args.mem_fraction_static)
+    sglang_headroom, rule, warnings = minimal, STATIC_HEADROOM_RULE, ()
+    graph_bs, peak = readings.captured_graph_max_bs, readings.activation_peak_bytes
+    if graph_bs < max_running_requests:
+        floor = args.activation_reserve_bytes
+        measured = "" if peak is None else f", the measured worst case needs {peak / MiB:.0f} MiB"
+        warnings = (
+            f"Decode runs eagerly above the captured batch size (cuda_graph_max_bs={graph_bs} < "
+            f"max_running_requests={max_running_requests}); SGLang's rule would keep the activation reserve "
+            f"of {floor / MiB:.0f} MiB{measured}",
+        )
+        if floor > sglang_headroom:
+            sglang_headroom = floor
+            rule = f"activation reserve (cuda_graph_max_bs {graph_bs} < max_running_requests {max_running_requests})"
+    if peak is None:
+        return int(sglang_headroom), int(sglang_headroom), rule, warnings
+    needed = peak * (1 + ACTIVATION_SAFETY_FRACTION) + ACTIVATION_SAFETY_MARGIN_BYTES
+    return int(needed), int(sglang_headroom), MEASURED_HEADROOM_RULE, warnings
+
+
+def post_capture_pool_size(readings: MemoryReadings, args: PoolArgs) -> PoolSize:
+    """After capture: what is really free, minus the headroom and the reservations, plus the KV
+    already backed, in whole granules per buffer, capped like the static path."""
+    if readings.free_after_capture_bytes is None:
+        raise ValueError("post-capture sizing needs the free memory after capture")
+    pool = virtual_pool(readings, args)  # the same bound and request table as before capture
+    free, reserved, mtt = readings.free_after_capture_bytes, readings.reserved_bytes, args.max_total_tokens
+    backed = readings.backed_before_capture_bytes
+    headroom, sglang_headroom, rule, warnings = _post_capture_headroom(readings, args, pool.max_running_requests)
+    budget = free - headroom + backed
+    memory_tokens = _granule_tokens(budget - reserved, readings, pool.memory_bound_tokens)
+    capped = _cap_and_align(memory_tokens, readings.page_size, mtt)
+    if capped.tokens <= 0:
+        raise NotEnoughMemoryError(
+            f"Post-capture KV sizing found no room for the KV cache: {free / GiB:.2f} GiB free, "
+            f"headroom {headroom / GiB:.2f} GiB, reservations {reserved / GiB:.2f} GiB. "
+            f"Lower --max-running-requests or --chunked-prefill-size, or free device memory."
+        )
+    sglang_tokens = _granule_tokens(free - sglang_headroom + backed - reserved, readings, pool.memory_bound_tokens)
+    return PoolSize(
+        tokens=capped.tokens,
+        max_running_requests=pool.max_running_requests,
+        headroom_bytes=headroom,
+        headroom_rule=rule,
+        budget_bytes=budget,
+        cap_reason=capped.reason,
+        warnings=warnings + capped.warnings,
+        static_equivalent_tokens=max(0, _static_sizing(readings, args.static_mem_fraction_static, mtt)[2].tokens),
+        sglang_rule_tokens=max(0, _cap_and_align(sglang_tokens, readings.page_size, mtt).tokens),
+    )

@@ -1,0 +1,140 @@
+"""The post-capture path applied on the CPU: a fake VMM arena (host tensors standing in for reserved
+ranges) and injected free-memory readings. The mixin reserves what virtual_pool decided, backs and
+resizes to what post_capture_pool_size decided, logs the sizing line, and tears down in order."""
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=20, suite="per-commit-cpu")
+
+import logging
+import tempfile
+
+import pytest
+import torch
+
+from sglang.srt.environ import envs
+from sglang.srt.model_executor.pool_configurator import (
+    MEASURED_HEADROOM_RULE,
+    SizingPath,
+    backed_bytes_per_buffer,
+    post_capture_pool_size,
+    virtual_pool,
+)
+from sglang.srt.server_args import ServerArgs
+
+GiB, MiB = 1 << 30, 1 << 20
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir() -> str:
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    path = tempfile.mkdtemp(prefix="tiny-llama-")
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+    )
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    return path
+
+
+class FakeArena:
+    """Host tensors over 'reserved' ranges; map_to only records how much is backed."""
+
+    granularity = 2 * MiB
+    instances: list = []
+
+    def __init__(self, num_buffers: int, reserve_bytes_per_buffer: int, device_index: int) -> None:
+        self.num_buffers = num_buffers
+        self.reserved_bytes_per_buffer = reserve_bytes_per_buffer
+        self.mapped_bytes_per_buffer = self.granularity
+        self.released = False
+        FakeArena.instances.append(self)
+
+    def tensor(self, index: int, dtype: torch.dtype, shape) -> torch.Tensor:
+        assert shape[0] * shape[1] * shape[2] * dtype.itemsize <= self.reserved_bytes_per_buffer
+        return torch.zeros(1, 1, 1, dtype=dtype).expand(*shape)  # no host memory for the whole range
+
+    def map_to(self, nbytes: int) -> int:
+        assert nbytes <= self.reserved_bytes_per_buffer + self.granularity
+        self.mapped_bytes_per_buffer = max(self.mapped_bytes_per_buffer, nbytes)
+        return self.mapped_bytes_per_buffer
+
+    def release(self) -> None:
+        self.released = True
+
+
+def _post_capture_runner(model: str, monkeypatch, readings: list, peak=None, **kw):
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_executor.model_runner import ModelRunner
+
+    monkeypatch.setattr("sglang.srt.mem_cache.vmm.VirtualKVArena", FakeArena)
+    left = list(readings)
+    monkeypatch.setattr(ModelRunner, "read_free_memory_bytes", lambda self: left.pop(0))
+    monkeypatch.setattr(ModelRunner, "measure_activation_peak_bytes", lambda self: peak)
+    args = ServerArgs(model_path=model, load_format="dummy", skip_tokenizer_init=True, device="cpu", **kw)
+    args.kv_sizing_path = SizingPath(True, "test")  # the CPU never decides post-capture itself
+    with envs.SGLANG_POST_CAPTURE_MEASURE_ACTIVATION_PEAK.override(peak is not None):
+        mr = ModelRunner(ModelConfig.from_server_args(args), args)
+    assert left == []  # before weights, after weights, after capture, after start-up: once each
+    return mr, args
+
+
+def test_applies_the_planners_decision(tiny_model_dir, monkeypatch, caplog):
+    with caplog.at_level(logging.INFO):
+        mr, args = _post_capture_runner(
+            tiny_model_dir,
+            monkeypatch,
+            [10 * GiB, 9 * GiB, 8 * GiB, 1 * GiB],
+            mem_fraction_static=0.9,
+            max_running_requests=8,
+        )
+    r, arena = mr.readings, mr.kv_arena
+    assert r.free_after_capture_bytes == 8 * GiB and r.vmm_granularity_bytes == FakeArena.granularity
+    # Reserved as decided before capture: the bound, the request table.
+    vp = virtual_pool(r, mr.pool_args)
+    assert arena.reserved_bytes_per_buffer == vp.reserve_bytes_per_buffer
+    assert mr.req_to_token_pool.size == vp.max_running_requests == 8
+    # Resized as decided after capture.
+    size = post_capture_pool_size(r, mr.pool_args)
+    assert mr.pool_size == size
+    assert mr.max_total_num_tokens == mr.token_to_kv_pool_allocator.size == size.tokens
+    assert mr.token_to_kv_pool_allocator.available_size() == size.tokens
+    assert arena.mapped_bytes_per_buffer == backed_bytes_per_buffer(size.tokens, 2 * 16 * 4, 1, FakeArena.granularity)
+    # No CUDA graphs here, so decode is "eager above the captured size": the headroom is floored to
+    # the activation reserve (SGLang's rule, nothing measured).
+    assert size.headroom_bytes == max(int(10 * GiB * 0.1), int(args.pre_capture_activation_reserve_mb() * MiB))
+    assert [m for m in caplog.messages if m.startswith("Post-capture KV sizing: max_total_num_tokens=")] == [
+        f"Post-capture KV sizing: max_total_num_tokens={size.tokens}"
+    ]
+    assert any("cuda_graph_max_bs=0 < max_running_requests=8" in m for m in caplog.messages)
+    plan = mr.memory_plan
+    assert plan.path == "post-capture" and plan.max_total_num_tokens == size.tokens
+    assert plan.post_capture_budget_bytes == size.budget_bytes and plan.sglang_rule_tokens == size.tokens
+    assert plan.static_equivalent_tokens == int(9 * GiB - 10 * GiB * 0.1) // r.kv.cell_size_bytes
+    mr.shutdown()
+    assert arena.released and mr.kv_arena is None and mr.token_to_kv_pool.k_buffer == []
+
+
+def test_measured_peak_sets_the_headroom(tiny_model_dir, monkeypatch):
+    peak = 300 * MiB
+    mr, _ = _post_capture_runner(
+        tiny_model_dir,
+        monkeypatch,
+        [10 * GiB, 9 * GiB, 8 * GiB, 1 * GiB],
+        peak=peak,
+        mem_fraction_static=0.9,
+        max_running_requests=8,
+    )
+    size = mr.pool_size
+    assert mr.readings.activation_peak_bytes == peak
+    assert size.headroom_rule == MEASURED_HEADROOM_RULE and size.headroom_bytes == int(peak * 1.1 + 256 * MiB)
+    assert size.tokens > size.sglang_rule_tokens  # the measurement beats the 6+ GiB activation reserve
+    assert mr.memory_plan.activation_peak_gb == peak / GiB
+    mr.shutdown()
