@@ -208,6 +208,10 @@ class ReqResult:
     completion_tokens: int = 0
     cached_tokens: int = 0
     logprobs: List[float] = field(default_factory=list)
+    # Top-k / chosen-id output logprobs (lists of (logprob, id) per token) and the prompt's ("input_*").
+    output_top: List[list] = field(default_factory=list)
+    output_ids_logprobs: List[list] = field(default_factory=list)
+    prompt: Dict[str, list] = field(default_factory=dict)
 
 
 class OutputCollector:
@@ -227,6 +231,10 @@ class OutputCollector:
             r.prompt_tokens = out.prompt_tokens[i]
             r.completion_tokens = out.completion_tokens[i]
             r.cached_tokens = out.cached_tokens[i]
+            extras = out.logprob_extras[i] or {}
+            r.output_top.extend(extras.get("output_top", []))
+            r.output_ids_logprobs.extend(extras.get("output_ids", []))
+            r.prompt.update({k: v for k, v in extras.items() if k.startswith("input_")})
 
 
 _rid_counter = itertools.count()
@@ -329,8 +337,10 @@ def run_scheduler(
     sampling_params: Union[dict, Sequence[dict]],
     return_logprob: bool = False,
     max_steps: int = 100_000,
+    **logprob_options,
 ) -> List[ReqResult]:
-    """Submit every prompt at once, step the scheduler until idle, return results in prompt order."""
+    """Submit every prompt at once, step the scheduler until idle, return results in prompt order.
+    `logprob_options`: logprob_start_len, top_logprobs_num, token_ids_logprob (with return_logprob)."""
     from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
     from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -339,7 +349,9 @@ def run_scheduler(
     rids = [f"req-{next(_rid_counter)}" for _ in prompts]
     for rid, ids, p in zip(rids, prompts, params):
         scheduler.add_request(
-            TokenizedGenerateReqInput(rid, "", list(ids), SamplingParams.from_dict(p), return_logprob, False)
+            TokenizedGenerateReqInput(
+                rid, "", list(ids), SamplingParams.from_dict(p), return_logprob, False, **logprob_options
+            )
         )
     steps = 0
     while scheduler.has_work():

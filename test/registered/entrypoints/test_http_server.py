@@ -210,6 +210,41 @@ def test_server_info(base_url):
         assert {"num_running_reqs", "num_used_tokens", "token_usage"} <= set(info["scheduler_stats"])
 
 
+def test_server_info_has_upstreams_shape(base_url):
+    info = requests.get(f"{base_url}/get_server_info", timeout=TIMEOUT).json()
+    (state,) = info["internal_states"]  # one data-parallel rank
+    assert state["avg_spec_accept_length"] is None and state["memory_usage"]["token_capacity"] == 16384
+    assert state["memory_plan"] == info["memory_plan"] and "startup_time" in info
+    for path in ("/model_info", "/get_model_info"):
+        model = requests.get(f"{base_url}{path}", timeout=TIMEOUT).json()
+        assert model["is_generation"] is True and model["model_path"] == "SmolLM2-135M-Instruct"
+        assert model["architectures"] == ["LlamaForCausalLM"] and model["model_type"] == "llama"
+    assert (
+        requests.get(f"{base_url}/v1/models/SmolLM2-135M-Instruct", timeout=TIMEOUT).json()["id"]
+        == "SmolLM2-135M-Instruct"
+    )
+    assert requests.get(f"{base_url}/v1/models/other", timeout=TIMEOUT).status_code == 404
+
+
+def test_parallel_samples_share_one_prefill(base_url):
+    body = {
+        "text": "Once upon a time, in a land far away, there lived",
+        "sampling_params": {"n": 3, "temperature": 0.9, "max_new_tokens": 8, "sampling_seed": 42, "ignore_eos": True},
+    }
+    outs = generate(base_url, **body).json()
+    assert len(outs) == 3 and len({tuple(o["output_ids"]) for o in outs}) > 1  # three different samples
+    for o in outs:
+        meta = o["meta_info"]
+        assert meta["cached_tokens"] == meta["prompt_tokens"] - 1  # the prompt was computed once, before them
+    again = generate(base_url, **body).json()
+    assert [o["output_ids"] for o in again] == [o["output_ids"] for o in outs]  # seeded: reproducible
+    batch = generate(base_url, text=["Hi", "Bye"], sampling_params={"n": 2, "max_new_tokens": 2}).json()
+    assert len(batch) == 4  # prompt-major: Hi, Hi, Bye, Bye
+    assert batch[0]["meta_info"]["prompt_tokens"] == batch[1]["meta_info"]["prompt_tokens"]
+    r = generate(base_url, text="Hi", stream=True, sampling_params={"n": 2})
+    assert r.status_code == 400 and "n = 1" in r.json()["error"]["message"]
+
+
 def test_health(base_url):
     assert requests.get(f"{base_url}/health", timeout=TIMEOUT).status_code == 200
     assert requests.get(f"{base_url}/health_generate", timeout=TIMEOUT).status_code == 200

@@ -216,3 +216,31 @@ def test_sigterm_under_load_answers_everyone_and_exits_zero():
         assert "Traceback" not in log, log[-3000:]
     finally:
         kill_process_tree(proc.pid)
+
+
+def test_second_sigterm_stops_at_once():
+    """With a long grace period, a second SIGTERM does not wait for it: requests get their 503 and the
+    launcher exits within seconds."""
+    proc = popen_launch_server(SERVER_ARGS, timeout=STARTUP_BUDGET_S, env={"SGLANG_SHUTDOWN_GRACE_S": "60"})
+    try:
+        result = {}
+
+        def long_request():
+            body = {"text": "Count", "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True}}
+            r = requests.post(f"{proc.base_url}/generate", timeout=60, json=body)
+            result["r"] = (r.status_code, r.json())
+
+        client = threading.Thread(target=long_request)
+        client.start()
+        wait_running(proc.base_url, 1)
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        stopped = time.monotonic()
+        assert proc.wait(timeout=20) == 0
+        client.join(10)
+        assert time.monotonic() - stopped < 10
+        status, err = result["r"]
+        assert status == 503 and "shutting down" in err["error"]["message"], result
+    finally:
+        kill_process_tree(proc.pid)

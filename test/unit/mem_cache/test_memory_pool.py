@@ -41,38 +41,22 @@ def test_fp8_round_trip_through_byte_storage():
 
 def test_given_buffers_must_hold_the_tokens_and_the_dummy_page():
     bufs = [torch.empty(10, 1, 4) for _ in range(2)]
-    MHATokenToKVPool(
-        6,
-        page_size=4,
-        dtype=torch.float32,
-        head_num=1,
-        head_dim=4,
-        v_head_dim=4,
-        layer_num=1,
-        device="cpu",
-        buffers=bufs,
-    )
+
+    def pool(tokens: int, layers: int = 1) -> MHATokenToKVPool:
+        return MHATokenToKVPool(
+            tokens,
+            page_size=4,
+            dtype=torch.float32,
+            head_num=1,
+            head_dim=4,
+            v_head_dim=4,
+            layer_num=layers,
+            device="cpu",
+            buffers=bufs,
+        )
+
+    pool(6)  # 6 tokens + the 4-slot dummy page fit 10 slots
     with pytest.raises(ValueError, match="do not fit"):
-        MHATokenToKVPool(
-            7,
-            page_size=4,
-            dtype=torch.float32,
-            head_num=1,
-            head_dim=4,
-            v_head_dim=4,
-            layer_num=1,
-            device="cpu",
-            buffers=bufs,
-        )
+        pool(7)
     with pytest.raises(ValueError, match="expected 4 KV buffers"):
-        MHATokenToKVPool(
-            4,
-            page_size=4,
-            dtype=torch.float32,
-            head_num=1,
-            head_dim=4,
-            v_head_dim=4,
-            layer_num=2,
-            device="cpu",
-            buffers=bufs,
-        )
+        pool(4, layers=2)

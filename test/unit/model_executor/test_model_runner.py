@@ -7,34 +7,11 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=20, suite="per-commit-cpu")
 
-import tempfile
-
-import pytest
-import torch
 
 from sglang.srt.environ import envs
 from sglang.srt.server_args import ServerArgs
 
 GiB = 1 << 30
-
-
-@pytest.fixture(scope="module")
-def tiny_model_dir() -> str:
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    path = tempfile.mkdtemp(prefix="tiny-llama-")
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    return path
 
 
 def _args(model: str, **kw) -> ServerArgs:

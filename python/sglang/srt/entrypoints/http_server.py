@@ -217,19 +217,18 @@ async def _warm_up_and_announce(
 async def _serve(server_args: ServerArgs, tm: TokenizerManager, sock: socket.socket) -> int:
     app = create_app(tm, server_args)
     state: ServerState = app.state.server
+    grace_s = envs.SGLANG_SHUTDOWN_GRACE_S.get()
     config = uvicorn.Config(
         app,
         host=server_args.host,
         port=server_args.port,
         log_level=server_args.log_level,
         lifespan="off",
-        # Past our own drain (which answers every request in flight), so uvicorn never has to cancel a handler.
         timeout_keep_alive=5,
-        timeout_graceful_shutdown=envs.SGLANG_SHUTDOWN_GRACE_S.get() + SHUTDOWN_FLUSH_S,
+        # Past our own drain (which answers every request in flight), so uvicorn never has to cancel a handler.
+        timeout_graceful_shutdown=grace_s + SHUTDOWN_FLUSH_S,
     )
     server = UvicornServer(config)
-
-    grace_s = envs.SGLANG_SHUTDOWN_GRACE_S.get()
 
     async def drain() -> None:
         """In-flight requests get `grace_s` to finish; then whatever is left is answered 503."""
@@ -256,7 +255,7 @@ async def _serve(server_args: ServerArgs, tm: TokenizerManager, sock: socket.soc
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, request_shutdown, f"received {signal.Signals(sig).name}", 0)
     # A dead scheduler or detokenizer: the tokenizer manager has already failed the in-flight
-    # requests with 500s; stop serving and exit non-zero (unless we are the ones stopping them).
+    # requests with 503s; stop serving and exit non-zero (unless we are the ones stopping them).
     tm.on_fatal = lambda message: None if state.shutting_down else request_shutdown(message, 1)
     tm.start()
     announcer = loop.create_task(_warm_up_and_announce(server, tm, server_args, state, request_shutdown))

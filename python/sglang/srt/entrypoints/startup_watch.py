@@ -19,9 +19,8 @@ import time
 from dataclasses import dataclass
 from typing import List, Optional
 
-from sglang.srt.utils.process import describe_exit
+from sglang.srt.utils.process import STARTUP_ERROR, STARTUP_READY, STARTUP_STARTED, describe_exit
 
-STARTED, READY, ERROR = "started", "ready", "error"
 EXIT_JOIN_S = 5.0  # after its pipe closed, a child that is exiting gets this long to be reaped
 
 
@@ -66,11 +65,11 @@ def _read_messages(child: StartingChild) -> bool:
         except (EOFError, OSError):
             return False
         status = msg.get("status") if isinstance(msg, dict) else None
-        if status == STARTED:
+        if status == STARTUP_STARTED:
             child.started = True
-        elif status == READY:
+        elif status == STARTUP_READY:
             child.info = msg
-        elif status == ERROR:
+        elif status == STARTUP_ERROR:
             raise LaunchError(f"{child.process.name} failed to start:\n{msg.get('message', msg)}")
     return True
 

@@ -12,7 +12,15 @@ import zmq
 from sglang.srt.managers.io_struct import BatchStrOut, BatchTokenIDOut
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.fault_injection import FaultPlan
-from sglang.srt.utils.process import PortArgs, ShutdownRequested, configure_logger, die_with_parent, raise_on_sigterm
+from sglang.srt.utils.process import (
+    STARTUP_READY,
+    PortArgs,
+    ShutdownRequested,
+    configure_logger,
+    die_with_parent,
+    raise_on_sigterm,
+    reporting_startup,
+)
 
 logger = logging.getLogger(__name__)
 DETOKENIZER_SOURCE = "detokenizer"  # marks an abort decided here: the scheduler must be told to stop the request
@@ -119,10 +127,9 @@ class IncrementalDetokenizer:
 
 def run_detokenizer_process(server_args: ServerArgs, port_args: PortArgs, pipe) -> None:
     die_with_parent()
-    pipe.send({"status": "started"})
     raise_on_sigterm()
     configure_logger(server_args.log_level, prefix="detokenizer")
-    try:
+    with reporting_startup(pipe, "Detokenizer"):
         faults = FaultPlan.from_env()
         tokenizer = None
         if not server_args.skip_tokenizer_init:
@@ -136,14 +143,7 @@ def run_detokenizer_process(server_args: ServerArgs, port_args: PortArgs, pipe) 
         send.connect(port_args.tokenizer_ipc_name)
         detok = IncrementalDetokenizer(tokenizer)
         faults.at_startup("detokenizer")
-        pipe.send({"status": "ready"})
-    except ShutdownRequested:
-        raise SystemExit(0) from None
-    except BaseException:
-        msg = traceback.format_exc()
-        logger.error("Detokenizer failed to start:\n%s", msg)
-        pipe.send({"status": "error", "message": msg})
-        raise SystemExit(1) from None
+        pipe.send({"status": STARTUP_READY})
     try:
         count = 0
         while True:

@@ -29,7 +29,15 @@ from sglang.srt.managers.io_struct import (
 from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.fault_injection import FaultPlan
-from sglang.srt.utils.process import PortArgs, ShutdownRequested, configure_logger, die_with_parent, raise_on_sigterm
+from sglang.srt.utils.process import (
+    STARTUP_READY,
+    PortArgs,
+    ShutdownRequested,
+    configure_logger,
+    die_with_parent,
+    raise_on_sigterm,
+    reporting_startup,
+)
 
 logger = logging.getLogger(__name__)
 STATS_INTERVAL_S = 0.5
@@ -82,7 +90,7 @@ class SchedulerProcess:
     def ready_info(self) -> dict:
         mr = self.scheduler.model_runner
         return {
-            "status": "ready",
+            "status": STARTUP_READY,
             "max_total_num_tokens": self.scheduler.max_total_num_tokens,
             "max_running_requests": self.scheduler.max_running_requests,
             "context_len": self.scheduler.model_config.context_len,
@@ -141,26 +149,17 @@ class SchedulerProcess:
 
 def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, gpu_id: int, tp_rank: int, pipe) -> None:
     die_with_parent()
-    pipe.send({"status": "started"})  # our code runs: the spawn bootstrap (main-module re-import) is behind us
     raise_on_sigterm()
     if server_args.device == "cpu" and server_args.tp_size > 1:
         # CPU ranks of one node share its cores: each takes its share of intra-op threads.
         ranks_here = server_args.tp_size // server_args.nnodes
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks_here))
     configure_logger(server_args.log_level, prefix=f"TP{tp_rank}" if server_args.tp_size > 1 else "")
-    proc = None
-    try:
+    with reporting_startup(pipe, "Scheduler"):
         faults = FaultPlan.from_env()
         proc = SchedulerProcess(server_args, port_args, gpu_id, tp_rank, faults)
         faults.at_startup("scheduler")
         pipe.send(proc.ready_info())
-    except ShutdownRequested:
-        raise SystemExit(0) from None
-    except BaseException:
-        msg = traceback.format_exc()
-        logger.error("Scheduler failed to start:\n%s", msg)
-        pipe.send({"status": "error", "message": msg})
-        raise SystemExit(1) from None
     try:
         proc.event_loop()
     except ShutdownRequested as e:

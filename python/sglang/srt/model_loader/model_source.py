@@ -52,6 +52,18 @@ def builtin_gguf_path(name: str) -> str:
     return path
 
 
+def _builtin_or_gguf_file(path: str, flag: str) -> Optional[ModelSource]:
+    """A built-in name or a .gguf file; None for a directory (or nothing) at `path`."""
+    name = BUILTIN_ALIASES.get(path, path)
+    if name in BUILTIN_GGUF_MODELS and not os.path.exists(path):
+        return ModelSource("gguf", builtin_gguf_path(name), builtin_name=name)
+    if os.path.isfile(path):
+        if not path.endswith(".gguf"):
+            raise _bad(f"{flag} {path}: a file must be a .gguf; otherwise give a Hugging Face directory")
+        return ModelSource("gguf", path)
+    return None
+
+
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
@@ -59,13 +71,9 @@ def resolve_tokenizer_source(tokenizer_path: str) -> ModelSource:
     """Where the tokenizer comes from. Unlike a model, a tokenizer needs no weights: any directory that
     transformers.AutoTokenizer can load (one with tokenizer files), a .gguf file, or a built-in name.
     So `--load-format dummy --model-path DIR` works with DIR = config.json + a tokenizer, no weights."""
-    name = BUILTIN_ALIASES.get(tokenizer_path, tokenizer_path)
-    if name in BUILTIN_GGUF_MODELS and not os.path.exists(tokenizer_path):
-        return ModelSource("gguf", builtin_gguf_path(name), builtin_name=name)
-    if os.path.isfile(tokenizer_path):
-        if not tokenizer_path.endswith(".gguf"):
-            raise _bad(f"--tokenizer-path {tokenizer_path}: a file must be a .gguf; otherwise give a directory")
-        return ModelSource("gguf", tokenizer_path)
+    single = _builtin_or_gguf_file(tokenizer_path, "--tokenizer-path")
+    if single is not None:
+        return single
     if not os.path.isdir(tokenizer_path):
         raise _bad(f"--tokenizer-path {tokenizer_path}: no such file or directory")
     if any(os.path.isfile(os.path.join(tokenizer_path, f)) for f in TOKENIZER_FILES):
@@ -80,15 +88,11 @@ def resolve_tokenizer_source(tokenizer_path: str) -> ModelSource:
 
 
 def resolve_model_source(model_path: str, load_format: str = "auto") -> ModelSource:
-    name = BUILTIN_ALIASES.get(model_path, model_path)
-    if name in BUILTIN_GGUF_MODELS and not os.path.exists(model_path):
-        return ModelSource("gguf", builtin_gguf_path(name), builtin_name=name)
-    if os.path.isfile(model_path):
-        if not model_path.endswith(".gguf"):
-            raise _bad(f"--model-path {model_path}: a file must be a .gguf; otherwise give a Hugging Face directory")
-        if load_format not in ("auto", "gguf", "dummy"):
+    single = _builtin_or_gguf_file(model_path, "--model-path")
+    if single is not None:
+        if single.builtin_name is None and load_format not in ("auto", "gguf", "dummy"):
             raise _bad(f"--load-format {load_format} cannot read the GGUF file {model_path}")
-        return ModelSource("gguf", model_path)
+        return single
     if not os.path.isdir(model_path):
         raise _bad(
             f"--model-path {model_path}: no such file or directory (no model hub is reachable; give a local "

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import os
 import signal
 import socket
 import tempfile
+import traceback
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Iterator, List, Optional
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +73,27 @@ def _raise_shutdown(signum: int, frame: object) -> None:  # noqa: ARG001 - signa
 
 def raise_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, _raise_shutdown)
+
+
+# The start-up protocol of a child (scheduler rank, detokenizer) on its pipe to the launcher, which waits
+# for it in entrypoints/startup_watch.py: "started" first, then "ready" (with what the child reports) or "error".
+STARTUP_STARTED, STARTUP_READY, STARTUP_ERROR = "started", "ready", "error"
+
+
+@contextlib.contextmanager
+def reporting_startup(pipe, what: str) -> Iterator[None]:
+    """Run a child's start-up: say "started" at once (the spawn bootstrap is behind us), then on failure
+    log it, send the traceback to the launcher and exit 1; SIGTERM meanwhile exits 0 quietly."""
+    pipe.send({"status": STARTUP_STARTED})
+    try:
+        yield
+    except ShutdownRequested:
+        raise SystemExit(0) from None
+    except BaseException:
+        message = traceback.format_exc()
+        logger.error("%s failed to start:\n%s", what, message)
+        pipe.send({"status": STARTUP_ERROR, "message": message})
+        raise SystemExit(1) from None
 
 
 def kill_process_tree(processes: List, timeout: float = 10.0) -> None:

@@ -1,0 +1,3 @@
+# Sourced at the start of every device run: the wheels the GPU machine lacks, then our tree on the path.
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .device/wheels/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD/python PYTHONUNBUFFERED=1
