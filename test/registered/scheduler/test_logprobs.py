@@ -30,8 +30,17 @@ def reference(prompt):
     """transformers' log-softmax at every position of prompt + its greedy continuation."""
     model = load_hf_model(SMOLLM2)
     with torch.no_grad():
-        out = model.generate(torch.tensor([prompt]), max_new_tokens=4, do_sample=False, min_new_tokens=4,
-                             eos_token_id=None, pad_token_id=0, temperature=None, top_p=None, top_k=None)
+        out = model.generate(
+            torch.tensor([prompt]),
+            max_new_tokens=4,
+            do_sample=False,
+            min_new_tokens=4,
+            eos_token_id=None,
+            pad_token_id=0,
+            temperature=None,
+            top_p=None,
+            top_k=None,
+        )
         full = out[0].tolist()
         logits = model(torch.tensor([full])).logits[0].float()
     return full, torch.log_softmax(logits, dim=-1)
@@ -55,8 +64,15 @@ def check_prompt(result, prompt, start, lsm):
 
 
 def run(sched, prompt, start, new=4):
-    return run_scheduler(sched, [prompt], greedy_params(new), return_logprob=True, logprob_start_len=start,
-                         top_logprobs_num=TOP, token_ids_logprob=CHOSEN)[0]
+    return run_scheduler(
+        sched,
+        [prompt],
+        greedy_params(new),
+        return_logprob=True,
+        logprob_start_len=start,
+        top_logprobs_num=TOP,
+        token_ids_logprob=CHOSEN,
+    )[0]
 
 
 @pytest.mark.parametrize("chunk", [None, 8])
@@ -67,7 +83,7 @@ def test_prompt_and_output_logprobs_match_transformers(prompt, reference, chunk,
     sched = make_scheduler(model_path=SMOLLM2, skip_tokenizer_init=True, max_total_tokens=4096, **chunking)
     run_scheduler(sched, [prompt], greedy_params(1))  # the prompt is now in the radix cache
     result = run(sched, prompt, start)
-    assert result.output_ids == full[len(prompt):]
+    assert result.output_ids == full[len(prompt) :]
     check_prompt(result, prompt, start, lsm)
     for k, (token, top) in enumerate(zip(result.output_ids, result.output_top)):
         ref = lsm[len(prompt) + k - 1]
