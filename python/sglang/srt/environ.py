@@ -122,7 +122,6 @@ class Envs:
     # Kernels
     SGLANG_TRITON_DECODE_MAX_KV_SPLITS = EnvInt(16, "Upper bound on split-KV chunks in the triton decode kernel.")
     # Testing
-    SGLANG_TEST_SEED = EnvInt(0, "Seed for dummy weights and tests.")
     SGLANG_TEST_FAULT_INJECTION = EnvStr(
         "",
         "Tests only: faults to inject, read once at start-up, e.g. 'forward_oom=3' (the 3rd forward raises "

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from sglang.srt.configs.model_config import total_num_kv_heads
 from sglang.srt.model_loader.gguf_config import config_from_gguf, open_gguf
 
 # GGUF per-block tensor name -> HF name (within model.layers.{i}.)
@@ -78,5 +79,5 @@ def gguf_weights_iterator(path: str, show_progress: bool = True) -> Iterator[Tup
         if permute and name.endswith("q_proj.weight"):
             w = undo_rotary_permute(w, config.num_attention_heads)
         elif permute and name.endswith("k_proj.weight"):
-            w = undo_rotary_permute(w, config.num_key_value_heads)
+            w = undo_rotary_permute(w, total_num_kv_heads(config))  # the one KV-heads rule (MHA: = heads)
         yield name, torch.tensor(w)  # a copy: the reader's arrays are read-only memory maps
