@@ -97,6 +97,12 @@ class Envs:
     SGLANG_POST_CAPTURE_MEASURE_ACTIVATION_PEAK = EnvBool(
         True, "Post-capture sizing: run the worst-case eager forwards and keep at least their peak as headroom."
     )
+    SGLANG_KT_ELASTIC_SLOT = EnvBool(
+        True,
+        "Post-capture path with --kt-gpu-prefill-token-threshold: size the KV pool as if the KT prefill slot "
+        "took nothing, and lend the pool's last tokens to the slot while a long prefill runs (0: keep the slot's "
+        "memory out of the pool for good, as the static path does).",
+    )
     SGLANG_CPU_MEMORY_BUDGET_GB = EnvFloat(
         0.0, "On --device cpu: host memory (GB) the memory plan treats as device capacity; 0 = host MemTotal."
     )
@@ -122,6 +128,12 @@ class Envs:
     # Kernels
     SGLANG_TRITON_DECODE_MAX_KV_SPLITS = EnvInt(16, "Upper bound on split-KV chunks in the triton decode kernel.")
     # Testing
+    SGLANG_TEST_CPU_ELASTIC_SLOT_TAIL_TOKENS = EnvInt(
+        0,
+        "Tests only: with --device cpu and a KT prefill slot, lend the slot from the pool's last N tokens "
+        "through host memory (there is no VMM on the CPU), so the CPU suite runs the elastic slot's scheduling, "
+        "tensor-parallel ranks included. 0: off.",
+    )
     SGLANG_TEST_FAULT_INJECTION = EnvStr(
         "",
         "Tests only: faults to inject, read once at start-up, e.g. 'forward_oom=3' (the 3rd forward raises "

@@ -134,3 +134,195 @@ def test_clear_restores_everything():
     a.clear()
     assert a.available_size() == 12
     assert 0 not in a.alloc(12).tolist()
+
+
+# --------------------------------------------------------------- lendable tail (elastic KT prefill slot)
+# The last K pages form the lendable tail: handed out only after every other page, lendable only when all
+# are free, excluded from available_size() while lent.
+
+
+def _tail_pages(a):
+    return set(range(a.tail_first_page, a.num_pages + 1))
+
+
+@pytest.mark.parametrize("ps", [1, 4])
+def test_alloc_hands_out_tail_pages_last(ps):
+    a = TokenToKVPoolAllocator(8 * ps, ps, "cpu", lendable_tail_pages=3)
+    assert a.tail_pages == 3 and a.tail_tokens == 3 * ps and a.tail_first_page == 6
+    assert a.available_size() == 8 * ps  # a free tail counts as available
+    got = [a.alloc(ps) for _ in range(5)]  # one page at a time: pages 1..5, never the tail
+    assert sorted(p for g in got for p in _pages(g, ps)) == [1, 2, 3, 4, 5]
+    assert a.tail_free() and a.tail_pages_in_use() == 0
+    nxt = a.alloc(ps)  # only now the tail
+    assert _pages(nxt, ps)[0] in _tail_pages(a)
+    assert not a.tail_free() and a.tail_pages_in_use() == 1
+
+
+@pytest.mark.parametrize("ps", [1, 4])
+def test_one_alloc_spanning_the_boundary_takes_every_other_page_first(ps):
+    a = TokenToKVPoolAllocator(8 * ps, ps, "cpu", lendable_tail_pages=3)
+    got = a.alloc(6 * ps)
+    assert _pages(got, ps) == [1, 2, 3, 4, 5, 6]  # 5 non-tail pages + the first tail page
+    assert a.tail_pages_in_use() == 1
+
+
+@pytest.mark.parametrize("ps", [1, 4])
+def test_alloc_extend_hands_out_tail_last(ps):
+    a = TokenToKVPoolAllocator(8 * ps, ps, "cpu", lendable_tail_pages=2)
+    first = a.alloc_extend([0, 0], [3 * ps, 3 * ps], [-1, -1])  # 6 pages: all non-tail ones
+    assert _pages(first, ps) == [1, 2, 3, 4, 5, 6]
+    assert a.tail_free()
+    more = a.alloc_extend([0], [ps], [-1])
+    assert _pages(more, ps) == [7]
+    assert a.tail_pages_in_use() == 1
+
+
+def test_alloc_decode_hands_out_tail_last():
+    ps = 4
+    a = TokenToKVPoolAllocator(6 * ps, ps, "cpu", lendable_tail_pages=2)
+    pre = a.alloc_extend([0, 0], [2 * ps, 2 * ps], [-1, -1])  # pages 1..4
+    assert a.tail_free()
+    last_a, last_b = pre[2 * ps - 1].item(), pre[-1].item()
+    out = a.alloc_decode([2 * ps + 1, 2 * ps + 1], [last_a, last_b])  # both need a new page: the tail
+    assert _pages(out, ps) == [5, 6]
+    assert a.tail_pages_in_use() == 2 and a.available_size() == 0
+    # Page size 1: decode slots also come from non-tail pages first.
+    b = TokenToKVPoolAllocator(4, 1, "cpu", lendable_tail_pages=2)
+    assert sorted(b.alloc_decode([1, 1], [-1, -1]).tolist()) == [1, 2]
+    assert b.tail_free()
+    assert sorted(b.alloc_decode([1], [-1]).tolist()) == [3]
+
+
+@pytest.mark.parametrize("ps", [1, 4])
+def test_free_puts_each_page_back_on_its_own_list(ps):
+    a = TokenToKVPoolAllocator(6 * ps, ps, "cpu", lendable_tail_pages=2)
+    got = a.alloc(6 * ps)
+    assert a.available_size() == 0
+    tail_slot = (a.tail_first_page + 1) * ps  # a slot of page 6 (tail)
+    main_slot = 2 * ps  # a slot of page 2
+    a.free(torch.tensor([tail_slot, main_slot]))
+    assert a.tail_pages_in_use() == 1
+    assert a.free_pages.tolist() == [2, 6]  # hand-out order: non-tail first
+    assert _pages(a.alloc(ps), ps) == [2]  # the freed non-tail page goes out before the freed tail page
+    assert _pages(a.alloc(ps), ps) == [6]
+    a.free(got)
+    assert a.tail_free() and a.available_size() == 6 * ps
+    assert sorted(a.free_pages.tolist()) == list(range(1, 7))
+
+
+def test_lend_refused_while_a_tail_page_is_held():
+    from sglang.srt.mem_cache.allocator import TailInUseError
+
+    ps = 4
+    a = TokenToKVPoolAllocator(8 * ps, ps, "cpu", lendable_tail_pages=2)
+    got = a.alloc(7 * ps)  # page 7 is a tail page
+    with pytest.raises(TailInUseError, match="1 of its 2 pages"):
+        a.lend_tail()
+    assert not a.tail_lent and a.available_size() == ps  # nothing changed
+    a.free(got[-ps:])
+    a.lend_tail()
+    assert a.tail_lent
+
+
+@pytest.mark.parametrize("ps", [1, 4])
+def test_lend_and_return_cycles(ps):
+    a = TokenToKVPoolAllocator(8 * ps, ps, "cpu", lendable_tail_pages=3)
+    for _ in range(3):
+        held = a.alloc(2 * ps)  # non-tail pages in use do not stop a lend
+        a.lend_tail()
+        assert a.tail_lent and a.lent_tokens == 3 * ps
+        assert a.available_size() == (8 - 2 - 3) * ps
+        assert a.size == 8 * ps  # the pool's size is unchanged: the tail is lent, not removed
+        assert a.tail_free() and a.tail_pages_in_use() == 0
+        assert not (set(a.free_pages.tolist()) & _tail_pages(a))
+        rest = a.alloc(3 * ps)  # the remaining non-tail pages...
+        assert rest is not None and not (set(_pages(rest, ps)) & _tail_pages(a))
+        assert a.alloc(ps) is None  # ...and then nothing: the tail is never handed out while lent
+        assert a.alloc_extend([0], [ps], [-1]) is None
+        assert a.alloc_decode([1], [-1]) is None
+        a.free(rest)
+        a.return_tail()
+        assert not a.tail_lent and a.lent_tokens == 0
+        assert a.available_size() == (8 - 2) * ps
+        assert set(a.free_pages.tolist()) >= _tail_pages(a)
+        a.free(held)
+        assert a.available_size() == 8 * ps
+        assert len(set(a.free_pages.tolist())) == len(a.free_pages) == 8
+
+
+def test_lend_return_errors():
+    a = TokenToKVPoolAllocator(8, 1, "cpu")
+    assert a.tail_pages == 0 and a.tail_free()
+    with pytest.raises(RuntimeError, match="no lendable tail"):
+        a.lend_tail()
+    with pytest.raises(RuntimeError, match="not lent"):
+        a.return_tail()
+    b = TokenToKVPoolAllocator(8, 1, "cpu", lendable_tail_pages=2)
+    b.lend_tail()
+    with pytest.raises(RuntimeError, match="already lent"):
+        b.lend_tail()
+    with pytest.raises(RuntimeError, match="lent KV tail"):
+        b.free(torch.tensor([8]))  # a lent page cannot be held, so freeing it is a double free
+    with pytest.raises(RuntimeError, match="lent"):
+        b.resize(16, lendable_tail_pages=2)
+    with pytest.raises(ValueError):
+        TokenToKVPoolAllocator(8, 1, "cpu", lendable_tail_pages=9)
+
+
+def test_clear_keeps_a_lent_tail_lent():
+    ps = 4
+    a = TokenToKVPoolAllocator(8 * ps, ps, "cpu", lendable_tail_pages=2)
+    a.lend_tail()
+    a.alloc(3 * ps)
+    a.clear()
+    assert a.tail_lent
+    assert a.available_size() == 6 * ps
+    assert a.alloc(7 * ps) is None
+    a.return_tail()
+    assert a.available_size() == 8 * ps
+    a.clear()  # not lent: everything free, tail still last
+    assert _pages(a.alloc(6 * ps), ps) == [1, 2, 3, 4, 5, 6]
+
+
+def test_tail_slot_range():
+    ps = 4
+    a = TokenToKVPoolAllocator(8 * ps, ps, "cpu", lendable_tail_pages=3)
+    lo, hi = a.tail_slot_range()
+    assert (lo, hi) == (6 * ps, 9 * ps)  # pages 6, 7, 8; page 0 is the dummy page
+    assert hi - lo == a.tail_tokens
+    got = a.alloc(8 * ps)
+    tail_slots = sorted(s for s in got.tolist() if lo <= s < hi)
+    assert tail_slots == list(range(lo, hi))
+    b = TokenToKVPoolAllocator(8, 1, "cpu")
+    assert b.tail_slot_range() == (9, 9)  # no tail: an empty range at the pool's end
+
+
+def test_resize_sets_the_tail():
+    ps = 4
+    a = TokenToKVPoolAllocator(4 * ps, ps, "cpu")
+    held = a.alloc(ps)  # page 1
+    a.resize(16 * ps, lendable_tail_pages=4)  # post-capture sizing: the last 4 pages are the tail
+    assert a.size == 16 * ps and a.tail_pages == 4 and a.tail_slot_range() == (13 * ps, 17 * ps)
+    assert a.available_size() == 15 * ps and a.tail_free()
+    got = a.alloc(11 * ps)
+    assert _pages(got, ps) == list(range(2, 13))  # every non-tail page before the tail
+    a.free(got)
+    a.free(held)
+    a.lend_tail()
+    a.return_tail()
+    # Shrinking so that a page in use falls in the new tail: the tail is not free until it is released.
+    b = TokenToKVPoolAllocator(16 * ps, ps, "cpu")
+    every = b.alloc(16 * ps)  # pages 1..16 in order
+    with pytest.raises(ValueError):
+        b.resize(8 * ps, lendable_tail_pages=2)  # pages 9..16 are in use beyond the new end
+    page8 = every[7 * ps : 8 * ps]
+    b.free(torch.cat((every[: 7 * ps], every[8 * ps :])))  # only page 8 stays in use
+    b.resize(8 * ps, lendable_tail_pages=2)  # tail: pages 7, 8
+    assert not b.tail_free() and b.tail_pages_in_use() == 1
+    assert b.available_size() == 7 * ps
+    with pytest.raises(RuntimeError):
+        b.lend_tail()
+    b.free(page8)
+    assert b.tail_free()
+    b.lend_tail()
+    assert b.available_size() == 6 * ps

@@ -201,3 +201,155 @@ def test_duplicate_prefix_from_two_requests_is_freed_once():
     c.cache_finished_req(r2)
     assert c.total_size() == 5
     assert alloc.available_size() == 32 - 5
+
+
+# ------------------------------------------------------- evict_slots (the lendable KV tail, elastic KT slot)
+
+
+def make_tail_cache(ps: int, pages: int, tail_pages: int):
+    alloc = TokenToKVPoolAllocator(pages * ps, ps, "cpu", lendable_tail_pages=tail_pages)
+    pool = ReqToTokenPool(8, 128, "cpu")
+    return RadixCache(pool, alloc, ps), alloc
+
+
+def assert_accounting(c):
+    """evictable/protected sizes equal the tokens of unlocked/locked nodes, exactly."""
+    nodes = [n for n in c._all_nodes() if n is not c.root]
+    assert c.evictable_size() == sum(len(n.key) for n in nodes if n.lock_ref == 0)
+    assert c.protected_size() == sum(len(n.key) for n in nodes if n.lock_ref > 0)
+    for n in nodes:
+        assert len(n.key) == len(n.value)
+
+
+def tree_slots(c):
+    nodes = [n.value for n in c._all_nodes() if n is not c.root]
+    return set(torch.cat(nodes).tolist()) if nodes else set()
+
+
+def shape(c):
+    return sorted((tuple(n.key), tuple(n.value.tolist()), n.lock_ref) for n in c._all_nodes() if n is not c.root)
+
+
+@pytest.mark.parametrize("ps", [1, 4])
+def test_evict_slots_frees_cached_tail_pages_only(ps):
+    c, alloc = make_tail_cache(ps, pages=8, tail_pages=2)
+    lo, hi = alloc.tail_slot_range()
+    main = alloc.alloc(6 * ps)  # non-tail pages 1..6
+    tail = alloc.alloc(2 * ps)  # tail pages 7, 8
+    a_key, t_key = list(range(100, 100 + 6 * ps)), list(range(500, 500 + 2 * ps))
+    c.insert(a_key, main)
+    c.insert(t_key, tail)
+    assert not alloc.tail_free()
+    assert c.evict_slots(lo, hi) is True
+    assert not (tree_slots(c) & set(range(lo, hi)))
+    assert alloc.tail_free() and alloc.available_size() == 2 * ps
+    assert c.match_prefix(a_key)[0].tolist() == main.tolist()  # the rest of the cache stays
+    assert c.match_prefix(t_key)[0].numel() == 0
+    assert c.evictable_size() == 6 * ps
+    assert_accounting(c)
+    alloc.lend_tail()  # what the scheduler does next
+    assert alloc.available_size() == 0
+    assert c.evict_slots(lo, hi) is True  # nothing left there: a no-op
+    assert c.total_size() == 6 * ps
+
+
+def test_evict_slots_splits_a_node_that_crosses_the_boundary():
+    ps = 4
+    c, alloc = make_tail_cache(ps, pages=12, tail_pages=2)  # tail: pages 11, 12
+    lo, hi = alloc.tail_slot_range()
+    alloc.alloc(8 * ps)  # pages 1..8, held elsewhere
+    slots = alloc.alloc(4 * ps)  # pages 9, 10 (non-tail) then 11, 12 (tail)
+    key = list(range(100, 100 + 4 * ps))
+    c.insert(key, slots)
+    assert len(c.root.children) == 1 and c.total_size() == 4 * ps
+    assert c.evict_slots(lo, hi)
+    # The node was split at the boundary page: its first two pages stay cached.
+    (node,) = c.root.children.values()
+    assert node.key == key[: 2 * ps] and node.value.tolist() == slots[: 2 * ps].tolist()
+    assert not node.children
+    assert c.match_prefix(key)[0].tolist() == slots[: 2 * ps].tolist()
+    assert c.evictable_size() == 2 * ps and c.total_size() == 2 * ps
+    assert alloc.tail_free()
+    assert_accounting(c)
+
+
+def test_evict_slots_takes_the_subtree_and_keeps_siblings():
+    ps = 4
+    c, alloc = make_tail_cache(ps, pages=12, tail_pages=2)
+    lo, hi = alloc.tail_slot_range()
+    p1, p23 = alloc.alloc(ps), alloc.alloc(2 * ps)  # pages 1 and 2, 3
+    alloc.alloc(5 * ps)  # pages 4..8 elsewhere
+    x = alloc.alloc(4 * ps)  # pages 9, 10, 11, 12: the last two are the tail
+    key = list(range(100, 100 + 4 * ps))
+    c.insert(key, x)
+    c.insert(key + [7] * ps, torch.cat((x, p1)))  # a child below the tail pages, holding page 1
+    c.insert(key[: 2 * ps] + [9] * (2 * ps), torch.cat((x[: 2 * ps], p23)))  # a sibling branch
+    assert c.total_size() == 7 * ps
+    free_before = alloc.available_size()
+    assert c.evict_slots(lo, hi)
+    # Gone: the tail part of `key` and the child that extends it (its page 1 is freed too).
+    assert c.match_prefix(key + [7] * ps)[0].tolist() == x[: 2 * ps].tolist()
+    assert c.match_prefix(key[: 2 * ps] + [9] * (2 * ps))[0].tolist() == torch.cat((x[: 2 * ps], p23)).tolist()
+    assert c.total_size() == 4 * ps and c.evictable_size() == 4 * ps
+    assert alloc.available_size() == free_before + 3 * ps
+    assert 1 in alloc.free_pages.tolist() and alloc.tail_free()
+    assert_accounting(c)
+
+
+@pytest.mark.parametrize("lock_child", [False, True])
+def test_evict_slots_refuses_when_a_locked_node_holds_a_tail_slot(lock_child):
+    ps = 4
+    c, alloc = make_tail_cache(ps, pages=12, tail_pages=2)
+    lo, hi = alloc.tail_slot_range()
+    p1 = alloc.alloc(ps)
+    others = alloc.alloc(7 * ps)  # pages 2..8
+    x = alloc.alloc(4 * ps)  # pages 9..12, one node crossing the boundary
+    key = list(range(100, 100 + 4 * ps))
+    c.insert(key, x)
+    c.insert(key + [7] * ps, torch.cat((x, p1)))
+    c.insert([1] * ps, others[:ps])  # an unrelated, unlocked branch: must survive the refusal too
+    # A running request holds the crossing node, or only the child below it (which locks the node too).
+    _, node = c.match_prefix(key + [7] * ps if lock_child else key)
+    c.inc_lock_ref(node)
+    before, free_before, ev, pr = shape(c), alloc.available_size(), c.evictable_size(), c.protected_size()
+    assert c.evict_slots(lo, hi) is False
+    assert shape(c) == before  # nothing evicted, nothing split
+    assert alloc.available_size() == free_before and not alloc.tail_free()
+    assert (c.evictable_size(), c.protected_size()) == (ev, pr)
+    assert_accounting(c)
+    # Once the request is done, the same call succeeds.
+    c.dec_lock_ref(node)
+    assert c.evict_slots(lo, hi) is True
+    assert alloc.tail_free() and c.protected_size() == 0
+    assert_accounting(c)
+
+
+def test_evict_slots_evicts_an_unlocked_tail_child_below_a_locked_prefix():
+    ps = 1
+    c, alloc = make_tail_cache(ps, pages=16, tail_pages=4)  # tail slots 13..16
+    lo, hi = alloc.tail_slot_range()
+    main = alloc.alloc(12)
+    tail = alloc.alloc(4)
+    c.insert([1, 2, 3], main[:3])
+    c.insert([1, 2, 3, 4, 5], torch.cat((main[:3], tail[:2])))  # child [4, 5] on tail slots
+    c.insert([1, 2, 3, 6], torch.cat((main[:3], main[3:4])))  # child [6] on a main slot
+    _, prefix = c.match_prefix([1, 2, 3])
+    c.inc_lock_ref(prefix)  # a request reads only the shared prefix
+    assert c.protected_size() == 3 and c.evictable_size() == 3
+    assert c.evict_slots(lo, hi) is True
+    assert c.protected_size() == 3 and c.evictable_size() == 1
+    assert c.match_prefix([1, 2, 3, 6])[0].tolist() == main[:4].tolist()
+    assert c.match_prefix([1, 2, 3, 4, 5])[0].tolist() == main[:3].tolist()
+    assert_accounting(c)
+    assert alloc.tail_pages_in_use() == 2  # tail[2:] is held outside the tree: not the cache's to free
+    c.dec_lock_ref(prefix)
+
+
+def test_evict_slots_with_an_empty_range_or_disabled_cache_changes_nothing():
+    c, alloc = make_tail_cache(1, pages=8, tail_pages=0)
+    c.insert([1, 2], alloc.alloc(2))
+    before = shape(c)
+    assert c.evict_slots(*alloc.tail_slot_range()) is True  # no tail: empty range
+    assert shape(c) == before and c.evictable_size() == 2
+    d, _, _ = make_cache(disable=True)
+    assert d.evict_slots(0, 100) is True

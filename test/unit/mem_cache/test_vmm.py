@@ -218,11 +218,23 @@ class FakeDriver:
         assert d.location.type == CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
         assert d.location.id == self.device
         assert d.flags == CUmemAccess_flags.CU_MEM_ACCESS_FLAGS_PROT_READWRITE
-        assert self.maps[ptr][0] == size
+        vas = self._whole_mappings(ptr, size)
         if err := self._call("cuMemSetAccess", (ptr, size)):
             return (err,)
-        self.access[ptr] = size
+        for va in vas:
+            self.access[va] = self.maps[va][0]
         return (CUresult.CUDA_SUCCESS,)
+
+    def _whole_mappings(self, ptr: int, size: int) -> list[int]:
+        """The mappings that cover [ptr, ptr + size) end to end: "a fully mapped address range",
+        here also made of whole mappings (stricter than the driver, so never looser)."""
+        vas, pos = [], ptr
+        while pos < ptr + size:
+            assert pos in self.maps, f"cuMemSetAccess over an unmapped or partly mapped range at {pos:#x}"
+            vas.append(pos)
+            pos += self.maps[pos][0]
+        assert pos == ptr + size, "cuMemSetAccess must end where a mapping ends"
+        return vas
 
 
 def make(n: int = 4, reserve: int = 64 * MiB, drv: Optional[FakeDriver] = None, **kw: Any):
@@ -231,28 +243,41 @@ def make(n: int = 4, reserve: int = 64 * MiB, drv: Optional[FakeDriver] = None, 
 
 
 def assert_consistent(arena: VirtualKVArena, drv: FakeDriver) -> None:
-    """Each buffer's [base, base + mapped) is exactly covered by read-write mappings, nothing
-    else is mapped, the live handles are exactly the arena's, and each handle is mapped once,
-    whole, from offset 0, inside one buffer's mapped part (no handle shared)."""
+    """Each buffer's [base, base + kv_mapped) is exactly covered by read-write mappings, and so is
+    the slot range while the tail is lent; nothing else is mapped, the live handles are exactly the
+    arena's, and each handle is mapped once, whole, from offset 0: a body handle inside its buffer's
+    body, a tail handle at its KV address (or at its slot address while lent). No handle shared."""
     covered = 0
-    for base in arena.buffer_ptrs:
-        pos = base
-        while pos < base + arena.mapped_bytes_per_buffer:
+    spans = [(base, arena.kv_mapped_bytes_per_buffer) for base in arena.buffer_ptrs]
+    if arena.tail_lent:
+        spans.append((arena.slot_ptr, arena.slot_bytes))
+    for start, length in spans:
+        pos = start
+        while pos < start + length:
             size = drv.maps[pos][0]
             assert drv.access[pos] == size
             pos += size
             covered += 1
-        assert pos == base + arena.mapped_bytes_per_buffer
+        assert pos == start + length
     assert covered == len(drv.maps)
     assert len(drv.handles) == arena.num_handles
     assert all(off == 0 for _, _, off in drv.maps.values())
     mapped = {h: size for size, h, _ in drv.maps.values()}
     assert len(mapped) == len(drv.maps), "a handle mapped more than once"
     assert mapped == drv.handles, "every handle fully mapped, nothing else"
+    body = arena.mapped_bytes_per_buffer - arena.tail_bytes_per_buffer
     for rec in arena._handles:
         [(va, size)] = rec.mappings
         assert drv.maps[va] == (size, int(rec.handle), 0)
-        assert any(b <= va and va + size <= b + arena.mapped_bytes_per_buffer for b in arena.buffer_ptrs)
+        assert any(b <= va and va + size <= b + body for b in arena.buffer_ptrs)
+    for piece in arena._tail:
+        [(va, size)] = piece.rec.mappings
+        assert va == (piece.slot_va if arena.tail_lent else piece.kv_va)
+        assert drv.maps[va] == (size, int(piece.rec.handle), 0)
+    assert bool(arena.slot_bytes) == bool(arena.tail_bytes_per_buffer)
+    if arena.slot_bytes:
+        assert arena.slot_bytes == arena.num_buffers * arena.tail_bytes_per_buffer
+        assert drv.reserved[arena.slot_ptr] == arena.slot_bytes
 
 
 def test_reserve_rounds_to_granularity_and_maps_first_granule():
@@ -474,6 +499,302 @@ def test_tensor_over_the_reserved_range(monkeypatch):
         empty.tensor(0, torch.float16, (1,))
 
 
+# ----------------------------------------------------------------------- the lendable tail
+def tail_arena(n: int = 3, tail: int = 3 * G, total: int = 8 * G, **kw: Any):
+    """An arena with slot 0 mapped, then grown to ``total`` per buffer with a ``tail``; log cleared."""
+    arena, drv = make(n=n, **kw)
+    assert arena.map_to(total, tail_bytes_per_buffer=tail) == total
+    drv.log.clear()
+    return arena, drv
+
+
+def mapping_state(drv: FakeDriver) -> tuple:
+    return dict(drv.maps), dict(drv.access), dict(drv.handles), dict(drv.reserved)
+
+
+def test_map_with_a_tail_backs_it_with_handles_of_its_own():
+    arena, drv = make(n=3)
+    slot0 = list(drv.created)
+    drv.log.clear()
+    assert arena.map_to(8 * G - 1, tail_bytes_per_buffer=3 * G) == 8 * G
+    ptrs = arena.buffer_ptrs
+    # the slot range first, then per buffer: the body's delta (4 granules), then its tail (3)
+    assert [n for n, _ in drv.log] == ["synchronize", "cuMemAddressReserve"] + [
+        "cuMemCreate",
+        "cuMemMap",
+        "cuMemSetAccess",
+    ] * 6
+    assert drv.calls("cuMemAddressReserve") == [(3 * 3 * G, 0, 0, 0)]
+    assert drv.calls("cuMemCreate") == [(4 * G,), (3 * G,)] * 3
+    new = drv.created[3:]
+    body, tail = new[0::2], new[1::2]
+    assert len(set(slot0 + new)) == 9 and not set(body) & set(tail)
+    assert drv.calls("cuMemMap") == [
+        c for b, bh, th in zip(ptrs, body, tail) for c in ((b + G, 4 * G, 0, bh), (b + 5 * G, 3 * G, 0, th))
+    ]
+    assert [int(p.rec.handle) for p in arena._tail] == tail  # recorded apart from the body
+    assert sorted(int(r.handle) for r in arena._handles) == sorted(slot0 + body)
+    assert [(p.buffer_index, p.kv_va, p.slot_va, p.rec.size) for p in arena._tail] == [
+        (i, b + 5 * G, arena.slot_ptr + i * 3 * G, 3 * G) for i, b in enumerate(ptrs)
+    ]
+    assert arena.tail_bytes_per_buffer == 3 * G and arena.slot_bytes == 9 * G
+    assert drv.reserved[arena.slot_ptr] == 9 * G and arena.slot_ptr % G == 0
+    assert not arena.tail_lent and arena.kv_mapped_bytes_per_buffer == 8 * G
+    assert arena.num_handles == 9 and (arena.lend_count, arena.return_count) == (0, 0)
+    assert_consistent(arena, drv)
+
+
+def test_map_tail_splits_above_the_handle_cap_and_may_be_all_of_the_delta():
+    arena, drv = make(n=2, max_handle_bytes=2 * G)
+    drv.log.clear()
+    assert arena.map_to(6 * G, tail_bytes_per_buffer=5 * G) == 6 * G  # no body delta: all tail
+    assert drv.calls("cuMemCreate") == [(2 * G,), (2 * G,), (1 * G,)] * 2
+    ptrs, slot = arena.buffer_ptrs, arena.slot_ptr
+    placed = [(p.buffer_index, p.kv_va - ptrs[p.buffer_index], p.slot_va - slot) for p in arena._tail]
+    # (buffer, offset in the buffer, offset in the slot): 2 + 2 + 1 granules per buffer, end to end
+    assert placed == [
+        (0, G, 0),
+        (0, 3 * G, 2 * G),
+        (0, 5 * G, 4 * G),
+        (1, G, 5 * G),
+        (1, 3 * G, 7 * G),
+        (1, 5 * G, 9 * G),
+    ]
+    assert_consistent(arena, drv)
+
+
+def test_map_tail_rules():
+    arena, drv = make(n=2)
+    drv.log.clear()
+    with pytest.raises(ValueError, match="multiple of the granularity"):
+        arena.map_to(8 * G, tail_bytes_per_buffer=G + 1)
+    with pytest.raises(ValueError, match="multiple of the granularity"):
+        arena.map_to(8 * G, tail_bytes_per_buffer=-G)
+    with pytest.raises(ValueError, match="does not fit"):  # slot 0 is mapped: only 7 granules are new
+        arena.map_to(8 * G, tail_bytes_per_buffer=8 * G)
+    with pytest.raises(ValueError, match="does not fit"):  # nothing new at all
+        arena.map_to(G, tail_bytes_per_buffer=G)
+    assert drv.log == [] and arena.tail_bytes_per_buffer == 0  # refused before any call
+    assert arena.map_to(8 * G, tail_bytes_per_buffer=2 * G) == 8 * G
+    drv.log.clear()
+    assert arena.map_to(4 * G) == 8 * G and arena.map_to(8 * G, tail_bytes_per_buffer=2 * G) == 8 * G
+    assert drv.log == []  # no-ops
+    with pytest.raises(ValueError, match="final"):  # growing would put the tail mid-buffer
+        arena.map_to(10 * G)
+    with pytest.raises(ValueError, match="final"):
+        arena.map_to(8 * G, tail_bytes_per_buffer=G)
+    assert drv.log == [] and arena.mapped_bytes_per_buffer == 8 * G
+    assert_consistent(arena, drv)
+
+
+@pytest.mark.parametrize(
+    "func,after",
+    [
+        ("cuMemAddressReserve", 0),  # the slot range
+        ("cuMemCreate", 3),  # buffer 1's tail
+        ("cuMemMap", 2),  # buffer 1's body
+        ("cuMemSetAccess", 5),  # buffer 2's tail
+    ],
+)
+def test_map_with_a_tail_rolls_back_and_frees_the_slot_range(func, after):
+    arena, drv = make(n=3)
+    before = mapping_state(drv)
+    drv.fail(func, CUresult.CUDA_ERROR_INVALID_VALUE, after=after)
+    with pytest.raises(VMMError, match=f"{func} failed"):
+        arena.map_to(8 * G, tail_bytes_per_buffer=3 * G)
+    assert mapping_state(drv) == before  # every new handle released, the slot range freed
+    assert arena.mapped_bytes_per_buffer == G and arena.tail_bytes_per_buffer == 0
+    assert (arena.slot_ptr, arena.slot_bytes, arena.num_handles) == (0, 0, 3)
+    assert_consistent(arena, drv)
+    assert arena.map_to(8 * G, tail_bytes_per_buffer=3 * G) == 8 * G  # usable afterwards
+    assert_consistent(arena, drv)
+
+
+def expected_lend(arena: VirtualKVArena) -> list[tuple[str, tuple]]:
+    moves = [
+        c
+        for p in arena._tail
+        for c in (
+            ("cuMemUnmap", (p.kv_va, p.rec.size)),
+            ("cuMemMap", (p.slot_va, p.rec.size, 0, int(p.rec.handle))),
+        )
+    ]
+    access = [("cuMemSetAccess", (p.slot_va, p.rec.size)) for p in arena._tail]  # one per handle, where it is
+    return [("synchronize", ())] + moves + access
+
+
+def expected_return(arena: VirtualKVArena) -> list[tuple[str, tuple]]:
+    moves = [
+        c
+        for p in arena._tail
+        for c in (
+            ("cuMemUnmap", (p.slot_va, p.rec.size)),
+            ("cuMemMap", (p.kv_va, p.rec.size, 0, int(p.rec.handle))),
+        )
+    ]
+    access = [("cuMemSetAccess", (p.kv_va, p.rec.size)) for p in arena._tail]  # one per handle, where it is
+    return [("synchronize", ())] + moves + access
+
+
+def test_lend_and_return_twice_move_the_same_handles_with_no_create_or_release():
+    arena, drv = tail_arena(n=3, tail=3 * G, total=8 * G, max_handle_bytes=2 * G)  # tail: 2 + 1 per buffer
+    assert len(arena._tail) == 6
+    ptrs, slot = arena.buffer_ptrs, arena.slot_ptr
+    kv_state = mapping_state(drv)
+    handles = dict(drv.handles)
+    for round_ in (1, 2):
+        drv.log.clear()
+        ms = arena.lend_tail()
+        assert drv.log == expected_lend(arena)
+        assert [args[0] for args in drv.calls("cuMemMap")] == [
+            slot + b * 3 * G + off for b in range(3) for off in (0, 2 * G)
+        ]  # buffer order, consecutive
+        assert arena.tail_lent and (arena.lend_count, arena.return_count) == (round_, round_ - 1)
+        assert ms >= 0 and arena.last_lend_ms == ms
+        assert arena.kv_mapped_bytes_per_buffer == 5 * G and arena.mapped_bytes_per_buffer == 8 * G
+        assert not any(b + 5 * G <= va < b + 8 * G for va in drv.maps for b in ptrs)  # KV tails unmapped
+        assert_consistent(arena, drv)
+        drv.log.clear()
+        assert arena.return_tail() == arena.last_return_ms
+        assert drv.log == expected_return(arena)
+        assert not arena.tail_lent and (arena.lend_count, arena.return_count) == (round_, round_)
+        assert mapping_state(drv) == kv_state  # exactly as after map_to
+        assert_consistent(arena, drv)
+    assert drv.handles == handles  # the same physical memory throughout
+    assert not [n for n, _ in drv.log if n in ("cuMemCreate", "cuMemRelease", "cuMemAddressReserve")]
+
+
+def test_lend_and_return_refuse_the_wrong_state():
+    plain, _ = make(n=2)
+    with pytest.raises(RuntimeError, match="no tail"):
+        plain.lend_tail()
+    with pytest.raises(RuntimeError, match="no tail"):
+        plain.return_tail()
+    arena, drv = tail_arena()
+    with pytest.raises(RuntimeError, match="not lent"):
+        arena.return_tail()
+    arena.lend_tail()
+    with pytest.raises(RuntimeError, match="already lent"):
+        arena.lend_tail()
+    arena.release()
+    with pytest.raises(RuntimeError, match="released"):
+        arena.return_tail()
+
+
+# One lend or return with 3 buffers x (2 + 1) tail handles: 6 unmaps, 6 maps, then access.
+@pytest.mark.parametrize(
+    "func,after",
+    [
+        ("cuMemUnmap", 0),  # the very first step
+        ("cuMemUnmap", 3),  # buffer 1's second handle
+        ("cuMemMap", 0),  # unmapped, not yet mapped anywhere
+        ("cuMemMap", 4),  # buffer 2's first handle
+        ("cuMemSetAccess", 0),  # everything moved, the destination not yet opened
+    ],
+)
+@pytest.mark.parametrize("direction", ["lend", "return"])
+def test_a_failed_move_rolls_back(direction, func, after):
+    arena, drv = tail_arena(n=3, tail=3 * G, total=8 * G, max_handle_bytes=2 * G)
+    if direction == "return":
+        arena.lend_tail()
+    before = mapping_state(drv)
+    counts = (arena.lend_count, arena.return_count)
+    drv.log.clear()
+    drv.fail(func, CUresult.CUDA_ERROR_INVALID_VALUE, after=after)
+    with pytest.raises(VMMError, match=f"^{func} failed: CUDA_ERROR_INVALID_VALUE$"):
+        arena.lend_tail() if direction == "lend" else arena.return_tail()
+    assert mapping_state(drv) == before  # the arena's mappings (and access) as before
+    assert arena.tail_lent == (direction == "return") and (arena.lend_count, arena.return_count) == counts
+    assert not [n for n, _ in drv.log if n in ("cuMemCreate", "cuMemRelease")]
+    assert_consistent(arena, drv)
+    arena.lend_tail() if direction == "lend" else arena.return_tail()  # works afterwards
+    assert_consistent(arena, drv)
+
+
+def test_a_failed_rollback_refuses_further_moves_and_release_still_frees_everything():
+    arena, drv = tail_arena(n=2, tail=G, total=4 * G)
+    drv.fail("cuMemMap", CUresult.CUDA_ERROR_INVALID_VALUE, after=1)  # buffer 1's slot map
+    drv.fail("cuMemMap", CUresult.CUDA_ERROR_INVALID_VALUE, after=1)  # and mapping it back
+    with pytest.raises(VMMError, match="cuMemMap failed"):
+        arena.lend_tail()
+    p0, p1 = arena._tail
+    assert p0.kv_va in drv.maps and p1.kv_va not in drv.maps and p1.slot_va not in drv.maps
+    with pytest.raises(RuntimeError, match="unknown"):
+        arena.lend_tail()
+    arena.release()
+    assert not drv.handles and not drv.maps and not drv.reserved
+
+
+@pytest.mark.parametrize("lent", [True, False])
+def test_release_with_the_tail_lent_or_returned(lent):
+    arena, drv = tail_arena(n=3, tail=2 * G, total=6 * G, max_handle_bytes=G)  # tail: 2 handles per buffer
+    arena.lend_tail()
+    if not lent:
+        arena.return_tail()
+    slot, ptrs = (arena.slot_ptr, arena.slot_bytes), arena.buffer_ptrs
+    mapped = {va: size for va, (size, _, _) in drv.maps.items()}
+    n_maps = len(mapped)
+    drv.log.clear()
+    arena.release()
+    names = [n for n, _ in drv.log]
+    n_handles = len(drv.created)
+    assert n_maps == n_handles
+    assert names == ["synchronize"] + ["cuMemUnmap"] * n_maps + ["cuMemRelease"] * n_handles + ["cuMemAddressFree"] * 4
+    assert dict(drv.calls("cuMemUnmap")) == mapped  # every mapping, wherever the tail was
+    assert sorted(a[0] for a in drv.calls("cuMemRelease")) == sorted(drv.created)
+    assert drv.calls("cuMemAddressFree") == [(b, 64 * MiB) for b in ptrs] + [slot]  # the slot range last
+    assert not drv.handles and not drv.maps and not drv.reserved
+    assert (arena.slot_ptr, arena.slot_bytes, arena.tail_bytes_per_buffer, arena.tail_lent) == (0, 0, 0, False)
+    drv.log.clear()
+    arena.release()
+    assert drv.log == []
+
+
+def test_slot_tensor_only_while_lent(monkeypatch):
+    seen: dict = {}
+
+    def fake_as_tensor(obj, device):
+        assert device == torch.device("cuda", 0)
+        seen.update(obj.__cuda_array_interface__, arena=obj.arena)
+        return torch.zeros(obj.__cuda_array_interface__["shape"], dtype=torch.uint8)
+
+    monkeypatch.setattr(torch, "as_tensor", fake_as_tensor)
+    arena, drv = tail_arena(n=2, tail=2 * G, total=6 * G)
+    with pytest.raises(RuntimeError, match="lend_tail"):
+        arena.slot_tensor()
+    arena.lend_tail()
+    t = arena.slot_tensor()
+    assert t.dtype == torch.uint8 and t.shape == (arena.slot_bytes,)
+    assert seen["data"] == (arena.slot_ptr, False) and seen["shape"] == (4 * G,) and seen["arena"] is arena
+    t = arena.slot_tensor(torch.bfloat16)
+    assert t.dtype == torch.bfloat16 and t.shape == (2 * G,)
+    t = arena.slot_tensor(torch.bfloat16, (1024, 8, 128))
+    assert t.shape == (1024, 8, 128) and seen["shape"] == (2 * MiB,)
+    with pytest.raises(ValueError, match="exceeds"):
+        arena.slot_tensor(torch.float32, (G + 1,))
+    assert arena.tensor(1, torch.bfloat16, (8,)).shape == (8,)  # the KV body stays usable while lent
+    arena.return_tail()
+    with pytest.raises(RuntimeError, match="lend_tail"):
+        arena.slot_tensor()
+
+
+def test_tail_zero_behaves_as_before():
+    a, da = make(n=3, max_handle_bytes=3 * G)
+    b, db = make(n=3, max_handle_bytes=3 * G)
+    da.log.clear()
+    db.log.clear()
+    assert a.map_to(9 * G) == b.map_to(9 * G, tail_bytes_per_buffer=0) == 9 * G
+    assert da.log == db.log and mapping_state(da) == mapping_state(db)
+    assert b.map_to(12 * G, tail_bytes_per_buffer=0) == 12 * G  # still growable
+    assert (b.tail_bytes_per_buffer, b.tail_lent, b.slot_ptr, b.slot_bytes) == (0, False, 0, 0)
+    assert b.kv_mapped_bytes_per_buffer == 12 * G and not b._tail
+    assert_consistent(b, db)
+    with pytest.raises(RuntimeError, match="no tail"):
+        b.lend_tail()
+    with pytest.raises(RuntimeError, match="lend_tail"):
+        b.slot_tensor()
+
+
 def test_vmm_supported(monkeypatch):
     assert vmm_supported(0, driver=FakeDriver()) == (True, "")
     ok, reason = vmm_supported(0, driver=FakeDriver(vmm_attr=0))
@@ -499,7 +820,10 @@ def test_fake_matches_the_real_cuda_bindings_names():
     arena.map_to(4 * G)
     drv.fail("cuMemMap", CUresult.CUDA_ERROR_OUT_OF_MEMORY)
     with pytest.raises(VMMOutOfMemory, match="cuMemMap failed: CUDA_ERROR_OUT_OF_MEMORY"):
-        arena.map_to(2 * G)
+        arena.map_to(6 * G)  # a grow (6 > 4), so it reaches cuMemMap
+    arena.map_to(8 * G, tail_bytes_per_buffer=2 * G)  # and the tail's calls: reserve, move, access
+    arena.lend_tail()
+    arena.return_tail()
     vmm_supported(0, driver=drv)
     arena.release()
     missing = [n for n in sorted(drv.names_used) if not hasattr(real, n)]

@@ -103,6 +103,8 @@ SERVER_INFO_KEYS = {
     "headroom_gb",
     "headroom_rule",
     "reservations_bytes",
+    "reservation_rule",
+    "lendable_tail_tokens",
     "cell_size_bytes",
     "page_size",
     "max_total_num_tokens",

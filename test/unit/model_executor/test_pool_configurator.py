@@ -67,7 +67,7 @@ def test_the_planner_is_pure():
     tree = ast.parse(inspect.getsource(pool_configurator))
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0}
-    assert imported <= {"__future__", "dataclasses", "typing", "sglang"}, imported
+    assert imported <= {"__future__", "dataclasses", "math", "typing", "sglang"}, imported
     runtime_sglang = [n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.module.startswith("sglang")]
     assert runtime_sglang == []  # ServerArgs is imported under TYPE_CHECKING only
 
@@ -320,3 +320,49 @@ def test_post_capture_needs_its_readings():
         post_capture_pool_size(readings(vmm_granularity_bytes=GRANULE), args())
     with pytest.raises(ValueError, match="granularity"):
         post_capture_pool_size(readings(free_after_capture_bytes=GiB), args())
+
+
+# ----------------------------------------------------------------- the lendable tail (elastic KT slot)
+QWEN3_30B_12L = KVGeometry(num_layers=12, kv_heads=4, head_dim=128, v_head_dim=128, dtype_bytes=2)  # 24 KiB/token
+KT_BF16_SLOT = 1207959552  # measured on the H200: the Qwen3-30B-A3B shape's full-GPU prefill slot in BF16
+
+
+@pytest.mark.parametrize("page", [1, 16])
+@pytest.mark.parametrize("reserved", [KT_BF16_SLOT, 604127232, 3 * MiB + 5])  # BF16, FP8, tiny and odd
+def test_lent_reservation_keeps_the_pool_whole_and_the_tail_on_granules(page, reserved):
+    r = post_readings(peak=GiB, page=page, kv=QWEN3_30B_12L, reservations={"kt": reserved})
+    lent = post_capture_pool_size(r, dataclasses.replace(args(mfs=0.988), lend_reservations=True))
+    kept = post_capture_pool_size(r, args(mfs=0.988))
+    none = post_capture_pool_size(post_readings(peak=GiB, page=page, kv=QWEN3_30B_12L), args(mfs=0.988))
+    slot, buffers = QWEN3_30B_12L.widest_slot_bytes, QWEN3_30B_12L.num_buffers
+    unit = GRANULE // slot  # 2048 tokens fill one granule of every buffer (1 KiB slots), page 1 and 16 alike
+    assert lent.reservation_rule.startswith("lent") and kept.reservation_rule.startswith("permanent")
+    # The pool is as large as without any reservation, within one granule per buffer ...
+    assert 0 <= none.tokens - lent.tokens < unit
+    assert kept.tokens <= lent.tokens and (reserved < unit * slot * buffers or kept.tokens < lent.tokens)
+    # ... its end and its tail's start lie on granules of every buffer, in whole pages ...
+    tail = lent.lendable_tail
+    assert (lent.tokens + page) * slot % GRANULE == 0 and tail.tokens % unit == 0 and tail.tokens % page == 0
+    assert tail.bytes_per_buffer == tail.tokens * slot
+    # ... and the tail holds the reservation with less than one granule per buffer to spare.
+    assert tail.bytes_per_buffer * buffers >= reserved > (tail.tokens - unit) * slot * buffers
+    if reserved == KT_BF16_SLOT:
+        assert tail.tokens == 49152 == reserved // QWEN3_30B_12L.cell_size_bytes  # exactly 24 granules a buffer
+
+
+def test_reservations_stay_permanent_when_they_cannot_be_lent():
+    r = post_readings(peak=GiB, kv=QWEN3_30B_12L, reservations={"kt": KT_BF16_SLOT})
+    assert post_capture_pool_size(r, args(mfs=0.988)).lendable_tail is None  # the flag is off
+    mla_like = dataclasses.replace(QWEN3_30B_12L, v_head_dim=64)  # K and V slots differ: no single tail size
+    r = post_readings(peak=GiB, kv=mla_like, reservations={"kt": KT_BF16_SLOT})
+    assert post_capture_pool_size(r, dataclasses.replace(args(mfs=0.988), lend_reservations=True)).lendable_tail is None
+    # Lending never does worse than keeping the memory out: a reservation that leaves the pool almost
+    # nothing else is lent (the pool has its whole size while no long prefill runs) ...
+    tight = post_readings(free_after_capture_gib=20.0, peak=GiB, kv=QWEN3_30B_12L, reservations={"kt": 17 * GiB})
+    lent = post_capture_pool_size(tight, dataclasses.replace(args(mfs=0.988), lend_reservations=True))
+    kept = post_capture_pool_size(tight, args(mfs=0.988))
+    assert lent.tokens - lent.lendable_tail.tokens >= kept.tokens - 2048  # as much KV as kept while lent
+    # ... and one larger than the pool cannot be lent at all: the permanent path's error names the knobs.
+    with pytest.raises(NotEnoughMemoryError, match="reservations"):
+        over = post_readings(free_after_capture_gib=20.0, peak=GiB, kv=QWEN3_30B_12L, reservations={"kt": 40 * GiB})
+        post_capture_pool_size(over, dataclasses.replace(args(mfs=0.988), lend_reservations=True))

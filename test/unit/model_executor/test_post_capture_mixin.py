@@ -40,8 +40,9 @@ class FakeArena:
         assert shape[0] * shape[1] * shape[2] * dtype.itemsize <= self.reserved_bytes_per_buffer
         return torch.zeros(1, 1, 1, dtype=dtype).expand(*shape)  # no host memory for the whole range
 
-    def map_to(self, nbytes: int) -> int:
+    def map_to(self, nbytes: int, tail_bytes_per_buffer: int = 0) -> int:
         assert nbytes <= self.reserved_bytes_per_buffer + self.granularity
+        self.tail_bytes_per_buffer = tail_bytes_per_buffer
         self.mapped_bytes_per_buffer = max(self.mapped_bytes_per_buffer, nbytes)
         return self.mapped_bytes_per_buffer
 

@@ -43,6 +43,8 @@ def internal_state(tm: "TokenizerManager") -> Dict[str, Any]:
 
 def build_server_info(server_args: "ServerArgs", tm: "TokenizerManager", startup_time: float) -> Dict[str, Any]:
     scheduler_info = {k: v for k, v in tm.scheduler_info.items() if k != "status"}
+    if tm.stats.kt_slot is not None:  # the elastic slot's live state (lent now? how often taken and given back)
+        scheduler_info["memory_plan"] = {**scheduler_info["memory_plan"], "kt_slot": tm.stats.kt_slot}
     return {
         **server_args.to_public_dict(),
         **scheduler_info,

@@ -110,6 +110,7 @@ class SchedulerStats:
     num_retracted_waiting: int = 0  # waiting requests that were retracted at least once
     num_oom_recoveries: int = 0  # batches aborted after an out-of-memory error, the server kept serving
     forward_ct: int = 0  # forwards run so far: the heartbeat /health watches
+    kt_slot: Optional[dict] = None  # the elastic KT prefill slot (ElasticSlotStats), when there is one
 
 
 @dataclass

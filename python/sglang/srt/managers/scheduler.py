@@ -16,6 +16,8 @@ from collections import deque
 from typing import Callable, Deque, List, Optional
 
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.environ import envs
+from sglang.srt.managers.elastic_slot import ElasticKTSlot, HostTailArena
 from sglang.srt.managers.io_struct import AbortReq, SchedulerStats, TokenizedGenerateReqInput
 from sglang.srt.managers.schedule_batch import FinishReason, Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import PrefillAdder, estimated_future_tokens, sort_waiting_queue
@@ -65,6 +67,7 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
             self.req_to_token_pool, self.allocator, server_args.page_size, disable=server_args.disable_radix_cache
         )
         self.max_running_requests = self.req_to_token_pool.size  # the request table is sized once, by the planner
+        self.elastic_slot = self._elastic_kt_slot()
         chunk = server_args.chunked_prefill_size
         self.chunked_prefill_size = chunk if chunk and chunk > 0 else None
         self.waiting_queue: Deque[Req] = deque()
@@ -77,6 +80,21 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
         self.forward_ct = 0
         self._finished_reqs: List[Req] = []  # finished outside process_batch_result, sent with the next output
         self._oom_logged = False  # the memory summary is logged at the first out-of-memory error only
+
+    def _elastic_kt_slot(self) -> Optional[ElasticKTSlot]:
+        """The KT prefill slot lent from the pool's tail, when the planner made one (post-capture path)."""
+        mr = self.model_runner
+        tail, kt_state = mr.pool_size.lendable_tail, mr.model.prefill_slot_state()
+        threshold = self.server_args.kt_gpu_prefill_token_threshold
+        host_tail = envs.SGLANG_TEST_CPU_ELASTIC_SLOT_TAIL_TOKENS.get()
+        if kt_state is not None and threshold and self.device == "cpu" and host_tail:
+            page = self.server_args.page_size
+            self.allocator.resize(self.allocator.size, lendable_tail_pages=host_tail // page)
+            arena = HostTailArena(sum(mr.memory_plan.reservations_bytes.values()))
+            return ElasticKTSlot(arena, self.allocator, self.tree_cache, kt_state, threshold)
+        if tail is None or kt_state is None:
+            return None
+        return ElasticKTSlot(mr.kv_arena, self.allocator, self.tree_cache, kt_state, threshold)
 
     def _tokenizer_eos(self) -> set:
         tok = self.tokenizer
@@ -187,6 +205,15 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
     def get_new_batch_prefill(self) -> Optional[ScheduleBatch]:
         if not self.waiting_queue and self.chunked_req is None:
             return None
+        slot = self.elastic_slot
+        if slot is not None:
+            # Before this batch takes KV pages: it must not land in the tail the slot needs (cached pages
+            # elsewhere are evicted for it instead), and admission then counts the pool without the tail.
+            a = self.allocator
+            tail_free_tokens = a.tail_tokens - a.tail_pages_in_use() * a.page_size
+            room = a.available_size() - tail_free_tokens + self.tree_cache.evictable_size()
+            if slot.should_take(self.chunked_req, self.waiting_queue, self.chunked_prefill_size, room):
+                slot.take(step=self.forward_ct + 1)
         running = self.running_batch.reqs if self.running_batch else []
         reserved = sum(estimated_future_tokens(r, self.new_token_ratio) for r in running)
         adder = PrefillAdder(
@@ -275,12 +302,15 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
         batch = self.get_next_batch_to_run()
         if batch is None:
             return False
+        slot = self.elastic_slot  # taken, if it could be, before the batch was formed (get_new_batch_prefill)
         try:
             result = self.run_batch(batch)
         except Exception as e:  # noqa: BLE001 - out of memory, or a bug in one batch: fail it, keep serving
             self.handle_batch_failure(batch, e)
-            return True
-        self.process_batch_result(batch, result)
+        else:
+            self.process_batch_result(batch, result)
+        if slot is not None and slot.stats.lent and self.chunked_req is None:
+            slot.give_back(step=self.forward_ct)  # lent per long prefill: the pool has its whole size between them
         return True
 
     def has_work(self) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional, Tuple
@@ -226,9 +227,13 @@ class SchedulerOutputMixin:
         s.num_running_reqs = self.running_batch.batch_size() if self.running_batch else 0
         s.num_queued_reqs = len(self.waiting_queue)
         s.num_retracted_waiting = sum(1 for r in self.waiting_queue if r.retractions)
-        used = self.max_total_num_tokens - self.allocator.available_size() - self.tree_cache.evictable_size()
+        # A tail lent to the KT prefill slot is out of the pool, not used by requests.
+        lent = self.allocator.lent_tokens
+        used = self.max_total_num_tokens - lent - self.allocator.available_size() - self.tree_cache.evictable_size()
         s.num_used_tokens = used
         s.forward_ct = self.forward_ct
+        if self.elastic_slot is not None:
+            s.kt_slot = dataclasses.asdict(self.elastic_slot.stats)
         s.max_total_num_tokens = self.max_total_num_tokens
         s.token_usage = used / max(self.max_total_num_tokens, 1)
         now = time.monotonic()

@@ -219,13 +219,54 @@ class RadixCache:
                 heapq.heappush(leaves, parent)
         return freed
 
-    def _all_nodes(self) -> List[TreeNode]:
-        out, stack = [], [self.root]
+    def evict_slots(self, lo: int, hi: int) -> bool:
+        """Free every cached node holding a KV slot in [lo, hi) (the lendable tail), with its subtree
+        (descendants extend its prefix, so they cannot outlive it). A node whose slots only start in
+        the range partway is split first, at a page boundary, so its leading pages stay cached.
+        All or nothing: if a locked node would have to go, nothing changes and this returns False.
+        Returns True when no node holds a slot in [lo, hi) afterwards."""
+        if self.disable or lo >= hi:
+            return True
+        hits = self._topmost_nodes_holding(lo, hi)
+        if any(n.lock_ref > 0 for hit, _ in hits for n in self._subtree(hit)):
+            return False  # a running request reads those slots; checked before anything is split
+        for hit, first in hits:
+            if first:
+                self._split(hit, first)  # `hit` keeps the part from `first` on (the split adds its parent)
+            self._remove_subtree(hit)
+        return True
+
+    def _topmost_nodes_holding(self, lo: int, hi: int) -> List[Tuple[TreeNode, int]]:
+        """Nodes holding a slot in [lo, hi) that have no such ancestor, each with the page-aligned
+        position of its first such slot. Their subtrees go whole, so the walk stops at them."""
+        out: List[Tuple[TreeNode, int]] = []
+        stack = list(self.root.children.values())
         while stack:
             node = stack.pop()
-            out.append(node)
-            stack.extend(node.children.values())
+            inside = ((node.value >= lo) & (node.value < hi)).nonzero()
+            if len(inside):
+                out.append((node, int(inside[0]) // self.page_size * self.page_size))
+            else:
+                stack.extend(node.children.values())
         return out
+
+    def _subtree(self, node: TreeNode) -> List[TreeNode]:
+        out, stack = [], [node]
+        while stack:
+            n = stack.pop()
+            out.append(n)
+            stack.extend(n.children.values())
+        return out
+
+    def _remove_subtree(self, node: TreeNode) -> None:
+        """Detach an unlocked subtree and give its slots back to the allocator."""
+        del node.parent.children[self._child_key(node.key)]
+        for n in self._subtree(node):
+            self.allocator.free(n.value)
+            self.evictable_size_ -= len(n.key)
+
+    def _all_nodes(self) -> List[TreeNode]:
+        return self._subtree(self.root)
 
     def evictable_size(self) -> int:
         return self.evictable_size_

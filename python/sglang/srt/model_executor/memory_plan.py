@@ -14,6 +14,14 @@ from typing import Dict, List, Optional, Sequence
 from sglang.srt.model_executor.pool_configurator import GiB, MemoryReadings, PoolArgs, PoolSize, SizingPath
 
 
+def _reservation_rule(readings: MemoryReadings, pool: PoolSize, path: SizingPath) -> str:
+    if not readings.reservations_bytes:
+        return ""
+    if not path.post_capture:
+        return "permanent: the static path has no virtual memory to lend it through"
+    return pool.reservation_rule
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
     device: str
@@ -28,6 +36,8 @@ class MemoryPlan:
     headroom_gb: float = 0.0  # kept free for activations and everything not planned below
     headroom_rule: str = ""
     reservations_bytes: Dict[str, int] = field(default_factory=dict)  # e.g. the KT full-GPU prefill slot
+    reservation_rule: str = ""  # permanent (out of the pool), or lent from the pool's tail (post-capture)
+    lendable_tail_tokens: int = 0  # the pool's last tokens the reservations borrow while a long prefill runs
     cell_size_bytes: int = 0  # KV bytes per token over all layers on one rank
     page_size: int = 1
     max_total_num_tokens: int = 0
@@ -77,6 +87,8 @@ class MemoryPlan:
             headroom_gb=pool.headroom_bytes / GiB,
             headroom_rule=pool.headroom_rule,
             reservations_bytes=dict(readings.reservations_bytes),
+            reservation_rule=_reservation_rule(readings, pool, path),
+            lendable_tail_tokens=0 if pool.lendable_tail is None else pool.lendable_tail.tokens,
             cell_size_bytes=readings.kv.cell_size_bytes,
             page_size=readings.page_size,
             max_total_num_tokens=pool.tokens,
@@ -117,7 +129,10 @@ class MemoryPlan:
             ("headroom", f"{self.headroom_gb:.2f} GiB ({self.headroom_rule})"),
         ]
         for name, nbytes in self.reservations_bytes.items():
-            rows.append((f"reservation: {name}", f"{nbytes / GiB:.3f} GiB ({nbytes} bytes)"))
+            rule = f", {self.reservation_rule}" if self.reservation_rule else ""
+            rows.append((f"reservation: {name}", f"{nbytes / GiB:.3f} GiB ({nbytes} bytes){rule}"))
+        if self.lendable_tail_tokens:
+            rows.append(("lendable tail", f"the pool's last {self.lendable_tail_tokens} tokens"))
         rows += [
             ("KV cell size", f"{self.cell_size_bytes} bytes/token"),
             ("KV pool", f"{self.kv_pool_gb:.2f} GiB = {self.max_total_num_tokens} tokens (page {self.page_size})"),

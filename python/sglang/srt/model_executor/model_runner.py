@@ -18,6 +18,7 @@ import torch
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.distributed import parallel_state
+from sglang.srt.environ import envs
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.sampler import SampleOutput, Sampler
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
@@ -57,7 +58,9 @@ class ModelRunner(ModelRunnerKVCacheMixin, PostCaptureKVSizingMixin):
         self.tp_size = tp_size
         self.dist_init_method = dist_init_method
         self.sizing_path = server_args.kv_sizing_path  # decided once, by ServerArgs
-        self.pool_args = PoolArgs.from_server_args(server_args, model_config.context_len)
+        # Lending a reservation from the pool's tail needs one tail size on every rank (KV heads split evenly).
+        lend = envs.SGLANG_KT_ELASTIC_SLOT.get() and model_config.num_key_value_heads % tp_size == 0
+        self.pool_args = PoolArgs.from_server_args(server_args, model_config.context_len, lend_reservations=lend)
         self.kv_geometry = model_config.kv_geometry(tp_size, tp_rank)  # this rank's pool layout
         self.cuda_graph_runner = None
         self.kv_arena = None  # the VMM arena of the post-capture path

@@ -22,6 +22,8 @@ captured batch size). See docs/memory_planning.md for where each reading is take
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Mapping, Optional
 
@@ -33,6 +35,9 @@ MiB = 1 << 20
 # Kept on top of the measured activation peak: allocator rounding/fragmentation and per-step index tensors.
 ACTIVATION_SAFETY_FRACTION = 0.10
 ACTIVATION_SAFETY_MARGIN_BYTES = 256 * MiB
+
+PERMANENT_RESERVATION = "permanent (kept out of the KV pool)"
+LENT_RESERVATION = "lent: the pool's last tokens, taken for a long prefill and given back"
 
 STATIC_HEADROOM_RULE = "pre_model_load_memory * (1 - mem_fraction_static)"
 MEASURED_HEADROOM_RULE = "measured activation peak + 10% + 256 MiB"
@@ -166,9 +171,12 @@ class PoolArgs:
     max_running_requests: Optional[int]
     context_len: int
     activation_reserve_bytes: int  # SGLang's generic activation reserve (pre_capture_activation_reserve_mb)
+    # Post-capture only: the reservations may be lent from the pool's tail instead of kept out of it
+    # (SGLANG_KT_ELASTIC_SLOT); needs every rank to hold the same KV heads (one tail size for all).
+    lend_reservations: bool = False
 
     @classmethod
-    def from_server_args(cls, sa: "ServerArgs", context_len: int) -> "PoolArgs":
+    def from_server_args(cls, sa: "ServerArgs", context_len: int, lend_reservations: bool = False) -> "PoolArgs":
         return cls(
             mem_fraction_static=sa.mem_fraction_static,
             static_mem_fraction_static=sa.static_path_mem_fraction_static(),
@@ -176,10 +184,20 @@ class PoolArgs:
             max_running_requests=sa.max_running_requests,
             context_len=context_len,
             activation_reserve_bytes=int(sa.pre_capture_activation_reserve_mb() * MiB),
+            lend_reservations=lend_reservations,
         )
 
 
 # ------------------------------------------------------------------------- the output
+@dataclass(frozen=True)
+class LendableTail:
+    """The pool's last `tokens` slots: whole pages, and whole VMM granules of every K and V buffer, so
+    their physical memory can leave the KV ranges (lent to the reservation) and come back."""
+
+    tokens: int
+    bytes_per_buffer: int
+
+
 @dataclass(frozen=True)
 class PoolSize:
     tokens: int
@@ -192,6 +210,8 @@ class PoolSize:
     # Post-capture only: what the static path and SGLang's headroom rule give from the same readings.
     static_equivalent_tokens: Optional[int] = None
     sglang_rule_tokens: Optional[int] = None
+    lendable_tail: Optional[LendableTail] = None  # set when the reservations are lent from the pool
+    reservation_rule: str = PERMANENT_RESERVATION
 
 
 @dataclass(frozen=True)
@@ -341,9 +361,33 @@ def _post_capture_headroom(
     return int(needed), int(sglang_headroom), MEASURED_HEADROOM_RULE, warnings
 
 
+def whole_granule_tokens(readings: MemoryReadings) -> int:
+    """The fewest tokens that fill whole pages and whole granules of every buffer (K and V slots alike)."""
+    slot, gran = readings.kv.widest_slot_bytes, readings.granularity()
+    return math.lcm(gran // math.gcd(gran, slot), readings.page_size)
+
+
+def can_lend_reservations(readings: MemoryReadings, args: PoolArgs) -> bool:
+    """Lending needs a reservation, one tail size for every buffer (K and V slots of one width) and the flag."""
+    return (
+        args.lend_reservations and readings.reserved_bytes > 0 and readings.kv.k_slot_bytes == readings.kv.v_slot_bytes
+    )
+
+
+def lendable_tail(readings: MemoryReadings) -> LendableTail:
+    """The smallest tail of whole granule units whose memory, over all buffers, holds every reservation
+    (the lent slot packs its parameters without gaps: kt_ep_wrapper.SharedFullContext.over_memory)."""
+    unit = whole_granule_tokens(readings)
+    unit_bytes = unit * readings.kv.widest_slot_bytes * readings.kv.num_buffers
+    tokens = -(-readings.reserved_bytes // unit_bytes) * unit
+    return LendableTail(tokens=tokens, bytes_per_buffer=tokens * readings.kv.widest_slot_bytes)
+
+
 def post_capture_pool_size(readings: MemoryReadings, args: PoolArgs) -> PoolSize:
     """After capture: what is really free, minus the headroom and the reservations, plus the KV
-    already backed, in whole granules per buffer, capped like the static path."""
+    already backed, in whole granules per buffer, capped like the static path. When the reservations
+    can be lent (can_lend_reservations), they are not subtracted: the pool's last tokens (its lendable
+    tail, handed out last by the allocator) give them their memory while a long prefill needs it."""
     if readings.free_after_capture_bytes is None:
         raise ValueError("post-capture sizing needs the free memory after capture")
     pool = virtual_pool(readings, args)  # the same bound and request table as before capture
@@ -351,8 +395,21 @@ def post_capture_pool_size(readings: MemoryReadings, args: PoolArgs) -> PoolSize
     backed = readings.backed_before_capture_bytes
     headroom, sglang_headroom, rule, warnings = _post_capture_headroom(readings, args, pool.max_running_requests)
     budget = free - headroom + backed
-    memory_tokens = _granule_tokens(budget - reserved, readings, pool.memory_bound_tokens)
+    lend = can_lend_reservations(readings, args)
+    memory_tokens = _granule_tokens(budget - (0 if lend else reserved), readings, pool.memory_bound_tokens)
     capped = _cap_and_align(memory_tokens, readings.page_size, mtt)
+    tail = None
+    if lend:
+        # Whole granule units end to end, so the tail starts and ends on a granule of every buffer.
+        unit, page = whole_granule_tokens(readings), readings.page_size
+        tokens = (capped.tokens + page) // unit * unit - page
+        tail = lendable_tail(readings)
+        if tokens - tail.tokens >= unit:  # lending beats keeping it out whenever the tail fits in the pool
+            capped = dataclasses.replace(capped, tokens=tokens)
+        else:
+            tail, lend = None, False
+            memory_tokens = _granule_tokens(budget - reserved, readings, pool.memory_bound_tokens)
+            capped = _cap_and_align(memory_tokens, readings.page_size, mtt)
     if capped.tokens <= 0:
         raise NotEnoughMemoryError(
             f"Post-capture KV sizing found no room for the KV cache: {free / GiB:.2f} GiB free, "
@@ -370,4 +427,6 @@ def post_capture_pool_size(readings: MemoryReadings, args: PoolArgs) -> PoolSize
         warnings=warnings + capped.warnings,
         static_equivalent_tokens=max(0, _static_sizing(readings, args.static_mem_fraction_static, mtt)[2].tokens),
         sglang_rule_tokens=max(0, _cap_and_align(sglang_tokens, readings.page_size, mtt).tokens),
+        lendable_tail=tail,
+        reservation_rule=LENT_RESERVATION if tail is not None else PERMANENT_RESERVATION,
     )

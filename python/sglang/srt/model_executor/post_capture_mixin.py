@@ -136,9 +136,19 @@ class PostCaptureKVSizingMixin:
         for warning in pool.warnings:
             logger.warning("%s", warning)
         page, gran = self.server_args.page_size, self.kv_arena.granularity
-        self.kv_arena.map_to(backed_bytes_per_buffer(pool.tokens, self.kv_geometry.widest_slot_bytes, page, gran))
-        self.token_to_kv_pool_allocator.resize(pool.tokens)
+        backed = backed_bytes_per_buffer(pool.tokens, self.kv_geometry.widest_slot_bytes, page, gran)
+        tail = pool.lendable_tail
+        self.kv_arena.map_to(backed, tail_bytes_per_buffer=0 if tail is None else tail.bytes_per_buffer)
+        self.token_to_kv_pool_allocator.resize(
+            pool.tokens, lendable_tail_pages=0 if tail is None else tail.tokens // page
+        )
         logger.info("Post-capture KV sizing: max_total_num_tokens=%d", pool.tokens)
+        if tail is not None:
+            logger.info(
+                "KT prefill slot: lent from the pool's last %d tokens (%.3f GiB) while a long prefill runs",
+                tail.tokens,
+                tail.bytes_per_buffer * self.kv_arena.num_buffers / GiB,
+            )
 
     def release_kv_memory(self: "ModelRunner") -> None:
         """Safe teardown: graphs and pool tensors go first, then the arena unmaps and frees."""

@@ -164,6 +164,10 @@ class LlamaForCausalLM(nn.Module):
         """Device bytes this model needs outside the KV pool, by name (MoE models with KT add the prefill slot)."""
         return {}
 
+    def prefill_slot_state(self):
+        """The KT state owning a reserved prefill slot (MoE models with KT); None: nothing can be lent."""
+        return None
+
     def release_reserved_buffers(self) -> int:
         """Free what was built so far inside memory_reservations() (rebuilt on next use); returns the bytes.
         The post-capture probe calls it: those bytes are reserved apart, not activation memory."""

@@ -129,6 +129,10 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
     def memory_reservations(self) -> dict:
         return full_gpu_prefill_reservations(self)
 
+    def prefill_slot_state(self) -> Optional[KTState]:
+        """The KT state whose full-GPU prefill slot the reservation is for (None without KT)."""
+        return self.kt_state
+
     def release_reserved_buffers(self) -> int:
         return 0 if self.kt_state is None else self.kt_state.release_full_gpu_slot()  # a long prompt built it
 

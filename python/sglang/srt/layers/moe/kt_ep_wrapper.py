@@ -86,6 +86,29 @@ class SharedFullContext:
             self.layer = make_moe_layer(num_experts, hidden, inter, dtype, method)
         self.loaded_layer_id: Optional[int] = None
 
+    @classmethod
+    def over_memory(
+        cls, memory: torch.Tensor, num_experts: int, hidden: int, inter: int, dtype: torch.dtype, method: str
+    ) -> "SharedFullContext":
+        """The same layer with its parameters laid over `memory` (bytes lent from the KV pool's tail):
+        built on the meta device, then each parameter becomes a view, packed without gaps (widest
+        elements first, so every view is aligned to its element size), so exactly moe_layer_bytes fit."""
+        ctx = cls.__new__(cls)
+        with torch.device("meta"):
+            ctx.layer = make_moe_layer(num_experts, hidden, inter, dtype, method)
+        params = sorted(ctx.layer.named_parameters(), key=lambda kv: -kv[1].element_size())
+        need = sum(p.numel() * p.element_size() for _, p in params)
+        if need > memory.numel():
+            raise ValueError(f"the lent memory ({memory.numel()} bytes) cannot hold the slot ({need} bytes)")
+        offset = 0
+        for name, p in params:
+            n = p.numel() * p.element_size()
+            view = memory[offset : offset + n].view(p.dtype).view(p.shape)
+            ctx.layer.register_parameter(name, nn.Parameter(view, requires_grad=False))
+            offset += n
+        ctx.loaded_layer_id = None
+        return ctx
+
     def load_from(self, wrapper: "KTEPWrapperMethod") -> None:
         """Stream all of `wrapper`'s experts in: GPU-resident ones device to device, the rest from pinned host memory."""
         if self.loaded_layer_id == wrapper.layer_id:
@@ -109,6 +132,24 @@ class KTState:
         self.full_gpu_slot: Optional[SharedFullContext] = None
         self.full_gpu_disabled = False
         self._cpu_worker: Optional[ThreadPoolExecutor] = None
+        # Elastic slot (post-capture path): the slot lives in memory the scheduler lends from the KV pool's
+        # tail for the prefills that need it; while nothing is lent, those prefills take the hybrid path.
+        self.elastic = False
+        self.lent_memory: Optional[torch.Tensor] = None
+
+    def use_lent_memory(self) -> None:
+        """From now on the slot is built only over memory handed in with lend() (never allocated)."""
+        self.elastic = True
+        self.release_full_gpu_slot()
+
+    def lend(self, memory: torch.Tensor) -> None:
+        self.lent_memory = memory
+        self.full_gpu_slot = None
+
+    def reclaim(self) -> None:
+        """The lent memory goes back to the KV pool: drop every view of it first."""
+        self.full_gpu_slot = None
+        self.lent_memory = None
 
     def cpu_worker(self) -> ThreadPoolExecutor:
         """One worker thread computes CPU experts while the main thread drives the GPU. Its torch ops use
@@ -125,6 +166,18 @@ class KTState:
     def full_gpu_context(self, wrapper: "KTEPWrapperMethod") -> Optional[SharedFullContext]:
         """The one slot, built on first use; None (and the path switched off) when it does not fit."""
         if self.full_gpu_slot is not None:
+            return self.full_gpu_slot
+        if self.elastic:
+            if self.lent_memory is None:
+                return None  # the scheduler could not lend the tail for this batch: it runs the hybrid path
+            self.full_gpu_slot = SharedFullContext.over_memory(
+                self.lent_memory,
+                wrapper.num_experts,
+                wrapper.hidden_size,
+                wrapper.intermediate_size,
+                wrapper.params_dtype,
+                self.config.method,
+            )
             return self.full_gpu_slot
         need = wrapper.full_gpu_prefill_reservation_bytes()
         try:
