@@ -14,6 +14,7 @@ from __future__ import annotations
 import atexit
 import itertools
 import os
+import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -99,6 +100,35 @@ def tiny_config(arch: str, **overrides):
 
     cls = {"llama": LlamaConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config}[arch]
     return cls(**{**TINY_CONFIGS[arch], **overrides})
+
+
+# A tiny Qwen3-MoE (8 experts, top-2) for the KT tests: 3 experts local and 5 on the CPU backend exercise
+# every expert path at once.
+TINY_QWEN3_MOE = dict(
+    vocab_size=256,
+    hidden_size=128,
+    intermediate_size=256,
+    moe_intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=32,
+    num_experts=8,
+    num_experts_per_tok=2,
+    max_position_embeddings=256,
+)
+
+
+def make_tiny_qwen3_moe(seed: int = 0, **overrides):
+    """transformers' own random init of TINY_QWEN3_MOE (with overrides), saved to a temporary directory;
+    returns (directory, the model) so that a test can also take its reference from it."""
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    path = tempfile.mkdtemp(prefix="tiny-qwen3-moe-")
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(Qwen3MoeConfig(**{**TINY_QWEN3_MOE, **overrides}))
+    model.save_pretrained(path)
+    return path, model
 
 
 def make_tiny_hf_model(arch: str, out_dir: str, seed: int = 0, init_std: float = 0.08, **overrides) -> str:

@@ -9,37 +9,22 @@ from sglang.test.ci.ci_register import register_cpu_ci
 register_cpu_ci(est_time=60, suite="per-commit-cpu")
 
 import re
-import tempfile
 
-import torch
-
-from sglang.test.runners import greedy_params, make_scheduler, run_scheduler
+from sglang.test.runners import greedy_params, make_scheduler, make_tiny_qwen3_moe, run_scheduler
 
 THRESHOLD = 32
 LONG = [(11 * i) % 500 + 3 for i in range(48)]
 SHORT = [[7, 8, 9], [40, 41, 42, 43]]
+TP_OVERRIDES = dict(vocab_size=512, max_position_embeddings=512, norm_topk_prob=True, initializer_range=0.08)
 STEP_LINE = re.compile(r"\[[^\]]* (TP\d)\] KT prefill slot: (taken|given back)\b.* step (\d+)")
-
-
-def tiny_moe_dir() -> str:
-    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
-
-    config = Qwen3MoeConfig(
-        vocab_size=512, hidden_size=128, intermediate_size=256, moe_intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2,
-        max_position_embeddings=512, norm_topk_prob=True, initializer_range=0.08,
-    )  # fmt: skip
-    path = tempfile.mkdtemp(prefix="tiny-qwen3-moe-tp-")
-    torch.manual_seed(3)
-    AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    return path
 
 
 def test_every_rank_takes_and_returns_the_slot_in_the_same_step(capfd, monkeypatch):
     import sglang
     from sglang.srt.environ import envs
 
-    args = dict(model_path=tiny_moe_dir(), skip_tokenizer_init=True, kt_method="BF16", kt_num_gpu_experts=3,
+    model = make_tiny_qwen3_moe(seed=3, **TP_OVERRIDES)[0]
+    args = dict(model_path=model, skip_tokenizer_init=True, kt_method="BF16", kt_num_gpu_experts=3,
                 kt_gpu_prefill_token_threshold=THRESHOLD)  # fmt: skip
     prompts = SHORT + [LONG]
     tp1 = run_scheduler(make_scheduler(max_total_tokens=4096, **args), prompts, greedy_params(8))

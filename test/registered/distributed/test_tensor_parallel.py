@@ -11,9 +11,15 @@ import tempfile
 
 import pytest
 import requests
-import torch
 
-from sglang.test.runners import SMOLLM2, greedy_params, make_scheduler, make_tiny_hf_model, run_scheduler
+from sglang.test.runners import (
+    SMOLLM2,
+    greedy_params,
+    make_scheduler,
+    make_tiny_hf_model,
+    make_tiny_qwen3_moe,
+    run_scheduler,
+)
 from sglang.test.test_utils import descendant_pids, kill_process_tree, popen_launch_server, wait_pids_gone
 
 PROMPTS = [[504, 3575, 282, 4649, 314], [19556, 28, 957, 1462, 314, 30, 40, 41], list(range(100, 140))]
@@ -21,27 +27,8 @@ NEW_TOKENS = 16
 
 
 def _tiny_moe_dir() -> str:
-    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
-
-    config = Qwen3MoeConfig(
-        vocab_size=512,
-        hidden_size=128,
-        intermediate_size=256,
-        moe_intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        num_experts=8,
-        num_experts_per_tok=2,
-        max_position_embeddings=512,
-        norm_topk_prob=True,
-        initializer_range=0.08,
-    )
-    path = tempfile.mkdtemp(prefix="tiny-qwen3-moe-")
-    torch.manual_seed(3)
-    AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    return path
+    overrides = dict(vocab_size=512, max_position_embeddings=512, norm_topk_prob=True, initializer_range=0.08)
+    return make_tiny_qwen3_moe(seed=3, **overrides)[0]
 
 
 CASES = {

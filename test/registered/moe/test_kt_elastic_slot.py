@@ -20,6 +20,7 @@ import torch
 from sglang.srt.managers.elastic_slot import ElasticKTSlot
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
 from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.test.runners import make_tiny_qwen3_moe
 
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]
 LONG = [20 + (7 * i) % 200 for i in range(20)]
@@ -52,19 +53,7 @@ class LendingArena:
 
 @pytest.fixture(scope="module")
 def model_dir():
-    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
-
-    config = Qwen3MoeConfig(
-        vocab_size=256, hidden_size=128, intermediate_size=256, moe_intermediate_size=128, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, num_experts=8, num_experts_per_tok=2,
-        max_position_embeddings=256,
-    )  # fmt: skip
-    import tempfile
-
-    path = tempfile.mkdtemp(prefix="tiny-qwen3-moe-elastic-")
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    return path
+    return make_tiny_qwen3_moe(seed=0)[0]
 
 
 def make(path: str, non_tail_tokens=None, chunk=None):
@@ -124,18 +113,28 @@ def test_long_prompt_takes_the_tail_keeps_it_over_its_chunks_and_gives_it_back(m
     assert no_slot_leaked(sched)
 
 
-def test_cached_tail_pages_are_evicted_before_lending(model_dir):
+def test_cached_tail_pages_are_evicted_before_lending(model_dir, monkeypatch):
     sched, out, arena = make(model_dir, non_tail_tokens=16)
     for i in range(3):  # one by one (each batch below the threshold); their cached pages spill into the tail
         submit(sched, f"short-{i}", [40 + i] * 6, new_tokens=4)
         finish(sched)
     assert arena.calls == []
-    lo, hi = sched.allocator.tail_slot_range()
-    assert sched.allocator.tail_pages_in_use() > 0  # the radix tree holds tail pages
+    cached_in_tail = sched.allocator.tail_pages_in_use()  # only the radix tree holds pages now
+    assert cached_in_tail > 0
+    evictions, evict_slots = [], sched.tree_cache.evict_slots
+
+    def recording(lo: int, hi: int) -> bool:
+        before = sched.tree_cache.evictable_size()
+        ok = evict_slots(lo, hi)
+        evictions.append((ok, before - sched.tree_cache.evictable_size()))
+        return ok
+
+    monkeypatch.setattr(sched.tree_cache, "evict_slots", recording)
     submit(sched, "long", PROMPT)
-    finish(sched)
+    sched.step()  # its prefill: the cached tail pages are evicted, then the tail is lent
+    assert evictions == [(True, evictions[0][1])] and evictions[0][1] >= cached_in_tail
     assert arena.calls == ["lend", "return"] and sched.elastic_slot.stats.refusals == 0
-    assert sched.tree_cache.evict_slots(lo, hi)  # nothing of the tail is cached any more ...
+    finish(sched)
     assert len(out.results["long"].output_ids) == NEW_TOKENS and no_slot_leaked(sched)
 
 

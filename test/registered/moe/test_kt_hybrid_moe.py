@@ -13,7 +13,6 @@ from sglang.test.ci.ci_register import register_cpu_ci
 register_cpu_ci(est_time=120, suite="per-commit-cpu")
 
 import logging
-import tempfile
 
 import pytest
 import torch
@@ -27,25 +26,9 @@ METHODS = ["BF16", "FP8", "INT8", "INT4", "MXFP4"]
 
 @pytest.fixture(scope="module")
 def model_dir():
-    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+    from sglang.test.runners import make_tiny_qwen3_moe
 
-    config = Qwen3MoeConfig(
-        vocab_size=256,
-        hidden_size=128,
-        intermediate_size=256,
-        moe_intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        num_experts=8,
-        num_experts_per_tok=2,
-        max_position_embeddings=256,
-    )
-    path = tempfile.mkdtemp(prefix="tiny-qwen3-moe-")
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config)
-    model.save_pretrained(path)
+    path, model = make_tiny_qwen3_moe(seed=0)
     ref = model.generate(torch.tensor([PROMPT]), max_new_tokens=NEW_TOKENS, do_sample=False)[0, len(PROMPT) :].tolist()
     return path, ref
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from sglang.srt.utils.hf_tokenizer import get_tokenizer
-from sglang.test.runners import SMOLLM2, greedy_params, load_hf_model, make_scheduler, run_scheduler
+from sglang.test.runners import SMOLLM2, greedy_params, load_hf_model, make_scheduler, run_scheduler, smollm2_engine
 
 TOP = 3
 CHOSEN = [11, 500, 4000]
@@ -99,3 +99,18 @@ def test_max_new_tokens_zero_prefills_and_scores_the_prompt(prompt, reference):
     assert result.output_ids == [] and result.finish_reason == {"type": "length", "length": 0}
     check_prompt(result, prompt, 1, lsm)
     assert sched.tree_cache.total_size() >= len(prompt) - 1  # the prompt stays cached for the next request
+
+
+def test_engine_generate_returns_them_in_sglangs_layout(prompt, reference):
+    """sglang.Engine.generate takes the same logprob fields as /generate and answers in meta_info."""
+    full, lsm = reference
+    out = smollm2_engine().generate(input_ids=prompt, sampling_params=greedy_params(4), return_logprob=True,
+                                    logprob_start_len=1, top_logprobs_num=TOP, token_ids_logprob=CHOSEN,
+                                    return_text_in_logprobs=True)  # fmt: skip
+    meta = out["meta_info"]
+    assert out["output_ids"] == full[len(prompt) :]
+    assert [e[1] for e in meta["input_token_logprobs"]] == prompt[1:]
+    assert abs(meta["input_token_logprobs"][0][0] - lsm[0][prompt[1]].item()) < TOL
+    assert all(isinstance(e[2], str) for e in meta["output_token_logprobs"])  # the token's text
+    assert [e[1] for e in meta["output_top_logprobs"][0]] == lsm[len(prompt) - 1].topk(TOP).indices.tolist()
+    assert [[e[1] for e in c] for c in meta["output_token_ids_logprobs"]] == [CHOSEN] * 4

@@ -122,7 +122,12 @@ class Engine:
         return_logprob: Union[bool, List[bool]] = False,
         stream: bool = False,
         rid: Optional[Union[str, List[str]]] = None,
+        logprob_start_len: Union[int, List[int]] = -1,
+        top_logprobs_num: Union[int, List[int]] = 0,
+        token_ids_logprob: Optional[Union[List[int], List[List[int]]]] = None,
+        return_text_in_logprobs: bool = False,
     ) -> Union[Dict, List[Dict], Iterator[Dict]]:
+        """SGLang's Engine.generate: the /generate fields (logprobs in meta_info, as there)."""
         obj = GenerateReqInput(
             text=prompt,
             input_ids=input_ids,
@@ -130,6 +135,10 @@ class Engine:
             rid=rid,
             return_logprob=return_logprob,
             stream=stream,
+            logprob_start_len=logprob_start_len,
+            top_logprobs_num=top_logprobs_num,
+            token_ids_logprob=token_ids_logprob,
+            return_text_in_logprobs=return_text_in_logprobs,
         )
         agen = self.tokenizer_manager.generate_request(obj)
         if stream:

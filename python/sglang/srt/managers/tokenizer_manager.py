@@ -326,8 +326,7 @@ class TokenizerManager:
                 raise RequestError("`text` must be a string or a list of strings")
             if self.tokenizer is None:
                 raise RequestError("this server runs with --skip-tokenizer-init: send `input_ids`, not `text`")
-            self.check_text_size(obj.text)
-            try:
+            try:  # its size was checked on the loop already (generate_request), before this thread got it
                 input_ids = self.tokenizer.encode(obj.text)
             except Exception as e:  # noqa: BLE001 - text the tokenizer cannot take is the request's problem
                 raise RequestError(f"text: the tokenizer cannot encode it: {type(e).__name__}: {e}") from None
@@ -337,10 +336,6 @@ class TokenizerManager:
                 isinstance(t, int) and not isinstance(t, bool) for t in input_ids
             ):
                 raise RequestError("`input_ids` must be a list of integers")
-            if len(input_ids) >= self.context_len:
-                raise RequestError(
-                    f"the prompt has {len(input_ids)} tokens; this model's context length is {self.context_len}"
-                )
             bad = [t for t in input_ids if not 0 <= t < self.vocab_size]
             if bad:
                 raise RequestError(f"input_ids out of the vocabulary [0, {self.vocab_size}): {bad[:5]}")

@@ -164,7 +164,8 @@ class SamplingParams:
         for key, bias in self.logit_bias.items():
             tid = int(key) if isinstance(key, str) and key.isdigit() and len(key) <= 12 else key
             if not _is_int(tid) or (vocab_size is not None and not 0 <= tid < vocab_size):
-                raise SamplingParamsError(f"logit_bias: {key!r} is not a token id in [0, {vocab_size})")
+                where = "" if vocab_size is None else f" in [0, {vocab_size})"
+                raise SamplingParamsError(f"logit_bias: {key!r} is not a token id{where}")
             if not _is_num(bias) or not -100 <= bias <= 100:
                 raise SamplingParamsError(f"logit_bias[{key!r}] must be a number in [-100, 100], got {bias!r}")
             out[tid] = float(bias)
