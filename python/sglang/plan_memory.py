@@ -98,7 +98,6 @@ class ModelFacts:
 
     device_bytes: int  # parameters and buffers on the GPU (CPU-resident KT experts excluded)
     reservations_bytes: Dict[str, int]
-    host_work_per_forward: bool  # KT experts on the CPU: no CUDA graphs
 
 
 def model_facts(sa: ServerArgs, model_config) -> ModelFacts:
@@ -117,14 +116,12 @@ def model_facts(sa: ServerArgs, model_config) -> ModelFacts:
         )
         reservations = {name: int(n) for name, n in model.memory_reservations().items()}
     tensors = list(model.parameters()) + list(model.buffers())
-    return ModelFacts(
-        sum(t.numel() * t.element_size() for t in tensors), reservations, model.needs_host_work_per_forward()
-    )
+    return ModelFacts(sum(t.numel() * t.element_size() for t in tensors), reservations)
 
 
-def _captured_graph_max_bs(sa: ServerArgs, max_running_requests: int, host_experts: bool) -> int:
+def _captured_graph_max_bs(sa: ServerArgs, max_running_requests: int) -> int:
     """What CudaGraphRunner would capture up to (0 without graphs)."""
-    if sa.disable_cuda_graph or host_experts:
+    if sa.disable_cuda_graph:
         return 0
     cap = min(sa.cuda_graph_max_bs, max_running_requests)
     return max((bs for bs in (sa.cuda_graph_bs or [cap]) if bs <= cap), default=0)
@@ -152,11 +149,10 @@ def plan_path(ns: argparse.Namespace, assumed: Assumptions, post_capture: bool) 
         page_size=sa.page_size,
         reservations_bytes=facts.reservations_bytes,
     )
-    host_experts = facts.host_work_per_forward
     try:
         if post_capture:
             vp = virtual_pool(readings, args)
-            graph_bs = _captured_graph_max_bs(sa, vp.max_running_requests, host_experts)
+            graph_bs = _captured_graph_max_bs(sa, vp.max_running_requests)
             graphs = int(sa.reserve_for_graph_mb() * MiB) if graph_bs else 0
             readings = dataclasses.replace(
                 readings,
@@ -177,7 +173,7 @@ def plan_path(ns: argparse.Namespace, assumed: Assumptions, post_capture: bool) 
             pool = post_capture_pool_size(readings, args)
         else:
             pool = static_pool_size(readings, args)
-            graph_bs = _captured_graph_max_bs(sa, pool.max_running_requests, host_experts)
+            graph_bs = _captured_graph_max_bs(sa, pool.max_running_requests)
             graphs = int(sa.reserve_for_graph_mb() * MiB) if graph_bs else 0
             readings = dataclasses.replace(readings, graph_bytes=graphs, captured_graph_max_bs=graph_bs)
     except NotEnoughMemoryError as e:

@@ -80,6 +80,11 @@ CLI_BAD = [
     (["--port", "0"], "--port"),
     (["--tp-size", "0"], "--tp-size"),
     (["--max-running-requests", "abc"], "--max-running-requests"),
+    (["--kt-method", "LLAMAFILE"], "--kt-method"),  # not a format the CPU expert backend reads
+    (["--kt-cpuinfer", "100000"], "--kt-cpuinfer"),
+    (["--kt-threadpool-count", "2"], "--kt-threadpool-count"),
+    (["--kt-max-deferred-experts-per-token", "2"], "--kt-max-deferred-experts-per-token"),
+    (["--kt-num-gpu-experts", "4"], "--kt-num-gpu-experts"),  # the default model has no experts
 ]
 
 
@@ -91,6 +96,18 @@ def test_cli_bad_args_exit_2_and_name_the_flag(argv, flag, capsys):
     err = capsys.readouterr().err
     assert flag in err
     assert "usage:" in err
+
+
+def test_cli_kt_num_gpu_experts_within_the_models_experts(tmp_path, capsys):
+    from sglang.test.gpu_utils import shape_config_dir
+
+    qwen = shape_config_dir("Qwen3-30B-A3B", root=str(tmp_path))
+    base = ["--device", "cpu", "--model-path", qwen, "--load-format", "dummy"]
+    with pytest.raises(SystemExit) as e:
+        prepare_server_args([*base, "--kt-num-gpu-experts", "129"])
+    assert e.value.code == 2 and "--kt-num-gpu-experts 129 must be in [0, 128]" in capsys.readouterr().err
+    for ok in ("0", "128"):
+        assert prepare_server_args([*base, "--kt-num-gpu-experts", ok]).kt_num_gpu_experts == int(ok)
 
 
 def test_cli_good_args_parse():

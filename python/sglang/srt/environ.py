@@ -106,6 +106,26 @@ class Envs:
     SGLANG_CPU_MEMORY_BUDGET_GB = EnvFloat(
         0.0, "On --device cpu: host memory (GB) the memory plan treats as device capacity; 0 = host MemTotal."
     )
+    SGLANG_KT_CPU_SPIN_US = EnvInt(
+        2000,
+        "KT CPU experts: microseconds the pool's threads spin after a layer before they sleep (the next "
+        "layer's work arrives within that during decode; a sleeping thread takes tens of microseconds to wake).",
+    )
+    SGLANG_KT_CPU_ZERO_COPY = EnvBool(
+        True,
+        "KT CPU experts on CUDA: the GPU reads and writes the pinned step buffers in place (mapped host memory) "
+        "instead of copying them (0: one copy each way per layer step).",
+    )
+    SGLANG_KT_CPU_YIELDING_SYNC = EnvBool(
+        True,
+        "KT CPU experts on CUDA: the scheduler's thread yields its core while it waits for the GPU "
+        "(CU_CTX_SCHED_YIELD) instead of spinning on it, so the expert threads get every core.",
+    )
+    SGLANG_KT_CPU_KERNEL_CACHE = EnvStr(
+        "",
+        "Where the KT CPU expert kernel is compiled to (default: $XDG_CACHE_HOME or ~/.cache, then sglang/kt_cpu).",
+    )
+    SGLANG_KT_CPU_CXX = EnvStr("", "The C++ compiler that builds the KT CPU expert kernel (default: $CXX, else g++).")
     # Process plumbing and fault handling
     SGLANG_HEALTH_CHECK_TIMEOUT = EnvFloat(20.0, "Seconds /health_generate waits for one token.")
     SGLANG_HEALTH_STALL_S = EnvFloat(

@@ -92,7 +92,7 @@ class ServerArgs:
     kt_weight_path: Optional[str] = None
     kt_method: str = "AMXINT4"
     kt_cpuinfer: Optional[int] = None
-    kt_threadpool_count: int = 2
+    kt_threadpool_count: int = 1
     kt_num_gpu_experts: Optional[int] = None
     kt_max_deferred_experts_per_token: Optional[int] = None
     kt_gpu_prefill_token_threshold: Optional[int] = None
@@ -168,12 +168,51 @@ class ServerArgs:
             raise ServerArgsError(f"--schedule-policy must be fcfs or lpm, got {self.schedule_policy!r}")
         if self.kt_method.upper() not in KT_METHODS:
             raise ServerArgsError(f"--kt-method must be one of {', '.join(KT_METHODS)}, got {self.kt_method!r}")
+        self._check_kt_cpu_backend()
         if self.node_rank >= self.nnodes:
             raise ServerArgsError(f"--node-rank {self.node_rank} must be < --nnodes {self.nnodes}")
         if self.nnodes > 1 and not self.dist_init_addr:
             raise ServerArgsError("--dist-init-addr is required when --nnodes > 1")
         if self.cuda_graph_bs is not None and any(bs <= 0 for bs in self.cuda_graph_bs):
             raise ServerArgsError(f"--cuda-graph-bs entries must be > 0, got {self.cuda_graph_bs}")
+
+    def _check_kt_cpu_backend(self) -> None:
+        """What the built-in CPU expert backend can do; anything else is refused rather than ignored."""
+        import os
+
+        cores = len(os.sched_getaffinity(0))
+        if self.kt_cpuinfer is not None and self.kt_cpuinfer > cores:
+            raise ServerArgsError(
+                f"--kt-cpuinfer {self.kt_cpuinfer} is more than the {cores} CPUs this process may use"
+            )
+        if self.kt_threadpool_count != 1:
+            raise ServerArgsError(
+                f"--kt-threadpool-count {self.kt_threadpool_count}: the built-in CPU expert backend runs one thread "
+                "pool (kt-kernel's per-NUMA-node pools are not available here); pass 1"
+            )
+        if self.kt_max_deferred_experts_per_token:
+            raise ServerArgsError(
+                f"--kt-max-deferred-experts-per-token {self.kt_max_deferred_experts_per_token}: the built-in CPU "
+                "expert backend computes every expert in its own layer (deferring changes the model's outputs and "
+                "needs kt-kernel); pass 0 or leave it unset"
+            )
+
+    def _check_kt_against_model(self) -> None:
+        """--kt-num-gpu-experts must fit the model's experts per layer (read from its config)."""
+        if self.kt_num_gpu_experts is None:
+            return
+        from sglang.srt.configs.model_config import load_hf_config
+        from sglang.srt.model_loader.model_source import resolve_model_source
+
+        config = load_hf_config(resolve_model_source(self.model_path, self.load_format))
+        text = getattr(config, "text_config", None) or config
+        experts = getattr(text, "num_experts", None) or getattr(text, "n_routed_experts", None)
+        if not experts:
+            raise ServerArgsError(f"--kt-num-gpu-experts: {self.model_path} is not a MoE model (no routed experts)")
+        if self.kt_num_gpu_experts > experts:
+            raise ServerArgsError(
+                f"--kt-num-gpu-experts {self.kt_num_gpu_experts} must be in [0, {experts}] (experts per layer)"
+            )
 
     def _resolve_device(self, assume_device: Optional[AssumedDevice]) -> None:
         if assume_device is not None:
@@ -212,6 +251,7 @@ class ServerArgs:
             self.tokenizer_path = self.model_path
         if self.served_model_name is None:
             self.served_model_name = self.model_path
+        self._check_kt_against_model()
 
     # ------------------------------------------------------------ memory heuristics
     def device_memory_capacity_mib(self) -> float:

@@ -83,10 +83,22 @@ def add_cli_args(parser: argparse.ArgumentParser, defaults: Mapping[str, Any]) -
     g = parser.add_argument_group("ktransformers hybrid MoE")
     g.add_argument("--kt-weight-path", type=str, default=None)
     g.add_argument("--kt-method", type=str.upper, default=_default("kt_method"), choices=KT_METHODS)
-    g.add_argument("--kt-cpuinfer", type=int, default=None, help="CPU threads computing experts.")
-    g.add_argument("--kt-threadpool-count", type=int, default=_default("kt_threadpool_count"))
+    g.add_argument(
+        "--kt-cpuinfer", type=int, default=None, help="CPU threads computing experts (default: every usable CPU)."
+    )
+    g.add_argument(
+        "--kt-threadpool-count",
+        type=int,
+        default=_default("kt_threadpool_count"),
+        help="CPU expert thread pools (kt-kernel: one per NUMA node). The built-in backend runs one pool.",
+    )
     g.add_argument("--kt-num-gpu-experts", type=int, default=None, help="Experts per MoE layer kept on the GPU.")
-    g.add_argument("--kt-max-deferred-experts-per-token", type=int, default=None)
+    g.add_argument(
+        "--kt-max-deferred-experts-per-token",
+        type=int,
+        default=None,
+        help="kt-kernel's deferred experts (added into the next layer); the built-in backend defers none (0).",
+    )
     g.add_argument(
         "--kt-gpu-prefill-token-threshold",
         type=int,

@@ -43,7 +43,9 @@ def _scheduler(path: str, **kt):
         for rid, ids in zip(out.rids, out.output_ids):
             outputs.setdefault(rid, []).extend(ids)
 
-    args = ServerArgs(model_path=path, skip_tokenizer_init=True, max_total_tokens=2048, log_level="warning", **kt)
+    args = ServerArgs(
+        model_path=path, device="cpu", skip_tokenizer_init=True, max_total_tokens=2048, log_level="warning", **kt
+    )
     return Scheduler(args, output_sink=sink), outputs
 
 
@@ -64,7 +66,12 @@ def test_greedy_matches_transformers(model_dir, num_gpu_experts):
     path, ref = model_dir
     sched, outputs = _scheduler(path, kt_method="BF16", kt_num_gpu_experts=num_gpu_experts)
     assert _generate(sched, outputs, [PROMPT]) == [ref]
-    assert sched.model_runner.model.needs_host_work_per_forward() == (num_gpu_experts < 8)
+    engine = sched.model_runner.model.kt_state.cpu_engine
+    if num_gpu_experts == 8:
+        assert engine is None  # nothing left for the CPU kernel
+    else:  # every MoE layer of every forward (prefill + decodes) went through the CPU kernel
+        stats = engine.stats()
+        assert len(engine.layers) == 2 and stats.steps == 2 * NEW_TOKENS and stats.pairs > 0
 
 
 def _wrappers(sched):
@@ -139,4 +146,5 @@ def test_kt_state_is_one_per_model(model_dir):
     wrapper(x, router, is_prefill=True)  # builds the second model's slot only
     assert states[1].full_gpu_slot is not None and states[0].full_gpu_slot is None
     assert states[1].release_full_gpu_slot() > 0 and states[1].full_gpu_slot is None
-    assert states[0].cpu_worker() is not states[1].cpu_worker()
+    assert None not in (states[0].cpu_engine, states[1].cpu_engine)
+    assert states[0].cpu_engine is not states[1].cpu_engine

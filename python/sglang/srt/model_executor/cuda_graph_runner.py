@@ -37,6 +37,7 @@ class CudaGraphRunner:
         self.req_pool_indices = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
         self.seq_lens = torch.ones(self.max_bs, dtype=torch.int64, device=dev)
         self.out_cache_loc = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)
+        self.num_real_tokens = torch.ones(1, dtype=torch.int32, device=dev)
         self.fill_value = model_runner.attn_backend.get_cuda_graph_seq_len_fill_value()
         model_runner.attn_backend.init_cuda_graph_state(self.max_bs)
         self.graphs: Dict[int, torch.cuda.CUDAGraph] = {}
@@ -59,6 +60,7 @@ class CudaGraphRunner:
             req_to_token_pool=mr.req_to_token_pool,
             token_to_kv_pool=mr.token_to_kv_pool,
             attn_backend=mr.attn_backend,
+            num_real_tokens=self.num_real_tokens,
         )
         fb.attn_metadata = mr.attn_backend.init_forward_metadata_capture_cuda_graph(
             bs, self.req_pool_indices, self.seq_lens
@@ -71,6 +73,7 @@ class CudaGraphRunner:
         stream = torch.cuda.Stream()
         for bs in tqdm(list(reversed(self.capture_bs)), desc="Capturing CUDA graphs", leave=False):
             fb = self._forward_batch(bs)
+            self.num_real_tokens.fill_(bs)
             with torch.cuda.stream(stream):
                 # Warm-up outside capture: triton compiles and lazy cuBLAS inits must not be captured.
                 mr.model.forward(fb.input_ids, fb.positions, fb)
@@ -98,6 +101,7 @@ class CudaGraphRunner:
         self.req_pool_indices[:raw_bs].copy_(forward_batch.req_pool_indices)
         self.seq_lens[:raw_bs].copy_(forward_batch.seq_lens)
         self.out_cache_loc[:raw_bs].copy_(forward_batch.out_cache_loc)
+        self.num_real_tokens.fill_(raw_bs)
         seq_lens_sum = forward_batch.seq_lens_sum + (bs - raw_bs) * self.fill_value
         self.model_runner.attn_backend.init_forward_metadata_replay_cuda_graph(
             bs, self.req_pool_indices, self.seq_lens, seq_lens_sum

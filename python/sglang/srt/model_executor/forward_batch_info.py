@@ -66,6 +66,9 @@ class ForwardBatch:
     attn_backend: Optional["AttentionBackend"] = None
     sampling_info: Optional["SamplingBatchInfo"] = None
     return_logprob: bool = False
+    # [1] int32 on the device: rows that are real requests. Set by CUDA-graph replays, whose batches are
+    # padded to the captured size; the KT CPU experts read it when the step runs and skip the padding.
+    num_real_tokens: Optional[torch.Tensor] = None
     # Filled by the attention backend's init_forward_metadata.
     attn_metadata: object = field(default=None, repr=False)
 

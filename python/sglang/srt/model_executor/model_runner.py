@@ -20,6 +20,7 @@ from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.distributed import parallel_state
 from sglang.srt.environ import envs
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+from sglang.srt.layers.moe.kt_ep_wrapper import KTConfig
 from sglang.srt.layers.sampler import SampleOutput, Sampler
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.memory_plan import MemoryPlan
@@ -28,6 +29,7 @@ from sglang.srt.model_executor.pool_configurator import GiB, MemoryReadings, MiB
 from sglang.srt.model_executor.post_capture_mixin import PostCaptureKVSizingMixin
 from sglang.srt.model_loader.loader import get_model
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils.cuda_context import yielding_sync
 from sglang.srt.utils.memory import get_available_memory_bytes
 
 logger = logging.getLogger(__name__)
@@ -107,6 +109,9 @@ class ModelRunner(ModelRunnerKVCacheMixin, PostCaptureKVSizingMixin):
     # ------------------------------------------------------------------ setup
     def init_torch_distributed(self) -> None:
         if self.device == "cuda":
+            if KTConfig.from_server_args(self.server_args) is not None and envs.SGLANG_KT_CPU_YIELDING_SYNC.get():
+                # KT experts on the CPU: while this thread waits for the GPU, the expert threads need its core.
+                yielding_sync(self.gpu_id)
             torch.cuda.set_device(self.gpu_id)
             torch.cuda.init()
         if self.tp_size > 1:
@@ -153,9 +158,6 @@ class ModelRunner(ModelRunnerKVCacheMixin, PostCaptureKVSizingMixin):
     def init_cuda_graphs(self) -> None:
         if self.server_args.disable_cuda_graph or self.device != "cuda":
             return
-        if self.model.needs_host_work_per_forward():
-            logger.warning("CUDA graphs disabled: some MoE experts run on the CPU (--kt-num-gpu-experts < experts)")
-            return
         if not self.attn_backend.supports_cuda_graph:
             logger.warning(
                 "CUDA graphs disabled: the %s attention backend cannot be captured", self.server_args.attention_backend
@@ -164,7 +166,14 @@ class ModelRunner(ModelRunnerKVCacheMixin, PostCaptureKVSizingMixin):
         from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
 
         start, before = time.perf_counter(), self.read_free_memory_bytes()
-        self.cuda_graph_runner = CudaGraphRunner(self)
+        try:
+            self.cuda_graph_runner = CudaGraphRunner(self)
+        except RuntimeError as e:
+            # Decode still works eagerly (e.g. a driver that cannot capture the KT CPU experts' host functions).
+            logger.warning("CUDA graph capture failed, decode runs eagerly: %s", e)
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+            return
         after = self.read_free_memory_bytes()
         logger.info(
             "Capture cuda graph end. Time elapsed: %.2f s. mem usage=%.2f GB. avail mem=%.2f GB. bs=%s",
@@ -181,10 +190,10 @@ class ModelRunner(ModelRunnerKVCacheMixin, PostCaptureKVSizingMixin):
         """The report, once everything is allocated."""
         sa = self.server_args
         notes = []
-        if self.sizing_path.post_capture and self.model.needs_host_work_per_forward():
+        if self.sizing_path.post_capture and self.device == "cuda" and self.cuda_graph_runner is None:
             notes.append(
-                "KT experts on the CPU: decode runs eagerly (no CUDA graphs); the measured eager "
-                "decode at max_running_requests sets the headroom"
+                "decode runs eagerly (no CUDA graphs); the measured eager decode at max_running_requests "
+                "sets the headroom"
             )
         return MemoryPlan.report(
             self.readings,

@@ -173,10 +173,6 @@ class LlamaForCausalLM(nn.Module):
         The post-capture probe calls it: those bytes are reserved apart, not activation memory."""
         return 0
 
-    def needs_host_work_per_forward(self) -> bool:
-        """True when a forward pass needs the CPU mid-way (KT experts on the host), so it cannot be a CUDA graph."""
-        return False
-
     def finish_loading(self) -> None:
         """Work after every weight is in place (MoE models quantize/pin experts here)."""
 

@@ -52,9 +52,12 @@ class Qwen3MoeSparseMoeBlock(nn.Module):
             kt_state=kt_state,
         )
 
-    def forward(self, hidden_states: torch.Tensor, is_prefill: bool = False) -> torch.Tensor:
+    def forward(
+        self, hidden_states: torch.Tensor, is_prefill: bool = False, num_real_tokens: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
         # Each rank holds a slice of every expert's intermediate dimension: partial sums, then all-reduce.
-        return tensor_model_parallel_all_reduce(self.experts(hidden_states, self.gate(hidden_states), is_prefill))
+        logits = self.gate(hidden_states)
+        return tensor_model_parallel_all_reduce(self.experts(hidden_states, logits, is_prefill, num_real_tokens))
 
 
 class Qwen3MoeDecoderLayer(LlamaDecoderLayer):
@@ -69,7 +72,7 @@ class Qwen3MoeDecoderLayer(LlamaDecoderLayer):
 
     def mlp_forward(self, hidden_states: torch.Tensor, forward_batch) -> torch.Tensor:
         if isinstance(self.mlp, Qwen3MoeSparseMoeBlock):
-            return self.mlp(hidden_states, forward_batch.forward_mode.is_extend())
+            return self.mlp(hidden_states, forward_batch.forward_mode.is_extend(), forward_batch.num_real_tokens)
         return self.mlp(hidden_states)
 
 
@@ -135,9 +138,6 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
 
     def release_reserved_buffers(self) -> int:
         return 0 if self.kt_state is None else self.kt_state.release_full_gpu_slot()  # a long prompt built it
-
-    def needs_host_work_per_forward(self) -> bool:
-        return any(isinstance(m, KTEPWrapperMethod) and m.has_host_experts for m in self.modules())
 
     def finish_loading(self) -> None:
         for module in self.modules():

@@ -10,20 +10,27 @@ The slot's size is known before any KV is planned: moe_layer_bytes builds the ve
 layer on the meta device and sums its parameter bytes, and the model reports it as a memory
 reservation, so both KV sizing paths keep it free.
 
+The CPU experts run in the built-in C++ kernel (layers/moe/cpu_experts): one call per layer for every
+routed (token, expert) pair, on a thread pool kept hot between layers. On CUDA the step is enqueued on
+the stream with host functions (no host syncs), so hybrid decode is captured in CUDA graphs like any
+other decode step.
+
 What the layers of one model share (the settings, the slot, whether the full-GPU path was switched
-off, the CPU expert worker) lives in one KTState, created with the model and handed to each layer.
+off, the CPU expert engine) lives in one KTState, created with the model and handed to each layer.
 """
 
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
+import os
 from dataclasses import dataclass
 from typing import Dict, Optional
 
 import torch
 from torch import nn
 
+from sglang.srt.environ import envs
+from sglang.srt.layers.moe.cpu_experts import CpuExpertsEngine, CpuExpertsLayer
 from sglang.srt.layers.moe.layer import FusedMoE, moe_intermediate_partition, shard_expert_weight
 from sglang.srt.layers.moe.topk import select_experts
 from sglang.srt.layers.quantization import get_moe_method
@@ -41,6 +48,9 @@ class KTConfig:
     num_gpu_experts: int
     max_deferred_experts_per_token: Optional[int]
     gpu_prefill_token_threshold: Optional[int]
+    # Tokens one CPU step takes (its host buffers): at least the largest captured decode batch, so a graph
+    # replay is one step; longer prefills go through in slices of this many tokens.
+    step_capacity_tokens: int = 1024
 
     @classmethod
     def from_server_args(cls, sa) -> Optional["KTConfig"]:
@@ -55,7 +65,12 @@ class KTConfig:
             num_gpu_experts=sa.kt_num_gpu_experts or 0,
             max_deferred_experts_per_token=sa.kt_max_deferred_experts_per_token,
             gpu_prefill_token_threshold=sa.kt_gpu_prefill_token_threshold,
+            step_capacity_tokens=max(1024, sa.cuda_graph_max_bs or 0),
         )
+
+    def cpu_threads(self) -> int:
+        """--kt-cpuinfer, else every CPU this process may run on."""
+        return self.cpuinfer or len(os.sched_getaffinity(0))
 
 
 def make_moe_layer(num_experts: int, hidden: int, inter: int, dtype: torch.dtype, method: str) -> nn.Module:
@@ -124,14 +139,14 @@ class KTState:
     """The KT machinery one model's MoE layers share; the model creates it and hands it to each layer.
 
     It owns the settings, the full-GPU prefill slot (built on the first qualifying prompt), whether
-    that path was switched off (the slot did not fit: no later prefill tries again), and the worker
-    thread that computes the CPU experts."""
+    that path was switched off (the slot did not fit: no later prefill tries again), and the engine
+    that computes the CPU experts (one thread pool and one set of host buffers for all layers)."""
 
     def __init__(self, config: KTConfig) -> None:
         self.config = config
         self.full_gpu_slot: Optional[SharedFullContext] = None
         self.full_gpu_disabled = False
-        self._cpu_worker: Optional[ThreadPoolExecutor] = None
+        self.cpu_engine: Optional[CpuExpertsEngine] = None
         # Elastic slot (post-capture path): the slot lives in memory the scheduler lends from the KV pool's
         # tail for the prefills that need it; while nothing is lent, those prefills take the hybrid path.
         self.elastic = False
@@ -151,17 +166,27 @@ class KTState:
         self.full_gpu_slot = None
         self.lent_memory = None
 
-    def cpu_worker(self) -> ThreadPoolExecutor:
-        """One worker thread computes CPU experts while the main thread drives the GPU. Its torch ops use
-        --kt-cpuinfer intra-op threads (process-wide). --kt-threadpool-count is KTransformers' NUMA-pool
-        count for kt-kernel; the torch backend has one pool and accepts it for compatibility."""
-        if self._cpu_worker is None:
-            if self.config.cpuinfer:
-                torch.set_num_threads(self.config.cpuinfer)
-            if self.config.max_deferred_experts_per_token:
-                logger.warning("--kt-max-deferred-experts-per-token needs kt-kernel; the torch CPU backend defers none")
-            self._cpu_worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="kt-cpu-experts")
-        return self._cpu_worker
+    def register_cpu_experts(self, wrapper: "KTEPWrapperMethod") -> CpuExpertsLayer:
+        """Hand one layer's CPU experts to the engine (built with the first layer: every layer has the same
+        shape). --kt-cpuinfer threads, spinning SGLANG_KT_CPU_SPIN_US between layers."""
+        if self.cpu_engine is None:
+            threads = self.config.cpu_threads()
+            self.cpu_engine = CpuExpertsEngine(
+                threads=threads,
+                hidden=wrapper.hidden_size,
+                inter=wrapper.intermediate_size,
+                top_k=wrapper.top_k,
+                num_cpu_experts=wrapper.num_experts - wrapper.num_gpu_experts,
+                expert_offset=wrapper.num_gpu_experts,
+                capacity=self.config.step_capacity_tokens,
+                pin_memory=wrapper.device.type == "cuda",
+                # On a CPU-only model the rest of the forward needs these cores: the pool sleeps at once.
+                spin_us=envs.SGLANG_KT_CPU_SPIN_US.get() if wrapper.device.type == "cuda" else 0,
+                zero_copy=envs.SGLANG_KT_CPU_ZERO_COPY.get(),
+            )
+            logger.info("KT CPU experts: %d threads, steps of up to %d tokens", threads, self.cpu_engine.capacity)
+        layer = wrapper.cpu_layer
+        return self.cpu_engine.add_layer(layer, layer.quant_method)
 
     def full_gpu_context(self, wrapper: "KTEPWrapperMethod") -> Optional[SharedFullContext]:
         """The one slot, built on first use; None (and the path switched off) when it does not fit."""
@@ -252,6 +277,7 @@ class KTEPWrapperMethod(nn.Module):
         # Every wrapper can size the one shared slot (they are identical); none needs it when all
         # experts already live on the GPU.
         self.registers_prefill_slot = bool(kt.gpu_prefill_token_threshold) and self.num_gpu_experts < num_experts
+        self.cpu_experts: Optional[CpuExpertsLayer] = None  # registered once the weights are in place
 
     @property
     def kt(self) -> KTConfig:
@@ -260,11 +286,6 @@ class KTEPWrapperMethod(nn.Module):
     @property
     def cpu_layer(self) -> Optional[nn.Module]:
         return self._cpu[0] if self._cpu else None
-
-    @property
-    def has_host_experts(self) -> bool:
-        """Whether some experts run on the CPU (host work in every forward: no CUDA graphs)."""
-        return self.cpu_layer is not None
 
     def expert_home(self, expert: int) -> tuple[nn.Module, int]:
         """(layer holding `expert`, its index there)."""
@@ -283,11 +304,15 @@ class KTEPWrapperMethod(nn.Module):
         )
 
     def finish_loading(self) -> None:
-        """Pin the host experts so copies to the GPU are asynchronous DMA."""
+        """Pin the host experts when the full-GPU slot will copy them in (DMA), then hand them to the CPU
+        kernel, which keeps their addresses: they must not move after this."""
         layer = self.cpu_layer
-        if layer is not None and torch.cuda.is_available():
+        if layer is None:
+            return
+        if self.registers_prefill_slot and torch.cuda.is_available():
             for p in layer.parameters():
                 p.data = p.data.pin_memory()
+        self.cpu_experts = self.kt_state.register_cpu_experts(self)
 
     # ---------------------------------------------------------- reservation
     def full_gpu_prefill_reservation_bytes(self) -> int:
@@ -298,15 +323,20 @@ class KTEPWrapperMethod(nn.Module):
 
     # --------------------------------------------------------------- forward
     def forward(
-        self, hidden_states: torch.Tensor, router_logits: torch.Tensor, is_prefill: bool = False
+        self,
+        hidden_states: torch.Tensor,
+        router_logits: torch.Tensor,
+        is_prefill: bool = False,
+        num_real_tokens: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
+        """num_real_tokens: [1] int32 on the device, the rows of a padded CUDA-graph batch that are real."""
         topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
         if self._wants_full_gpu(hidden_states.shape[0], is_prefill):
             ctx = self.kt_state.full_gpu_context(self)
             if ctx is not None:
                 ctx.load_from(self)
                 return ctx.layer.quant_method.apply(ctx.layer, hidden_states, topk_weights, topk_ids)
-        return self.hybrid_forward(hidden_states, topk_weights, topk_ids)
+        return self.hybrid_forward(hidden_states, topk_weights, topk_ids, num_real_tokens)
 
     def _wants_full_gpu(self, num_tokens: int, is_prefill: bool) -> bool:
         threshold = self.kt.gpu_prefill_token_threshold
@@ -319,29 +349,34 @@ class KTEPWrapperMethod(nn.Module):
             and self.num_gpu_experts < self.num_experts
         )
 
-    def hybrid_forward(self, x: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+    def hybrid_forward(
+        self,
+        x: torch.Tensor,
+        topk_weights: torch.Tensor,
+        topk_ids: torch.Tensor,
+        num_real_tokens: Optional[torch.Tensor] = None,
+    ) -> torch.Tensor:
+        """GPU-resident experts on the model's device plus the CPU experts in the kernel: the CPU's fp32
+        mixture is added into the GPU experts' output (in fp32, rounded once). On CUDA the CPU step is
+        enqueued around the GPU experts' kernels, so both compute at once and nothing waits on the host."""
         g = self.num_gpu_experts
-        cpu_future = None
-        if self.cpu_layer is not None:
-            # The CPU's share is computed on host copies while the GPU computes its own.
-            cpu_ids = torch.where(topk_ids >= g, topk_ids - g, -1)
-            args = (x.to("cpu"), topk_weights.to("cpu"), cpu_ids.to("cpu"))
-            cpu_future = self.kt_state.cpu_worker().submit(self._cpu_compute, *args)
-        if self.gpu_experts is not None:
-            gpu_ids = torch.where(topk_ids < g, topk_ids, -1)
-            out = self.gpu_experts.quant_method.apply(self.gpu_experts, x, topk_weights, gpu_ids)
-        else:
-            out = torch.zeros_like(x)
-        if cpu_future is not None:
-            out = out + cpu_future.result().to(x.device, non_blocking=True)
-        return out
 
-    def _cpu_compute(self, x: torch.Tensor, topk_weights: torch.Tensor, cpu_ids: torch.Tensor) -> torch.Tensor:
-        """The CPU experts' mixture: torch kernels on --kt-cpuinfer threads (see KTState.cpu_worker)."""
-        layer = self.cpu_layer
-        return layer.quant_method.apply(
-            layer, x, topk_weights, cpu_ids, backend="native", compute_dtype=self.params_dtype
-        )
+        def gpu_experts() -> torch.Tensor:
+            if self.gpu_experts is None:
+                return torch.zeros_like(x)
+            gpu_ids = torch.where(topk_ids < g, topk_ids, -1)
+            return self.gpu_experts.quant_method.apply(self.gpu_experts, x, topk_weights, gpu_ids)
+
+        if self.cpu_layer is None:
+            return gpu_experts()
+        if self.cpu_experts is None:  # a module used before the model finished loading (tests)
+            self.cpu_experts = self.kt_state.register_cpu_experts(self)
+        engine = self.kt_state.cpu_engine
+        if x.is_cuda:
+            return engine.run_on_stream(self.cpu_experts, x, topk_weights, topk_ids, num_real_tokens, gpu_experts)
+        out = gpu_experts()
+        out += engine.run_on_host(self.cpu_experts, x, topk_weights, topk_ids)
+        return out
 
 
 def build_moe_experts(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Union
+from typing import Optional, Union
 
 import torch
 
@@ -86,9 +86,13 @@ class FusedMoE(torch.nn.Module):
         )
 
     def forward(
-        self, hidden_states: torch.Tensor, router_logits: torch.Tensor, is_prefill: bool = False
+        self,
+        hidden_states: torch.Tensor,
+        router_logits: torch.Tensor,
+        is_prefill: bool = False,
+        num_real_tokens: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
-        """`is_prefill` only matters to wrappers with a prefill-specific path (KT); same signature."""
+        """`is_prefill` and `num_real_tokens` only matter to the KT wrapper (same signature)."""
         topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
         return self.quant_method.apply(self, hidden_states, topk_weights, topk_ids)
 

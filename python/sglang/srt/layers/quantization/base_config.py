@@ -177,14 +177,14 @@ class FusedMoEMethodBase(ABC):
             # From pinned host memory the copy can overlap compute; otherwise it must be synchronous.
             getattr(dst_layer, name)[dst_expert].copy_(src, non_blocking=src.is_pinned())
 
-    def _stored(self, layer: torch.nn.Module, prefix: str) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+    def stored(self, layer: torch.nn.Module, prefix: str) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
         return getattr(layer, f"{prefix}_weight"), getattr(layer, prefix + self.scale_suffix, None)
 
     def dequantize_expert(self, layer: torch.nn.Module, expert_id: int) -> tuple[torch.Tensor, torch.Tensor]:
         spec: MoEWeightSpec = layer.moe_weight_spec
         out = []
         for prefix in (W13, W2):
-            qweight, scale = self._stored(layer, prefix)
+            qweight, scale = self.stored(layer, prefix)
             rows, cols = spec.matrix_shape(prefix)
             s = None if scale is None else scale[expert_id]
             out.append(self.dequantize(qweight[expert_id], s, rows, cols, spec.params_dtype))
@@ -194,7 +194,7 @@ class FusedMoEMethodBase(ABC):
         """The layer's w13 and w2 as the triton kernel reads them (no copies)."""
         quant, group_n, group_k = self.kernel_quant()
         return tuple(  # type: ignore[return-value]
-            MoEGemmWeight(*self._stored(layer, prefix), quant=quant, group_n=group_n, group_k=group_k)
+            MoEGemmWeight(*self.stored(layer, prefix), quant=quant, group_n=group_n, group_k=group_k)
             for prefix in (W13, W2)
         )
 

@@ -1,0 +1,297 @@
+"""KT hybrid decode against the host's memory bandwidth (Qwen3-30B-A3B shape, dummy weights, one GPU).
+
+    python benchmark/kt_decode/bench_kt_decode.py [--methods BF16 INT8 INT4] [--layers 12 48]
+        [--batches 1 4 16 64] [--threads 16] [--out DIR]
+
+1. Host bandwidth: a STREAM-style read by the CPU expert kernel's threads (and torch's sum for comparison) and
+   a copy (torch copy_, bytes read + written).
+2. Per method, layer count and batch: decode steps through ModelRunner (CUDA graphs, then eagerly), with
+   16 of 128 experts per layer on the GPU and the rest on the CPU kernel. The kernel counts the experts each
+   layer step reads and their bytes, so the bound is exact for the routing that ran:
+       bound_ms_per_layer = bytes the CPU experts read per layer step / host read bandwidth.
+3. Profile of the gap, per layer: the CPU kernel's time (route + compute, from the step's start to its last
+   task), the stream-ordering overhead (a captured empty step: D2H copies, two host functions, H2D copy),
+   and the rest (GPU attention, norms, router, GPU experts' tail, launch gaps).
+Prints a table, writes results.json (`rows`) + results.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+from sglang.srt.environ import envs  # noqa: E402
+from sglang.test.bench_utils import write_results  # noqa: E402
+from sglang.test.gpu_utils import shape_config_dir  # noqa: E402
+
+GB = 1e9
+NUM_GPU_EXPERTS = 16
+CONTEXT = 512  # tokens already in each request's KV
+STEPS = 12
+WARMUP = 3
+
+
+# ------------------------------------------------------------------ bandwidth
+def host_bandwidth(threads: int, size_gb: float = 4.0) -> dict:
+    from sglang.srt.layers.moe.cpu_experts.build import load_kernel_library
+
+    lib = load_kernel_library()
+    nbytes = int(size_gb * GB) // 64 * 64
+    buf = torch.ones(nbytes // 4, dtype=torch.float32)  # touched: every page is resident
+    lib.ktc_read_seconds(buf.data_ptr(), nbytes, threads, 1)
+    reps = 5
+    read = nbytes * reps / lib.ktc_read_seconds(buf.data_ptr(), nbytes, threads, reps) / GB
+    torch.set_num_threads(threads)
+    buf.sum()
+    t = time.perf_counter()
+    for _ in range(reps):
+        buf.sum()
+    torch_read = nbytes * reps / (time.perf_counter() - t) / GB
+    half = buf[: buf.numel() // 2]
+    dst = torch.empty_like(half)
+    dst.copy_(half)
+    t = time.perf_counter()
+    for _ in range(reps):
+        dst.copy_(half)
+    copy = 2 * half.numel() * 4 * reps / (time.perf_counter() - t) / GB
+    return {"threads": threads, "read_GBps": read, "torch_sum_read_GBps": torch_read, "copy_GBps": copy}
+
+
+# --------------------------------------------------------------------- model
+def runner(method: str, layers: int, max_batch: int, threads: int):
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.server_args import ServerArgs
+
+    args = ServerArgs(
+        model_path=shape_config_dir("Qwen3-30B-A3B", num_hidden_layers=layers),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        kt_method=method,
+        kt_num_gpu_experts=NUM_GPU_EXPERTS,
+        kt_cpuinfer=threads,
+        max_running_requests=max_batch,
+        cuda_graph_max_bs=max_batch,
+        max_total_tokens=max_batch * (CONTEXT + 64) + 1024,
+        log_level="warning",
+    )
+    return ModelRunner(ModelConfig.from_server_args(args), args)
+
+
+def decode_steps(mr, batch: int, graph: bool, steps: int = STEPS):
+    """Seconds of each timed decode step of `batch` requests at CONTEXT tokens (random token ids, so the
+    routing varies from row to row and step to step as real text does), and the CPU kernel's counters
+    over those steps."""
+    engine = mr.model.kt_state.cpu_engine
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
+
+    rows = mr.req_to_token_pool.alloc(batch)
+    slots = mr.token_to_kv_pool_allocator.alloc(batch * (CONTEXT + steps + WARMUP))
+    per = CONTEXT + steps + WARMUP
+    for i, row in enumerate(rows):
+        mr.req_to_token_pool.req_to_token[row, :per] = slots[i * per : (i + 1) * per].to(torch.int32).cuda()
+    gen = torch.Generator().manual_seed(batch)
+    vocab = mr.model_config.vocab_size
+    times = []
+    before = None
+    for step in range(WARMUP + steps):
+        if step == WARMUP:
+            before = engine.stats()
+        seq = CONTEXT + step + 1
+        ids = torch.randint(0, vocab, (batch,), generator=gen).tolist()
+        locs = torch.stack([slots[i * per + seq - 1] for i in range(batch)])
+        fb = ForwardBatch.init_new(ModelWorkerBatch(ForwardMode.DECODE, ids, list(rows), [seq] * batch, locs), mr)
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        if graph:
+            out = mr.forward(fb)
+        else:
+            mr.attn_backend.init_forward_metadata(fb)
+            out = mr.model.forward(fb.input_ids, fb.positions, fb)
+        out.next_token_logits.argmax(-1).tolist()
+        if step >= WARMUP:
+            times.append(time.perf_counter() - t)
+    done = engine.stats().minus(before)
+    for row in rows:
+        mr.req_to_token_pool.free(row)
+    mr.token_to_kv_pool_allocator.free(slots)
+    return times, done
+
+
+def graph_ms(fn, replays: int = 200) -> float:
+    """Milliseconds per replay of `fn` captured as a CUDA graph, host synchronisation included."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        fn()
+        stream.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, stream=stream):
+            fn()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(replays):
+        graph.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t) / replays * 1e3
+
+
+def empty_step_ms(mr) -> dict:
+    """A CPU-expert step with no token, captured in a graph: the stream-ordering cost per layer, whole
+    (copies + host functions) and the two host functions alone."""
+    import ctypes
+
+    engine = mr.model.kt_state.cpu_engine
+    layer = engine.layers[0]
+    x = torch.zeros(1, engine.hidden, dtype=torch.bfloat16, device="cuda")
+    w = torch.zeros(1, engine.top_k, dtype=torch.float32, device="cuda")
+    ids = torch.zeros(1, engine.top_k, dtype=torch.int32, device="cuda")
+    real = torch.zeros(1, dtype=torch.int32, device="cuda")
+    whole = graph_ms(lambda: engine.run_on_stream(layer, x, w, ids, real, lambda: torch.zeros_like(x)))
+
+    def host_functions() -> None:
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        engine.lib.ktc_enqueue_submit(layer.handle, stream)
+        engine.lib.ktc_enqueue_wait(layer.handle, stream)
+
+    engine.count[0] = 0
+    return {"empty_step_ms": whole, "host_functions_ms": graph_ms(host_functions)}
+
+
+def use_threads(mr, threads: int) -> None:
+    """Rebuild the model's CPU expert engine with `threads` threads and capture the decode graphs again
+    (they point at the engine's buffers). Benchmark only: the server builds the engine once."""
+    import dataclasses
+
+    from sglang.srt.layers.moe.kt_ep_wrapper import KTEPWrapperMethod
+    from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
+
+    kt = mr.model.kt_state
+    kt.config = dataclasses.replace(kt.config, cpuinfer=threads)
+    mr.cuda_graph_runner = None
+    kt.cpu_engine = None
+    gc.collect()
+    for module in mr.model.modules():
+        if isinstance(module, KTEPWrapperMethod) and module.cpu_layer is not None:
+            module.cpu_experts = kt.register_cpu_experts(module)
+    mr.cuda_graph_runner = CudaGraphRunner(mr)
+
+
+def bench_model(
+    method: str, layers: int, batches: list[int], threads: int, read_gbps: float, sweep: list[int]
+) -> list[dict]:
+    mr = runner(method, layers, max(batches), threads)
+    rows = []
+    cases = [(threads, True, b) for b in batches] + [(threads, False, b) for b in sorted({1, max(batches)})]
+    cases += [(t, True, b) for t in sweep if t != threads for b in sorted({1, max(batches)})]
+    current = threads
+    overhead = empty_step_ms(mr)
+    for count, graph, batch in cases:
+        if count != current:
+            use_threads(mr, count)
+            current = count
+            overhead = empty_step_ms(mr)
+        times, done = decode_steps(mr, batch, graph)
+        step_ms = statistics.median(times) * 1e3
+        bytes_per_layer = done.bytes_read / done.steps
+        bound = bytes_per_layer / (read_gbps * GB) * 1e3
+        kernel = done.compute_ns / done.steps / 1e6
+        rows.append(
+            {
+                "method": method,
+                "threads": count,
+                "zero_copy": mr.model.kt_state.cpu_engine.device_inputs is not None,
+                "yielding_sync": envs.SGLANG_KT_CPU_YIELDING_SYNC.get(),
+                "batch": batch,
+                "layers": layers,
+                "cuda_graph": graph,
+                "ms_per_step": step_ms,
+                "ms_per_layer": step_ms / layers,
+                "bound_ms_per_layer": bound,
+                "ratio_to_bound": step_ms / layers / bound,
+                "tokens_per_s": batch / (step_ms / 1e3),
+                "bound_tokens_per_s": batch / (bound * layers / 1e3),
+                "host_read_GBps": read_gbps,
+                "cpu_experts_per_layer": done.experts_read / done.steps,
+                "cpu_bytes_per_layer": bytes_per_layer,
+                "cpu_kernel_ms_per_layer": kernel,
+                "stream_held_ms_per_layer": done.wait_blocked_ns / done.steps / 1e6,
+                **overhead,
+                "rest_ms_per_layer": step_ms / layers - kernel - overhead["empty_step_ms"],
+                "layer_steps_timed": done.steps,
+            }
+        )
+        r = rows[-1]
+        print(
+            f"{method} L{layers} bs{batch} graph={graph} threads={count}: {r['ms_per_layer']:.3f} ms/layer, bound "
+            f"{bound:.3f} ({r['ratio_to_bound']:.2f}x), {r['tokens_per_s']:.1f} tok/s, kernel {kernel:.3f} ms, "
+            f"{r['cpu_experts_per_layer']:.1f} experts",
+            flush=True,
+        )
+    mr.shutdown()
+    del mr
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--methods", nargs="*", default=["BF16", "INT8", "INT4"])
+    parser.add_argument("--layers", nargs="*", type=int, default=[12])
+    parser.add_argument("--batches", nargs="*", type=int, default=[1, 4, 16, 64])
+    parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument("--big-methods", nargs="*", default=None, help="methods for layer counts above 12")
+    parser.add_argument("--thread-sweep", nargs="*", type=int, default=[], help="also run these thread counts")
+    parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
+    args = parser.parse_args()
+    bandwidth = [host_bandwidth(args.threads), host_bandwidth(max(1, args.threads // 2))]
+    read = max(bandwidth[0]["read_GBps"], bandwidth[0]["torch_sum_read_GBps"])  # the best measured read
+    for b in bandwidth:
+        print(
+            f"host bandwidth, {b['threads']} threads: read {b['read_GBps']:.1f} GB/s (torch sum "
+            f"{b['torch_sum_read_GBps']:.1f}), copy {b['copy_GBps']:.1f} GB/s",
+            flush=True,
+        )
+    rows = []
+    for layers in args.layers:
+        methods = args.methods if layers <= 12 or args.big_methods is None else args.big_methods
+        for method in methods:
+            sweep = args.thread_sweep if layers == min(args.layers) and method == methods[0] else []
+            rows += bench_model(method, layers, args.batches, args.threads, read, sweep)
+            report(args, read, bandwidth, rows)  # after each model: a run cut short keeps what it measured
+
+
+def report(args, read: float, bandwidth: list, rows: list) -> None:
+    lines = [
+        f"Qwen3-30B-A3B shape, dummy weights, {NUM_GPU_EXPERTS} of 128 experts per layer on the GPU, "
+        f"{torch.cuda.get_device_name()}, {args.threads} CPU threads, context {CONTEXT}; host read "
+        f"{read:.1f} GB/s (the bound's bandwidth)",
+        "",
+        "| method | layers | threads | batch | CUDA graph | ms/layer | bound ms/layer | x bound | tok/s | bound tok/s | "
+        "CPU experts/layer | MB/layer | kernel ms/layer | empty step ms | host fns ms | rest ms/layer |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['method']} | {r['layers']} | {r['threads']} | {r['batch']} | {r['cuda_graph']} | "
+            f"{r['ms_per_layer']:.3f} | {r['bound_ms_per_layer']:.3f} | {r['ratio_to_bound']:.2f} | "
+            f"{r['tokens_per_s']:.1f} | {r['bound_tokens_per_s']:.1f} | {r['cpu_experts_per_layer']:.1f} | "
+            f"{r['cpu_bytes_per_layer'] / 1e6:.1f} | {r['cpu_kernel_ms_per_layer']:.3f} | {r['empty_step_ms']:.3f} | "
+            f"{r['host_functions_ms']:.3f} | {r['rest_ms_per_layer']:.3f} |"
+        )
+    table = "\n".join(lines)
+    print(table, flush=True)
+    write_results(args.out, {"device": torch.cuda.get_device_name(), "bandwidth": bandwidth, "rows": rows}, table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,804 @@
+// CPU experts of a hybrid (KTransformers-style) MoE layer: one call computes every routed
+// (token, CPU expert) pair of a layer, on a thread pool that stays hot between layers.
+//
+// Decode is bound by host memory bandwidth: each routed expert's weights must be read once per step
+// (9.4 MB per Qwen3-30B-A3B expert in bf16), so the kernel reads every weight row exactly once, decodes
+// it into an L1-resident float row (bf16 / int8 / int4 / fp8 / mxfp4 decoding costs a few vector ops per
+// 16 values), and dots it with every token routed to that expert. Work is split by output rows across all
+// routed experts (so tasks are equal and no two tasks write the same output):
+//   phase A: rows r of gate and up  -> act[pair, r] = silu(gate . x) * (up . x)
+//   phase B: rows h of down         -> out[token, h] = sum over the token's pairs of weight * (down . act)
+// Products are summed in fp32; bf16 models with BF16 experts feed bf16 activations to vdpbf16ps
+// (rows_dot_bf16), everything else decodes to fp32 and uses FMAs (rows_dot).
+//
+// Inputs and outputs live in (pinned) host buffers the caller owns. A step can be launched two ways:
+//   ktc_run(layer)                      synchronous (CPU-only models, tests)
+//   ktc_enqueue_submit / _wait(stream)  host functions on a CUDA stream (cuLaunchHostFunc): submit starts
+//                                       the pool and returns, the GPU keeps computing its own experts, wait
+//                                       joins the work and blocks the stream until it is done. Both are
+//                                       stream-ordered, so a CUDA graph can capture them; the token count
+//                                       is read from memory when the step runs (graph batches are padded).
+// The host functions make no CUDA calls and never touch Python (no GIL on the decode path).
+// Portable C++20 with GCC vector extensions: -march=native picks AVX-512 / AVX2 / NEON.
+
+#include <dlfcn.h>
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+#include <sched.h>
+#include <vector>
+
+namespace {
+
+typedef float v16f __attribute__((vector_size(64)));
+typedef int32_t v16i __attribute__((vector_size(64)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+typedef uint16_t v16u16 __attribute__((vector_size(32)));
+typedef int8_t v16i8 __attribute__((vector_size(16)));
+typedef uint8_t v16u8 __attribute__((vector_size(16)));
+
+enum Format : int { F32 = 0, BF16 = 1, INT8 = 2, INT4 = 3, FP8 = 4, MXFP4 = 5 };
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+inline int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+template <typename V>
+inline V load(const void* p) {
+  V v;
+  std::memcpy(&v, p, sizeof(V));
+  return v;
+}
+
+template <typename V>
+inline void store(void* p, V v) {
+  std::memcpy(p, &v, sizeof(V));
+}
+
+inline float bf16_to_float(uint16_t h) {
+  uint32_t u = uint32_t(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+inline uint16_t float_to_bf16(float f) {  // round to nearest even (finite inputs)
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return uint16_t((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+
+// float8_e4m3fn: the 7 magnitude bits placed at fp32's exponent/mantissa boundary, then scaled by 2^120
+// (the exponent-bias difference, 127 - 7). Subnormals come out right because fp32 keeps them too.
+constexpr float kFp8Rescale = 1.329227995784916e36f;  // 2^120
+inline float fp8_to_float(uint8_t b) {
+  uint32_t u = (uint32_t(b & 0x80) << 24) | (uint32_t(b & 0x7f) << 20);
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f * kFp8Rescale;
+}
+
+constexpr float kE2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                             -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+inline float e8m0_to_float(uint8_t e) {  // 2^(e-127); code 0 reads as 0 (the Python side's rule)
+  uint32_t u = uint32_t(e) << 23;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// One stacked expert matrix of a layer: [experts, rows, cols] in `format`, plus its scales.
+struct Matrix {
+  const uint8_t* weight;
+  const void* scale;
+  int rows, cols;
+  int64_t row_bytes;     // bytes of one stored row
+  int64_t expert_bytes;  // bytes of one expert's stored matrix
+  int scale_rows, scale_cols;  // scale tensor of one expert: [scale_rows, scale_cols]
+  int group_n, group_k;        // rows / cols sharing one scale (format-specific)
+};
+
+// ---- decoding: 16 stored values (32 for the nibble formats) to floats ----------------------------
+// AVX-512 intrinsics where the compiler targets them; GCC vector extensions elsewhere (AVX2, NEON, ...).
+
+template <int FMT>
+constexpr int chunk_values() {
+  return (FMT == INT4 || FMT == MXFP4) ? 32 : 16;
+}
+
+template <int FMT>
+inline int64_t row_bytes_of(int cols) {
+  return FMT == F32 ? 4LL * cols : FMT == BF16 ? 2LL * cols : (FMT == INT4 || FMT == MXFP4) ? cols / 2 : cols;
+}
+
+// Values k..k+15 of a row (k a multiple of 16) for the byte-per-value and wider formats, unscaled.
+template <int FMT>
+inline v16f decode16(const uint8_t* row, int k) {
+#if defined(__AVX512F__)
+  __m512 v;
+  if constexpr (FMT == F32) {
+    v = _mm512_loadu_ps(reinterpret_cast<const float*>(row) + k);
+  } else if constexpr (FMT == BF16) {
+    __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 2 * k));
+    v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+  } else if constexpr (FMT == INT8) {
+    v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k))));
+  } else {  // FP8 e4m3: sign to bit 31, the 7 magnitude bits to fp32's bits 26..20, then * 2^120
+    __m512i u = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k)));
+    __m512i bits = _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(u, _mm512_set1_epi32(0x80)), 24),
+                                   _mm512_slli_epi32(_mm512_and_si512(u, _mm512_set1_epi32(0x7f)), 20));
+    v = _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(kFp8Rescale));
+  }
+  v16f out;
+  std::memcpy(&out, &v, 64);
+  return out;
+#else
+  if constexpr (FMT == F32) {
+    return load<v16f>(row + 4 * k);
+  } else if constexpr (FMT == BF16) {
+    return (v16f)(__builtin_convertvector(load<v16u16>(row + 2 * k), v16u) << 16);
+  } else if constexpr (FMT == INT8) {
+    return __builtin_convertvector(load<v16i8>(row + k), v16f);
+  } else {
+    v16u u = __builtin_convertvector(load<v16u8>(row + k), v16u);
+    return (v16f)(((u & 0x80) << 24) | ((u & 0x7f) << 20)) * kFp8Rescale;
+  }
+#endif
+}
+
+// Values k..k+31 of a nibble-packed row (k a multiple of 32): element 2j is byte j's low nibble.
+template <int FMT>
+inline void decode32(const uint8_t* row, int k, v16f& first, v16f& second) {
+  const v16i even = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23};
+  const v16i odd = even + 8;
+  v16u8 b = load<v16u8>(row + k / 2);
+  v16i lo = __builtin_convertvector(b & 0x0f, v16i), hi = __builtin_convertvector(b >> 4, v16i);
+  v16f flo, fhi;
+  if constexpr (FMT == INT4) {
+    flo = __builtin_convertvector(lo - 8, v16f);
+    fhi = __builtin_convertvector(hi - 8, v16f);
+  } else {
+    const v16f table = load<v16f>(kE2M1);
+    flo = __builtin_shuffle(table, lo);
+    fhi = __builtin_shuffle(table, hi);
+  }
+  first = __builtin_shuffle(flo, fhi, even);
+  second = __builtin_shuffle(flo, fhi, odd);
+}
+
+// One stored value, unscaled (row tails).
+template <int FMT>
+inline float decode1(const uint8_t* row, int k) {
+  if constexpr (FMT == F32) return reinterpret_cast<const float*>(row)[k];
+  if constexpr (FMT == BF16) return bf16_to_float(reinterpret_cast<const uint16_t*>(row)[k]);
+  if constexpr (FMT == INT8) return float(reinterpret_cast<const int8_t*>(row)[k]);
+  if constexpr (FMT == FP8) return fp8_to_float(row[k]);
+  const int code = (row[k / 2] >> (4 * (k & 1))) & 0x0f;
+  if constexpr (FMT == INT4) return float(code - 8);
+  return kE2M1[code];
+}
+
+// The scale of the values at column k of row r of expert e (1 for BF16/F32; INT8 scales whole rows).
+template <int FMT>
+inline float scale_at(const Matrix& m, int e, int r, int k) {
+  if constexpr (FMT == F32 || FMT == BF16) return 1.0f;
+  if constexpr (FMT == INT8) return static_cast<const float*>(m.scale)[int64_t(e) * m.scale_rows + r];
+  const int64_t base = int64_t(e) * m.scale_rows * m.scale_cols;
+  if constexpr (FMT == FP8)
+    return static_cast<const float*>(m.scale)[base + int64_t(r / m.group_n) * m.scale_cols + k / m.group_k];
+  if constexpr (FMT == INT4) return static_cast<const float*>(m.scale)[base + int64_t(r) * m.scale_cols + k / m.group_k];
+  return e8m0_to_float(static_cast<const uint8_t*>(m.scale)[base + int64_t(r) * m.scale_cols + k / m.group_k]);
+}
+
+inline float hsum(v16f v) {
+  float s = 0;
+  for (int j = 0; j < 16; ++j) s += v[j];
+  return s;
+}
+
+// out[j][i] = row rows[j] of expert e (decoded, scaled) . xs[i], for R rows and N vectors at once: each
+// row is read once for all vectors, decoded in registers, and R rows stream side by side (more loads in
+// flight per core: decode is bound by how many cache misses each core keeps going).
+constexpr int kPrefetchBytes = 1024;
+
+template <int FMT, int R, int N>
+inline void rows_dot(const Matrix& m, int e, const int* rows, const float* const* xs, float (*out)[4]) {
+  const uint8_t* base[R];
+  for (int j = 0; j < R; ++j) base[j] = m.weight + e * m.expert_bytes + rows[j] * m.row_bytes;
+  const int cols = m.cols;
+  constexpr int C = chunk_values<FMT>();
+  constexpr bool grouped = FMT == INT4 || FMT == FP8 || FMT == MXFP4;
+  constexpr int bytes_per_chunk = FMT == F32 ? 64 : FMT == BF16 ? 32 : 16;
+  // Group formats apply their scale per chunk, so a chunk must not straddle two groups.
+  const bool vector = !grouped || m.group_k % C == 0;
+  v16f acc[R][N] = {};
+  int k = 0;
+  if (vector) {
+    for (; k + C <= cols; k += C) {
+      const int64_t byte = int64_t(k / C) * bytes_per_chunk;
+#pragma GCC unroll 2
+      for (int j = 0; j < R; ++j) {
+        __builtin_prefetch(base[j] + byte + kPrefetchBytes, 0, 3);
+        v16f a, b = {};
+        if constexpr (C == 32) {
+          decode32<FMT>(base[j], k, a, b);
+        } else {
+          a = decode16<FMT>(base[j], k);
+        }
+        if constexpr (grouped) {
+          const float s = scale_at<FMT>(m, e, rows[j], k);
+          a *= s;
+          if constexpr (C == 32) b *= s;
+        }
+#pragma GCC unroll 4
+        for (int i = 0; i < N; ++i) {
+          acc[j][i] += a * load<v16f>(xs[i] + k);
+          if constexpr (C == 32) acc[j][i] += b * load<v16f>(xs[i] + k + 16);
+        }
+      }
+    }
+  }
+  for (int j = 0; j < R; ++j) {
+    float tail[N] = {};
+    for (int kk = k; kk < cols; ++kk) {
+      const float w = decode1<FMT>(base[j], kk) * (grouped ? scale_at<FMT>(m, e, rows[j], kk) : 1.0f);
+      for (int i = 0; i < N; ++i) tail[i] += w * xs[i][kk];
+    }
+    const float row_scale = FMT == INT8 ? scale_at<FMT>(m, e, rows[j], 0) : 1.0f;
+    for (int i = 0; i < N; ++i) out[j][i] = (hsum(acc[j][i]) + tail[i]) * row_scale;
+  }
+}
+
+// Dot products of R rows with n (any count) vectors, four vectors at a time: out[j][i].
+template <int FMT, int R>
+inline void rows_dots(const Matrix& m, int e, const int* rows, const float* const* xs, int n, float (*out)[64]) {
+  float part[R][4];
+  for (int i = 0; i < n; i += 4) {
+    const int left = n - i;
+    switch (left >= 4 ? 4 : left) {
+      case 4: rows_dot<FMT, R, 4>(m, e, rows, xs + i, part); break;
+      case 3: rows_dot<FMT, R, 3>(m, e, rows, xs + i, part); break;
+      case 2: rows_dot<FMT, R, 2>(m, e, rows, xs + i, part); break;
+      default: rows_dot<FMT, R, 1>(m, e, rows, xs + i, part); break;
+    }
+    for (int j = 0; j < R; ++j)
+      for (int q = 0; q < 4 && i + q < n; ++q) out[j][i + q] = part[j][q];
+  }
+}
+
+#if defined(__AVX512BF16__)
+constexpr bool kHaveBf16Dot = true;
+
+// The bf16 path (bf16 models, BF16 experts): the stored bf16 weights and bf16 activations (as the GPU's
+// MoE kernels use them) go to vdpbf16ps as they are, products summed in fp32: 32 multiply-adds per
+// instruction and no decoding, where the fp32 path spends several instructions per 16 values first.
+template <int R, int N>
+inline void rows_dot_bf16(const Matrix& m, int e, const int* rows, const uint16_t* const* xs, float (*out)[8]) {
+  const uint8_t* base[R];
+  for (int j = 0; j < R; ++j) base[j] = m.weight + e * m.expert_bytes + rows[j] * m.row_bytes;
+  const int cols = m.cols;
+  constexpr int bytes_per_chunk = 64;
+  __m512 acc[R][N];
+  for (int j = 0; j < R; ++j)
+    for (int i = 0; i < N; ++i) acc[j][i] = _mm512_setzero_ps();
+  int k = 0;
+  for (; k + 32 <= cols; k += 32) {
+    __m512bh w[R];
+    for (int j = 0; j < R; ++j) {
+      __builtin_prefetch(base[j] + int64_t(k / 32) * bytes_per_chunk + kPrefetchBytes, 0, 3);
+      w[j] = (__m512bh)_mm512_loadu_si512(base[j] + 2 * k);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < N; ++i) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(xs[i] + k);
+      for (int j = 0; j < R; ++j) acc[j][i] = _mm512_dpbf16_ps(acc[j][i], w[j], xv);
+    }
+  }
+  for (int j = 0; j < R; ++j) {
+    for (int i = 0; i < N; ++i) {
+      float sum = _mm512_reduce_add_ps(acc[j][i]);
+      for (int kk = k; kk < cols; ++kk) sum += decode1<BF16>(base[j], kk) * bf16_to_float(xs[i][kk]);
+      out[j][i] = sum;
+    }
+  }
+}
+
+// Dot products of R rows with n (any count) bf16 vectors, eight at a time: out[j][i].
+template <int R>
+inline void rows_dots_bf16(const Matrix& m, int e, const int* rows, const uint16_t* const* xs, int n,
+                           float (*out)[64]) {
+  float part[R][8];
+  for (int i = 0; i < n; i += 8) {
+    switch (std::min(8, n - i)) {
+      case 8: rows_dot_bf16<R, 8>(m, e, rows, xs + i, part); break;
+      case 7: rows_dot_bf16<R, 7>(m, e, rows, xs + i, part); break;
+      case 6: rows_dot_bf16<R, 6>(m, e, rows, xs + i, part); break;
+      case 5: rows_dot_bf16<R, 5>(m, e, rows, xs + i, part); break;
+      case 4: rows_dot_bf16<R, 4>(m, e, rows, xs + i, part); break;
+      case 3: rows_dot_bf16<R, 3>(m, e, rows, xs + i, part); break;
+      case 2: rows_dot_bf16<R, 2>(m, e, rows, xs + i, part); break;
+      default: rows_dot_bf16<R, 1>(m, e, rows, xs + i, part); break;
+    }
+    for (int j = 0; j < R; ++j)
+      for (int q = 0; q < 8 && i + q < n; ++q) out[j][i + q] = part[j][q];
+  }
+}
+#else
+constexpr bool kHaveBf16Dot = false;
+#endif
+
+inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
+
+struct Layer;
+
+constexpr int kHeader = 16;  // int32 words before the first token row (the first row starts 64-byte aligned)
+
+// The per-model state: the pool, the caller's I/O buffers, the routing of the running step.
+struct Engine {
+  int hidden, inter, top_k, num_experts, expert_offset, capacity;
+  // The step's inputs, one block so that a GPU fills it with one copy: kHeader int32 (the token count,
+  // read when the step runs, first), then per token a row of hidden activations (fp32), top_k routing
+  // weights (fp32) and top_k global expert ids (int32; ids < expert_offset belong to the GPU).
+  float* in;
+  int64_t in_row;  // hidden + 2 * top_k
+  float* out;      // [capacity, hidden] the CPU experts' mixture (fp32)
+
+  int count() const { return *reinterpret_cast<const int32_t*>(in); }
+  const float* token_x(int t) const { return in + kHeader + t * in_row; }
+  float token_weight(int t, int j) const { return in[kHeader + t * in_row + hidden + j]; }
+  int32_t token_id(int t, int j) const {
+    return reinterpret_cast<const int32_t*>(in)[kHeader + t * in_row + hidden + top_k + j];
+  }
+  int spin_us;
+
+  // Routing of the running step (written by submit, read by the tasks).
+  int tokens = 0;
+  std::vector<int32_t> expert_start;  // [num_experts + 1] first pair of each expert
+  std::vector<int32_t> active;        // experts with at least one pair
+  int num_active = 0;
+  std::vector<int32_t> pair_token;    // [capacity * top_k]
+  std::vector<float> pair_weight;
+  std::vector<float> act;             // [capacity * top_k, inter]
+  std::vector<uint16_t> x_bf16;       // [capacity, hidden]: the bf16 path's activations
+  std::vector<uint16_t> act_bf16;     // [capacity * top_k, inter]
+  std::vector<int32_t> fill;
+
+  // Task bookkeeping of the running step.
+  Layer* layer = nullptr;
+  int rows_a = 1, rows_b = 1, tasks_a = 0, tasks_total = 0;  // fixed per engine
+  std::atomic<int> next_task{0};
+  std::atomic<int> done_a{0};
+  std::atomic<int> done_total{0};
+  std::atomic<uint64_t> generation{0};  // steps started (workers wake on a change)
+  std::atomic<uint64_t> completed{0};   // steps finished (the waiter wakes on a change)
+  std::atomic<bool> stop{false};
+  std::vector<std::thread> workers;
+  int64_t submit_ns = 0;
+  std::atomic<int64_t> finish_ns{0};
+
+  // Totals for the benchmark's profile.
+  std::atomic<int64_t> steps{0}, pairs{0}, experts_read{0}, bytes_read{0};
+  std::atomic<int64_t> compute_ns{0}, wait_blocked_ns{0};
+};
+
+struct Layer {
+  Engine* engine;
+  int format;
+  bool bf16_dot;  // activations in bf16, vdpbf16ps (see rows_dot_bf16)
+  Matrix w13, w2;  // w13: [2 * inter, hidden] (gate rows then up rows), w2: [hidden, inter]
+  int64_t expert_bytes;  // weight + scale bytes of one expert (what a step reads per routed expert)
+};
+
+// Pairs of one expert are taken in blocks of up to 64 (the dots of a row with a block share one read).
+constexpr int kPairBlock = 64;
+
+template <int FMT>
+void run_task_as(Engine& eng, Layer& L, int task) {
+  const int H = eng.hidden, I = eng.inter;
+  const float* vecs[kPairBlock];
+  float dots[2][kPairBlock];
+  if (task < eng.tasks_a) {
+    // Gate row r and up row I + r side by side: act = silu(gate . x) * (up . x).
+    const int r0 = task * eng.rows_a, r1 = std::min(I, r0 + eng.rows_a);
+    for (int a = 0; a < eng.num_active; ++a) {
+      const int e = eng.active[a];
+      for (int p0 = eng.expert_start[e]; p0 < eng.expert_start[e + 1]; p0 += kPairBlock) {
+        const int n = std::min(kPairBlock, eng.expert_start[e + 1] - p0);
+        for (int i = 0; i < n; ++i) vecs[i] = eng.token_x(eng.pair_token[p0 + i]);
+        for (int r = r0; r < r1; ++r) {
+          const int rows[2] = {r, I + r};
+          rows_dots<FMT, 2>(L.w13, e, rows, vecs, n, dots);
+          for (int i = 0; i < n; ++i) eng.act[int64_t(p0 + i) * I + r] = silu(dots[0][i]) * dots[1][i];
+        }
+      }
+    }
+    return;
+  }
+  // Down rows h, h + 1 side by side: out[token, h] += weight * (down . act).
+  const int h0 = (task - eng.tasks_a) * eng.rows_b, h1 = std::min(H, h0 + eng.rows_b);
+  for (int t = 0; t < eng.tokens; ++t) std::memset(eng.out + int64_t(t) * H + h0, 0, sizeof(float) * (h1 - h0));
+  for (int a = 0; a < eng.num_active; ++a) {
+    const int e = eng.active[a];
+    for (int p0 = eng.expert_start[e]; p0 < eng.expert_start[e + 1]; p0 += kPairBlock) {
+      const int n = std::min(kPairBlock, eng.expert_start[e + 1] - p0);
+      for (int i = 0; i < n; ++i) vecs[i] = eng.act.data() + int64_t(p0 + i) * I;
+      for (int h = h0; h < h1; h += 2) {
+        const int rows[2] = {h, h + 1};
+        const int pair_rows = std::min(2, h1 - h);
+        if (pair_rows == 2) {
+          rows_dots<FMT, 2>(L.w2, e, rows, vecs, n, dots);
+        } else {
+          rows_dots<FMT, 1>(L.w2, e, rows, vecs, n, dots);
+        }
+        for (int j = 0; j < pair_rows; ++j)
+          for (int i = 0; i < n; ++i)
+            eng.out[int64_t(eng.pair_token[p0 + i]) * H + h + j] += eng.pair_weight[p0 + i] * dots[j][i];
+      }
+    }
+  }
+}
+
+#if defined(__AVX512BF16__)
+void run_task_bf16(Engine& eng, Layer& L, int task) {
+  const int H = eng.hidden, I = eng.inter;
+  const uint16_t* vecs[kPairBlock];
+  float dots[2][kPairBlock];
+  if (task < eng.tasks_a) {
+    const int r0 = task * eng.rows_a, r1 = std::min(I, r0 + eng.rows_a);
+    for (int a = 0; a < eng.num_active; ++a) {
+      const int e = eng.active[a];
+      for (int p0 = eng.expert_start[e]; p0 < eng.expert_start[e + 1]; p0 += kPairBlock) {
+        const int n = std::min(kPairBlock, eng.expert_start[e + 1] - p0);
+        for (int i = 0; i < n; ++i) vecs[i] = eng.x_bf16.data() + int64_t(eng.pair_token[p0 + i]) * H;
+        for (int r = r0; r < r1; ++r) {
+          const int rows[2] = {r, I + r};
+          rows_dots_bf16<2>(L.w13, e, rows, vecs, n, dots);
+          for (int i = 0; i < n; ++i)
+            eng.act_bf16[int64_t(p0 + i) * I + r] = float_to_bf16(silu(dots[0][i]) * dots[1][i]);
+        }
+      }
+    }
+    return;
+  }
+  const int h0 = (task - eng.tasks_a) * eng.rows_b, h1 = std::min(H, h0 + eng.rows_b);
+  for (int t = 0; t < eng.tokens; ++t) std::memset(eng.out + int64_t(t) * H + h0, 0, sizeof(float) * (h1 - h0));
+  for (int a = 0; a < eng.num_active; ++a) {
+    const int e = eng.active[a];
+    for (int p0 = eng.expert_start[e]; p0 < eng.expert_start[e + 1]; p0 += kPairBlock) {
+      const int n = std::min(kPairBlock, eng.expert_start[e + 1] - p0);
+      for (int i = 0; i < n; ++i) vecs[i] = eng.act_bf16.data() + int64_t(p0 + i) * I;
+      for (int h = h0; h < h1; h += 2) {
+        const int rows[2] = {h, h + 1};
+        const int pair_rows = std::min(2, h1 - h);
+        if (pair_rows == 2) {
+          rows_dots_bf16<2>(L.w2, e, rows, vecs, n, dots);
+        } else {
+          rows_dots_bf16<1>(L.w2, e, rows, vecs, n, dots);
+        }
+        for (int j = 0; j < pair_rows; ++j)
+          for (int i = 0; i < n; ++i)
+            eng.out[int64_t(eng.pair_token[p0 + i]) * H + h + j] += eng.pair_weight[p0 + i] * dots[j][i];
+      }
+    }
+  }
+}
+#endif
+
+void run_task(Engine& eng, int task) {
+  Layer& L = *eng.layer;
+#if defined(__AVX512BF16__)
+  if (L.bf16_dot) {
+    run_task_bf16(eng, L, task);
+    return;
+  }
+#endif
+  switch (L.format) {
+    case F32: run_task_as<F32>(eng, L, task); break;
+    case BF16: run_task_as<BF16>(eng, L, task); break;
+    case INT8: run_task_as<INT8>(eng, L, task); break;
+    case INT4: run_task_as<INT4>(eng, L, task); break;
+    case FP8: run_task_as<FP8>(eng, L, task); break;
+    case MXFP4: run_task_as<MXFP4>(eng, L, task); break;
+  }
+}
+
+// Take tasks until none are left. Phase-B tasks start once every phase-A task has finished.
+void work(Engine& eng) {
+  for (;;) {
+    const int task = eng.next_task.fetch_add(1, std::memory_order_acq_rel);
+    if (task >= eng.tasks_total) return;
+    if (task >= eng.tasks_a)
+      while (eng.done_a.load(std::memory_order_acquire) < eng.tasks_a) cpu_relax();
+    run_task(eng, task);
+    if (task < eng.tasks_a) eng.done_a.fetch_add(1, std::memory_order_acq_rel);
+    if (eng.done_total.fetch_add(1, std::memory_order_acq_rel) + 1 == eng.tasks_total) {
+      eng.finish_ns.store(now_ns(), std::memory_order_relaxed);
+      eng.completed.fetch_add(1, std::memory_order_release);  // publishes the outputs and finish_ns
+      eng.completed.notify_all();
+    }
+  }
+}
+
+// Spin-wait helper: pause, and every 64 polls let the OS run someone else (the pool may share cores with
+// the scheduler's thread and the CUDA driver's callback thread; a spinner must never starve them).
+inline void poll_pause(int& polls) {
+  cpu_relax();
+  if (++polls % 64 == 0) sched_yield();
+}
+
+void worker_loop(Engine* eng) {
+  uint64_t seen = 0;
+  for (;;) {
+    // Spin for spin_us after each step (the next layer's work comes within microseconds), then sleep.
+    const int64_t deadline = now_ns() + int64_t(eng->spin_us) * 1000;
+    uint64_t gen;
+    int polls = 0;
+    while ((gen = eng->generation.load(std::memory_order_acquire)) == seen) {
+      if (eng->stop.load(std::memory_order_relaxed)) return;
+      poll_pause(polls);
+      if (polls % 256 == 0 && now_ns() > deadline) eng->generation.wait(seen, std::memory_order_acquire);
+    }
+    seen = gen;
+    if (eng->stop.load(std::memory_order_relaxed)) return;
+    work(*eng);
+  }
+}
+
+// Route the step's (token, CPU expert) pairs, then wake the pool. Runs on the submitting thread.
+void submit(Layer* layer) {
+  Engine& eng = *layer->engine;
+  eng.submit_ns = now_ns();
+  const int T = std::clamp(eng.count(), 0, eng.capacity);
+  const int K = eng.top_k, E = eng.num_experts;
+  std::fill(eng.expert_start.begin(), eng.expert_start.end(), 0);
+  for (int i = 0; i < T * K; ++i) {
+    const int e = eng.token_id(i / K, i % K) - eng.expert_offset;
+    if (e >= 0 && e < E) ++eng.expert_start[e + 1];
+  }
+  eng.num_active = 0;
+  for (int e = 0; e < E; ++e) {
+    if (eng.expert_start[e + 1] > 0) eng.active[eng.num_active++] = e;
+    eng.expert_start[e + 1] += eng.expert_start[e];
+  }
+  std::copy(eng.expert_start.begin(), eng.expert_start.end() - 1, eng.fill.begin());
+  for (int i = 0; i < T * K; ++i) {
+    const int e = eng.token_id(i / K, i % K) - eng.expert_offset;
+    if (e < 0 || e >= E) continue;
+    const int p = eng.fill[e]++;
+    eng.pair_token[p] = i / K;
+    eng.pair_weight[p] = eng.token_weight(i / K, i % K);
+  }
+  if (layer->bf16_dot)  // exact: a bf16 model's activations arrive as bf16 values
+    for (int t = 0; t < T; ++t)
+      for (int h = 0; h < eng.hidden; ++h) eng.x_bf16[int64_t(t) * eng.hidden + h] = float_to_bf16(eng.token_x(t)[h]);
+  eng.tokens = T;
+  eng.layer = layer;
+  eng.steps.fetch_add(1, std::memory_order_relaxed);
+  eng.pairs.fetch_add(eng.expert_start[E], std::memory_order_relaxed);
+  eng.experts_read.fetch_add(eng.num_active, std::memory_order_relaxed);
+  eng.bytes_read.fetch_add(int64_t(eng.num_active) * layer->expert_bytes, std::memory_order_relaxed);
+  eng.done_a.store(0, std::memory_order_relaxed);
+  eng.done_total.store(0, std::memory_order_relaxed);
+  eng.next_task.store(0, std::memory_order_release);  // publishes everything above to task takers
+  eng.generation.fetch_add(1, std::memory_order_release);
+  eng.generation.notify_all();
+}
+
+// Block until the step submitted last has finished: spin (yielding) for up to spin_us, then sleep. The pool
+// does the work; this thread (the CUDA driver's callback thread, or the caller of ktc_run) only waits, so
+// --kt-cpuinfer threads compute and nobody else competes with them.
+void wait_done(Layer* layer) {
+  Engine& eng = *layer->engine;
+  const int64_t start = now_ns();
+  const uint64_t target = eng.generation.load(std::memory_order_relaxed);  // steps submitted (stop aside)
+  const int64_t deadline = start + int64_t(eng.spin_us) * 1000;  // a sleeping waiter wakes tens of us late
+  int polls = 0;
+  uint64_t done;
+  while ((done = eng.completed.load(std::memory_order_acquire)) < target) {
+    poll_pause(polls);
+    if (polls % 256 == 0 && now_ns() > deadline) eng.completed.wait(done, std::memory_order_acquire);
+  }
+  const int64_t finish = eng.finish_ns.load(std::memory_order_relaxed);
+  eng.compute_ns.fetch_add(finish - eng.submit_ns, std::memory_order_relaxed);
+  eng.wait_blocked_ns.fetch_add(std::max<int64_t>(0, finish - start), std::memory_order_relaxed);
+}
+
+void host_submit(void* layer) { submit(static_cast<Layer*>(layer)); }
+void host_wait(void* layer) { wait_done(static_cast<Layer*>(layer)); }
+
+// cuLaunchHostFunc from the driver, looked up on first use (the library itself needs no CUDA to build).
+typedef int (*LaunchHostFunc)(void* stream, void (*fn)(void*), void* data);
+LaunchHostFunc launch_host_func() {
+  static LaunchHostFunc fn = [] {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
+    if (lib == nullptr) lib = dlopen("libcuda.so.1", RTLD_NOW);
+    return lib == nullptr ? nullptr : reinterpret_cast<LaunchHostFunc>(dlsym(lib, "cuLaunchHostFunc"));
+  }();
+  return fn;
+}
+
+Matrix make_matrix(int format, const void* weight, const void* scale, int experts, int rows, int cols, int group_n,
+                   int group_k) {
+  Matrix m{};
+  m.weight = static_cast<const uint8_t*>(weight);
+  m.scale = scale;
+  m.rows = rows;
+  m.cols = cols;
+  m.group_n = std::max(1, group_n);
+  m.group_k = std::max(1, group_k);
+  switch (format) {
+    case F32: m.row_bytes = int64_t(cols) * 4; break;
+    case BF16: m.row_bytes = int64_t(cols) * 2; break;
+    case INT8: case FP8: m.row_bytes = cols; break;
+    default: m.row_bytes = cols / 2; break;
+  }
+  m.expert_bytes = m.row_bytes * rows;
+  if (format == INT8) {
+    m.scale_rows = rows;
+    m.scale_cols = 1;
+  } else if (format == INT4 || format == MXFP4) {
+    m.scale_rows = rows;
+    m.scale_cols = (cols + m.group_k - 1) / m.group_k;
+  } else if (format == FP8) {
+    m.scale_rows = (rows + m.group_n - 1) / m.group_n;
+    m.scale_cols = (cols + m.group_k - 1) / m.group_k;
+  }
+  (void)experts;
+  return m;
+}
+
+int64_t scale_bytes(int format, const Matrix& m) {
+  const int64_t n = int64_t(m.scale_rows) * m.scale_cols;
+  return format == MXFP4 ? n : (format == F32 || format == BF16) ? 0 : n * 4;
+}
+
+}  // namespace
+
+extern "C" {
+
+void* ktc_engine_create(int threads, int hidden, int inter, int top_k, int num_experts, int expert_offset,
+                        int capacity, float* in, float* out, int spin_us) {
+  Engine* eng = new Engine();
+  eng->hidden = hidden;
+  eng->inter = inter;
+  eng->top_k = top_k;
+  eng->num_experts = num_experts;
+  eng->expert_offset = expert_offset;
+  eng->capacity = capacity;
+  eng->in = in;
+  eng->in_row = hidden + 2 * top_k;
+  eng->out = out;
+  eng->spin_us = spin_us;
+  eng->expert_start.assign(num_experts + 1, 0);
+  eng->active.assign(num_experts, 0);
+  eng->fill.assign(num_experts, 0);
+  eng->pair_token.assign(int64_t(capacity) * top_k, 0);
+  eng->pair_weight.assign(int64_t(capacity) * top_k, 0.0f);
+  eng->act.assign(int64_t(capacity) * top_k * inter, 0.0f);
+  if (kHaveBf16Dot) {
+    eng->x_bf16.assign(int64_t(capacity) * hidden, 0);
+    eng->act_bf16.assign(int64_t(capacity) * top_k * inter, 0);
+  }
+  // About eight tasks per thread and phase keeps the pool balanced (the last tasks of a phase are what
+  // the others wait for); each task still reads whole rows, several KB each.
+  const int t = std::max(1, threads);
+  eng->rows_a = std::max(1, (inter + 8 * t - 1) / (8 * t));
+  eng->rows_b = std::max(2, (hidden + 8 * t - 1) / (8 * t) + 1) / 2 * 2;  // even: rows go two at a time
+  eng->tasks_a = (inter + eng->rows_a - 1) / eng->rows_a;
+  eng->tasks_total = eng->tasks_a + (hidden + eng->rows_b - 1) / eng->rows_b;
+  for (int i = 0; i < t; ++i) eng->workers.emplace_back(worker_loop, eng);
+  return eng;
+}
+
+void ktc_engine_destroy(void* handle) {
+  Engine* eng = static_cast<Engine*>(handle);
+  eng->stop.store(true);
+  eng->generation.fetch_add(1, std::memory_order_release);
+  eng->generation.notify_all();
+  for (auto& w : eng->workers) w.join();
+  delete eng;
+}
+
+// bf16_activations: the model computes in bf16; BF16 layers then take the bf16 path where the CPU has
+// vdpbf16ps (ktc_layer_uses_bf16_dot tells).
+void* ktc_layer_create(void* engine, int format, const void* w13, const void* w13_scale, const void* w2,
+                       const void* w2_scale, int group_n, int group_k, int bf16_activations) {
+  Engine* eng = static_cast<Engine*>(engine);
+  Layer* layer = new Layer();
+  layer->engine = eng;
+  layer->format = format;
+  // BF16 weights go to vdpbf16ps as stored, with no decoding at all. INT8 stays on the fp32 path: widening
+  // int8 to bf16 pairs costs as many shuffles as the FMAs it saves (it measured slower on the H200 host).
+  layer->bf16_dot = kHaveBf16Dot && bf16_activations && format == BF16;
+  layer->w13 = make_matrix(format, w13, w13_scale, eng->num_experts, 2 * eng->inter, eng->hidden, group_n, group_k);
+  layer->w2 = make_matrix(format, w2, w2_scale, eng->num_experts, eng->hidden, eng->inter, group_n, group_k);
+  layer->expert_bytes = layer->w13.expert_bytes + layer->w2.expert_bytes + scale_bytes(format, layer->w13) +
+                        scale_bytes(format, layer->w2);
+  // Per-expert strides of the scale tensors are scale_rows * scale_cols (INT8: rows).
+  return layer;
+}
+
+void ktc_layer_destroy(void* layer) { delete static_cast<Layer*>(layer); }
+
+int ktc_layer_uses_bf16_dot(void* layer) { return static_cast<Layer*>(layer)->bf16_dot ? 1 : 0; }
+
+void ktc_run(void* layer) {
+  submit(static_cast<Layer*>(layer));
+  wait_done(static_cast<Layer*>(layer));
+}
+
+// Enqueue the step's start / its end on a CUDA stream. Returns the CUresult, or -1 without a CUDA driver.
+int ktc_enqueue_submit(void* layer, void* stream) {
+  LaunchHostFunc fn = launch_host_func();
+  return fn == nullptr ? -1 : fn(stream, host_submit, layer);
+}
+
+int ktc_enqueue_wait(void* layer, void* stream) {
+  LaunchHostFunc fn = launch_host_func();
+  return fn == nullptr ? -1 : fn(stream, host_wait, layer);
+}
+
+// steps, (token, expert) pairs, experts read, weight bytes read, compute ns (submit to last task),
+// ns the waiting thread was blocked after the GPU reached it.
+void ktc_engine_stats(void* engine, int64_t* out) {
+  Engine* eng = static_cast<Engine*>(engine);
+  out[0] = eng->steps.load();
+  out[1] = eng->pairs.load();
+  out[2] = eng->experts_read.load();
+  out[3] = eng->bytes_read.load();
+  out[4] = eng->compute_ns.load();
+  out[5] = eng->wait_blocked_ns.load();
+}
+
+// STREAM-style read of `bytes` from `data` by `threads` threads (the kernel's access pattern: each thread
+// sums its contiguous share with vector loads). Returns seconds for `reps` passes.
+double ktc_read_seconds(const void* data, int64_t bytes, int threads, int reps) {
+  const int64_t n = bytes / 64;
+  std::vector<uint32_t> sink(threads, 0);
+  const int64_t start = now_ns();
+  for (int rep = 0; rep < reps; ++rep) {
+    std::vector<std::thread> pool;
+    std::atomic<int> ready{0};
+    for (int t = 0; t < threads; ++t)
+      pool.emplace_back([&, t] {
+        const int64_t b = n * t / threads, e = n * (t + 1) / threads;
+        const uint8_t* p = static_cast<const uint8_t*>(data);
+        v16u acc0 = {}, acc1 = {};  // integer adds: no float assists whatever the bytes are
+        int64_t i = b;
+        for (; i + 2 <= e; i += 2) {
+          acc0 += load<v16u>(p + i * 64);
+          acc1 += load<v16u>(p + (i + 1) * 64);
+        }
+        if (i < e) acc0 += load<v16u>(p + i * 64);
+        v16u acc = acc0 + acc1;
+        uint32_t s = 0;
+        for (int j = 0; j < 16; ++j) s += acc[j];
+        sink[t] = s;
+      });
+    for (auto& th : pool) th.join();
+  }
+  const double seconds = (now_ns() - start) * 1e-9;
+  volatile uint32_t keep = sink[0];
+  (void)keep;
+  return seconds;
+}
+
+}  // extern "C"
