@@ -84,7 +84,10 @@ def add_cli_args(parser: argparse.ArgumentParser, defaults: Mapping[str, Any]) -
     g.add_argument("--kt-weight-path", type=str, default=None)
     g.add_argument("--kt-method", type=str.upper, default=_default("kt_method"), choices=KT_METHODS)
     g.add_argument(
-        "--kt-cpuinfer", type=int, default=None, help="CPU threads computing experts (default: every usable CPU)."
+        "--kt-cpuinfer",
+        type=int,
+        default=None,
+        help="CPU threads computing experts, per tensor-parallel rank (default: the usable CPUs / --tp-size).",
     )
     g.add_argument(
         "--kt-threadpool-count",

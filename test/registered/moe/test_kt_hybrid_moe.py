@@ -148,3 +148,20 @@ def test_kt_state_is_one_per_model(model_dir):
     assert states[1].release_full_gpu_slot() > 0 and states[1].full_gpu_slot is None
     assert None not in (states[0].cpu_engine, states[1].cpu_engine)
     assert states[0].cpu_engine is not states[1].cpu_engine
+
+
+def test_cpu_threads_default_shares_the_cpus_out_over_ranks(model_dir):
+    """Without --kt-cpuinfer every tensor-parallel rank's pool takes its share of the usable CPUs (a pool per
+    rank, each spinning between layers, must not oversubscribe the host); with it, the flag's count."""
+    import os
+
+    from sglang.srt.layers.moe.kt_ep_wrapper import KTConfig
+    from sglang.srt.server_args import ServerArgs
+
+    path, _ = model_dir
+    cores = len(os.sched_getaffinity(0))
+    for tp in (1, 2):
+        sa = ServerArgs(model_path=path, device="cpu", tp_size=tp, kt_method="BF16", kt_num_gpu_experts=3)
+        assert KTConfig.from_server_args(sa).cpu_threads() == max(1, cores // tp)
+    sa = ServerArgs(model_path=path, device="cpu", tp_size=2, kt_method="BF16", kt_num_gpu_experts=3, kt_cpuinfer=1)
+    assert KTConfig.from_server_args(sa).cpu_threads() == 1

@@ -60,7 +60,8 @@ class KTConfig:
         return cls(
             method=sa.kt_method.upper(),
             weight_path=sa.kt_weight_path,
-            cpuinfer=sa.kt_cpuinfer,
+            # Each tensor-parallel rank runs its own pool: by default they share the CPUs out.
+            cpuinfer=sa.kt_cpuinfer or max(1, len(os.sched_getaffinity(0)) // sa.tp_size),
             threadpool_count=sa.kt_threadpool_count,
             num_gpu_experts=sa.kt_num_gpu_experts or 0,
             max_deferred_experts_per_token=sa.kt_max_deferred_experts_per_token,
@@ -69,7 +70,7 @@ class KTConfig:
         )
 
     def cpu_threads(self) -> int:
-        """--kt-cpuinfer, else every CPU this process may run on."""
+        """--kt-cpuinfer (from_server_args fills in the default), else every CPU this process may run on."""
         return self.cpuinfer or len(os.sched_getaffinity(0))
 
 
