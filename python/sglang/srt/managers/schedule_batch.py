@@ -193,9 +193,17 @@ class ScheduleBatch:
             raise RuntimeError("KV pool exhausted after eviction; the scheduler admitted too much")
         return out
 
-    def _last_locs(self, lens: List[int]) -> List[int]:
+    def _last_locs(self, lens: List[int]) -> Optional[List[int]]:
+        """The slot of each request's token lens[i] - 1 (-1 when lens[i] is 0), which the allocator continues
+        a partly used page from; None with one-token pages, where no page is ever continued. One gather and
+        one device-to-host read for the whole batch (a read per request is a GPU sync per request)."""
+        if self.allocator.page_size == 1:
+            return None
         rows = self.req_to_token_pool.req_to_token
-        return [int(rows[r.req_pool_idx, n - 1]) if n > 0 else -1 for r, n in zip(self.reqs, lens)]
+        idx = torch.tensor([r.req_pool_idx for r in self.reqs], dtype=torch.int64).to(rows.device)
+        pos = torch.tensor([max(n - 1, 0) for n in lens], dtype=torch.int64).to(rows.device)
+        slots = rows[idx, pos].tolist()
+        return [slot if n > 0 else -1 for slot, n in zip(slots, lens)]
 
     def prepare_for_extend(self) -> None:
         self.forward_mode = ForwardMode.EXTEND

@@ -12,7 +12,7 @@ when all are free); `return_tail()` puts them back.
 
 from __future__ import annotations
 
-from typing import Iterator, List, Tuple
+from typing import Iterator, List, Optional, Tuple
 
 import torch
 
@@ -114,11 +114,16 @@ class TokenToKVPoolAllocator:
         offsets = torch.arange(self.page_size, dtype=torch.int64)
         return (pages[:, None] * self.page_size + offsets[None, :]).reshape(-1)
 
-    def alloc_extend(self, prefix_lens: List[int], seq_lens: List[int], last_locs: List[int]) -> torch.Tensor | None:
-        """Slots for tokens prefix_len..seq_len-1 of each request; last_loc is the slot of token prefix_len-1."""
+    def alloc_extend(
+        self, prefix_lens: List[int], seq_lens: List[int], last_locs: Optional[List[int]]
+    ) -> torch.Tensor | None:
+        """Slots for tokens prefix_len..seq_len-1 of each request; last_loc is the slot of token prefix_len-1
+        (None is allowed with one-token pages: no page is continued)."""
         ps = self.page_size
         if ps == 1:
             return self.alloc(sum(s - p for p, s in zip(prefix_lens, seq_lens)))
+        if last_locs is None:
+            raise ValueError(f"alloc_extend needs last_locs with page_size {ps}")
         need_pages = sum(-(-s // ps) - (-(-p // ps)) for p, s in zip(prefix_lens, seq_lens))
         if need_pages > self._num_free_pages():
             return None
@@ -138,11 +143,14 @@ class TokenToKVPoolAllocator:
                 pos += take
         return torch.tensor(out, dtype=torch.int64)
 
-    def alloc_decode(self, seq_lens: List[int], last_locs: List[int]) -> torch.Tensor | None:
-        """One slot per request for token seq_len-1 (seq_len counts the new token)."""
+    def alloc_decode(self, seq_lens: List[int], last_locs: Optional[List[int]]) -> torch.Tensor | None:
+        """One slot per request for token seq_len-1 (seq_len counts the new token); last_locs as in
+        alloc_extend (None with one-token pages)."""
         ps = self.page_size
         if ps == 1:
             return self.alloc(len(seq_lens))
+        if last_locs is None:
+            raise ValueError(f"alloc_decode needs last_locs with page_size {ps}")
         new_page = [(s - 1) % ps == 0 for s in seq_lens]
         n = sum(new_page)
         if n > self._num_free_pages():
