@@ -140,9 +140,11 @@ def local_ids(topk_ids: torch.Tensor) -> torch.Tensor:
 
 
 def takes_bf16_path(layer: torch.nn.Module) -> bool:
-    """Whether the kernel runs this layer on its bf16 path: a bf16 model, BF16 experts, AVX512-BF16."""
+    """Whether the kernel runs this layer on its bf16 path: a bf16 model, BF16 experts or INT4 experts with
+    groups of 128, a CPU with AVX512-BF16."""
+    q = layer.quant_method
     bf16_model = layer.moe_weight_spec.params_dtype == torch.bfloat16
-    return HAS_BF16_DOT and bf16_model and layer.quant_method.name == "BF16"
+    return HAS_BF16_DOT and bf16_model and (q.name == "BF16" or (q.name == "INT4" and q.group % 128 == 0))
 
 
 def tolerance(layer: torch.nn.Module) -> float:
@@ -233,7 +235,7 @@ def test_matches_fp32_reference(name: str, tokens: int, top_k: int):
 
     out = engine.run_on_host(handle, x, weights, ids)
     # bf16 models with BF16 / INT8 experts take the bf16 path wherever the CPU has AVX512-BF16.
-    assert handle.bf16_dot == takes_bf16_path(layer) == (HAS_BF16_DOT and name == "bf16-bf16")
+    assert handle.bf16_dot == takes_bf16_path(layer) == (HAS_BF16_DOT and name in ("bf16-bf16", "int4"))
     ref = reference(layer, x, weights, ids)
     tol = tolerance(layer)
 

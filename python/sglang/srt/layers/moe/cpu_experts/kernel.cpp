@@ -8,7 +8,7 @@
 // routed experts (so tasks are equal and no two tasks write the same output):
 //   phase A: rows r of gate and up  -> act[pair, r] = silu(gate . x) * (up . x)
 //   phase B: rows h of down         -> out[token, h] = sum over the token's pairs of weight * (down . act)
-// Products are summed in fp32; bf16 models with BF16 experts feed bf16 activations to vdpbf16ps
+// Products are summed in fp32; bf16 models with BF16 or INT4 experts feed bf16 activations to vdpbf16ps
 // (rows_dot_bf16), everything else decodes to fp32 and uses FMAs (rows_dot).
 //
 // Inputs and outputs live in (pinned) host buffers the caller owns. A step can be launched two ways:
@@ -284,58 +284,110 @@ inline void rows_dots(const Matrix& m, int e, const int* rows, const float* cons
   }
 }
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
 constexpr bool kHaveBf16Dot = true;
 
-// The bf16 path (bf16 models, BF16 experts): the stored bf16 weights and bf16 activations (as the GPU's
-// MoE kernels use them) go to vdpbf16ps as they are, products summed in fp32: 32 multiply-adds per
-// instruction and no decoding, where the fp32 path spends several instructions per 16 values first.
-template <int R, int N>
+// The bf16 path (bf16 models; BF16 experts, and INT4 experts with groups of 128): bf16 weights and bf16
+// activations (as the GPU's MoE kernels use them) go to vdpbf16ps, products summed in fp32: 32
+// multiply-adds per instruction. BF16 weights are used as stored; INT4 nibbles become bf16 through one
+// 32-entry table lookup (vpermw) per 32 values, the group scale applied to each group's sum. The fp32 path
+// spends several instructions per 16 values before its FMAs (for INT4, three times as many).
+
+// Where activation k of a row sits in the bf16 path's buffers: in order (BF16), or the even elements
+// first and then the odd ones (INT4: byte j holds elements 2j and 2j+1, so each nibble half of a run of
+// bytes meets a contiguous run of activations).
+template <int FMT>
+inline int64_t act_index(int k, int cols) {
+  return FMT == INT4 ? int64_t(k & 1) * (cols / 2) + k / 2 : k;
+}
+
+template <int FMT, int R, int N>
 inline void rows_dot_bf16(const Matrix& m, int e, const int* rows, const uint16_t* const* xs, float (*out)[8]) {
   const uint8_t* base[R];
   for (int j = 0; j < R; ++j) base[j] = m.weight + e * m.expert_bytes + rows[j] * m.row_bytes;
   const int cols = m.cols;
-  constexpr int bytes_per_chunk = 64;
   __m512 acc[R][N];
   for (int j = 0; j < R; ++j)
     for (int i = 0; i < N; ++i) acc[j][i] = _mm512_setzero_ps();
   int k = 0;
-  for (; k + 32 <= cols; k += 32) {
-    __m512bh w[R];
-    for (int j = 0; j < R; ++j) {
-      __builtin_prefetch(base[j] + int64_t(k / 32) * bytes_per_chunk + kPrefetchBytes, 0, 3);
-      w[j] = (__m512bh)_mm512_loadu_si512(base[j] + 2 * k);
-    }
+  if constexpr (FMT == BF16) {
+    for (; k + 32 <= cols; k += 32) {
+      __m512bh w[R];
+      for (int j = 0; j < R; ++j) {
+        __builtin_prefetch(base[j] + 2 * k + kPrefetchBytes, 0, 3);
+        w[j] = (__m512bh)_mm512_loadu_si512(base[j] + 2 * k);
+      }
 #pragma GCC unroll 8
-    for (int i = 0; i < N; ++i) {
-      const __m512bh xv = (__m512bh)_mm512_loadu_si512(xs[i] + k);
-      for (int j = 0; j < R; ++j) acc[j][i] = _mm512_dpbf16_ps(acc[j][i], w[j], xv);
+      for (int i = 0; i < N; ++i) {
+        const __m512bh xv = (__m512bh)_mm512_loadu_si512(xs[i] + k);
+        for (int j = 0; j < R; ++j) acc[j][i] = _mm512_dpbf16_ps(acc[j][i], w[j], xv);
+      }
+    }
+  } else {  // INT4, 128 values (64 bytes, one scale group) at a time
+    alignas(64) static const uint16_t kInt4Bf16[32] = {
+        0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040, 0xC000, 0xBF80,  // -8 .. -1
+        0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0,  //  0 .. 7
+        0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040, 0xC000, 0xBF80,  // (indices 16..31 unused)
+        0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0};
+    const __m512i table = _mm512_load_si512(kInt4Bf16);
+    const __m512i low4 = _mm512_set1_epi8(0x0f);
+    const int half = cols / 2;
+    for (; k + 128 <= cols; k += 128) {
+      __m512bh w[R][4];
+      __m512 scale[R];
+      for (int j = 0; j < R; ++j) {
+        __builtin_prefetch(base[j] + k / 2 + kPrefetchBytes, 0, 3);
+        const __m512i b = _mm512_loadu_si512(base[j] + k / 2);
+        const __m512i lo = _mm512_and_si512(b, low4), hi = _mm512_and_si512(_mm512_srli_epi16(b, 4), low4);
+        w[j][0] = (__m512bh)_mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(lo)), table);
+        w[j][1] = (__m512bh)_mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(lo, 1)), table);
+        w[j][2] = (__m512bh)_mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(hi)), table);
+        w[j][3] = (__m512bh)_mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(hi, 1)), table);
+        scale[j] = _mm512_set1_ps(scale_at<INT4>(m, e, rows[j], k));
+      }
+#pragma GCC unroll 8
+      for (int i = 0; i < N; ++i) {
+        const uint16_t* even = xs[i] + k / 2;
+        const uint16_t* odd = xs[i] + half + k / 2;
+        const __m512bh x0 = (__m512bh)_mm512_loadu_si512(even), x1 = (__m512bh)_mm512_loadu_si512(even + 32);
+        const __m512bh x2 = (__m512bh)_mm512_loadu_si512(odd), x3 = (__m512bh)_mm512_loadu_si512(odd + 32);
+        for (int j = 0; j < R; ++j) {
+          __m512 group = _mm512_dpbf16_ps(_mm512_setzero_ps(), w[j][0], x0);
+          group = _mm512_dpbf16_ps(group, w[j][1], x1);
+          group = _mm512_dpbf16_ps(group, w[j][2], x2);
+          group = _mm512_dpbf16_ps(group, w[j][3], x3);
+          acc[j][i] = _mm512_fmadd_ps(group, scale[j], acc[j][i]);
+        }
+      }
     }
   }
   for (int j = 0; j < R; ++j) {
     for (int i = 0; i < N; ++i) {
       float sum = _mm512_reduce_add_ps(acc[j][i]);
-      for (int kk = k; kk < cols; ++kk) sum += decode1<BF16>(base[j], kk) * bf16_to_float(xs[i][kk]);
+      for (int kk = k; kk < cols; ++kk) {
+        const float w = decode1<FMT>(base[j], kk) * scale_at<FMT>(m, e, rows[j], kk);
+        sum += w * bf16_to_float(xs[i][act_index<FMT>(kk, cols)]);
+      }
       out[j][i] = sum;
     }
   }
 }
 
 // Dot products of R rows with n (any count) bf16 vectors, eight at a time: out[j][i].
-template <int R>
+template <int FMT, int R>
 inline void rows_dots_bf16(const Matrix& m, int e, const int* rows, const uint16_t* const* xs, int n,
                            float (*out)[64]) {
   float part[R][8];
   for (int i = 0; i < n; i += 8) {
     switch (std::min(8, n - i)) {
-      case 8: rows_dot_bf16<R, 8>(m, e, rows, xs + i, part); break;
-      case 7: rows_dot_bf16<R, 7>(m, e, rows, xs + i, part); break;
-      case 6: rows_dot_bf16<R, 6>(m, e, rows, xs + i, part); break;
-      case 5: rows_dot_bf16<R, 5>(m, e, rows, xs + i, part); break;
-      case 4: rows_dot_bf16<R, 4>(m, e, rows, xs + i, part); break;
-      case 3: rows_dot_bf16<R, 3>(m, e, rows, xs + i, part); break;
-      case 2: rows_dot_bf16<R, 2>(m, e, rows, xs + i, part); break;
-      default: rows_dot_bf16<R, 1>(m, e, rows, xs + i, part); break;
+      case 8: rows_dot_bf16<FMT, R, 8>(m, e, rows, xs + i, part); break;
+      case 7: rows_dot_bf16<FMT, R, 7>(m, e, rows, xs + i, part); break;
+      case 6: rows_dot_bf16<FMT, R, 6>(m, e, rows, xs + i, part); break;
+      case 5: rows_dot_bf16<FMT, R, 5>(m, e, rows, xs + i, part); break;
+      case 4: rows_dot_bf16<FMT, R, 4>(m, e, rows, xs + i, part); break;
+      case 3: rows_dot_bf16<FMT, R, 3>(m, e, rows, xs + i, part); break;
+      case 2: rows_dot_bf16<FMT, R, 2>(m, e, rows, xs + i, part); break;
+      default: rows_dot_bf16<FMT, R, 1>(m, e, rows, xs + i, part); break;
     }
     for (int j = 0; j < R; ++j)
       for (int q = 0; q < 8 && i + q < n; ++q) out[j][i + q] = part[j][q];
@@ -456,7 +508,8 @@ void run_task_as(Engine& eng, Layer& L, int task) {
   }
 }
 
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+template <int FMT>
 void run_task_bf16(Engine& eng, Layer& L, int task) {
   const int H = eng.hidden, I = eng.inter;
   const uint16_t* vecs[kPairBlock];
@@ -470,9 +523,9 @@ void run_task_bf16(Engine& eng, Layer& L, int task) {
         for (int i = 0; i < n; ++i) vecs[i] = eng.x_bf16.data() + int64_t(eng.pair_token[p0 + i]) * H;
         for (int r = r0; r < r1; ++r) {
           const int rows[2] = {r, I + r};
-          rows_dots_bf16<2>(L.w13, e, rows, vecs, n, dots);
-          for (int i = 0; i < n; ++i)
-            eng.act_bf16[int64_t(p0 + i) * I + r] = float_to_bf16(silu(dots[0][i]) * dots[1][i]);
+          rows_dots_bf16<FMT, 2>(L.w13, e, rows, vecs, n, dots);
+          const int64_t at = act_index<FMT>(r, I);
+          for (int i = 0; i < n; ++i) eng.act_bf16[int64_t(p0 + i) * I + at] = float_to_bf16(silu(dots[0][i]) * dots[1][i]);
         }
       }
     }
@@ -489,9 +542,9 @@ void run_task_bf16(Engine& eng, Layer& L, int task) {
         const int rows[2] = {h, h + 1};
         const int pair_rows = std::min(2, h1 - h);
         if (pair_rows == 2) {
-          rows_dots_bf16<2>(L.w2, e, rows, vecs, n, dots);
+          rows_dots_bf16<FMT, 2>(L.w2, e, rows, vecs, n, dots);
         } else {
-          rows_dots_bf16<1>(L.w2, e, rows, vecs, n, dots);
+          rows_dots_bf16<FMT, 1>(L.w2, e, rows, vecs, n, dots);
         }
         for (int j = 0; j < pair_rows; ++j)
           for (int i = 0; i < n; ++i)
@@ -504,9 +557,13 @@ void run_task_bf16(Engine& eng, Layer& L, int task) {
 
 void run_task(Engine& eng, int task) {
   Layer& L = *eng.layer;
-#if defined(__AVX512BF16__)
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
   if (L.bf16_dot) {
-    run_task_bf16(eng, L, task);
+    if (L.format == INT4) {
+      run_task_bf16<INT4>(eng, L, task);
+    } else {
+      run_task_bf16<BF16>(eng, L, task);
+    }
     return;
   }
 #endif
@@ -586,9 +643,16 @@ void submit(Layer* layer) {
     eng.pair_token[p] = i / K;
     eng.pair_weight[p] = eng.token_weight(i / K, i % K);
   }
-  if (layer->bf16_dot)  // exact: a bf16 model's activations arrive as bf16 values
-    for (int t = 0; t < T; ++t)
-      for (int h = 0; h < eng.hidden; ++h) eng.x_bf16[int64_t(t) * eng.hidden + h] = float_to_bf16(eng.token_x(t)[h]);
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+  if (layer->bf16_dot) {  // exact: a bf16 model's activations arrive as bf16 values
+    const int H = eng.hidden;
+    for (int t = 0; t < T; ++t) {
+      uint16_t* row = eng.x_bf16.data() + int64_t(t) * H;
+      for (int h = 0; h < H; ++h)
+        row[layer->format == INT4 ? act_index<INT4>(h, H) : h] = float_to_bf16(eng.token_x(t)[h]);
+    }
+  }
+#endif
   eng.tokens = T;
   eng.layer = layer;
   eng.steps.fetch_add(1, std::memory_order_relaxed);
@@ -717,8 +781,8 @@ void ktc_engine_destroy(void* handle) {
   delete eng;
 }
 
-// bf16_activations: the model computes in bf16; BF16 layers then take the bf16 path where the CPU has
-// vdpbf16ps (ktc_layer_uses_bf16_dot tells).
+// bf16_activations: the model computes in bf16; BF16 layers, and INT4 layers with groups of 128, then take
+// the bf16 path where the CPU has vdpbf16ps (ktc_layer_uses_bf16_dot tells).
 void* ktc_layer_create(void* engine, int format, const void* w13, const void* w13_scale, const void* w2,
                        const void* w2_scale, int group_n, int group_k, int bf16_activations) {
   Engine* eng = static_cast<Engine*>(engine);
@@ -727,7 +791,8 @@ void* ktc_layer_create(void* engine, int format, const void* w13, const void* w1
   layer->format = format;
   // BF16 weights go to vdpbf16ps as stored, with no decoding at all. INT8 stays on the fp32 path: widening
   // int8 to bf16 pairs costs as many shuffles as the FMAs it saves (it measured slower on the H200 host).
-  layer->bf16_dot = kHaveBf16Dot && bf16_activations && format == BF16;
+  layer->bf16_dot = kHaveBf16Dot && bf16_activations &&
+                    (format == BF16 || (format == INT4 && group_k % 128 == 0));
   layer->w13 = make_matrix(format, w13, w13_scale, eng->num_experts, 2 * eng->inter, eng->hidden, group_n, group_k);
   layer->w2 = make_matrix(format, w2, w2_scale, eng->num_experts, eng->hidden, eng->inter, group_n, group_k);
   layer->expert_bytes = layer->w13.expert_bytes + layer->w2.expert_bytes + scale_bytes(format, layer->w13) +
