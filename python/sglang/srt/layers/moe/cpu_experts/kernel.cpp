@@ -2,9 +2,9 @@
 // (token, CPU expert) pair of a layer, on a thread pool that stays hot between layers.
 //
 // Decode is bound by host memory bandwidth: each routed expert's weights must be read once per step
-// (9.4 MB per Qwen3-30B-A3B expert in bf16), so the kernel reads every weight row exactly once, decodes
-// it into an L1-resident float row (bf16 / int8 / int4 / fp8 / mxfp4 decoding costs a few vector ops per
-// 16 values), and dots it with every token routed to that expert. Work is split by output rows across all
+// (9.4 MB per Qwen3-30B-A3B expert in bf16), so the kernel reads every weight row exactly once, decodes it
+// in registers (bf16 / int8 / int4 / fp8 / mxfp4: a few vector ops per 16 values), and dots it with every
+// token routed to that expert, two rows side by side. Work is split by output rows across all
 // routed experts (so tasks are equal and no two tasks write the same output):
 //   phase A: rows r of gate and up  -> act[pair, r] = silu(gate . x) * (up . x)
 //   phase B: rows h of down         -> out[token, h] = sum over the token's pairs of weight * (down . act)
@@ -15,7 +15,7 @@
 //   ktc_run(layer)                      synchronous (CPU-only models, tests)
 //   ktc_enqueue_submit / _wait(stream)  host functions on a CUDA stream (cuLaunchHostFunc): submit starts
 //                                       the pool and returns, the GPU keeps computing its own experts, wait
-//                                       joins the work and blocks the stream until it is done. Both are
+//                                       blocks the stream until the pool is done. Both are
 //                                       stream-ordered, so a CUDA graph can capture them; the token count
 //                                       is read from memory when the step runs (graph batches are padded).
 // The host functions make no CUDA calls and never touch Python (no GIL on the decode path).
@@ -68,11 +68,6 @@ inline V load(const void* p) {
   return v;
 }
 
-template <typename V>
-inline void store(void* p, V v) {
-  std::memcpy(p, &v, sizeof(V));
-}
-
 inline float bf16_to_float(uint16_t h) {
   uint32_t u = uint32_t(h) << 16;
   float f;
@@ -122,11 +117,6 @@ struct Matrix {
 template <int FMT>
 constexpr int chunk_values() {
   return (FMT == INT4 || FMT == MXFP4) ? 32 : 16;
-}
-
-template <int FMT>
-inline int64_t row_bytes_of(int cols) {
-  return FMT == F32 ? 4LL * cols : FMT == BF16 ? 2LL * cols : (FMT == INT4 || FMT == MXFP4) ? cols / 2 : cols;
 }
 
 // Values k..k+15 of a row (k a multiple of 16) for the byte-per-value and wider formats, unscaled.
