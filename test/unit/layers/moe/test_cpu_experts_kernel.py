@@ -573,3 +573,27 @@ def test_add_layer_rejects_float16_bf16_layer():
     with pytest.raises(ValueError, match="--dtype"):
         engine.add_layer(layer, layer.quant_method)
     assert engine.layers == []
+
+
+def test_missing_compiler_is_a_clear_error(tmp_path):
+    """Without a C++ compiler the kernel cannot be built: the error names the compiler and the knob, and a
+    compile failure shows the compiler's own message (never a bare OSError from ctypes)."""
+    from sglang.srt.environ import envs
+    from sglang.srt.layers.moe.cpu_experts import build
+
+    build.load_kernel_library.cache_clear()
+    try:
+        with envs.SGLANG_KT_CPU_CXX.override("/no/such/g++"), pytest.raises(build.KernelBuildError) as e:
+            build.load_kernel_library()
+        assert "/no/such/g++" in str(e.value) and "SGLANG_KT_CPU_CXX" in str(e.value)
+        fake = tmp_path / "fake-cxx"
+        fake.write_text(
+            "#!/bin/sh\necho 'fake-cxx 1.0'\n[ \"$1\" = --version ] && exit 0\necho 'no such flag' >&2\nexit 1\n"
+        )
+        fake.chmod(0o755)
+        with envs.SGLANG_KT_CPU_CXX.override(str(fake)), envs.SGLANG_KT_CPU_KERNEL_CACHE.override(str(tmp_path)):
+            with pytest.raises(build.KernelBuildError, match="no such flag"):
+                build.load_kernel_library()
+        assert not list(tmp_path.glob("*.so"))  # a failed build leaves nothing behind
+    finally:
+        build.load_kernel_library.cache_clear()
