@@ -201,12 +201,10 @@ class ServerArgs:
         """--kt-num-gpu-experts must fit the model's experts per layer (read from its config)."""
         if self.kt_num_gpu_experts is None:
             return
-        from sglang.srt.configs.model_config import load_hf_config
+        from sglang.srt.configs.model_config import load_hf_config, num_routed_experts
         from sglang.srt.model_loader.model_source import resolve_model_source
 
-        config = load_hf_config(resolve_model_source(self.model_path, self.load_format))
-        text = getattr(config, "text_config", None) or config
-        experts = getattr(text, "num_experts", None) or getattr(text, "n_routed_experts", None)
+        experts = num_routed_experts(load_hf_config(resolve_model_source(self.model_path, self.load_format)))
         if not experts:
             raise ServerArgsError(f"--kt-num-gpu-experts: {self.model_path} is not a MoE model (no routed experts)")
         if self.kt_num_gpu_experts > experts:

@@ -167,7 +167,7 @@ def test_post_capture_sizing_measures_graphs_with_cpu_experts(tiny_moe):
     runner = sched.model_runner
     try:
         assert runner.sizing_path.post_capture
-        assert runner.readings.captured_graph_max_bs == 4 and runner.readings.graph_bytes >= 0
+        assert runner.readings.captured_graph_max_bs == 4
         assert not any("eagerly" in note for note in runner.memory_plan.notes)
         assert _generate(sched, collector) == refs
     finally:

@@ -3,23 +3,13 @@
 import tempfile
 
 import pytest
-import torch
 
 
 @pytest.fixture(scope="module")
 def tiny_model_dir() -> str:
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from sglang.test.runners import make_tiny_hf_model
 
-    path = tempfile.mkdtemp(prefix="tiny-llama-")
-    config = LlamaConfig(
-        vocab_size=256,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=256,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    return path
+    return make_tiny_hf_model(
+        "llama", tempfile.mkdtemp(prefix="tiny-llama-"), vocab_size=256, hidden_size=64, intermediate_size=128,
+        num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+    )  # fmt: skip

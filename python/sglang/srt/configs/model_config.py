@@ -61,6 +61,12 @@ def total_num_kv_heads(config: PretrainedConfig) -> int:
     return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
 
 
+def num_routed_experts(config: PretrainedConfig) -> int:
+    """Routed experts per MoE layer (0 for a dense model)."""
+    text = getattr(config, "text_config", None) or config
+    return int(getattr(text, "num_experts", 0) or 0)
+
+
 def load_hf_config(source: ModelSource) -> PretrainedConfig:
     if source.kind == "gguf":
         from sglang.srt.model_loader.gguf_config import config_from_gguf
@@ -159,4 +165,4 @@ class ModelConfig:
 
     @property
     def is_moe(self) -> bool:
-        return bool(getattr(self.hf_config, "num_experts", 0))
+        return num_routed_experts(self.hf_config) > 0

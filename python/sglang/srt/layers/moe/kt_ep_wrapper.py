@@ -37,6 +37,8 @@ from sglang.srt.layers.quantization import get_moe_method
 
 logger = logging.getLogger(__name__)
 RESERVATION_NAME = "kt_full_gpu_prefill_slot"
+# Tokens one CPU step takes at least (its host buffers); longer prefills go through in slices of this size.
+MIN_STEP_CAPACITY_TOKENS = 1024
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ class KTConfig:
     gpu_prefill_token_threshold: Optional[int]
     # Tokens one CPU step takes (its host buffers): at least the largest captured decode batch, so a graph
     # replay is one step; longer prefills go through in slices of this many tokens.
-    step_capacity_tokens: int = 1024
+    step_capacity_tokens: int = MIN_STEP_CAPACITY_TOKENS
 
     @classmethod
     def from_server_args(cls, sa) -> Optional["KTConfig"]:
@@ -66,7 +68,7 @@ class KTConfig:
             num_gpu_experts=sa.kt_num_gpu_experts or 0,
             max_deferred_experts_per_token=sa.kt_max_deferred_experts_per_token,
             gpu_prefill_token_threshold=sa.kt_gpu_prefill_token_threshold,
-            step_capacity_tokens=max(1024, sa.cuda_graph_max_bs or 0),
+            step_capacity_tokens=max(MIN_STEP_CAPACITY_TOKENS, sa.cuda_graph_max_bs or 0),
         )
 
     def cpu_threads(self) -> int:

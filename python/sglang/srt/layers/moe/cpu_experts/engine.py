@@ -111,8 +111,7 @@ class CpuExpertsEngine:
         zero_copy: bool = True,
     ) -> None:
         self.lib = load_kernel_library()
-        self.hidden, self.inter, self.top_k, self.capacity = hidden, inter, top_k, capacity
-        self.threads = threads
+        self.hidden, self.top_k, self.capacity, self.threads = hidden, top_k, capacity, threads
 
         self.row_width = hidden + 2 * top_k  # activations, routing weights, expert ids (int32 bits)
         self.inputs = torch.zeros(HEADER_WORDS + capacity * self.row_width, pin_memory=pin_memory)

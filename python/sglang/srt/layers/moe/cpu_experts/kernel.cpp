@@ -452,11 +452,42 @@ struct Layer {
 // Pairs of one expert are taken in blocks of up to 64 (the dots of a row with a block share one read).
 constexpr int kPairBlock = 64;
 
-template <int FMT>
+// The two ways a layer's dots read activations: fp32 (weights decoded to fp32, FMAs) or bf16 (vdpbf16ps;
+// activations converted once per step in submit, act stored as bf16 in the layout act_index gives).
+struct Fp32Activations {
+  using T = float;
+  static const float* token(const Engine& eng, int t) { return eng.token_x(t); }
+  static float* acts(Engine& eng) { return eng.act.data(); }
+  template <int FMT>
+  static int64_t act_at(int r, int) { return r; }
+  static float store(float v) { return v; }
+  template <int FMT, int R>
+  static void dots(const Matrix& m, int e, const int* rows, const float* const* xs, int n, float (*out)[64]) {
+    rows_dots<FMT, R>(m, e, rows, xs, n, out);
+  }
+};
+
+#if defined(__AVX512BF16__) && defined(__AVX512BW__)
+struct Bf16Activations {
+  using T = uint16_t;
+  static const uint16_t* token(const Engine& eng, int t) { return eng.x_bf16.data() + int64_t(t) * eng.hidden; }
+  static uint16_t* acts(Engine& eng) { return eng.act_bf16.data(); }
+  template <int FMT>
+  static int64_t act_at(int r, int inter) { return act_index<FMT>(r, inter); }
+  static uint16_t store(float v) { return float_to_bf16(v); }
+  template <int FMT, int R>
+  static void dots(const Matrix& m, int e, const int* rows, const uint16_t* const* xs, int n, float (*out)[64]) {
+    rows_dots_bf16<FMT, R>(m, e, rows, xs, n, out);
+  }
+};
+#endif
+
+template <int FMT, typename A>
 void run_task_as(Engine& eng, Layer& L, int task) {
   const int H = eng.hidden, I = eng.inter;
-  const float* vecs[kPairBlock];
+  const typename A::T* vecs[kPairBlock];
   float dots[2][kPairBlock];
+  typename A::T* act = A::acts(eng);
   if (task < eng.tasks_a) {
     // Gate row r and up row I + r side by side: act = silu(gate . x) * (up . x).
     const int r0 = task * eng.rows_a, r1 = std::min(I, r0 + eng.rows_a);
@@ -464,11 +495,12 @@ void run_task_as(Engine& eng, Layer& L, int task) {
       const int e = eng.active[a];
       for (int p0 = eng.expert_start[e]; p0 < eng.expert_start[e + 1]; p0 += kPairBlock) {
         const int n = std::min(kPairBlock, eng.expert_start[e + 1] - p0);
-        for (int i = 0; i < n; ++i) vecs[i] = eng.token_x(eng.pair_token[p0 + i]);
+        for (int i = 0; i < n; ++i) vecs[i] = A::token(eng, eng.pair_token[p0 + i]);
         for (int r = r0; r < r1; ++r) {
           const int rows[2] = {r, I + r};
-          rows_dots<FMT, 2>(L.w13, e, rows, vecs, n, dots);
-          for (int i = 0; i < n; ++i) eng.act[int64_t(p0 + i) * I + r] = silu(dots[0][i]) * dots[1][i];
+          A::template dots<FMT, 2>(L.w13, e, rows, vecs, n, dots);
+          const int64_t at = A::template act_at<FMT>(r, I);
+          for (int i = 0; i < n; ++i) act[int64_t(p0 + i) * I + at] = A::store(silu(dots[0][i]) * dots[1][i]);
         }
       }
     }
@@ -481,14 +513,14 @@ void run_task_as(Engine& eng, Layer& L, int task) {
     const int e = eng.active[a];
     for (int p0 = eng.expert_start[e]; p0 < eng.expert_start[e + 1]; p0 += kPairBlock) {
       const int n = std::min(kPairBlock, eng.expert_start[e + 1] - p0);
-      for (int i = 0; i < n; ++i) vecs[i] = eng.act.data() + int64_t(p0 + i) * I;
+      for (int i = 0; i < n; ++i) vecs[i] = act + int64_t(p0 + i) * I;
       for (int h = h0; h < h1; h += 2) {
         const int rows[2] = {h, h + 1};
         const int pair_rows = std::min(2, h1 - h);
         if (pair_rows == 2) {
-          rows_dots<FMT, 2>(L.w2, e, rows, vecs, n, dots);
+          A::template dots<FMT, 2>(L.w2, e, rows, vecs, n, dots);
         } else {
-          rows_dots<FMT, 1>(L.w2, e, rows, vecs, n, dots);
+          A::template dots<FMT, 1>(L.w2, e, rows, vecs, n, dots);
         }
         for (int j = 0; j < pair_rows; ++j)
           for (int i = 0; i < n; ++i)
@@ -497,73 +529,26 @@ void run_task_as(Engine& eng, Layer& L, int task) {
     }
   }
 }
-
-#if defined(__AVX512BF16__) && defined(__AVX512BW__)
-template <int FMT>
-void run_task_bf16(Engine& eng, Layer& L, int task) {
-  const int H = eng.hidden, I = eng.inter;
-  const uint16_t* vecs[kPairBlock];
-  float dots[2][kPairBlock];
-  if (task < eng.tasks_a) {
-    const int r0 = task * eng.rows_a, r1 = std::min(I, r0 + eng.rows_a);
-    for (int a = 0; a < eng.num_active; ++a) {
-      const int e = eng.active[a];
-      for (int p0 = eng.expert_start[e]; p0 < eng.expert_start[e + 1]; p0 += kPairBlock) {
-        const int n = std::min(kPairBlock, eng.expert_start[e + 1] - p0);
-        for (int i = 0; i < n; ++i) vecs[i] = eng.x_bf16.data() + int64_t(eng.pair_token[p0 + i]) * H;
-        for (int r = r0; r < r1; ++r) {
-          const int rows[2] = {r, I + r};
-          rows_dots_bf16<FMT, 2>(L.w13, e, rows, vecs, n, dots);
-          const int64_t at = act_index<FMT>(r, I);
-          for (int i = 0; i < n; ++i) eng.act_bf16[int64_t(p0 + i) * I + at] = float_to_bf16(silu(dots[0][i]) * dots[1][i]);
-        }
-      }
-    }
-    return;
-  }
-  const int h0 = (task - eng.tasks_a) * eng.rows_b, h1 = std::min(H, h0 + eng.rows_b);
-  for (int t = 0; t < eng.tokens; ++t) std::memset(eng.out + int64_t(t) * H + h0, 0, sizeof(float) * (h1 - h0));
-  for (int a = 0; a < eng.num_active; ++a) {
-    const int e = eng.active[a];
-    for (int p0 = eng.expert_start[e]; p0 < eng.expert_start[e + 1]; p0 += kPairBlock) {
-      const int n = std::min(kPairBlock, eng.expert_start[e + 1] - p0);
-      for (int i = 0; i < n; ++i) vecs[i] = eng.act_bf16.data() + int64_t(p0 + i) * I;
-      for (int h = h0; h < h1; h += 2) {
-        const int rows[2] = {h, h + 1};
-        const int pair_rows = std::min(2, h1 - h);
-        if (pair_rows == 2) {
-          rows_dots_bf16<FMT, 2>(L.w2, e, rows, vecs, n, dots);
-        } else {
-          rows_dots_bf16<FMT, 1>(L.w2, e, rows, vecs, n, dots);
-        }
-        for (int j = 0; j < pair_rows; ++j)
-          for (int i = 0; i < n; ++i)
-            eng.out[int64_t(eng.pair_token[p0 + i]) * H + h + j] += eng.pair_weight[p0 + i] * dots[j][i];
-      }
-    }
-  }
-}
-#endif
 
 void run_task(Engine& eng, int task) {
   Layer& L = *eng.layer;
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
   if (L.bf16_dot) {
     if (L.format == INT4) {
-      run_task_bf16<INT4>(eng, L, task);
+      run_task_as<INT4, Bf16Activations>(eng, L, task);
     } else {
-      run_task_bf16<BF16>(eng, L, task);
+      run_task_as<BF16, Bf16Activations>(eng, L, task);
     }
     return;
   }
 #endif
   switch (L.format) {
-    case F32: run_task_as<F32>(eng, L, task); break;
-    case BF16: run_task_as<BF16>(eng, L, task); break;
-    case INT8: run_task_as<INT8>(eng, L, task); break;
-    case INT4: run_task_as<INT4>(eng, L, task); break;
-    case FP8: run_task_as<FP8>(eng, L, task); break;
-    case MXFP4: run_task_as<MXFP4>(eng, L, task); break;
+    case F32: run_task_as<F32, Fp32Activations>(eng, L, task); break;
+    case BF16: run_task_as<BF16, Fp32Activations>(eng, L, task); break;
+    case INT8: run_task_as<INT8, Fp32Activations>(eng, L, task); break;
+    case INT4: run_task_as<INT4, Fp32Activations>(eng, L, task); break;
+    case FP8: run_task_as<FP8, Fp32Activations>(eng, L, task); break;
+    case MXFP4: run_task_as<MXFP4, Fp32Activations>(eng, L, task); break;
   }
 }
 
