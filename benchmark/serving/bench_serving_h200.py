@@ -191,15 +191,15 @@ def markdown(data: dict) -> str:
         f"{data['input_len']} in / {data['output_len']} out, model {data['model']} ({data['weights']} weights); "
         "graph step ms: benchmark/decode_roofline/ at the same batch size, context 1024.",
         "",
-        "| path | concurrency | prompts | completed | output tok/s | TTFT median ms | TTFT p99 ms "
+        "| variant | path | concurrency | prompts | completed | output tok/s | TTFT median ms | TTFT p99 ms "
         "| ITL median ms | ITL p99 ms | graph step ms | ITL median / step | KV tokens |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in data["rows"]:
         step = "-" if r["graph_step_ms"] is None else f"{r['graph_step_ms']:.3f}"
         ratio = "-" if r["itl_over_graph_step"] is None else f"{r['itl_over_graph_step']:.2f}"
         lines.append(
-            f"| {r['path']} | {r['concurrency']} | {r['num_prompts']} | {r['completed']} "
+            f"| {r.get('variant', 'default')} | {r['path']} | {r['concurrency']} | {r['num_prompts']} | {r['completed']} "
             f"| {r['output_throughput']:.1f} | {r['median_ttft_ms']:.1f} | {r['p99_ttft_ms']:.1f} "
             f"| {r['median_itl_ms']:.2f} | {r['p99_itl_ms']:.2f} | {step} | {ratio} "
             f"| {r['max_total_num_tokens']} |"
@@ -236,93 +236,111 @@ def _run_in(work: str, wheel: str, args) -> dict:
         "rows": [],
     }
     with open(os.path.join(args.out_dir, "bench_serving_runs.log"), "a") as log:
-        for path in args.paths:
-            server_cmd = [
-                "--model-path",
-                mdir,
-                *([] if args.model_path else ["--load-format", "dummy"]),
-                *args.server_args,
-            ]
-            t0 = time.monotonic()
-            proc = popen_launch_server(
-                server_cmd, timeout=900, env={"SGLANG_ENABLE_POST_CAPTURE_KV_SIZING": PATHS[path]}
-            )
-            try:
-                facts = server_facts(proc.base_url)
-                print(f"[{path}] server up in {proc.startup_seconds:.1f} s: {facts}", flush=True)
-                if args.check_path and facts["kv_path"] != path:
-                    raise RuntimeError(f"asked for the {path} path, the server's memory plan says {facts['kv_path']}")
-                out = os.path.join(work, f"{path}.jsonl")
-                # Unrecorded warm-up: compiles every prefill/decode kernel shape the runs below meet.
-                run_bench(
-                    bench_py,
-                    python,
-                    args.backend,
-                    proc.base_url,
-                    TOKENIZER_DIR,
-                    dataset,
-                    out,
-                    args.warmup_concurrency,
-                    args.warmup_prompts,
-                    args.input_len,
-                    16,
-                    log,
-                )
-                for conc, n in zip(args.concurrency, args.num_prompts):
-                    t = time.monotonic()
-                    res = run_bench(
-                        bench_py,
-                        python,
-                        args.backend,
-                        proc.base_url,
-                        TOKENIZER_DIR,
-                        dataset,
-                        out,
-                        conc,
-                        n,
-                        args.input_len,
-                        args.output_len,
-                        log,
-                    )
-                    step = steps.get(conc)
-                    row = {
-                        "path": path,
-                        "concurrency": conc,
-                        "num_prompts": n,
-                        "completed": res["completed"],
-                        "output_throughput": res["output_throughput"],
-                        "median_ttft_ms": res["median_ttft_ms"],
-                        "p99_ttft_ms": res["p99_ttft_ms"],
-                        "median_itl_ms": res["median_itl_ms"],
-                        "p99_itl_ms": res["p99_itl_ms"],
-                        "graph_step_ms": step,
-                        "itl_over_graph_step": None if step is None else res["median_itl_ms"] / step,
-                        "mean_itl_ms": res["mean_itl_ms"],
-                        "median_tpot_ms": res["median_tpot_ms"],
-                        "median_e2e_latency_ms": res["median_e2e_latency_ms"],
-                        "request_throughput": res["request_throughput"],
-                        "duration_s": res["duration"],
-                        "total_input_tokens": res["total_input_tokens"],
-                        "total_output_tokens": res["total_output_tokens"],
-                        "server_startup_s": proc.startup_seconds,
-                        **facts,
-                    }
-                    data["rows"].append(row)
-                    write_results(args.out_dir, data, markdown(data))
-                    print(
-                        f"[{path}] concurrency {conc}: {res['completed']}/{n} completed, "
-                        f"{res['output_throughput']:.1f} tok/s, ITL median {res['median_itl_ms']:.2f} ms "
-                        f"({time.monotonic() - t:.1f} s)",
-                        flush=True,
-                    )
-            finally:
-                kill_process_tree(proc.pid)
-                proc.wait(30)
-                with open(os.path.join(args.out_dir, f"server-{path}.log"), "w") as f:
-                    f.write(read_log(proc))
-            print(f"[{path}] done in {time.monotonic() - t0:.1f} s", flush=True)
+        for label, flags in parse_variants(args.variants):
+            for path in args.paths:
+                run_server(args, data, log, bench_py, python, mdir, dataset, steps, label, flags, path, work)
     print(markdown(data))
     return data
+
+
+def parse_variants(specs: Sequence[str]) -> List[tuple]:
+    """ "label=--flag value ..." -> (label, [flags]); a variant is the same server with some flags added."""
+    out = []
+    for spec in specs:
+        label, sep, flags = spec.partition("=")
+        if not sep or not label:
+            raise SystemExit(f"--variants takes label=flags, got {spec!r}")
+        out.append((label, flags.split()))
+    return out
+
+
+def run_server(args, data, log, bench_py, python, mdir, dataset, steps, label, flags, path, work) -> None:
+    """One server (a variant on a KV sizing path): the warm-up, then every concurrency, rows into `data`."""
+    name = path if label == "default" else f"{label}-{path}"
+    server_cmd = [
+        "--model-path",
+        mdir,
+        *([] if args.model_path else ["--load-format", "dummy"]),
+        *args.server_args,
+        *flags,
+    ]
+    t0 = time.monotonic()
+    proc = popen_launch_server(server_cmd, timeout=900, env={"SGLANG_ENABLE_POST_CAPTURE_KV_SIZING": PATHS[path]})
+    try:
+        facts = server_facts(proc.base_url)
+        print(f"[{name}] server up in {proc.startup_seconds:.1f} s: {facts}", flush=True)
+        if args.check_path and facts["kv_path"] != path:
+            raise RuntimeError(f"asked for the {path} path, the server's memory plan says {facts['kv_path']}")
+        out = os.path.join(work, f"{name}.jsonl")
+        # Unrecorded warm-up: compiles every prefill/decode kernel shape the runs below meet.
+        run_bench(
+            bench_py,
+            python,
+            args.backend,
+            proc.base_url,
+            TOKENIZER_DIR,
+            dataset,
+            out,
+            args.warmup_concurrency,
+            args.warmup_prompts,
+            args.input_len,
+            16,
+            log,
+        )
+        for conc, n in zip(args.concurrency, args.num_prompts):
+            t = time.monotonic()
+            res = run_bench(
+                bench_py,
+                python,
+                args.backend,
+                proc.base_url,
+                TOKENIZER_DIR,
+                dataset,
+                out,
+                conc,
+                n,
+                args.input_len,
+                args.output_len,
+                log,
+            )
+            step = steps.get(conc)
+            row = {
+                "variant": label,
+                "path": path,
+                "concurrency": conc,
+                "num_prompts": n,
+                "completed": res["completed"],
+                "output_throughput": res["output_throughput"],
+                "median_ttft_ms": res["median_ttft_ms"],
+                "p99_ttft_ms": res["p99_ttft_ms"],
+                "median_itl_ms": res["median_itl_ms"],
+                "p99_itl_ms": res["p99_itl_ms"],
+                "graph_step_ms": step,
+                "itl_over_graph_step": None if step is None else res["median_itl_ms"] / step,
+                "mean_itl_ms": res["mean_itl_ms"],
+                "median_tpot_ms": res["median_tpot_ms"],
+                "median_e2e_latency_ms": res["median_e2e_latency_ms"],
+                "request_throughput": res["request_throughput"],
+                "duration_s": res["duration"],
+                "total_input_tokens": res["total_input_tokens"],
+                "total_output_tokens": res["total_output_tokens"],
+                "server_startup_s": proc.startup_seconds,
+                **facts,
+            }
+            data["rows"].append(row)
+            write_results(args.out_dir, data, markdown(data))
+            print(
+                f"[{name}] concurrency {conc}: {res['completed']}/{n} completed, "
+                f"{res['output_throughput']:.1f} tok/s, ITL median {res['median_itl_ms']:.2f} ms "
+                f"({time.monotonic() - t:.1f} s)",
+                flush=True,
+            )
+    finally:
+        kill_process_tree(proc.pid)
+        proc.wait(30)
+        with open(os.path.join(args.out_dir, f"server-{name}.log"), "w") as f:
+            f.write(read_log(proc))
+    print(f"[{name}] done in {time.monotonic() - t0:.1f} s", flush=True)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
@@ -335,6 +353,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--model-label")
     p.add_argument("--backend", default="sglang", choices=["sglang", "sglang-oai", "vllm"])
     p.add_argument("--paths", nargs="+", default=list(PATHS), choices=list(PATHS))
+    p.add_argument(
+        "--variants",
+        nargs="+",
+        default=["default="],
+        help='servers to compare, each "label=extra launch_server flags" (e.g. "overlap=" '
+        '"no-overlap=--disable-overlap-schedule"), each run on every --paths',
+    )
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 64, 256])
     p.add_argument("--num-prompts", type=int, nargs="+", default=[16, 128, 512])
     p.add_argument("--input-len", type=int, default=1024)

@@ -126,10 +126,13 @@ def test_cli_good_args_parse():
             "--disable-radix-cache",
             "--mem-fraction-static",
             "0.5",
+            "--disable-overlap-schedule",
         ]
     )
     assert (sa.page_size, sa.max_total_tokens, sa.chunked_prefill_size) == (4, 1024, 64)
     assert sa.disable_radix_cache and sa.mem_fraction_static == 0.5
+    assert sa.disable_overlap_schedule
+    assert not prepare_server_args(["--device", "cpu", "--model-path", SMOL]).disable_overlap_schedule  # on by default
     assert sa.disable_cuda_graph and sa.attention_backend == "torch_native"
 
 

@@ -74,6 +74,7 @@ class ServerArgs:
     schedule_policy: str = "fcfs"
     disable_radix_cache: bool = False
     stream_interval: int = 1
+    disable_overlap_schedule: bool = False
 
     # Runtime
     device: Optional[str] = None

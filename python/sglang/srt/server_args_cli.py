@@ -67,6 +67,11 @@ def add_cli_args(parser: argparse.ArgumentParser, defaults: Mapping[str, Any]) -
     g.add_argument("--schedule-policy", type=str, default=_default("schedule_policy"), choices=["fcfs", "lpm"])
     g.add_argument("--disable-radix-cache", action="store_true")
     g.add_argument("--stream-interval", type=int, default=_default("stream_interval"))
+    g.add_argument(
+        "--disable-overlap-schedule",
+        action="store_true",
+        help="Run each batch's result processing before the next batch is launched (overlap is on by default).",
+    )
 
     g = parser.add_argument_group("runtime")
     g.add_argument("--device", type=str, default=None, choices=["cpu", "cuda"])

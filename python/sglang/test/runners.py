@@ -250,10 +250,13 @@ class OutputCollector:
     def __init__(self) -> None:
         self.results: Dict[str, ReqResult] = {}
         self.messages = 0
+        self.finishes: Dict[str, int] = {}  # finished messages per rid: exactly one is right
 
     def __call__(self, out) -> None:
         self.messages += 1
         for i, rid in enumerate(out.rids):
+            if out.finished_reasons[i] is not None:
+                self.finishes[rid] = self.finishes.get(rid, 0) + 1
             r = self.results.setdefault(rid, ReqResult())
             r.output_ids.extend(out.output_ids[i])
             r.logprobs.extend(out.output_token_logprobs[i])

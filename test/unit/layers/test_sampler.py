@@ -26,11 +26,15 @@ def make_info(params, seeds, steps=None, vocab=V, output_ids=None):
     reqs = []
     for i, (p, s) in enumerate(zip(params, seeds)):
         sp = SamplingParams.from_dict(p)
+        out = list(output_ids[i] if output_ids else [0] * (steps or [0] * len(params))[i])
         reqs.append(
             SimpleNamespace(
+                rid=f"r{i}",
                 sampling_params=sp,
                 sampling_seed=s,
-                output_ids=list(output_ids[i] if output_ids else [0] * (steps or [0] * len(params))[i]),
+                output_ids=out,
+                num_generated=len(out),
+                tokens_in_flight=0,
                 origin_input_ids=[1, 2],
                 stop_token_ids={2},
             )

@@ -26,6 +26,7 @@ def make_req(tree, ids, max_new=0):
     req = SimpleNamespace(
         fill_ids=list(ids),
         output_ids=[],
+        num_generated=0,
         sampling_params=SamplingParams.from_dict({"max_new_tokens": max_new}),
         cache_protected_len=0,
     )

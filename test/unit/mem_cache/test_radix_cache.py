@@ -148,12 +148,13 @@ def _req(pool, alloc, tokens, prefix=None, last_node=None):
     if new is None:
         new = alloc.alloc_extend([len(prefix)], [len(tokens)], [int(prefix[-1]) if len(prefix) else -1])
     slots = torch.cat((prefix, new))
-    pool.req_to_token[idx, : len(tokens)] = slots.to(torch.int32)
+    pool.write(idx, 0, slots)
     return SimpleNamespace(
         origin_input_ids=list(tokens),
         output_ids=[],
         fill_ids=list(tokens),
         kv_committed_len=len(tokens),
+        kv_allocated_len=len(tokens),
         req_pool_idx=idx,
         prefix_indices=prefix,
         last_node=last_node,
@@ -186,6 +187,27 @@ def test_request_paths_conserve_slots(ps):
     assert len(tree_slots) == len(set(tree_slots))
     assert not ({s // ps for s in tree_slots} & set(free))
     assert pool.available_size() == pool.size
+    c.evict(size)
+    assert alloc.available_size() == size
+
+
+@pytest.mark.parametrize("ps", [1, 4])
+@pytest.mark.parametrize("disable", [False, True])
+def test_slots_allocated_past_the_committed_kv_are_freed_once(ps, disable):
+    """A decode step launched before the request was seen to finish allocated one more slot than it
+    committed; with 6 committed tokens at page size 4 that slot shares the last, unaligned page: the page
+    goes back to the pool exactly once and every slot is accounted for."""
+    size = 32
+    c, alloc, pool = make_cache(ps=ps, size=size, disable=disable)
+    r = _req(pool, alloc, [1, 2, 3, 4, 5, 6, 7])  # 7 slots allocated ...
+    r.kv_committed_len = 6  # ... 6 of them written
+    c.cache_finished_req(r)
+    assert r.kv_allocated_len == 0 and r.req_pool_idx is None
+    free = alloc.free_pages.tolist() if ps > 1 else None
+    if free is not None:
+        assert len(free) == len(set(free))  # no page freed twice
+    assert alloc.available_size() + c.total_size() == size
+    assert c.total_size() == (0 if disable else 6 // ps * ps)
     c.evict(size)
     assert alloc.available_size() == size
 

@@ -90,6 +90,10 @@ class Req:
         self.cache_protected_len = 0  # leading tokens whose slots belong to the radix tree
         self.req_pool_idx: Optional[int] = None
         self.kv_committed_len = 0  # tokens whose K/V are written
+        self.kv_allocated_len = 0  # positions of its request row that hold slots (>= kv_committed_len)
+        # Tokens a launched forward samples for this request that are not yet in output_ids (0 or 1): the
+        # overlap scheduler prepares the next decode step before the last one's tokens reach the host.
+        self.tokens_in_flight = 0
         self.extend_input_len = 0
         self.cached_tokens = 0  # prompt tokens served from the radix cache (reported once)
         self.retractions = 0
@@ -101,6 +105,16 @@ class Req:
     @property
     def seqlen(self) -> int:
         return len(self.origin_input_ids) + len(self.output_ids)
+
+    @property
+    def scheduled_len(self) -> int:
+        """seqlen once the tokens in flight are counted: the length the next decode step works from."""
+        return self.seqlen + self.tokens_in_flight
+
+    @property
+    def num_generated(self) -> int:
+        """Output tokens, counting those in flight (the sampler's step number, min_new_tokens)."""
+        return len(self.output_ids) + self.tokens_in_flight
 
     def finished(self) -> bool:
         return self.finished_reason is not None
@@ -151,6 +165,7 @@ class Req:
         self.cache_protected_len = 0
         self.req_pool_idx = None
         self.kv_committed_len = 0
+        self.kv_allocated_len = 0
         self.retractions += 1
 
 
@@ -172,7 +187,7 @@ class ScheduleBatch:
         self.device = device
         self.forward_mode = ForwardMode.DECODE
         self.out_cache_loc: Optional[torch.Tensor] = None
-        self.input_ids: List[int] = []
+        self.input_ids: Optional[List[int]] = []  # None in decode: the device's last sampled tokens
         self.seq_lens: List[int] = []
         self.prefix_lens: List[int] = []
         self.extend_lens: List[int] = []
@@ -195,14 +210,12 @@ class ScheduleBatch:
 
     def _last_locs(self, lens: List[int]) -> Optional[List[int]]:
         """The slot of each request's token lens[i] - 1 (-1 when lens[i] is 0), which the allocator continues
-        a partly used page from; None with one-token pages, where no page is ever continued. One gather and
-        one device-to-host read for the whole batch (a read per request is a GPU sync per request)."""
+        a partly used page from; None with one-token pages, where no page is ever continued. Read from the
+        request table's host copy: a device read would wait for the forward in flight."""
         if self.allocator.page_size == 1:
             return None
-        rows = self.req_to_token_pool.req_to_token
-        idx = torch.tensor([r.req_pool_idx for r in self.reqs], dtype=torch.int64).to(rows.device)
-        pos = torch.tensor([max(n - 1, 0) for n in lens], dtype=torch.int64).to(rows.device)
-        slots = rows[idx, pos].tolist()
+        rows, positions = [r.req_pool_idx for r in self.reqs], [max(n - 1, 0) for n in lens]
+        slots = self.req_to_token_pool.read_positions(rows, positions)
         return [slot if n > 0 else -1 for slot, n in zip(slots, lens)]
 
     def prepare_for_extend(self) -> None:
@@ -214,34 +227,37 @@ class ScheduleBatch:
         self.extend_lens = [r.extend_input_len for r in self.reqs]
         self.seq_lens = [p + e for p, e in zip(self.prefix_lens, self.extend_lens)]
         self.input_ids = [t for r, p, s in zip(self.reqs, self.prefix_lens, self.seq_lens) for t in r.fill_ids[p:s]]
-        rows = self.req_to_token_pool.req_to_token
+        pool = self.req_to_token_pool
         for req, p in zip(self.reqs, self.prefix_lens):
             if p:  # point the row at the prefix's slots (the tree's, or this request's earlier chunks)
-                rows[req.req_pool_idx, :p] = req.prefix_indices.to(rows.device, torch.int32)
+                pool.write(req.req_pool_idx, 0, req.prefix_indices)
         self.out_cache_loc = self._alloc_slots(
             self.allocator.alloc_extend, self.prefix_lens, self.seq_lens, self._last_locs(self.prefix_lens)
         )
         start = 0
         for req, p, s in zip(self.reqs, self.prefix_lens, self.seq_lens):
-            rows[req.req_pool_idx, p:s] = self.out_cache_loc[start : start + s - p].to(rows.device, torch.int32)
+            pool.write(req.req_pool_idx, p, self.out_cache_loc[start : start + s - p])
+            req.kv_allocated_len = s
             start += s - p
 
     def prepare_for_decode(self) -> None:
+        """One new token per request. The input token is not read here: the forward takes each row's last
+        sampled token on the device, so this works before the previous step's tokens reach the host."""
         self.forward_mode = ForwardMode.DECODE
-        self.input_ids = [r.output_ids[-1] for r in self.reqs]
-        self.seq_lens = [r.seqlen for r in self.reqs]
+        self.input_ids = None
+        self.seq_lens = [r.scheduled_len for r in self.reqs]
         self.out_cache_loc = self._alloc_slots(
             self.allocator.alloc_decode, self.seq_lens, self._last_locs([s - 1 for s in self.seq_lens])
         )
-        rows = self.req_to_token_pool.req_to_token
-        idx = torch.tensor([r.req_pool_idx for r in self.reqs], dtype=torch.int64, device=rows.device)
-        pos = torch.tensor([s - 1 for s in self.seq_lens], dtype=torch.int64, device=rows.device)
-        rows[idx, pos] = self.out_cache_loc.to(rows.device, torch.int32)
+        rows = [r.req_pool_idx for r in self.reqs]
+        self.req_to_token_pool.write_positions(rows, [s - 1 for s in self.seq_lens], self.out_cache_loc)
+        for req, s in zip(self.reqs, self.seq_lens):
+            req.kv_allocated_len = s
 
     def decode_tokens_needed(self) -> int:
         """Slots the next decode step takes (a new page for requests whose last page is full)."""
         ps = self.allocator.page_size
-        return sum(ps if r.seqlen % ps == 1 % ps else 0 for r in self.reqs) if ps > 1 else len(self.reqs)
+        return sum(ps if r.scheduled_len % ps == 1 % ps else 0 for r in self.reqs) if ps > 1 else len(self.reqs)
 
     def filter(self, keep: List[Req]) -> None:
         self.reqs = keep

@@ -14,7 +14,7 @@ CLIP_MAX_NEW_TOKENS = 4096
 
 
 def estimated_future_tokens(req: "Req", new_token_ratio: float) -> int:
-    remaining = max(req.sampling_params.max_new_tokens - len(req.output_ids), 0)
+    remaining = max(req.sampling_params.max_new_tokens - req.num_generated, 0)
     return int(min(remaining, CLIP_MAX_NEW_TOKENS) * new_token_ratio)
 
 

@@ -9,6 +9,7 @@ process (scheduler_process.py), which adds the ZeroMQ plumbing and tensor-parall
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -22,7 +23,7 @@ from sglang.srt.managers.io_struct import AbortReq, SchedulerStats, TokenizedGen
 from sglang.srt.managers.schedule_batch import FinishReason, Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import PrefillAdder, estimated_future_tokens, sort_waiting_queue
 from sglang.srt.managers.scheduler_faults import SchedulerFaultMixin
-from sglang.srt.managers.scheduler_output import BatchResult, SchedulerOutputMixin
+from sglang.srt.managers.scheduler_output import LaunchedBatch, PendingResult, SchedulerOutputMixin
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.model_runner import ModelRunner
@@ -73,6 +74,9 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
         self.waiting_queue: Deque[Req] = deque()
         self.running_batch: Optional[ScheduleBatch] = None
         self.chunked_req: Optional[Req] = None
+        # Overlap scheduling: the next batch is prepared and launched while this one runs on the device.
+        self.enable_overlap = not server_args.disable_overlap_schedule
+        self.in_flight: Optional[LaunchedBatch] = None  # launched; its result not processed yet
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.output_sink = output_sink or (lambda out: None)
         self.stats = SchedulerStats(max_total_num_tokens=self.model_runner.max_total_num_tokens)
@@ -173,13 +177,14 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
                 self.stream_output([req])
                 return
         running = self.running_batch.reqs if self.running_batch else []
-        for req in running + ([self.chunked_req] if self.chunked_req else []):
+        in_flight = list(self.in_flight.reqs) if self.in_flight else []  # e.g. a prefill not yet processed
+        for req in running + in_flight + ([self.chunked_req] if self.chunked_req else []):
             if req.rid == abort.rid and not req.finished():
                 # Released with the next batch result, so its KV is freed exactly once.
                 req.finished_reason = FinishReason("abort", message=abort.message, status_code=abort.status_code)
 
     def flush_cache(self) -> bool:
-        if self.waiting_queue or self.running_batch or self.chunked_req:
+        if self.waiting_queue or self.running_batch or self.chunked_req or self.in_flight:
             return False
         self.tree_cache.reset()
         self.allocator.clear()
@@ -193,20 +198,33 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
         )
 
     def get_next_batch_to_run(self) -> Optional[ScheduleBatch]:
+        if self.in_flight is not None and self.in_flight.forward_mode.is_extend():
+            # A prefill's requests join the running batch (and a chunked prompt continues) once its result is in.
+            self.drain()
         batch = self.get_new_batch_prefill()
         if batch is not None:
             return batch
+        running = self.running_batch
+        if running is not None and self.in_flight is not None and self.needs_outputs_before_decode(running):
+            self.drain()
         if self.running_batch is None or self.running_batch.is_empty():
             self.running_batch = None
             return None
-        self.update_running_batch()
-        return self.running_batch
+        return self.update_running_batch()
+
+    def needs_outputs_before_decode(self, batch: ScheduleBatch) -> bool:
+        """Whether the next decode step must wait for the step in flight: when the pool may not hold it
+        (retraction decides on the requests' real lengths, and finished ones free room), or when a request's
+        penalties count its output tokens."""
+        room = self.allocator.available_size() + self.tree_cache.evictable_size()
+        return room < batch.decode_tokens_needed() or any(r.sampling_params.has_penalties for r in batch.reqs)
 
     def get_new_batch_prefill(self) -> Optional[ScheduleBatch]:
         if not self.waiting_queue and self.chunked_req is None:
             return None
         slot = self.elastic_slot
         if slot is not None:
+            self.drain()  # lending the tail reads the pool as the step in flight leaves it
             # Before this batch takes KV pages: it must not land in the tail the slot needs (cached pages
             # elsewhere are evicted for it instead), and admission then counts the pool without the tail.
             a = self.allocator
@@ -253,7 +271,9 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
         batch.prepare_for_extend()
         return batch
 
-    def update_running_batch(self) -> None:
+    def update_running_batch(self) -> Optional[ScheduleBatch]:
+        """Make room for the next decode step (retracting requests if the pool cannot hold it) and prepare
+        it; returns the batch to run, or None."""
         batch = self.running_batch
         while self.allocator.available_size() + self.tree_cache.evictable_size() < batch.decode_tokens_needed():
             if batch.batch_size() == 1:
@@ -266,13 +286,25 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
                 self.release_finished(batch)
                 self.running_batch = None
                 self.stream_output([])
-                return
+                return None
             self.retract_one(batch)
         if batch.is_empty():
             self.running_batch = None
-            return
+            return None
         self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
+        # A request whose step in flight is its last (by length, or it was aborted) gets no further step: it
+        # leaves the running batch when that step's result comes in.
+        done = {
+            id(r)
+            for r in batch.reqs
+            if r.tokens_in_flight and (r.finished() or r.num_generated >= r.sampling_params.max_new_tokens)
+        }
+        if done:
+            batch = self.new_batch([r for r in batch.reqs if id(r) not in done])
+            if batch.is_empty():
+                return None
         batch.prepare_for_decode()
+        return batch
 
     def retract_one(self, batch: ScheduleBatch) -> None:
         """Move the request with the fewest generated tokens (longest prompt on ties) back to waiting."""
@@ -286,32 +318,71 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
         logger.info("KV cache full: retracted request %s (%d tokens) to the waiting queue", victim.rid, victim.seqlen)
 
     # -------------------------------------------------------------- running
-    def run_batch(self, batch: ScheduleBatch) -> BatchResult:
+    def run_batch(self, batch: ScheduleBatch) -> PendingResult:
+        """Launch the forward and sampling of `batch`; the result is read later (PendingResult.resolve)."""
         self.forward_ct += 1
         self.faults.before_forward(self.forward_ct)
         worker_batch = batch.get_model_worker_batch()
         forward_batch = ForwardBatch.init_new(worker_batch, self.model_runner)
         logits_output = self.model_runner.forward(forward_batch)
         sampled = self.model_runner.sample(logits_output, forward_batch)
-        return BatchResult.from_device(
-            sampled, logits_output.input_logprobs, worker_batch.sampling_info.logprob_requests
-        )
+        return PendingResult.start(sampled, logits_output.input_logprobs, worker_batch.sampling_info.logprob_requests)
 
     def step(self) -> bool:
-        """Run at most one batch; returns False when there was nothing to do."""
+        """Run at most one batch; returns False when there was nothing to do. With overlap scheduling the
+        batch is launched first and the previous batch's result processed while it runs (SGLang's overlap
+        scheduler); a decode step then goes out before the host has seen the tokens of the step before it,
+        so a request that finished there computes one more token, which is dropped."""
         batch = self.get_next_batch_to_run()
         if batch is None:
-            return False
+            return self.drain()
         slot = self.elastic_slot  # taken, if it could be, before the batch was formed (get_new_batch_prefill)
-        try:
-            result = self.run_batch(batch)
-        except Exception as e:  # noqa: BLE001 - out of memory, or a bug in one batch: fail it, keep serving
-            self.handle_batch_failure(batch, e)
-        else:
-            self.process_batch_result(batch, result)
+        launched = self.launch_batch(batch)
+        previous, self.in_flight = self.in_flight, launched
+        if previous is not None:
+            self.finish_batch(previous)
+        if not self.enable_overlap:
+            self.drain()
         if slot is not None and slot.stats.lent and self.chunked_req is None:
             slot.give_back(step=self.forward_ct)  # lent per long prefill: the pool has its whole size between them
         return True
 
+    def launch_batch(self, batch: ScheduleBatch) -> Optional[LaunchedBatch]:
+        """Launch `batch`; None if it failed at once (its requests are then answered with the error)."""
+        launched = LaunchedBatch.of(batch, self.chunked_req)
+        try:
+            pending = self.run_batch(batch)
+        except Exception as e:  # noqa: BLE001 - out of memory, or a bug in one batch: fail it, keep serving
+            self.drain()  # the step in flight first: its requests are in this batch too
+            self.handle_batch_failure(launched, e)
+            return None
+        for req in launched.reqs:
+            req.tokens_in_flight += 1
+        return dataclasses.replace(launched, result=pending)
+
+    def finish_batch(self, launched: LaunchedBatch) -> None:
+        """Wait for a launched batch's result and hand its tokens to the requests."""
+        try:
+            result = launched.result.resolve()
+        except Exception as e:  # noqa: BLE001 - an error the device reported late: as if the launch had failed
+            for req in launched.reqs:
+                req.tokens_in_flight -= 1
+            self.handle_batch_failure(launched, e)
+        else:
+            self.process_batch_result(launched, result)
+
+    def drain(self) -> bool:
+        """Finish the batch in flight, if there is one (True then)."""
+        launched, self.in_flight = self.in_flight, None
+        if launched is None:
+            return False
+        self.finish_batch(launched)
+        return True
+
     def has_work(self) -> bool:
-        return bool(self.waiting_queue) or self.running_batch is not None or self.chunked_req is not None
+        return (
+            bool(self.waiting_queue)
+            or self.running_batch is not None
+            or self.chunked_req is not None
+            or self.in_flight is not None
+        )

@@ -21,8 +21,8 @@ import torch
 from sglang.srt.managers.schedule_batch import FinishReason
 
 if TYPE_CHECKING:
-    from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.managers.scheduler_output import LaunchedBatch
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def is_device_fault(exc: BaseException) -> bool:
 
 
 class SchedulerFaultMixin:
-    def handle_batch_failure(self: "Scheduler", batch: "ScheduleBatch", exc: Exception) -> None:
+    def handle_batch_failure(self: "Scheduler", batch: "LaunchedBatch", exc: Exception) -> None:
         oom = is_device_oom(exc)
         if not oom and is_device_fault(exc):
             raise exc  # the CUDA context is broken (e.g. an illegal memory access): nothing can run after it
@@ -89,24 +89,21 @@ class SchedulerFaultMixin:
         summary = torch.cuda.memory_summary(abbreviated=True) if self.device == "cuda" else "(not a CUDA device)"
         logger.error("First out-of-memory error (%s). %s\n%s", exc, plan, summary)
 
-    def fail_batch(self: "Scheduler", batch: "ScheduleBatch", reason: FinishReason) -> None:
+    def fail_batch(self: "Scheduler", batch: "LaunchedBatch", reason: FinishReason) -> None:
         """Finish every request of `batch` with `reason` and free the KV it holds. Only the K/V written
         before this batch (the prefix for a prefill, all but the new token for a decode) may be cached."""
         extend = batch.forward_mode.is_extend()
-        rows = self.req_to_token_pool.req_to_token
+        failed = [r for r in batch.reqs if r.req_pool_idx is not None]  # the others finished before it
         for i, req in enumerate(batch.reqs):
-            if not req.finished():
-                req.finished_reason = reason
             if req.req_pool_idx is None:
                 continue
-            seq_len = batch.seq_lens[i]
-            valid = batch.prefix_lens[i] if extend else seq_len - 1
-            self.allocator.free(rows[req.req_pool_idx, valid:seq_len].to("cpu", torch.int64))
-            req.kv_committed_len = valid
-            self.tree_cache.cache_finished_req(req)
+            if not req.finished():
+                req.finished_reason = reason
+            req.kv_committed_len = batch.prefix_lens[i] if extend else batch.seq_lens[i] - 1
+            self.tree_cache.cache_finished_req(req)  # the slots this batch allocated go back to the pool
             if req is self.chunked_req:
                 self.chunked_req = None
-        if batch is self.running_batch:
+        if not extend:
             self.running_batch = None
-        self.stream_output(batch.reqs)
+        self.stream_output(failed)
         self.update_stats()

@@ -7,8 +7,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
+import torch
+
 from sglang.srt.managers.io_struct import BatchTokenIDOut
 from sglang.srt.managers.schedule_batch import FinishReason
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
 if TYPE_CHECKING:
     from sglang.srt.layers.sampler import SampleOutput
@@ -21,6 +24,49 @@ Pairs = List[Tuple[float, int]]
 
 def _pairs(values: Optional[List[List[float]]], ids: Optional[List[List[int]]], row: int, n: int) -> Pairs:
     return list(zip(values[row][:n], ids[row][:n])) if values is not None and n else []
+
+
+def _host_copy(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """A copy on the host, enqueued on the current stream (pinned, non-blocking on CUDA)."""
+    if x is None:
+        return None
+    return x.to("cpu", non_blocking=True) if x.device.type != "cpu" else x
+
+
+@dataclass(frozen=True)
+class PendingResult:
+    """One forward's outputs on their way to the host: copies enqueued behind the forward on its stream and
+    an event after them, so the scheduler can launch the next step before reading these."""
+
+    sampled: "SampleOutput"  # host tensors, valid once `ready` has completed
+    prompt: Optional["InputLogprobs"]
+    requests: Optional["LogprobRequests"]
+    ready: Optional[torch.cuda.Event]  # None on the CPU, where the copies are the tensors themselves
+
+    @classmethod
+    def start(
+        cls, sampled: "SampleOutput", prompt: Optional["InputLogprobs"], requests: Optional["LogprobRequests"]
+    ) -> "PendingResult":
+        def extras_copy(e: Optional["LogprobExtras"]) -> Optional["LogprobExtras"]:
+            return None if e is None else type(e)(*(_host_copy(t) for t in (e.top_values, e.top_ids, e.chosen)))
+
+        host_sampled = type(sampled)(
+            _host_copy(sampled.next_token_ids), _host_copy(sampled.logprobs), extras_copy(sampled.extras)
+        )
+        host_prompt = None
+        if prompt is not None:
+            host_prompt = type(prompt)(_host_copy(prompt.token_logprobs), extras_copy(prompt.extras))
+        ready = None
+        if sampled.next_token_ids.device.type == "cuda":
+            ready = torch.cuda.Event()
+            ready.record()
+        return cls(host_sampled, host_prompt, requests, ready)
+
+    def resolve(self) -> "BatchResult":
+        """Wait for the copies (the forward's end), then read them."""
+        if self.ready is not None:
+            self.ready.synchronize()
+        return BatchResult.from_host(self.sampled, self.prompt, self.requests)
 
 
 @dataclass
@@ -39,7 +85,7 @@ class BatchResult:
     requests: Optional["LogprobRequests"] = None
 
     @classmethod
-    def from_device(
+    def from_host(
         cls, sampled: "SampleOutput", prompt: Optional["InputLogprobs"], requests: Optional["LogprobRequests"]
     ) -> "BatchResult":
         def host(x):
@@ -83,15 +129,52 @@ class BatchResult:
             got.chosen.append(list(zip(self.input_chosen[k], ids)) if self.input_chosen and ids else [])
 
 
-class SchedulerOutputMixin:
-    def process_batch_result(self: "Scheduler", batch: "ScheduleBatch", result: BatchResult) -> None:
+@dataclass(frozen=True)
+class LaunchedBatch:
+    """A batch as it was launched, with its result on the way. Its result is matched against this, never
+    against the live ScheduleBatch: the running batch is one object, prepared again for the next step
+    (and filtered as requests finish) while this one's tokens are still in flight."""
+
+    forward_mode: ForwardMode
+    reqs: Tuple["Req", ...]
+    seq_lens: Tuple[int, ...]
+    prefix_lens: Tuple[int, ...]
+    extend_lens: Tuple[int, ...]
+    chunked_req: Optional["Req"]  # the request whose prefill continues in a later chunk (it gets no token)
+    result: Optional[PendingResult] = None  # None until the forward is launched
+
+    @classmethod
+    def of(cls, batch: "ScheduleBatch", chunked_req: Optional["Req"]) -> "LaunchedBatch":
         extend = batch.forward_mode.is_extend()
+        return cls(
+            batch.forward_mode,
+            tuple(batch.reqs),
+            tuple(batch.seq_lens),
+            tuple(batch.prefix_lens) if extend else (),
+            tuple(batch.extend_lens) if extend else (),
+            chunked_req if extend else None,
+        )
+
+    def batch_size(self) -> int:
+        return len(self.reqs)
+
+
+class SchedulerOutputMixin:
+    def process_batch_result(self: "Scheduler", batch: LaunchedBatch, result: BatchResult) -> None:
+        extend = batch.forward_mode.is_extend()
+        live = []  # the batch's requests this result is for
         for row, (req, seq_len) in enumerate(zip(batch.reqs, batch.seq_lens)):
+            req.tokens_in_flight -= 1
+            if req.req_pool_idx is None:
+                # Finished and released while this step was in flight (the overlap scheduler launched it before
+                # the previous step's tokens showed the request done): its token is not the request's.
+                continue
+            live.append(req)
             req.kv_committed_len = seq_len
             if extend and req.wants_input_logprobs:
                 result.add_prompt_logprobs(row, req, batch.prefix_lens[row])
-                req.input_logprobs_done = req is not self.chunked_req
-            if extend and req is self.chunked_req:  # more chunks to come: no token yet
+                req.input_logprobs_done = req is not batch.chunked_req
+            if extend and req is batch.chunked_req:  # more chunks to come: no token yet
                 self.tree_cache.cache_unfinished_req(req)
                 continue
             if not req.finished():
@@ -105,7 +188,7 @@ class SchedulerOutputMixin:
                         req.output_token_ids_logprobs.append(chosen)
         if extend:
             self.stats.prompt_tokens_total += sum(batch.extend_lens)
-            done_with_prefill = [r for r in batch.reqs if r is not self.chunked_req]
+            done_with_prefill = [r for r in live if r is not batch.chunked_req]
             for req in done_with_prefill:
                 if not req.finished():
                     # Make the prompt shareable at once, not only when the request finishes.
@@ -117,11 +200,14 @@ class SchedulerOutputMixin:
                     self.running_batch = new
                 else:
                     self.running_batch.merge(new)
+            self.stream_output(done_with_prefill)
         else:
-            self.release_finished(batch)
-            if batch.is_empty():
-                self.running_batch = None
-        self.stream_output(batch.reqs if not extend else [r for r in batch.reqs if r is not self.chunked_req])
+            running = self.running_batch
+            if running is not None:
+                self.release_finished(running)
+                if running.is_empty():
+                    self.running_batch = None
+            self.stream_output(live)
         self.update_stats()
 
     def append_token(self: "Scheduler", req: "Req", token: int, logprob: float) -> None:

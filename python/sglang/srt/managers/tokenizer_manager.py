@@ -425,8 +425,11 @@ class TokenizerManager:
             while True:
                 await self._wait_event(one.rid, state)
                 out = self._make_output(one.rid, state)
+                # Decided before the yield: while the caller holds this chunk, the last update may arrive,
+                # and reading the state after it would end the stream without sending that update.
+                last = state.finished_reason is not None
                 yield out
-                if state.finished_reason is not None:
+                if last:
                     break
         finally:
             self._forget(one.rid, state)

@@ -32,12 +32,49 @@ def _fused_store_module(device: str) -> Optional[ModuleType]:
 
 
 class ReqToTokenPool:
+    """The request table, on the device (attention reads it) with a host copy (the scheduler reads it).
+
+    The scheduler writes every slot it assigns through write() / write_positions(), which update both
+    copies, and reads rows back from the host copy: reading the device table would be a host sync that
+    waits for the forward in flight, the one the overlap scheduler prepares the next batch beside. The host
+    copy is allocated uninitialised (the OS backs only the pages written: running requests' slots).
+    """
+
     def __init__(self, size: int, max_context_len: int, device: str) -> None:
         self.size = size
         self.max_context_len = max_context_len
         self.device = device
         self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32, device=device)
+        on_host = torch.device(device).type == "cpu"
+        self.host = self.req_to_token if on_host else torch.empty((size, max_context_len), dtype=torch.int32)
         self.free_slots: List[int] = list(range(size))
+
+    def write(self, row: int, start: int, slots: torch.Tensor) -> None:
+        """Positions [start, start + len(slots)) of request row `row` hold `slots` (host indices)."""
+        values = slots.to("cpu", torch.int32)
+        end = start + values.shape[0]
+        self.host[row, start:end] = values
+        if self.host is not self.req_to_token:
+            # From pageable memory a non-blocking copy is staged at once: the host may reuse `values`.
+            self.req_to_token[row, start:end].copy_(values, non_blocking=True)
+
+    def write_positions(self, rows: List[int], positions: List[int], slots: torch.Tensor) -> None:
+        """Position positions[i] of request row rows[i] holds slots[i], for every i (a decode step)."""
+        r, p = torch.tensor(rows, dtype=torch.int64), torch.tensor(positions, dtype=torch.int64)
+        values = slots.to("cpu", torch.int32)
+        self.host[r, p] = values
+        if self.host is not self.req_to_token:
+            dev = lambda t: t.to(self.req_to_token.device, non_blocking=True)  # noqa: E731
+            self.req_to_token[dev(r), dev(p)] = dev(values)
+
+    def read(self, row: int, end: int, start: int = 0) -> torch.Tensor:
+        """Slots at positions [start, end) of request row `row`, from the host copy (int64, a copy)."""
+        return self.host[row, start:end].to(torch.int64)
+
+    def read_positions(self, rows: List[int], positions: List[int]) -> List[int]:
+        """The slot at position positions[i] of request row rows[i], for every i, from the host copy."""
+        r, p = torch.tensor(rows, dtype=torch.int64), torch.tensor(positions, dtype=torch.int64)
+        return self.host[r, p].tolist()
 
     def available_size(self) -> int:
         return len(self.free_slots)

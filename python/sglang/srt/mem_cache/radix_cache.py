@@ -146,12 +146,18 @@ class RadixCache:
     def cache_finished_req(self, req: "Req") -> None:
         """Move a finished request's KV into the tree (or free it) and release its request slot."""
         token_ids = (req.origin_input_ids + req.output_ids)[: req.kv_committed_len]
-        kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(token_ids)].to("cpu", torch.int64)
+        pool, row = self.req_to_token_pool, req.req_pool_idx
+        kv = pool.read(row, len(token_ids))
+        # Slots allocated past the committed K/V (a decode step launched before the request was seen to
+        # finish, or a failed batch's) hold nothing to keep. They are freed in the same call as the unaligned
+        # tail, whose last page they may share: the allocator frees whole pages.
+        beyond = pool.read(row, req.kv_allocated_len, start=len(token_ids))
+        req.kv_allocated_len = 0
         if self.disable:
-            self.allocator.free(kv)
+            self.allocator.free(torch.cat((kv, beyond)))
         else:
             aligned = self._insert_page_aligned(req, token_ids, kv)
-            self.allocator.free(kv[aligned:])  # the unaligned tail goes back to the pool
+            self.allocator.free(torch.cat((kv[aligned:], beyond)))  # the unaligned tail goes back to the pool
             self.dec_lock_ref(req.last_node)
         self.req_to_token_pool.free(req.req_pool_idx)
         req.req_pool_idx = None
@@ -159,16 +165,14 @@ class RadixCache:
     def cache_unfinished_req(self, req: "Req") -> None:
         """After a prefill chunk: share the computed prefix through the tree, keep the request's slot."""
         token_ids = req.fill_ids
-        kv = self.req_to_token_pool.req_to_token[req.req_pool_idx, : len(token_ids)].to("cpu", torch.int64)
+        kv = self.req_to_token_pool.read(req.req_pool_idx, len(token_ids))
         if self.disable:
             req.prefix_indices = kv  # the request keeps every slot it computed
             return
         aligned = self._insert_page_aligned(req, token_ids, kv)
         new_indices, new_node = self.match_prefix(token_ids[:aligned])
         start = req.cache_protected_len
-        self.req_to_token_pool.req_to_token[req.req_pool_idx, start : len(new_indices)] = new_indices[start:].to(
-            self.req_to_token_pool.device, torch.int32
-        )
+        self.req_to_token_pool.write(req.req_pool_idx, start, new_indices[start:])
         self.dec_lock_ref(req.last_node)
         self.inc_lock_ref(new_node)
         req.last_node = new_node

@@ -34,7 +34,7 @@ class ModelWorkerBatch:
     """The scheduler's view of a batch: host-side lists only, cheap to build and to send to ranks."""
 
     forward_mode: ForwardMode
-    input_ids: List[int]
+    input_ids: Optional[List[int]]  # None in decode: each request row's last sampled token, on the device
     req_pool_indices: List[int]
     seq_lens: List[int]  # total tokens of each request after this forward
     out_cache_loc: torch.Tensor  # int64 slots for the new tokens (CPU)
@@ -81,12 +81,17 @@ class ForwardBatch:
         device = model_runner.device
         seq_lens_cpu = list(batch.seq_lens)
         as_long = lambda xs: torch.tensor(xs, dtype=torch.int64).to(device, non_blocking=True)  # noqa: E731
+        req_pool_indices = as_long(batch.req_pool_indices)
+        if batch.input_ids is None:  # a gather on the device: the host need not have seen the last step's tokens
+            input_ids = model_runner.last_sampled_tokens[req_pool_indices]
+        else:
+            input_ids = as_long(batch.input_ids)
         fb = cls(
             forward_mode=batch.forward_mode,
             batch_size=len(seq_lens_cpu),
-            input_ids=as_long(batch.input_ids),
+            input_ids=input_ids,
             positions=None,  # set below
-            req_pool_indices=as_long(batch.req_pool_indices),
+            req_pool_indices=req_pool_indices,
             seq_lens=as_long(seq_lens_cpu),
             out_cache_loc=batch.out_cache_loc.to(device, non_blocking=True),
             seq_lens_cpu=seq_lens_cpu,

@@ -73,6 +73,8 @@ class ModelRunner(ModelRunnerKVCacheMixin, PostCaptureKVSizingMixin):
         free_after_weights = self.load_model(free_before_weights)
         self.readings = self.take_memory_readings(free_before_weights, free_after_weights)
         self.init_memory_pool()
+        # Each request row's last sampled token, where the next decode step reads its input on the device.
+        self.last_sampled_tokens = torch.zeros(self.req_to_token_pool.size, dtype=torch.int64, device=self.device)
         self.sampler = Sampler()
         self.init_attention_backend()
         self.init_cuda_graphs()
@@ -218,8 +220,12 @@ class ModelRunner(ModelRunnerKVCacheMixin, PostCaptureKVSizingMixin):
         return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
 
     def sample(self, logits_output: LogitsProcessorOutput, forward_batch: ForwardBatch) -> SampleOutput:
-        """Token ids and, when some request asked for them, their logprobs (and the top-k / chosen ids')."""
-        return self.sampler(logits_output.next_token_logits, forward_batch.sampling_info, forward_batch.return_logprob)
+        """Token ids and, when some request asked for them, their logprobs (and the top-k / chosen ids').
+        The ids are also stored at their request rows, the next decode step's inputs."""
+        fb = forward_batch
+        out = self.sampler(logits_output.next_token_logits, fb.sampling_info, fb.return_logprob)
+        self.last_sampled_tokens[fb.req_pool_indices] = out.next_token_ids
+        return out
 
     def shutdown(self) -> None:
         self.release_kv_memory()

@@ -51,7 +51,7 @@ class SamplingBatchInfo:
             top_ks=f([min(p.top_k, vocab_size) if p.top_k > 0 else vocab_size for p in ps], torch.int64),
             min_ps=f([p.min_p for p in ps]),
             seeds=f([r.sampling_seed for r in reqs], torch.int64),
-            steps=f([len(r.output_ids) for r in reqs], torch.int64),
+            steps=f([r.num_generated for r in reqs], torch.int64),
             is_all_greedy=all(greedy),
             greedy_mask=f(greedy, torch.bool),
             need_top_p_top_k=any(p.top_p < 1 or 0 < p.top_k < vocab_size for p in ps),
@@ -63,7 +63,7 @@ class SamplingBatchInfo:
         blocked = [
             (i, t)
             for i, r in enumerate(reqs)
-            if len(r.output_ids) < r.sampling_params.min_new_tokens
+            if r.num_generated < r.sampling_params.min_new_tokens
             for t in sorted(r.stop_token_ids)
             if t < vocab_size
         ]
@@ -76,6 +76,9 @@ class SamplingBatchInfo:
         rows, cols, bias, rrows, rcols, rfac = [], [], [], [], [], []
         for i, r in enumerate(reqs):
             p = r.sampling_params
+            if p.has_penalties and r.tokens_in_flight:
+                # The scheduler finishes the step in flight first (Scheduler.needs_outputs_before_decode).
+                raise RuntimeError(f"request {r.rid}: penalties need its output tokens, one is still in flight")
             if p.frequency_penalty or p.presence_penalty:
                 counts = Counter(r.output_ids)
                 for tok, n in counts.items():

@@ -90,7 +90,7 @@ class TritonAttnBackend(AttentionBackend):
     def _indptr(self, lens: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         bs = lens.shape[0]
         indptr = out if out is not None else torch.empty(bs + 1, dtype=torch.int32, device=self.device)
-        indptr[0] = 0
+        indptr[:1].zero_()  # a kernel: `indptr[0] = 0` copies a host scalar and waits for the stream
         torch.cumsum(lens, dim=0, dtype=torch.int32, out=indptr[1 : bs + 1])
         return indptr[: bs + 1]
 
