@@ -185,6 +185,15 @@ def server_facts(base_url: str) -> dict:
     }
 
 
+def decode_period_counters(base_url: str) -> tuple:
+    """(decode periods, their seconds) so far, from /server_info's scheduler stats (refreshed every 0.5 s)."""
+    import requests
+
+    time.sleep(0.6)  # the latest stats, not those of half a second ago
+    stats = requests.get(f"{base_url}/server_info", timeout=30).json().get("scheduler_stats") or {}
+    return stats.get("decode_periods", 0), stats.get("decode_period_seconds", 0.0)
+
+
 def markdown(data: dict) -> str:
     lines = [
         f"Upstream `bench_serving.py` (sglang {UPSTREAM_VERSION}) `--backend {data['backend']}`, random dataset "
@@ -192,16 +201,17 @@ def markdown(data: dict) -> str:
         "graph step ms: benchmark/decode_roofline/ at the same batch size, context 1024.",
         "",
         "| variant | path | concurrency | prompts | completed | output tok/s | TTFT median ms | TTFT p99 ms "
-        "| ITL median ms | ITL p99 ms | graph step ms | ITL median / step | KV tokens |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| ITL median ms | ITL p99 ms | server decode period ms | graph step ms | ITL median / step | KV tokens |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in data["rows"]:
         step = "-" if r["graph_step_ms"] is None else f"{r['graph_step_ms']:.3f}"
         ratio = "-" if r["itl_over_graph_step"] is None else f"{r['itl_over_graph_step']:.2f}"
+        period = "-" if r.get("server_decode_period_ms") is None else f"{r['server_decode_period_ms']:.2f}"
         lines.append(
             f"| {r.get('variant', 'default')} | {r['path']} | {r['concurrency']} | {r['num_prompts']} | {r['completed']} "
             f"| {r['output_throughput']:.1f} | {r['median_ttft_ms']:.1f} | {r['p99_ttft_ms']:.1f} "
-            f"| {r['median_itl_ms']:.2f} | {r['p99_itl_ms']:.2f} | {step} | {ratio} "
+            f"| {r['median_itl_ms']:.2f} | {r['p99_itl_ms']:.2f} | {period} | {step} | {ratio} "
             f"| {r['max_total_num_tokens']} |"
         )
     return "\n".join(lines)
@@ -289,6 +299,7 @@ def run_server(args, data, log, bench_py, python, mdir, dataset, steps, label, f
         )
         for conc, n in zip(args.concurrency, args.num_prompts):
             t = time.monotonic()
+            periods0, seconds0 = decode_period_counters(proc.base_url)
             res = run_bench(
                 bench_py,
                 python,
@@ -304,6 +315,10 @@ def run_server(args, data, log, bench_py, python, mdir, dataset, steps, label, f
                 log,
             )
             step = steps.get(conc)
+            periods1, seconds1 = decode_period_counters(proc.base_url)
+            # The server's own loop period while decoding: next to ITL it tells whether the gap is the
+            # scheduler's (period above the graph step) or downstream (detokenizer, HTTP, the client).
+            period_ms = (seconds1 - seconds0) / (periods1 - periods0) * 1000 if periods1 > periods0 else None
             row = {
                 "variant": label,
                 "path": path,
@@ -317,6 +332,7 @@ def run_server(args, data, log, bench_py, python, mdir, dataset, steps, label, f
                 "p99_itl_ms": res["p99_itl_ms"],
                 "graph_step_ms": step,
                 "itl_over_graph_step": None if step is None else res["median_itl_ms"] / step,
+                "server_decode_period_ms": period_ms,
                 "mean_itl_ms": res["mean_itl_ms"],
                 "median_tpot_ms": res["median_tpot_ms"],
                 "median_e2e_latency_ms": res["median_e2e_latency_ms"],

@@ -145,6 +145,11 @@ class Envs:
     SGLANG_SHUTDOWN_GRACE_S = EnvFloat(
         5.0, "After SIGTERM: seconds in-flight requests get to finish before they are answered 503."
     )
+    SGLANG_PROFILE_HTTP_SERVER = EnvStr(
+        "",
+        "Diagnostics: run the HTTP server process (tokenizer manager, API layers, SSE) under cProfile and write "
+        "its 40 costliest functions (cumulative and own time) to this file when it stops.",
+    )
     # Kernels
     SGLANG_TRITON_DECODE_MAX_KV_SPLITS = EnvInt(16, "Upper bound on split-KV chunks in the triton decode kernel.")
     # Testing

@@ -18,7 +18,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -297,7 +297,7 @@ def launch_server(server_args: ServerArgs) -> int:
         if tm is None:
             return _wait_for_children(procs)
         restore_signals(previous)
-        return asyncio.run(_serve(server_args, tm, sock))
+        return _run_profiled(envs.SGLANG_PROFILE_HTTP_SERVER.get(), lambda: asyncio.run(_serve(server_args, tm, sock)))
     except LaunchError as e:
         logger.error("Server start-up failed: %s", e)
         return 1
@@ -314,6 +314,27 @@ def launch_server(server_args: ServerArgs) -> int:
         if procs:
             kill_process_tree(procs, timeout=5)
             logger.info("All child processes stopped")
+
+
+def _run_profiled(path: str, run: Callable[[], int]) -> int:
+    """run(), under cProfile when `path` is set: the top functions are written there at the end."""
+    if not path:
+        return run()
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    try:
+        return profiler.runcall(run)
+    finally:
+        text = io.StringIO()
+        stats = pstats.Stats(profiler, stream=text)
+        stats.sort_stats("cumulative").print_stats(40)
+        stats.sort_stats("tottime").print_stats(40)
+        with open(path, "w") as f:
+            f.write(text.getvalue())
+        logger.info("HTTP server profile written to %s", path)
 
 
 def _wait_for_children(procs: list) -> int:

@@ -110,6 +110,10 @@ class SchedulerStats:
     num_retracted_waiting: int = 0  # waiting requests that were retracted at least once
     num_oom_recoveries: int = 0  # batches aborted after an out-of-memory error, the server kept serving
     forward_ct: int = 0  # forwards run so far: the heartbeat /health watches
+    # Decode steps launched right after another decode step, and the wall time between those launches: the
+    # serving loop's period while it only decodes (the graph step when the host keeps up, more when not).
+    decode_periods: int = 0
+    decode_period_seconds: float = 0.0
     kt_slot: Optional[dict] = None  # the elastic KT prefill slot (ElasticSlotStats), when there is one
 
 

@@ -77,6 +77,7 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
         # Overlap scheduling: the next batch is prepared and launched while this one runs on the device.
         self.enable_overlap = not server_args.disable_overlap_schedule
         self.in_flight: Optional[LaunchedBatch] = None  # launched; its result not processed yet
+        self._last_decode_launch: Optional[float] = None  # perf_counter of the last launch, if it was a decode
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.output_sink = output_sink or (lambda out: None)
         self.stats = SchedulerStats(max_total_num_tokens=self.model_runner.max_total_num_tokens)
@@ -350,6 +351,12 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
     def launch_batch(self, batch: ScheduleBatch) -> Optional[LaunchedBatch]:
         """Launch `batch`; None if it failed at once (its requests are then answered with the error)."""
         launched = LaunchedBatch.of(batch, self.chunked_req)
+        now, last = time.perf_counter(), self._last_decode_launch
+        decode = batch.forward_mode.is_decode()
+        if decode and last is not None:
+            self.stats.decode_periods += 1
+            self.stats.decode_period_seconds += now - last
+        self._last_decode_launch = now if decode else None
         try:
             pending = self.run_batch(batch)
         except Exception as e:  # noqa: BLE001 - out of memory, or a bug in one batch: fail it, keep serving
