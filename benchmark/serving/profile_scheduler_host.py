@@ -5,8 +5,9 @@
 A one-layer, 32-wide Llama (random weights) on the CPU, so the forward costs almost nothing and the step's
 time is the scheduler's own work: forming the batch, allocating KV slots, the request table, sampling
 parameters, output processing, streaming. Every step of `Scheduler.step()` is timed; cProfile then splits the
-same steps into the model's forward + sampling and the rest. On a GPU the same host work runs while the GPU
-waits (no overlap scheduling yet), so it adds to every step. Prints a table, writes results.json + results.md
+same steps into the model's forward + sampling and the rest. On a GPU, with overlap scheduling (the default),
+this host work runs while the GPU computes the step launched before it: the loop keeps up while it is shorter
+than the GPU step (with --disable-overlap-schedule it adds to every step). Prints a table, writes results.json + results.md
 to --out (default: a temporary directory; this is a diagnostic, its numbers belong to the machine it ran on).
 """
 

@@ -75,6 +75,7 @@ class ServerArgs:
     disable_radix_cache: bool = False
     stream_interval: int = 1
     disable_overlap_schedule: bool = False
+    enable_mixed_chunk: bool = False
 
     # Runtime
     device: Optional[str] = None

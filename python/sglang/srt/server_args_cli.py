@@ -72,6 +72,11 @@ def add_cli_args(parser: argparse.ArgumentParser, defaults: Mapping[str, Any]) -
         action="store_true",
         help="Run each batch's result processing before the next batch is launched (overlap is on by default).",
     )
+    g.add_argument(
+        "--enable-mixed-chunk",
+        action="store_true",
+        help="Running requests take their decode step inside prefill batches instead of waiting for them.",
+    )
 
     g = parser.add_argument_group("runtime")
     g.add_argument("--device", type=str, default=None, choices=["cpu", "cuda"])

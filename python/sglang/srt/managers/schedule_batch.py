@@ -191,6 +191,7 @@ class ScheduleBatch:
         self.seq_lens: List[int] = []
         self.prefix_lens: List[int] = []
         self.extend_lens: List[int] = []
+        self.num_decode = 0  # a mixed prefill: its last num_decode requests are running decodes (one token each)
 
     def batch_size(self) -> int:
         return len(self.reqs)
@@ -208,13 +209,14 @@ class ScheduleBatch:
             raise RuntimeError("KV pool exhausted after eviction; the scheduler admitted too much")
         return out
 
-    def _last_locs(self, lens: List[int]) -> Optional[List[int]]:
+    def _last_locs(self, lens: List[int], reqs: Optional[List[Req]] = None) -> Optional[List[int]]:
         """The slot of each request's token lens[i] - 1 (-1 when lens[i] is 0), which the allocator continues
         a partly used page from; None with one-token pages, where no page is ever continued. Read from the
         request table's host copy: a device read would wait for the forward in flight."""
         if self.allocator.page_size == 1:
             return None
-        rows, positions = [r.req_pool_idx for r in self.reqs], [max(n - 1, 0) for n in lens]
+        reqs = self.reqs if reqs is None else reqs
+        rows, positions = [r.req_pool_idx for r in reqs], [max(n - 1, 0) for n in lens]
         slots = self.req_to_token_pool.read_positions(rows, positions)
         return [slot if n > 0 else -1 for slot, n in zip(slots, lens)]
 
@@ -253,6 +255,25 @@ class ScheduleBatch:
         self.req_to_token_pool.write_positions(rows, [s - 1 for s in self.seq_lens], self.out_cache_loc)
         for req, s in zip(self.reqs, self.seq_lens):
             req.kv_allocated_len = s
+
+    def mix_with_running(self, decoding: List[Req]) -> None:
+        """Let running requests take their next decode step inside this prefill batch (SGLang's mixed chunk):
+        each extends its sequence by one token, its last sampled one, which the forward reads on the device."""
+        seq_lens = [r.scheduled_len for r in decoding]
+        locs = self._alloc_slots(
+            self.allocator.alloc_decode, seq_lens, self._last_locs([s - 1 for s in seq_lens], decoding)
+        )
+        rows = [r.req_pool_idx for r in decoding]
+        self.req_to_token_pool.write_positions(rows, [s - 1 for s in seq_lens], locs)
+        for req, s in zip(decoding, seq_lens):
+            req.kv_allocated_len = s
+        self.reqs = self.reqs + decoding
+        self.prefix_lens += [s - 1 for s in seq_lens]
+        self.extend_lens += [1] * len(decoding)
+        self.seq_lens += seq_lens
+        self.input_ids += [0] * len(decoding)  # placeholders: the forward takes the last sampled tokens
+        self.out_cache_loc = torch.cat((self.out_cache_loc, locs))
+        self.num_decode = len(decoding)
 
     def decode_tokens_needed(self) -> int:
         """Slots the next decode step takes (a new page for requests whose last page is full)."""
@@ -300,4 +321,5 @@ class ScheduleBatch:
             extend_prefix_lens=self.prefix_lens if extend else None,
             sampling_info=SamplingBatchInfo.from_reqs(self.reqs, self.vocab_size, self.device, self.logprob_requests()),
             return_logprob=any(r.return_logprob for r in self.reqs),
+            num_decode=self.num_decode if extend else 0,
         )

@@ -204,6 +204,8 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
             self.drain()
         batch = self.get_new_batch_prefill()
         if batch is not None:
+            if self.server_args.enable_mixed_chunk:
+                self.mix_running_into(batch)
             return batch
         running = self.running_batch
         if running is not None and self.in_flight is not None and self.needs_outputs_before_decode(running):
@@ -212,6 +214,24 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
             self.running_batch = None
             return None
         return self.update_running_batch()
+
+    def mix_running_into(self, batch: ScheduleBatch) -> None:
+        """--enable-mixed-chunk: the running requests take their next decode step inside this prefill batch
+        instead of waiting for a step of their own; not when that step needs retraction or their last tokens."""
+        running = self.running_batch
+        if running is None or running.is_empty() or self.needs_outputs_before_decode(running):
+            return
+        riders = [r for r in running.reqs if not self.last_step_in_flight(r)]
+        if riders:
+            batch.mix_with_running(riders)
+
+    @staticmethod
+    def last_step_in_flight(req: Req) -> bool:
+        """The step in flight is the request's last (by length, or it was aborted): it needs no further step,
+        and leaves the running batch when that step's result comes in."""
+        return bool(req.tokens_in_flight) and (
+            req.finished() or req.num_generated >= req.sampling_params.max_new_tokens
+        )
 
     def needs_outputs_before_decode(self, batch: ScheduleBatch) -> bool:
         """Whether the next decode step must wait for the step in flight: when the pool may not hold it
@@ -293,15 +313,8 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
             self.running_batch = None
             return None
         self.new_token_ratio = max(self.new_token_ratio - NEW_TOKEN_RATIO_DECAY, MIN_NEW_TOKEN_RATIO)
-        # A request whose step in flight is its last (by length, or it was aborted) gets no further step: it
-        # leaves the running batch when that step's result comes in.
-        done = {
-            id(r)
-            for r in batch.reqs
-            if r.tokens_in_flight and (r.finished() or r.num_generated >= r.sampling_params.max_new_tokens)
-        }
-        if done:
-            batch = self.new_batch([r for r in batch.reqs if id(r) not in done])
+        if any(self.last_step_in_flight(r) for r in batch.reqs):
+            batch = self.new_batch([r for r in batch.reqs if not self.last_step_in_flight(r)])
             if batch.is_empty():
                 return None
         batch.prepare_for_decode()

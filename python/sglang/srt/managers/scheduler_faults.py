@@ -103,7 +103,10 @@ class SchedulerFaultMixin:
             self.tree_cache.cache_finished_req(req)  # the slots this batch allocated go back to the pool
             if req is self.chunked_req:
                 self.chunked_req = None
-        if not extend:
-            self.running_batch = None
+        running = self.running_batch
+        if running is not None:  # a failed decode (or a mixed prefill's decodes) leaves the running batch
+            running.filter([r for r in running.reqs if r.req_pool_idx is not None])
+            if running.is_empty():
+                self.running_batch = None
         self.stream_output(failed)
         self.update_stats()

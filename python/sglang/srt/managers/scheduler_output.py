@@ -141,6 +141,7 @@ class LaunchedBatch:
     prefix_lens: Tuple[int, ...]
     extend_lens: Tuple[int, ...]
     chunked_req: Optional["Req"]  # the request whose prefill continues in a later chunk (it gets no token)
+    num_decode: int = 0  # a mixed prefill: its last num_decode requests are running decodes
     result: Optional[PendingResult] = None  # None until the forward is launched
 
     @classmethod
@@ -153,6 +154,7 @@ class LaunchedBatch:
             tuple(batch.prefix_lens) if extend else (),
             tuple(batch.extend_lens) if extend else (),
             chunked_req if extend else None,
+            batch.num_decode if extend else 0,
         )
 
     def batch_size(self) -> int:
@@ -162,14 +164,15 @@ class LaunchedBatch:
 class SchedulerOutputMixin:
     def process_batch_result(self: "Scheduler", batch: LaunchedBatch, result: BatchResult) -> None:
         extend = batch.forward_mode.is_extend()
-        live = []  # the batch's requests this result is for
+        num_prefill = batch.batch_size() - batch.num_decode  # a mixed prefill's running decodes come last
+        prefilled, decoded = [], []  # the batch's requests this result is for
         for row, (req, seq_len) in enumerate(zip(batch.reqs, batch.seq_lens)):
             req.tokens_in_flight -= 1
             if req.req_pool_idx is None:
                 # Finished and released while this step was in flight (the overlap scheduler launched it before
                 # the previous step's tokens showed the request done): its token is not the request's.
                 continue
-            live.append(req)
+            (prefilled if extend and row < num_prefill else decoded).append(req)
             req.kv_committed_len = seq_len
             if extend and req.wants_input_logprobs:
                 result.add_prompt_logprobs(row, req, batch.prefix_lens[row])
@@ -186,9 +189,16 @@ class SchedulerOutputMixin:
                         top, chosen = result.output_extras(row, req)
                         req.output_top_logprobs.append(top)
                         req.output_token_ids_logprobs.append(chosen)
+        if decoded:
+            running = self.running_batch
+            if running is not None:
+                self.release_finished(running)
+                if running.is_empty():
+                    self.running_batch = None
+        done_with_prefill = []
         if extend:
-            self.stats.prompt_tokens_total += sum(batch.extend_lens)
-            done_with_prefill = [r for r in live if r is not batch.chunked_req]
+            self.stats.prompt_tokens_total += sum(batch.extend_lens[:num_prefill])
+            done_with_prefill = [r for r in prefilled if r is not batch.chunked_req]
             for req in done_with_prefill:
                 if not req.finished():
                     # Make the prompt shareable at once, not only when the request finishes.
@@ -200,14 +210,7 @@ class SchedulerOutputMixin:
                     self.running_batch = new
                 else:
                     self.running_batch.merge(new)
-            self.stream_output(done_with_prefill)
-        else:
-            running = self.running_batch
-            if running is not None:
-                self.release_finished(running)
-                if running.is_empty():
-                    self.running_batch = None
-            self.stream_output(live)
+        self.stream_output(done_with_prefill + decoded)
         self.update_stats()
 
     def append_token(self: "Scheduler", req: "Req", token: int, logprob: float) -> None:

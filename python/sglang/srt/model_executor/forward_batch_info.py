@@ -43,6 +43,10 @@ class ModelWorkerBatch:
     sampling_info: Optional["SamplingBatchInfo"] = None
     return_logprob: bool = False
     top_logprobs_nums: Optional[List[int]] = None
+    # A mixed prefill (--enable-mixed-chunk): the last `num_decode` requests are running decodes riding along,
+    # one new token each, whose input is their row's last sampled token on the device (input_ids has a
+    # placeholder there).
+    num_decode: int = 0
 
 
 @dataclass
@@ -86,6 +90,9 @@ class ForwardBatch:
             input_ids = model_runner.last_sampled_tokens[req_pool_indices]
         else:
             input_ids = as_long(batch.input_ids)
+            if batch.num_decode:  # the decodes' tokens are each a request's last row of the flat input
+                rows = req_pool_indices[-batch.num_decode :]
+                input_ids[-batch.num_decode :] = model_runner.last_sampled_tokens[rows]
         fb = cls(
             forward_mode=batch.forward_mode,
             batch_size=len(seq_lens_cpu),
