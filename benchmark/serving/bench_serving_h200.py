@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -228,12 +229,27 @@ def run(args) -> dict:
         shutil.rmtree(work, ignore_errors=True)
 
 
+@dataclass(frozen=True)
+class Setup:
+    """What every server of one invocation shares: the client script, the model and the prompts."""
+
+    work: str  # temporary directory
+    bench_py: str  # upstream's bench_serving.py, unpacked
+    python: str  # its interpreter
+    model_dir: str
+    dataset: str
+    graph_steps: Dict[int, float]  # decode graph step ms by batch size (H200 runs only)
+
+
 def _run_in(work: str, wheel: str, args) -> dict:
-    bench_py = os.path.join(unpack_wheel(wheel, os.path.join(work, "upstream")), "bench_serving.py")
-    mdir = args.model_path or model_dir(work, args.shape)
-    dataset = write_corpus(os.path.join(work, "corpus.json"), max(args.num_prompts) + 1, args.input_len * 2)
-    python = args.client_python or sys.executable
-    steps = roofline_steps() if args.roofline else {}  # H200 step times: meaningless next to a CPU run
+    setup = Setup(
+        work=work,
+        bench_py=os.path.join(unpack_wheel(wheel, os.path.join(work, "upstream")), "bench_serving.py"),
+        python=args.client_python or sys.executable,
+        model_dir=args.model_path or model_dir(work, args.shape),
+        dataset=write_corpus(os.path.join(work, "corpus.json"), max(args.num_prompts) + 1, args.input_len * 2),
+        graph_steps=roofline_steps() if args.roofline else {},  # H200 step times: meaningless next to a CPU run
+    )
     os.makedirs(args.out_dir, exist_ok=True)
     data = {
         "upstream": UPSTREAM_VERSION,
@@ -248,7 +264,7 @@ def _run_in(work: str, wheel: str, args) -> dict:
     with open(os.path.join(args.out_dir, "bench_serving_runs.log"), "a") as log:
         for label, flags in parse_variants(args.variants):
             for path in args.paths:
-                run_server(args, data, log, bench_py, python, mdir, dataset, steps, label, flags, path, work)
+                run_server(args, setup, data, log, label, flags, path)
     print(markdown(data))
     return data
 
@@ -264,12 +280,12 @@ def parse_variants(specs: Sequence[str]) -> List[tuple]:
     return out
 
 
-def run_server(args, data, log, bench_py, python, mdir, dataset, steps, label, flags, path, work) -> None:
+def run_server(args, setup: Setup, data: dict, log, label: str, flags: List[str], path: str) -> None:
     """One server (a variant on a KV sizing path): the warm-up, then every concurrency, rows into `data`."""
     name = path if label == "default" else f"{label}-{path}"
     server_cmd = [
         "--model-path",
-        mdir,
+        setup.model_dir,
         *([] if args.model_path else ["--load-format", "dummy"]),
         *args.server_args,
         *flags,
@@ -281,15 +297,15 @@ def run_server(args, data, log, bench_py, python, mdir, dataset, steps, label, f
         print(f"[{name}] server up in {proc.startup_seconds:.1f} s: {facts}", flush=True)
         if args.check_path and facts["kv_path"] != path:
             raise RuntimeError(f"asked for the {path} path, the server's memory plan says {facts['kv_path']}")
-        out = os.path.join(work, f"{name}.jsonl")
+        out = os.path.join(setup.work, f"{name}.jsonl")
         # Unrecorded warm-up: compiles every prefill/decode kernel shape the runs below meet.
         run_bench(
-            bench_py,
-            python,
+            setup.bench_py,
+            setup.python,
             args.backend,
             proc.base_url,
             TOKENIZER_DIR,
-            dataset,
+            setup.dataset,
             out,
             args.warmup_concurrency,
             args.warmup_prompts,
@@ -301,12 +317,12 @@ def run_server(args, data, log, bench_py, python, mdir, dataset, steps, label, f
             t = time.monotonic()
             periods0, seconds0 = decode_period_counters(proc.base_url)
             res = run_bench(
-                bench_py,
-                python,
+                setup.bench_py,
+                setup.python,
                 args.backend,
                 proc.base_url,
                 TOKENIZER_DIR,
-                dataset,
+                setup.dataset,
                 out,
                 conc,
                 n,
@@ -314,7 +330,7 @@ def run_server(args, data, log, bench_py, python, mdir, dataset, steps, label, f
                 args.output_len,
                 log,
             )
-            step = steps.get(conc)
+            step = setup.graph_steps.get(conc)
             periods1, seconds1 = decode_period_counters(proc.base_url)
             # The server's own loop period while decoding: next to ITL it tells whether the gap is the
             # scheduler's (period above the graph step) or downstream (detokenizer, HTTP, the client).

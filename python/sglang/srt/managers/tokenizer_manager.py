@@ -465,7 +465,10 @@ class TokenizerManager:
         if self.request_timeout_s > 0:
             timeout = max(state.created + self.request_timeout_s - time.monotonic(), 0.0)
         try:
-            await asyncio.wait_for(state.event.wait(), timeout)
+            if timeout is None:  # no timer to arm: wait_for would still cost a timeout scope per update
+                await state.event.wait()
+            else:
+                await asyncio.wait_for(state.event.wait(), timeout)
         except asyncio.TimeoutError:
             self._forget(rid, state, f"timed out after {self.request_timeout_s:g} s (SGLANG_REQUEST_TIMEOUT_S)")
             raise RequestError(

@@ -165,12 +165,19 @@ class OpenAIServingChat:
     def _stream_events(self, req: ChatCompletionRequest, rid: str, model: str):
         """Callbacks: the first chunk carries the role, then content deltas, the last the finish reason."""
         sent = {"chars": 0, "tokens": 0, "role": False}
+        # The chunk's fields as the protocol models dump them, built once per stream: validating the models
+        # for every token is a large share of a chunk's cost at hundreds of streams.
+        head = ChatCompletionChunk(id=f"chatcmpl-{rid}", model=model, choices=[]).model_dump()
+        blank_choice = ChatStreamChoice(index=0, delta=DeltaMessage()).model_dump()
 
         def chunk(delta: DeltaMessage, logprobs: Optional[ChatLogProbs], fr: Optional[str]) -> dict:
-            choice = ChatStreamChoice(index=0, delta=delta, logprobs=logprobs, finish_reason=fr)
-            out = ChatCompletionChunk(id=f"chatcmpl-{rid}", model=model, choices=[choice]).model_dump()
-            out["choices"][0]["delta"] = delta.model_dump(exclude_none=True)  # OpenAI omits unset delta fields
-            return out
+            choice = dict(
+                blank_choice,
+                delta=delta.model_dump(exclude_none=True),  # OpenAI omits unset delta fields
+                logprobs=None if logprobs is None else logprobs.model_dump(),
+                finish_reason=fr,
+            )
+            return dict(head, choices=[choice])
 
         def events_for(out: dict) -> List[dict]:
             events = []

@@ -134,6 +134,10 @@ class OpenAIServingCompletion:
     def _stream_events(self, req: CompletionRequest, rid: str, model: str, echo: str):
         """Callbacks that turn cumulative outputs into OpenAI completion chunks (text deltas)."""
         sent = {"chars": 0, "tokens": 0, "echoed": False}
+        # The chunk's fields as the protocol models dump them, built once per stream: validating two models
+        # per token is a large share of a chunk's cost at hundreds of streams.
+        head = CompletionResponse(id=f"cmpl-{rid}", model=model, choices=[]).model_dump()
+        blank_choice = CompletionChoice(index=0, text="").model_dump()
 
         def events_for(out: dict) -> List[dict]:
             text = out.get("text", "")
@@ -145,8 +149,8 @@ class OpenAIServingCompletion:
             sent["chars"], sent["tokens"] = max(sent["chars"], len(text)), len(out["output_ids"])
             if not delta and fr is None and not (lp and lp.tokens):
                 return []
-            choice = CompletionChoice(index=0, text=delta, logprobs=lp, finish_reason=fr)
-            return [CompletionResponse(id=f"cmpl-{rid}", model=model, choices=[choice]).model_dump()]
+            choice = dict(blank_choice, text=delta, logprobs=None if lp is None else lp.model_dump(), finish_reason=fr)
+            return [dict(head, choices=[choice])]
 
         def closing_events(last: dict) -> List[dict]:
             if not stream_options_usage(req):
