@@ -3,8 +3,11 @@
 Each step either runs a prefill batch (new requests, or the next chunk of a chunked prefill) or one
 decode step of every running request. When the KV pool cannot hold the next decode step, requests
 are retracted to the waiting queue (their KV goes to the radix tree, where it may still be reused);
-none is ever dropped. The same class runs in-process (tests, benchmarks) or inside the scheduler
-process (scheduler_process.py), which adds the ZeroMQ plumbing and tensor-parallel broadcast.
+none is ever dropped. With overlap scheduling (the default) a step launches its batch before it
+processes the previous batch's result, so the host prepares step N + 1 while the device runs step N
+(`step`, `drain`); with --enable-mixed-chunk the running requests' decode rides along in prefill batches.
+The same class runs in-process (tests, benchmarks) or inside the scheduler process (scheduler_process.py),
+which adds the ZeroMQ plumbing and tensor-parallel broadcast.
 """
 
 from __future__ import annotations
