@@ -54,6 +54,7 @@ class TokenizerMetrics:
         self.itl = histogram(
             "inter_token_latency_seconds", "Time between streamed output chunks, per token", _ITL_BUCKETS
         )
+        self._itl_child = self.itl.labels(**self.labels)  # observed for every streamed chunk: looked up once
         self.e2e = histogram("e2e_request_latency_seconds", "End-to-end request latency")
         self.queue_time = histogram("queue_time_seconds", "Time a request waited before its first prefill")
         self._last = SchedulerStats()
@@ -81,7 +82,7 @@ class TokenizerMetrics:
         if tokens > 0:
             per_token = seconds / tokens
             for _ in range(tokens):
-                self.itl.labels(**self.labels).observe(per_token)
+                self._itl_child.observe(per_token)
 
     def observe_finished(
         self, seconds: float, prompt_tokens: int, completion_tokens: int, aborted: bool, queue_time: float | None

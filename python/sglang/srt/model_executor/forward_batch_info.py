@@ -42,7 +42,6 @@ class ModelWorkerBatch:
     extend_prefix_lens: Optional[List[int]] = None
     sampling_info: Optional["SamplingBatchInfo"] = None
     return_logprob: bool = False
-    top_logprobs_nums: Optional[List[int]] = None
     # A mixed prefill (--enable-mixed-chunk): the last `num_decode` requests are running decodes riding along,
     # one new token each, whose input is their row's last sampled token on the device (input_ids has a
     # placeholder there).
