@@ -298,25 +298,9 @@ def run_server(args, setup: Setup, data: dict, log, label: str, flags: List[str]
         if args.check_path and facts["kv_path"] != path:
             raise RuntimeError(f"asked for the {path} path, the server's memory plan says {facts['kv_path']}")
         out = os.path.join(setup.work, f"{name}.jsonl")
-        # Unrecorded warm-up: compiles every prefill/decode kernel shape the runs below meet.
-        run_bench(
-            setup.bench_py,
-            setup.python,
-            args.backend,
-            proc.base_url,
-            TOKENIZER_DIR,
-            setup.dataset,
-            out,
-            args.warmup_concurrency,
-            args.warmup_prompts,
-            args.input_len,
-            16,
-            log,
-        )
-        for conc, n in zip(args.concurrency, args.num_prompts):
-            t = time.monotonic()
-            periods0, seconds0 = decode_period_counters(proc.base_url)
-            res = run_bench(
+
+        def bench(concurrency: int, prompts: int, output_len: int) -> dict:
+            return run_bench(
                 setup.bench_py,
                 setup.python,
                 args.backend,
@@ -324,12 +308,19 @@ def run_server(args, setup: Setup, data: dict, log, label: str, flags: List[str]
                 TOKENIZER_DIR,
                 setup.dataset,
                 out,
-                conc,
-                n,
+                concurrency,
+                prompts,
                 args.input_len,
-                args.output_len,
+                output_len,
                 log,
             )
+
+        # Unrecorded warm-up: compiles every prefill/decode kernel shape the runs below meet.
+        bench(args.warmup_concurrency, args.warmup_prompts, 16)
+        for conc, n in zip(args.concurrency, args.num_prompts):
+            t = time.monotonic()
+            periods0, seconds0 = decode_period_counters(proc.base_url)
+            res = bench(conc, n, args.output_len)
             step = setup.graph_steps.get(conc)
             periods1, seconds1 = decode_period_counters(proc.base_url)
             # The server's own loop period while decoding: next to ITL it tells whether the gap is the

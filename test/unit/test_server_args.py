@@ -85,6 +85,8 @@ CLI_BAD = [
     (["--kt-threadpool-count", "2"], "--kt-threadpool-count"),
     (["--kt-max-deferred-experts-per-token", "2"], "--kt-max-deferred-experts-per-token"),
     (["--kt-num-gpu-experts", "4"], "--kt-num-gpu-experts"),  # the default model has no experts
+    (["--disable-overlap-schedule=1"], "--disable-overlap-schedule"),  # switches take no value
+    (["--enable-mixed-chunk=yes"], "--enable-mixed-chunk"),
 ]
 
 

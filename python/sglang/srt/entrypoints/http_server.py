@@ -332,9 +332,12 @@ def _run_profiled(path: str, run: Callable[[], int]) -> int:
         stats = pstats.Stats(profiler, stream=text)
         stats.sort_stats("cumulative").print_stats(40)
         stats.sort_stats("tottime").print_stats(40)
-        with open(path, "w") as f:
-            f.write(text.getvalue())
-        logger.info("HTTP server profile written to %s", path)
+        try:
+            with open(path, "w") as f:
+                f.write(text.getvalue())
+            logger.info("HTTP server profile written to %s", path)
+        except OSError as e:  # a diagnostic: a bad path costs the profile, not the shutdown
+            logger.error("SGLANG_PROFILE_HTTP_SERVER=%s: cannot write the profile there: %s", path, e)
 
 
 def _wait_for_children(procs: list) -> int:
