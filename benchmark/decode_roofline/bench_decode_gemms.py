@@ -6,7 +6,8 @@ For each projection (qkv, o, gate_up, down; lm_head once) and batch 1 / 8 / 64, 
 on 32 distinct weights (as the 32 layers are, so nothing is served from L2) in a CUDA graph and times
 the replay, once with torch's default BLAS (cuBLAS) and once with `preferred_blas_library("cublaslt")`.
 The floor is the weight bytes over the measured copy bandwidth. A diagnostic of where the decode step's
-GEMM time goes (the engine does not switch libraries on its own); prints a table, writes JSON + markdown.
+GEMM time goes (the engine never switches BLAS libraries; where its tuned table says so it uses its own skinny
+kernel instead: ``tune_decode_gemms.py``); prints a table, writes JSON + markdown.
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ For each batch size it times the CUDA-graph step (as bench_decode_roofline.py do
 graph replays with torch.profiler (CUPTI reports the kernels inside a graph one by one): the sum of kernel
 times is what the GPU computes; the difference to the step time is idle time between kernels (launch gaps,
 ramp-up and tails). `--eager` profiles the step without graphs instead. Prints the top kernels by total
-time. A diagnostic for the 1.3x-of-floor target, not a results benchmark (writes nothing).
+time. With programmatic dependent launch (``srt/layers/pdl.py``) a kernel's reported duration includes the
+time it waited for the one before, so kernel times overlap and their sum can exceed the step
+(``SGLANG_ENABLE_PDL=0`` for a clean breakdown). A diagnostic, not a results benchmark (writes nothing).
 """
 
 from __future__ import annotations

@@ -151,6 +151,16 @@ class Envs:
         "its 40 costliest functions (cumulative and own time) to this file when it stops.",
     )
     # Kernels
+    SGLANG_ENABLE_PDL = EnvBool(
+        True,
+        "Hopper+: the decode path's triton kernels launch with programmatic dependent launch, so each "
+        "starts while the one before drains (srt/layers/pdl.py); 0: plain stream order.",
+    )
+    SGLANG_DECODE_GEMM_TUNED = EnvBool(
+        True,
+        "CUDA: decode-size projections use the skinny triton GEMM where this GPU's tuned table "
+        "(srt/layers/decode_gemm/configs/) measured it faster than cuBLAS (0: cuBLAS everywhere).",
+    )
     SGLANG_TRITON_DECODE_MAX_KV_SPLITS = EnvInt(16, "Upper bound on split-KV chunks in the triton decode kernel.")
     # Testing
     SGLANG_TEST_CPU_ELASTIC_SLOT_TAIL_TOKENS = EnvInt(

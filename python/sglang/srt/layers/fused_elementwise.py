@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.srt.layers.pdl import pdl_available, pdl_prologue
+
 
 @triton.jit
 def _rmsnorm_kernel(
@@ -30,7 +32,9 @@ def _rmsnorm_kernel(
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     # Row r is (r // heads, r % heads): 2-D inputs use heads=1; per-head norms (Qwen3's q/k norm)
     # run on strided [T, H, D] views of the fused qkv output without a copy.
     row = tl.program_id(0)
@@ -68,6 +72,7 @@ def rmsnorm(
     out = torch.empty_like(x) if out is None else out
     o3 = out.unsqueeze(1) if out.dim() == 2 else out
     res = residual if residual is not None else x3[:, 0]
+    pdl = pdl_available(x)
     if n_tok:
         _rmsnorm_kernel[(n_tok * heads,)](
             x3,
@@ -84,6 +89,8 @@ def rmsnorm(
             eps,
             HAS_RESIDUAL=residual is not None,
             BLOCK=triton.next_power_of_2(n_cols),
+            PDL=pdl,
+            launch_pdl=pdl,
             num_warps=4 if n_cols <= 1024 else 8,
         )
     return out
@@ -114,7 +121,9 @@ def _rotary_kernel(
     BLOCK_H: tl.constexpr,
     STORE_KV: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     token = tl.program_id(0)
     pos = tl.load(pos_ptr + token)
     d = tl.arange(0, HALF)
@@ -169,6 +178,7 @@ def apply_rotary_inplace(
     else:
         v, k_buf, v_buf, loc = kv_store.value, kv_store.k_buffer, kv_store.v_buffer, kv_store.cache_loc
         stride_v, stride_kb, stride_vb, v_row = v.stride(0), k_buf.stride(0), v_buf.stride(0), v.shape[1]
+    pdl = pdl_available(q)
     _rotary_kernel[(n_tokens,)](
         q,
         k,
@@ -193,12 +203,15 @@ def apply_rotary_inplace(
         BLOCK_H=triton.next_power_of_2(max(hq, hk)),
         STORE_KV=kv_store is not None,
         BLOCK_V=triton.next_power_of_2(v_row),
+        PDL=pdl,
+        launch_pdl=pdl,
         num_warps=4,
     )
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, d, stride_x, stride_out, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, d, stride_x, stride_out, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < d
@@ -215,7 +228,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty((n_rows, d), dtype=x.dtype, device=x.device)
     if n_rows:
         block = min(triton.next_power_of_2(d), 2048)
+        pdl = pdl_available(x)
         _silu_and_mul_kernel[(n_rows, triton.cdiv(d, block))](
-            x, out, d, x.stride(0), out.stride(0), BLOCK=block, num_warps=4
+            x, out, d, x.stride(0), out.stride(0), BLOCK=block, PDL=pdl, launch_pdl=pdl, num_warps=4
         )
     return out

@@ -7,10 +7,9 @@ checkpoint tensors in one parameter so one GEMM serves them; their loaders place
 
 from __future__ import annotations
 
-from typing import List, Optional, Union
+from typing import List, Mapping, Optional, Union
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from sglang.srt.distributed import (
@@ -20,6 +19,7 @@ from sglang.srt.distributed import (
     tensor_model_parallel_all_reduce,
 )
 from sglang.srt.distributed.partition import HeadPartition, shard_range
+from sglang.srt.layers.decode_gemm import CUBLAS_ONLY, GemmPlan, linear, plan_for_shape
 
 
 class LinearBase(nn.Module):
@@ -33,6 +33,8 @@ class LinearBase(nn.Module):
             self.bias.weight_loader = self.weight_loader
         else:
             self.register_parameter("bias", None)
+        # Which GEMM serves each batch size; cuBLAS until `attach_gemm_plans` finds a tuned entry.
+        self.gemm_plan: GemmPlan = CUBLAS_ONLY
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         _copy_checked(param.data, loaded)
@@ -51,7 +53,7 @@ class ReplicatedLinear(LinearBase):
         super().__init__(input_size, output_size, bias, params_dtype)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias, self.gemm_plan)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -82,7 +84,7 @@ class ColumnParallelLinear(LinearBase):
         _copy_checked(param.data, loaded.narrow(0, self.output_start, param.shape[0]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight, self.bias)
+        y = linear(x, self.weight, self.bias, self.gemm_plan)
         return tensor_model_parallel_all_gather(y) if self.gather_output else y
 
 
@@ -185,9 +187,20 @@ class RowParallelLinear(LinearBase):
         _copy_checked(param.data, loaded.narrow(1, self.input_start, param.shape[1]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = F.linear(x, self.weight)
+        y = linear(x, self.weight, None, self.gemm_plan)
         if self.reduce_results:
             y = tensor_model_parallel_all_reduce(y)
         if self.bias is not None:
             y = y + self.bias
         return y
+
+
+def attach_gemm_plans(model: nn.Module, plans: Mapping[str, GemmPlan]) -> int:
+    """Give every linear layer its shape's plan from a tuned table (``decode_gemm.load_device_table``);
+    returns how many layers use the skinny kernel at some batch size."""
+    attached = 0
+    for module in model.modules():
+        if isinstance(module, LinearBase):
+            module.gemm_plan = plan_for_shape(plans, *module.weight.shape)
+            attached += module.gemm_plan.uses_skinny_kernel
+    return attached

@@ -19,6 +19,8 @@ import torch
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.distributed import parallel_state
 from sglang.srt.environ import envs
+from sglang.srt.layers.decode_gemm import load_device_table
+from sglang.srt.layers.linear import attach_gemm_plans
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.layers.moe.kt_ep_wrapper import KTConfig
 from sglang.srt.layers.sampler import SampleOutput, Sampler
@@ -135,6 +137,10 @@ class ModelRunner(ModelRunnerKVCacheMixin, PostCaptureKVSizingMixin):
             seed=self.server_args.random_seed,
             **model_extra_kwargs(self.model_config, self.server_args),
         )
+        if self.device == "cuda" and envs.SGLANG_DECODE_GEMM_TUNED.get():
+            device_name = torch.cuda.get_device_name(self.gpu_id)
+            tuned = attach_gemm_plans(self.model, load_device_table(device_name))
+            logger.info("Decode GEMMs: %d linear layers use the skinny kernel tuned for %s", tuned, device_name)
         free_after = self.read_free_memory_bytes()
         logger.info(
             "Load weight end. type=%s, dtype=%s, avail mem=%.2f GB, mem usage=%.2f GB, elapsed %.1f s",

@@ -30,6 +30,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.srt.layers.pdl import pdl_available, pdl_prologue
+
 
 def _use_while_loops(t: torch.Tensor) -> bool:
     """Loops with device-read bounds are written twice, selected by a constexpr.
@@ -141,7 +143,9 @@ def _decode_grouped_stage1(
     SPLIT_ALIGN: tl.constexpr,
     USE_CAP: tl.constexpr,
     WHILE_LOOPS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     b = tl.program_id(0)
     pid_h = tl.program_id(1)
     split_id = tl.program_id(2)
@@ -258,9 +262,11 @@ def _decode_stage2(
     DV: tl.constexpr,
     BLOCK_DV: tl.constexpr,
     SPLIT_ALIGN: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Merge request b / head h's chunks: their LSE-weighted sum. All chunks load as one
     [BLOCK_S, BLOCK_DV] tile (independent loads, one memory round trip, not one per chunk)."""
+    pdl_prologue(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     offs_s = tl.arange(0, BLOCK_S)
@@ -337,7 +343,8 @@ def decode_attention_fwd(
     progs_per_kv_head = triton.cdiv(group, BLOCK_H)
     block_d = max(16, triton.next_power_of_2(d))
     block_dv = max(16, triton.next_power_of_2(dv))
-    extra = {} if interp else {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    pdl = pdl_available(q)
+    extra = {} if interp else {"num_warps": config.num_warps, "num_stages": config.num_stages, "launch_pdl": pdl}
 
     grid1 = (bs, hkv * progs_per_kv_head, max_kv_splits)
     _decode_grouped_stage1[grid1](
@@ -373,9 +380,10 @@ def decode_attention_fwd(
         SPLIT_ALIGN=config.block_n,
         USE_CAP=logit_cap > 0,
         WHILE_LOOPS=_use_while_loops(q),
+        PDL=pdl,
         **extra,
     )
-    extra2 = {} if interp else {"num_warps": 4, "num_stages": 1}
+    extra2 = {} if interp else {"num_warps": 4, "num_stages": 1, "launch_pdl": pdl}
     _decode_stage2[(bs, hq)](
         attn_logits,
         attn_lse,
@@ -394,6 +402,7 @@ def decode_attention_fwd(
         DV=dv,
         BLOCK_DV=block_dv,
         SPLIT_ALIGN=config.block_n,
+        PDL=pdl,
         **extra2,
     )
 

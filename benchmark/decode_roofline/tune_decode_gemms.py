@@ -1,0 +1,211 @@
+"""Tune the skinny decode GEMM (``srt/layers/decode_gemm``) against cuBLAS and write the device's table.
+
+    python benchmark/decode_roofline/tune_decode_gemms.py [--batches 1 4 8 16 32 64] [--out DIR]
+
+For each Llama-3.1-8B projection (qkv, o, gate_up, down) and batch size it times, as one CUDA graph
+over 32 distinct weights (the 32 layers; nothing is served from L2): cuBLAS (torch's default) and every
+skinny-kernel tile config of the sweep (split-K 1 first, then split-K 1 / 2 / 4 / 8, each with and without
+programmatic dependent launch, for the four best tiles). Each projection runs after an RMSNorm that
+writes its input, as in the model (with PDL the GEMM may start while the norm drains); the norms alone
+are timed too and subtracted.
+Every config's output is checked against ``F.linear``; a config that fails to compile or to match is
+skipped and counted. The fastest skinny config goes into the table where it beats cuBLAS by more than
+``--margin`` (else the entry is ``null``: cuBLAS). Writes the table to the package's ``configs/`` (the
+engine reads it at load time), a table + JSON of the measurements to ``--out``, and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import time
+
+import torch
+import torch.nn.functional as F
+from bench_decode_gemms import LAYERS, SHAPES
+from bench_decode_roofline import ROOT, copy_bandwidth
+
+from sglang.srt.layers.decode_gemm.kernel import skinny_linear
+from sglang.srt.layers.decode_gemm.table import GemmConfig, device_table_path, shape_key
+from sglang.srt.layers.fused_elementwise import rmsnorm
+from sglang.test.bench_utils import cuda_graph_ms, write_results
+
+
+def block_m_for(batch: int) -> int:
+    return min(64, max(16, 1 << (batch - 1).bit_length()))
+
+
+def tile_sweep(batch: int) -> list[GemmConfig]:
+    """Split-K 1 tiles for this batch's row block; shared memory bounded by what the H200 gives a block."""
+    block_m = block_m_for(batch)
+    block_ks = (128, 256, 512) if block_m == 16 else (64, 128, 256)
+    stages = (4, 6) if block_m == 16 else (3, 5)
+    configs = []
+    for block_n, block_k, warps, num_stages in itertools.product((32, 64, 128), block_ks, (4, 8), stages):
+        if num_stages * (block_n + block_m) * block_k * 2 > 220 * 1024:
+            continue
+        configs.append(GemmConfig(block_m, block_n, block_k, warps, num_stages))
+    return configs
+
+
+class LayerChain:
+    """What runs before each projection in the model: an RMSNorm writes its input (and, with PDL, releases
+    it early). Timed with the norms, reported without them (the norms alone are timed once)."""
+
+    def __init__(self, weights, batch: int) -> None:
+        self.weights = weights
+        k = weights[0].shape[1]
+        self.src = torch.randn(batch, k, device="cuda", dtype=torch.bfloat16)
+        self.norm_weight = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
+        self.x = torch.empty_like(self.src)
+        self.norms_ms = cuda_graph_ms(lambda: self.run(lambda x, w: None))
+
+    def run(self, gemm) -> None:
+        for w in self.weights:
+            rmsnorm(self.src, self.norm_weight, 1e-6, out=self.x)
+            gemm(self.x, w)
+
+    def gemm_ms(self, gemm) -> float:
+        return cuda_graph_ms(lambda: self.run(gemm)) - self.norms_ms
+
+    def cublas(self, x, w) -> torch.Tensor:
+        return F.linear(x, w)
+
+    def skinny(self, config: GemmConfig):
+        return lambda x, w: skinny_linear(x, w, None, config)
+
+    def matches(self, config: GemmConfig) -> bool:
+        ref = self.cublas(self.src, self.weights[0]).float()
+        out = self.skinny(config)(self.src, self.weights[0]).float()
+        return bool((out - ref).abs().max() <= 0.02 * ref.abs().max() + 1e-3)
+
+
+def tune_one(weights, batch: int, margin: float) -> dict:
+    chain = LayerChain(weights, batch)
+    cublas_ms = chain.gemm_ms(chain.cublas)
+    timed, skipped = [], 0
+
+    def try_config(config: GemmConfig) -> None:
+        nonlocal skipped
+        try:
+            if not chain.matches(config):
+                skipped += 1
+                return
+            timed.append((chain.gemm_ms(chain.skinny(config)), config))
+        except Exception:  # out of shared memory / registers for this tile: not a candidate
+            skipped += 1
+
+    for config in tile_sweep(batch):
+        try_config(config)
+    best_tiles = [c for _, c in sorted(timed, key=lambda t: t[0])[:4]]
+    for config, split_k, pdl in itertools.product(best_tiles, (1, 2, 4, 8), (False, True)):
+        if split_k > 1 or pdl:
+            try_config(GemmConfig(**{**config.to_json(), "split_k": split_k, "pdl": pdl}))
+    timed.sort(key=lambda t: t[0])
+    best_ms, best = timed[0] if timed else (float("inf"), None)
+    chosen = best if best is not None and best_ms < cublas_ms * (1 - margin) else None
+    return {
+        "batch": batch,
+        "norms_ms": round(chain.norms_ms, 4),
+        "cublas_ms": round(cublas_ms, 4),
+        "best_skinny_ms": round(best_ms, 4),
+        "best_skinny_config": best.to_json() if best else None,
+        "chosen": "skinny" if chosen else "cublas",
+        "chosen_ms": round(best_ms if chosen else cublas_ms, 4),
+        "candidates_timed": len(timed),
+        "candidates_skipped": skipped,
+        "top5": [{"ms": round(ms, 4), **c.to_json()} for ms, c in timed[:5]],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])
+    parser.add_argument("--margin", type=float, default=0.01, help="skinny must beat cuBLAS by this fraction")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "gemm_tuning"))
+    parser.add_argument("--table", default="", help="table file to write (default: the package's, for this GPU)")
+    args = parser.parse_args()
+    device = torch.cuda.get_device_name()
+    bw = copy_bandwidth()
+    rows, shapes_table = [], {}
+    start = time.perf_counter()
+    for name, (n, k) in SHAPES.items():
+        weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)]
+        floor_ms = LAYERS * n * k * 2 / bw * 1000
+        entries = {}
+        for batch in args.batches:
+            row = {
+                "gemm": name,
+                "n": n,
+                "k": k,
+                "floor_ms": round(floor_ms, 4),
+                **tune_one(weights, batch, args.margin),
+            }
+            rows.append(row)
+            entries[str(batch)] = row["best_skinny_config"] if row["chosen"] == "skinny" else None
+            print(
+                f"{name} b{batch}: cuBLAS {row['cublas_ms']} ms, skinny {row['best_skinny_ms']} ms "
+                f"({row['candidates_timed']} timed, {row['candidates_skipped']} skipped) -> {row['chosen']}",
+                flush=True,
+            )
+        shapes_table[shape_key(n, k)] = entries
+        del weights
+        torch.cuda.empty_cache()
+    table_path = args.table or device_table_path(device)
+    os.makedirs(os.path.dirname(table_path), exist_ok=True)
+    with open(table_path, "w") as f:
+        json.dump(
+            {
+                "device": device,
+                "tuned_by": "benchmark/decode_roofline/tune_decode_gemms.py",
+                "torch": torch.__version__,
+                "margin": args.margin,
+                "shapes": shapes_table,
+            },
+            f,
+            indent=1,
+        )
+        f.write("\n")
+    lines = [
+        f"Skinny decode GEMM vs cuBLAS (Llama-3.1-8B shapes, bf16, {LAYERS} distinct weights, CUDA graph, each after "
+        f"an RMSNorm), {device}, "
+        f"torch {torch.__version__}, copy bandwidth {bw / 1e9:.1f} GB/s, tuning took {time.perf_counter() - start:.0f} s",
+        "",
+        "| gemm | N x K | batch | floor ms | cuBLAS ms | x floor | skinny ms | x floor | chosen | skinny config |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for r in rows:
+        c = r["best_skinny_config"] or {}
+        cfg = (
+            f"m{c.get('block_m')} n{c.get('block_n')} k{c.get('block_k')} w{c.get('num_warps')} "
+            f"s{c.get('num_stages')} split{c.get('split_k')}{' pdl' if c.get('pdl') else ''}"
+        )
+        lines.append(
+            f"| {r['gemm']} | {r['n']} x {r['k']} | {r['batch']} | {r['floor_ms']} | {r['cublas_ms']} | "
+            f"{r['cublas_ms'] / r['floor_ms']:.3f} | {r['best_skinny_ms']} | {r['best_skinny_ms'] / r['floor_ms']:.3f} | "
+            f"{r['chosen']} | {cfg} |"
+        )
+    for batch in args.batches:
+        sel = [r for r in rows if r["batch"] == batch]
+        lines.append(
+            f"| all | | {batch} | {sum(r['floor_ms'] for r in sel):.4f} | {sum(r['cublas_ms'] for r in sel):.4f} | | "
+            f"{sum(r['chosen_ms'] for r in sel):.4f} (chosen) | | | |"
+        )
+    table = "\n".join(lines)
+    print(table)
+    write_results(
+        args.out,
+        {
+            "device": device,
+            "copy_bandwidth_GBps": round(bw / 1e9, 1),
+            "table_file": os.path.relpath(table_path, ROOT),
+            "rows": rows,
+        },
+        table,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""Decode-size projections through a tuned skinny GEMM where it beats cuBLAS (see ``table.py``)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+from sglang.srt.layers.decode_gemm.kernel import skinny_linear
+from sglang.srt.layers.decode_gemm.table import (
+    CUBLAS_ONLY,
+    GemmConfig,
+    GemmPlan,
+    load_device_table,
+    parse_table,
+    plan_for_shape,
+)
+
+__all__ = [
+    "CUBLAS_ONLY",
+    "GemmConfig",
+    "GemmPlan",
+    "linear",
+    "load_device_table",
+    "parse_table",
+    "plan_for_shape",
+]
+
+
+def _skinny_config(x: torch.Tensor, plan: GemmPlan) -> Optional[GemmConfig]:
+    return plan.config_for(x.shape[0]) if x.dim() == 2 and x.stride(-1) == 1 else None
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], plan: GemmPlan) -> torch.Tensor:
+    """``F.linear`` unless the plan has a skinny-kernel config for this many rows."""
+    config = _skinny_config(x, plan)
+    if config is None:
+        return F.linear(x, weight, bias)
+    return skinny_linear(x, weight, bias, config)

@@ -1,0 +1,191 @@
+"""A skinny GEMM for decode, ``y[M, N] = x[M, K] @ w[N, K]^T (+ bias)`` with M (the batch) small.
+
+At decode batch sizes the projections read their whole weight once per step and do little arithmetic on
+it, so the step is bound by how fast the weights stream from HBM. cuBLAS picks tiles for compute-bound
+shapes: measured on the H200 it spends 1.28x (qkv) and 1.58x (o_proj) of the weight-read floor at batch 1
+(``benchmark/decode_roofline/gemms/``). Here each program owns a narrow slice of output columns
+(``BLOCK_N``, as small as 16, so even a 4096-wide projection has hundreds of programs in flight) and
+walks K in ``BLOCK_K`` steps with several loads in flight (``num_stages``). When N is too narrow to fill
+the GPU with wide tiles, ``SPLIT_K`` programs share one column slice; each writes fp32 partial sums to a
+workspace and a second kernel adds them in a fixed order (no atomics: the result does not depend on
+timing, so greedy outputs repeat exactly).
+
+The tile sizes come from the tuned table (``table.py``); the kernel itself makes no choices.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from sglang.srt.layers.attention.triton_ops.decode_attention import _use_while_loops
+from sglang.srt.layers.decode_gemm.table import GemmConfig
+from sglang.srt.layers.pdl import pdl_available, pdl_prologue, release_dependents, wait_for_prerequisites
+
+
+@triton.jit(do_not_specialize=["M", "k_tiles"])
+def _skinny_gemm_kernel(
+    X,
+    W,
+    Bias,
+    Out,
+    M,
+    N,
+    K,
+    k_per_split,
+    k_tiles,
+    stride_xm,
+    stride_wn,
+    stride_om,
+    stride_split,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    WHILE_LOOPS: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    release_dependents(USE_PDL)
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    pid_k = tl.program_id(2)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_mask = offs_n < N
+    m_mask = offs_m < M
+    k_start = pid_k * k_per_split
+    w_ptrs = W + offs_n[:, None].to(tl.int64) * stride_wn + (k_start + offs_k)[None, :]
+    x_ptrs = X + offs_m[:, None].to(tl.int64) * stride_xm + (k_start + offs_k)[None, :]
+    # Accumulated as [N, M]: the weight tile is the MMA's left operand, so BLOCK_N can be 16 while the
+    # batch rows (padded to BLOCK_M >= 16) ride along as the right operand.
+    acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    first = 0
+    if USE_PDL:  # launched while the kernel before runs: stream a weight tile, then wait for x (pdl.py)
+        w = tl.load(w_ptrs, mask=n_mask[:, None] & (k_start + offs_k < K)[None, :], other=0.0)
+        wait_for_prerequisites(USE_PDL)
+        x = tl.load(x_ptrs, mask=m_mask[:, None] & (k_start + offs_k < K)[None, :], other=0.0)
+        acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+        first = 1
+    # Every split walks k_tiles tiles; only the last split's tail is masked off.
+    if WHILE_LOOPS:  # the interpreter (CPU tests): see decode_attention._use_while_loops
+        i = 0
+        while i < k_tiles:
+            acc = _accumulate_tile(
+                acc, w_ptrs, x_ptrs, k_start + i * BLOCK_K + offs_k < K, n_mask, m_mask, DOT_PRECISION
+            )
+            w_ptrs += BLOCK_K
+            x_ptrs += BLOCK_K
+            i += 1
+    else:
+        for i in range(first, k_tiles):
+            acc = _accumulate_tile(
+                acc, w_ptrs, x_ptrs, k_start + i * BLOCK_K + offs_k < K, n_mask, m_mask, DOT_PRECISION
+            )
+            w_ptrs += BLOCK_K
+            x_ptrs += BLOCK_K
+    if HAS_BIAS:
+        acc += tl.load(Bias + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+    out_ptrs = Out + pid_k * stride_split + offs_m[None, :] * stride_om + offs_n[:, None]
+    tl.store(out_ptrs, acc.to(Out.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
+
+
+@triton.jit
+def _accumulate_tile(acc, w_ptrs, x_ptrs, k_mask, n_mask, m_mask, DOT_PRECISION: tl.constexpr):
+    w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+    x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+    return tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
+
+
+@triton.jit
+def _sum_splits_kernel(
+    Partials,
+    Bias,
+    Out,
+    N,
+    stride_split,
+    stride_om,
+    SPLIT_K: tl.constexpr,
+    BLOCK: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pdl_prologue(PDL)
+    m = tl.program_id(0)
+    offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < N
+    acc = tl.zeros((BLOCK,), dtype=tl.float32)
+    for s in tl.static_range(SPLIT_K):  # fixed order: the same sum on every run
+        acc += tl.load(Partials + s * stride_split + m * N + offs, mask=mask, other=0.0)
+    if HAS_BIAS:
+        acc += tl.load(Bias + offs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(Out + m * stride_om + offs, acc.to(Out.dtype.element_ty), mask=mask)
+
+
+def skinny_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], config: GemmConfig
+) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` for a 2-D ``x`` whose rows and ``weight``'s rows are K-contiguous."""
+    m, k = x.shape
+    n = weight.shape[0]
+    if x.stride(1) != 1 or weight.stride(1) != 1 or weight.shape[1] != k:
+        raise ValueError(f"skinny_linear needs K-contiguous x {tuple(x.shape)} and weight {tuple(weight.shape)}")
+    out = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    if m == 0:
+        return out
+    split_k = max(1, min(config.split_k, triton.cdiv(k, config.block_k)))
+    # Each split covers a whole number of K tiles, so only the last one can be ragged.
+    k_per_split = triton.cdiv(triton.cdiv(k, split_k), config.block_k) * config.block_k
+    split_k = triton.cdiv(k, k_per_split)
+    grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, config.block_m), split_k)
+    fused_bias = bias is not None and split_k == 1
+    use_pdl = config.pdl and pdl_available(x)
+    target = out if split_k == 1 else torch.empty(split_k, m, n, device=x.device, dtype=torch.float32)
+    _skinny_gemm_kernel[grid](
+        x,
+        weight,
+        bias if fused_bias else x,  # a dummy pointer when there is no bias: never read
+        target,
+        m,
+        n,
+        k,
+        k_per_split,
+        k_per_split // config.block_k,
+        x.stride(0),
+        weight.stride(0),
+        target.stride(-2),
+        target.stride(0) if split_k > 1 else 0,
+        HAS_BIAS=fused_bias,
+        BLOCK_M=config.block_m,
+        BLOCK_N=config.block_n,
+        BLOCK_K=config.block_k,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # fp32 (CPU tests): exact products
+        WHILE_LOOPS=_use_while_loops(x),
+        USE_PDL=use_pdl,
+        launch_pdl=use_pdl,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
+    if split_k > 1:
+        block = 1024
+        pdl = pdl_available(x)
+        _sum_splits_kernel[(m, triton.cdiv(n, block))](
+            target,
+            bias if bias is not None else x,
+            out,
+            n,
+            target.stride(0),
+            out.stride(0),
+            SPLIT_K=split_k,
+            BLOCK=block,
+            HAS_BIAS=bias is not None,
+            PDL=pdl,
+            launch_pdl=pdl,
+        )
+    return out

@@ -1,0 +1,96 @@
+"""Which GEMM serves a projection at a given batch size: the tuned table, and the pure choice from it.
+
+A table is measured per GPU model by ``benchmark/decode_roofline/tune_decode_gemms.py`` and shipped in
+``configs/<device name>.json`` (SGLang ships its fused-MoE tile configs the same way). For each weight
+shape ``N x K`` it lists tuned batch sizes, each with the skinny kernel's tiles or ``null`` where cuBLAS
+measured faster. A tuned batch size ``m_t`` covers the batches above the previous tuned size up to
+``m_t`` (decode is weight-bound there, so a tile that is best for 16 rows is best for 9..16); batches
+above the largest tuned size, shapes not in the table and GPUs without a table use cuBLAS.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from typing import Mapping, Optional
+
+CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+
+
+@dataclass(frozen=True)
+class GemmConfig:
+    """Tiles of the skinny kernel (``kernel.py``)."""
+
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    split_k: int = 1
+    pdl: bool = False  # launched with programmatic dependent launch where the GPU has it (../pdl.py)
+
+    def __post_init__(self) -> None:
+        for name in ("block_m", "block_n", "block_k"):
+            value = getattr(self, name)
+            if value < 16 or value & (value - 1):
+                raise ValueError(f"GemmConfig.{name} must be a power of two >= 16, got {value}")
+        if self.num_warps < 1 or self.num_stages < 1 or self.split_k < 1:
+            raise ValueError(f"GemmConfig needs num_warps, num_stages and split_k >= 1, got {self}")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class GemmPlan:
+    """One weight shape's choices, ascending by batch size: ``(max_batch, config or None for cuBLAS)``."""
+
+    by_batch: tuple[tuple[int, Optional[GemmConfig]], ...] = ()
+
+    def config_for(self, batch: int) -> Optional[GemmConfig]:
+        for max_batch, config in self.by_batch:
+            if batch <= max_batch:
+                return config
+        return None
+
+    @property
+    def uses_skinny_kernel(self) -> bool:
+        return any(config is not None for _, config in self.by_batch)
+
+
+CUBLAS_ONLY = GemmPlan()
+
+
+def shape_key(n: int, k: int) -> str:
+    return f"{n}x{k}"
+
+
+def device_table_path(device_name: str) -> str:
+    return os.path.join(CONFIG_DIR, device_name.replace(" ", "_") + ".json")
+
+
+def parse_table(raw: Mapping) -> dict[str, GemmPlan]:
+    """The ``shapes`` section of a table file -> a plan per shape key; a malformed entry raises ValueError."""
+    plans = {}
+    for key, entries in raw.get("shapes", {}).items():
+        by_batch = []
+        for batch, config in entries.items():
+            if int(batch) < 1:
+                raise ValueError(f"decode GEMM table: batch sizes must be >= 1, got {batch!r} for {key}")
+            by_batch.append((int(batch), None if config is None else GemmConfig(**config)))
+        plans[key] = GemmPlan(tuple(sorted(by_batch, key=lambda entry: entry[0])))
+    return plans
+
+
+def load_device_table(device_name: str) -> dict[str, GemmPlan]:
+    """The shipped table for this GPU model, or no plans (cuBLAS everywhere) when none was tuned."""
+    path = device_table_path(device_name)
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return parse_table(json.load(f))
+
+
+def plan_for_shape(plans: Mapping[str, GemmPlan], n: int, k: int) -> GemmPlan:
+    return plans.get(shape_key(n, k), CUBLAS_ONLY)

@@ -1,0 +1,49 @@
+"""Programmatic dependent launch (PDL, Hopper and later): the decode step's kernels overlap their launch.
+
+A kernel launched with PDL (triton's ``launch_pdl=True``) may start while the kernel ahead of it in the
+stream still runs, once every program of that kernel has released it (``griddepcontrol.launch_dependents``).
+Before it reads that kernel's output, or writes memory that kernel may still read, it must wait
+(``griddepcontrol.wait``: the kernel before has finished and its writes are visible). Waiting at the top
+keeps stream order exactly; what is gained is the launch and ramp-up of each kernel, which otherwise
+starts only after the one before has drained (a few microseconds per kernel, ~10 kernels per layer).
+
+Our triton kernels on the decode path release at their top and, when launched with PDL, wait right after
+(``pdl_prologue``). The skinny decode GEMM does better: its weights are never written during a forward, so
+it streams its first weight tile before it waits (``decode_gemm/kernel.py``). A kernel launched without
+PDL (torch's, cuBLAS's) waits for the whole kernel before it, as always. ``SGLANG_ENABLE_PDL=0`` turns
+all of it off.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sglang.srt.environ import envs
+
+
+def pdl_available(t: torch.Tensor) -> bool:
+    """Launch kernels working on ``t`` with PDL: a CUDA tensor on compute capability 9.0+, not switched off."""
+    return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9 and envs.SGLANG_ENABLE_PDL.get()
+
+
+@triton.jit
+def release_dependents(ENABLED: tl.constexpr):
+    if ENABLED:
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def wait_for_prerequisites(ENABLED: tl.constexpr):
+    if ENABLED:
+        tl.extra.cuda.gdc_wait()
+
+
+@triton.jit
+def pdl_prologue(ENABLED: tl.constexpr):
+    """First statement of a kernel launched with ``launch_pdl=ENABLED``: let the next kernel launch, then
+    wait for the one before. The release takes effect once every program has run it, so the next kernel's
+    programs never take the place of this kernel's own later waves."""
+    release_dependents(ENABLED)
+    wait_for_prerequisites(ENABLED)

@@ -1,0 +1,144 @@
+"""The skinny decode GEMM equals F.linear (CPU: through the triton interpreter, fp32; GPU: bf16, eager and
+inside a CUDA graph), and the tuned table's choice per batch size is what its file says."""
+
+from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
+
+register_cpu_ci(est_time=20, suite="per-commit-cpu")
+register_cuda_ci(est_time=30, suite="per-commit-cuda")
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sglang.srt.layers import decode_gemm
+from sglang.srt.layers.decode_gemm import CUBLAS_ONLY, GemmConfig, GemmPlan, parse_table, plan_for_shape
+from sglang.srt.layers.decode_gemm.kernel import skinny_linear
+from sglang.srt.layers.decode_gemm.table import device_table_path, load_device_table
+from sglang.test.gpu_utils import REQUIRES_GPU_REASON, triton_test_devices
+
+DEVICES = triton_test_devices()
+CFG = dict(block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=2)
+
+
+def _reference(x, w, b):
+    y = x.double() @ w.double().T
+    return y + b.double() if b is not None else y
+
+
+def _check(out, ref, dtype):
+    assert out.shape == ref.shape and out.dtype == dtype
+    tol = 1e-4 if dtype == torch.float32 else 2e-2 * ref.abs().max().item()
+    assert (out.double() - ref).abs().max().item() <= tol
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("m", [1, 5, 17])
+@pytest.mark.parametrize("split_k", [1, 2, 3])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_skinny_linear_matches_reference(device, m, split_k, with_bias):
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    g = torch.Generator().manual_seed(m * 10 + split_k)
+    n, k = 48, 200  # N not a multiple of block_n, K not a multiple of block_k: both edges masked
+    x = torch.randn(m, k, generator=g).to(device, dtype)
+    w = torch.randn(n, k, generator=g).to(device, dtype)
+    b = torch.randn(n, generator=g).to(device, dtype) if with_bias else None
+    out = skinny_linear(x, w, b, GemmConfig(**CFG, split_k=split_k))
+    _check(out, _reference(x, w, b), dtype)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_rows_beyond_one_row_block_and_zero_rows(device):
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(40, 64, generator=g).to(device, dtype)  # 3 row blocks of 16
+    w = torch.randn(32, 64, generator=g).to(device, dtype)
+    _check(skinny_linear(x, w, None, GemmConfig(**CFG)), _reference(x, w, None), dtype)
+    assert skinny_linear(x[:0], w, None, GemmConfig(**CFG)).shape == (0, 32)
+
+
+def test_skinny_linear_rejects_a_non_contiguous_weight():
+    w = torch.randn(64, 32).T  # K stride 64
+    with pytest.raises(ValueError, match="K-contiguous"):
+        skinny_linear(torch.randn(2, 64), w, None, GemmConfig(**CFG))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_linear_uses_the_plan_per_batch_size_and_falls_back_to_f_linear(device, monkeypatch):
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    calls = []
+    monkeypatch.setattr(decode_gemm, "skinny_linear", lambda *a: calls.append(a[0].shape[0]) or F.linear(*a[:3]))
+    plan = GemmPlan(((4, GemmConfig(**CFG)), (16, None), (32, GemmConfig(**CFG, split_k=2))))
+    w = torch.randn(24, 64, device=device, dtype=dtype)
+    for rows in (1, 4, 5, 16, 17, 32, 33):
+        x = torch.randn(rows, 64, device=device, dtype=dtype)
+        assert torch.equal(decode_gemm.linear(x, w, None, plan), F.linear(x, w))
+    assert calls == [1, 4, 17, 32]  # 5..16 chose cuBLAS, 33 is past the table
+    x_strided = torch.randn(64, 2, device=device, dtype=dtype).T  # rows not K-contiguous
+    decode_gemm.linear(x_strided, w, None, plan)
+    assert calls == [1, 4, 17, 32]
+    decode_gemm.linear(torch.randn(3, 64, device=device, dtype=dtype), w, None, CUBLAS_ONLY)
+    assert calls == [1, 4, 17, 32]
+
+
+def test_parse_table_orders_batches_and_validates_configs():
+    plans = parse_table({"shapes": {"24x64": {"32": None, "1": CFG, "8": {**CFG, "split_k": 4}}}})
+    plan = plan_for_shape(plans, 24, 64)
+    assert [b for b, _ in plan.by_batch] == [1, 8, 32]
+    assert plan.config_for(1) == GemmConfig(**CFG)
+    assert plan.config_for(2).split_k == 4 and plan.config_for(8).split_k == 4
+    assert plan.config_for(9) is None and plan.config_for(33) is None
+    assert plan.uses_skinny_kernel and not GemmPlan(((4, None),)).uses_skinny_kernel
+    assert plan_for_shape(plans, 64, 24) is CUBLAS_ONLY
+    with pytest.raises(ValueError, match="block_n"):
+        parse_table({"shapes": {"24x64": {"1": {**CFG, "block_n": 24}}}})
+    with pytest.raises(ValueError, match="batch sizes"):
+        parse_table({"shapes": {"24x64": {"0": CFG}}})
+
+
+def test_no_table_for_an_untuned_gpu_and_the_shipped_tables_parse():
+    assert load_device_table("A GPU nobody tuned") == {}
+    path = device_table_path("NVIDIA H200")
+    with open(path) as f:
+        raw = json.load(f)
+    plans = parse_table(raw)
+    assert raw["device"] == "NVIDIA H200" and plans
+    assert all(key.count("x") == 1 for key in plans)
+
+
+def test_attach_gemm_plans_by_weight_shape():
+    from sglang.srt.layers.linear import ReplicatedLinear, attach_gemm_plans
+
+    model = torch.nn.Sequential(ReplicatedLinear(64, 24), ReplicatedLinear(24, 64))
+    plans = parse_table({"shapes": {"24x64": {"8": CFG}}})
+    assert attach_gemm_plans(model, plans) == 1
+    assert model[0].gemm_plan.config_for(8) == GemmConfig(**CFG)
+    assert model[1].gemm_plan is CUBLAS_ONLY
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=REQUIRES_GPU_REASON)
+@pytest.mark.parametrize("pdl", [False, True])
+def test_skinny_linear_in_a_cuda_graph_waits_for_the_kernel_before(pdl):
+    """In the graph, RMSNorm writes x and releases the GEMM early (pdl.py); with PDL the GEMM starts
+    streaming weights at once and must still read the x this replay's norm wrote."""
+    from sglang.srt.layers.fused_elementwise import rmsnorm
+
+    src = torch.randn(8, 4096, device="cuda", dtype=torch.bfloat16)
+    norm_weight = torch.rand(4096, device="cuda", dtype=torch.bfloat16) + 0.5
+    x = torch.empty_like(src)
+    w = torch.randn(4096, 4096, device="cuda", dtype=torch.bfloat16) / 64
+    cfg = GemmConfig(block_m=16, block_n=32, block_k=256, num_warps=4, num_stages=3, split_k=2, pdl=pdl)
+    rmsnorm(src, norm_weight, 1e-6, out=x)
+    skinny_linear(x, w, None, cfg)  # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        rmsnorm(src, norm_weight, 1e-6, out=x)
+        captured = skinny_linear(x, w, None, cfg)
+    for seed in range(3):
+        src.copy_(torch.randn(src.shape, generator=torch.Generator().manual_seed(seed)).to(src))
+        graph.replay()
+        torch.cuda.synchronize()
+        expected_x = rmsnorm(src, norm_weight, 1e-6)
+        assert torch.equal(captured, skinny_linear(expected_x, w, None, cfg))  # fixed-order sums: bitwise
+        _check(captured, _reference(expected_x, w, None), torch.bfloat16)
