@@ -1,8 +1,10 @@
 """Tune the skinny decode GEMM (``srt/layers/decode_gemm``) against cuBLAS and write the device's table.
 
-    python benchmark/decode_roofline/tune_decode_gemms.py [--batches 1 4 8 16 32 64] [--out DIR]
+    python benchmark/decode_roofline/tune_decode_gemms.py [--model Llama-3.1-8B] [--tp-size 1]
+        [--batches 1 4 8 16 32 64] [--out DIR] [--table FILE]
 
-For each Llama-3.1-8B projection (qkv, o, gate_up, down) and batch size it times, as one CUDA graph
+For each projection of the model (qkv, o and, dense models, gate_up and down, with the shapes one
+tensor-parallel rank holds: ``decode_gemm/shapes.py``) and batch size it times, as one CUDA graph
 over 32 distinct weights (the 32 layers; nothing is served from L2): cuBLAS (torch's default) and every
 skinny-kernel tile config of the sweep (split-K 1 first, then split-K 1 / 2 / 4 / 8, each with and without
 programmatic dependent launch, for the four best tiles). Each projection runs after an RMSNorm that
@@ -10,25 +12,27 @@ writes its input, as in the model (with PDL the GEMM may start while the norm dr
 are timed too and subtracted.
 Every config's output is checked against ``F.linear``; a config that fails to compile or to match is
 skipped and counted. The fastest skinny config goes into the table where it beats cuBLAS by more than
-``--margin`` (else the entry is ``null``: cuBLAS). Writes the table to the package's ``configs/`` (the
-engine reads it at load time), a table + JSON of the measurements to ``--out``, and prints the table.
+``--margin`` (else the entry is ``null``: cuBLAS). Updates this GPU's table (in $SGLANG_DECODE_GEMM_CONFIG_DIR
+if set, else the package's ``configs/``; other shapes in it stay) that the engine reads at load time, writes a
+table + JSON of the measurements to ``--out``, and prints the table.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import time
 
 import torch
 import torch.nn.functional as F
-from bench_decode_gemms import LAYERS, SHAPES
+from bench_decode_gemms import LAYERS
 from bench_decode_roofline import ROOT, copy_bandwidth
 
+from sglang.srt.environ import envs
 from sglang.srt.layers.decode_gemm.kernel import skinny_linear
-from sglang.srt.layers.decode_gemm.table import GemmConfig, device_table_path, shape_key
+from sglang.srt.layers.decode_gemm.shapes import projection_shapes
+from sglang.srt.layers.decode_gemm.table import GemmConfig, device_table_path, shape_key, update_table_file
 from sglang.srt.layers.fused_elementwise import rmsnorm
 from sglang.test.bench_utils import cuda_graph_ms, write_results
 
@@ -120,18 +124,41 @@ def tune_one(weights, batch: int, margin: float) -> dict:
     }
 
 
+def model_config(model: str):
+    """A model directory, a shape name of scripts/make_model_configs.py, or a Hugging Face id."""
+    from transformers import AutoConfig
+
+    from sglang.test.gpu_utils import shape_config_dir
+
+    if os.path.isdir(model):
+        return AutoConfig.from_pretrained(model)
+    try:
+        return AutoConfig.from_pretrained(shape_config_dir(model))
+    except KeyError:
+        return AutoConfig.from_pretrained(model)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])
     parser.add_argument("--margin", type=float, default=0.01, help="skinny must beat cuBLAS by this fraction")
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "gemm_tuning"))
-    parser.add_argument("--table", default="", help="table file to write (default: the package's, for this GPU)")
+    parser.add_argument(
+        "--model", default="Llama-3.1-8B", help="a shape name of scripts/make_model_configs.py, or a model dir / HF id"
+    )
+    parser.add_argument("--tp-size", type=int, default=1, help="tune the shapes one rank has (rank 0's)")
+    parser.add_argument(
+        "--table",
+        default="",
+        help="table file to update (default: this GPU's in $SGLANG_DECODE_GEMM_CONFIG_DIR or the package's)",
+    )
     args = parser.parse_args()
     device = torch.cuda.get_device_name()
+    shapes = projection_shapes(model_config(args.model), args.tp_size)
     bw = copy_bandwidth()
     rows, shapes_table = [], {}
     start = time.perf_counter()
-    for name, (n, k) in SHAPES.items():
+    for name, (n, k) in shapes.items():
         weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)]
         floor_ms = LAYERS * n * k * 2 / bw * 1000
         entries = {}
@@ -153,23 +180,18 @@ def main() -> None:
         shapes_table[shape_key(n, k)] = entries
         del weights
         torch.cuda.empty_cache()
-    table_path = args.table or device_table_path(device)
-    os.makedirs(os.path.dirname(table_path), exist_ok=True)
-    with open(table_path, "w") as f:
-        json.dump(
-            {
-                "device": device,
-                "tuned_by": "benchmark/decode_roofline/tune_decode_gemms.py",
-                "torch": torch.__version__,
-                "margin": args.margin,
-                "shapes": shapes_table,
-            },
-            f,
-            indent=1,
-        )
-        f.write("\n")
+    table_path = args.table or device_table_path(device, envs.SGLANG_DECODE_GEMM_CONFIG_DIR.get())
+    update_table_file(
+        table_path,
+        device,
+        f"{args.model} tp{args.tp_size}",
+        shapes_table,
+        tuned_by="benchmark/decode_roofline/tune_decode_gemms.py",
+        torch=torch.__version__,
+        margin=args.margin,
+    )
     lines = [
-        f"Skinny decode GEMM vs cuBLAS (Llama-3.1-8B shapes, bf16, {LAYERS} distinct weights, CUDA graph, each after "
+        f"Skinny decode GEMM vs cuBLAS ({args.model} shapes, tp {args.tp_size}, bf16, {LAYERS} distinct weights, CUDA graph, each after "
         f"an RMSNorm), {device}, "
         f"torch {torch.__version__}, copy bandwidth {bw / 1e9:.1f} GB/s, tuning took {time.perf_counter() - start:.0f} s",
         "",
@@ -199,6 +221,8 @@ def main() -> None:
         args.out,
         {
             "device": device,
+            "model": args.model,
+            "tp_size": args.tp_size,
             "copy_bandwidth_GBps": round(bw / 1e9, 1),
             "table_file": os.path.relpath(table_path, ROOT),
             "rows": rows,

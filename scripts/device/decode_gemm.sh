@@ -21,7 +21,8 @@ for stage in "$@"; do
   fi
   if [ "$stage" = engine ]; then  # the engine's GPU tests with the new kernels (greedy vs transformers, graphs)
     python3 -m pytest -q -rfEs -x --timeout 400 test/registered/models/test_gpu_vs_transformers.py \
-      test/registered/model_executor/test_cuda_graph_gpu.py test/registered/scheduler/test_overlap_schedule_gpu.py \
+      test/registered/model_executor/test_cuda_graph_gpu.py test/registered/model_executor/test_decode_gemm_gpu.py \
+      test/registered/scheduler/test_overlap_schedule_gpu.py \
       test/registered/moe/test_kt_hybrid_decode_gpu.py test/registered/scheduler/test_oom_recovery_gpu.py \
       2>&1 | tee $OUT/engine_gpu_tests.log | grep -E "passed|failed|Error|SKIPPED" | tail -12
   fi

@@ -161,6 +161,11 @@ class Envs:
         "CUDA: decode-size projections use the skinny triton GEMM where this GPU's tuned table "
         "(srt/layers/decode_gemm/configs/) measured it faster than cuBLAS (0: cuBLAS everywhere).",
     )
+    SGLANG_DECODE_GEMM_CONFIG_DIR = EnvStr(
+        "",
+        "Directory of decode-GEMM tables (<GPU name>.json, written by benchmark/decode_roofline/"
+        "tune_decode_gemms.py --model ...) to use instead of the shipped ones.",
+    )
     SGLANG_TRITON_DECODE_MAX_KV_SPLITS = EnvInt(16, "Upper bound on split-KV chunks in the triton decode kernel.")
     # Testing
     SGLANG_TEST_CPU_ELASTIC_SLOT_TAIL_TOKENS = EnvInt(

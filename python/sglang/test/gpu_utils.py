@@ -65,3 +65,28 @@ def save_random_hf_model(config_dir: str, out_dir: str, dtype: torch.dtype = tor
     model.save_pretrained(out_dir)
     del model
     return out_dir
+
+
+def random_decode_batch(mr, bs: int, ctx: int):
+    """A decode ForwardBatch of `bs` requests with `ctx` tokens of random KV each (rows and slots taken from
+    the runner's pools: return them with `req_to_token_pool.free` / `token_to_kv_pool_allocator.free`)."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
+
+    rows = mr.req_to_token_pool.alloc(bs)
+    slots = mr.token_to_kv_pool_allocator.alloc(bs * ctx).view(bs, ctx)
+    for r, s in zip(rows, slots):
+        mr.req_to_token_pool.req_to_token[r, :ctx] = s.to(torch.int32).cuda()
+    # Fill the KV of the context with random values so attention has something to read.
+    for layer in range(mr.model_config.num_hidden_layers):
+        k = mr.token_to_kv_pool.get_key_buffer(layer)
+        k[slots.flatten().cuda()] = torch.randn_like(k[slots.flatten().cuda()])
+        v = mr.token_to_kv_pool.get_value_buffer(layer)
+        v[slots.flatten().cuda()] = torch.randn_like(v[slots.flatten().cuda()])
+    batch = ModelWorkerBatch(
+        ForwardMode.DECODE,
+        input_ids=list(range(100, 100 + bs)),
+        req_pool_indices=rows,
+        seq_lens=[ctx] * bs,
+        out_cache_loc=slots[:, -1].contiguous(),
+    )
+    return ForwardBatch.init_new(batch, mr), rows, slots

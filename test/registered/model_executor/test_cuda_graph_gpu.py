@@ -7,7 +7,7 @@ register_cuda_ci(est_time=120, suite="per-commit-cuda")
 import pytest
 import torch
 
-from sglang.test.gpu_utils import REQUIRES_GPU_REASON, has_gpu, shape_config_dir
+from sglang.test.gpu_utils import REQUIRES_GPU_REASON, has_gpu, random_decode_batch, shape_config_dir
 
 pytestmark = pytest.mark.skipif(not has_gpu(), reason=REQUIRES_GPU_REASON)
 
@@ -30,34 +30,11 @@ def runner():
     return ModelRunner(ModelConfig.from_server_args(args), args)
 
 
-def _decode_batch(mr, bs: int, ctx: int):
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
-
-    rows = mr.req_to_token_pool.alloc(bs)
-    slots = mr.token_to_kv_pool_allocator.alloc(bs * ctx).view(bs, ctx)
-    for r, s in zip(rows, slots):
-        mr.req_to_token_pool.req_to_token[r, :ctx] = s.to(torch.int32).cuda()
-    # Fill the KV of the context with random values so attention has something to read.
-    for layer in range(mr.model_config.num_hidden_layers):
-        k = mr.token_to_kv_pool.get_key_buffer(layer)
-        k[slots.flatten().cuda()] = torch.randn_like(k[slots.flatten().cuda()])
-        v = mr.token_to_kv_pool.get_value_buffer(layer)
-        v[slots.flatten().cuda()] = torch.randn_like(v[slots.flatten().cuda()])
-    batch = ModelWorkerBatch(
-        ForwardMode.DECODE,
-        input_ids=list(range(100, 100 + bs)),
-        req_pool_indices=rows,
-        seq_lens=[ctx] * bs,
-        out_cache_loc=slots[:, -1].contiguous(),
-    )
-    return ForwardBatch.init_new(batch, mr), rows, slots
-
-
 @pytest.mark.parametrize("bs", [1, 3, 8, 13, 32])
 def test_graph_replay_equals_eager(runner, bs):
     mr = runner
     assert mr.cuda_graph_runner is not None
-    fb, rows, slots = _decode_batch(mr, bs, ctx=37)
+    fb, rows, slots = random_decode_batch(mr, bs, ctx=37)
     try:
         graph_logits = mr.forward(fb).next_token_logits.clone()
         graphs, mr.cuda_graph_runner = mr.cuda_graph_runner, None

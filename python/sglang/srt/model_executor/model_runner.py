@@ -139,7 +139,8 @@ class ModelRunner(ModelRunnerKVCacheMixin, PostCaptureKVSizingMixin):
         )
         if self.device == "cuda" and envs.SGLANG_DECODE_GEMM_TUNED.get():
             device_name = torch.cuda.get_device_name(self.gpu_id)
-            tuned = attach_gemm_plans(self.model, load_device_table(device_name))
+            plans = load_device_table(device_name, envs.SGLANG_DECODE_GEMM_CONFIG_DIR.get())
+            tuned = attach_gemm_plans(self.model, plans)
             logger.info("Decode GEMMs: %d linear layers use the skinny kernel tuned for %s", tuned, device_name)
         free_after = self.read_free_memory_bytes()
         logger.info(

@@ -1,7 +1,8 @@
 """Which GEMM serves a projection at a given batch size: the tuned table, and the pure choice from it.
 
 A table is measured per GPU model by ``benchmark/decode_roofline/tune_decode_gemms.py`` and shipped in
-``configs/<device name>.json`` (SGLang ships its fused-MoE tile configs the same way). For each weight
+``configs/<device name>.json`` (SGLang ships its fused-MoE tile configs the same way); tables tuned for other
+models can live in a directory of their own (``SGLANG_DECODE_GEMM_CONFIG_DIR``). For each weight
 shape ``N x K`` it lists tuned batch sizes, each with the skinny kernel's tiles or ``null`` where cuBLAS
 measured faster. A tuned batch size ``m_t`` covers the batches above the previous tuned size up to
 ``m_t`` (decode is weight-bound there, so a tile that is best for 16 rows is best for 9..16); batches
@@ -66,8 +67,8 @@ def shape_key(n: int, k: int) -> str:
     return f"{n}x{k}"
 
 
-def device_table_path(device_name: str) -> str:
-    return os.path.join(CONFIG_DIR, device_name.replace(" ", "_") + ".json")
+def device_table_path(device_name: str, config_dir: str = "") -> str:
+    return os.path.join(config_dir or CONFIG_DIR, device_name.replace(" ", "_") + ".json")
 
 
 def parse_table(raw: Mapping) -> dict[str, GemmPlan]:
@@ -83,9 +84,10 @@ def parse_table(raw: Mapping) -> dict[str, GemmPlan]:
     return plans
 
 
-def load_device_table(device_name: str) -> dict[str, GemmPlan]:
-    """The shipped table for this GPU model, or no plans (cuBLAS everywhere) when none was tuned."""
-    path = device_table_path(device_name)
+def load_device_table(device_name: str, config_dir: str = "") -> dict[str, GemmPlan]:
+    """The table for this GPU model (in ``config_dir``, default the shipped ones), or no plans (cuBLAS
+    everywhere) when none was tuned."""
+    path = device_table_path(device_name, config_dir)
     if not os.path.exists(path):
         return {}
     with open(path) as f:
@@ -94,3 +96,22 @@ def load_device_table(device_name: str) -> dict[str, GemmPlan]:
 
 def plan_for_shape(plans: Mapping[str, GemmPlan], n: int, k: int) -> GemmPlan:
     return plans.get(shape_key(n, k), CUBLAS_ONLY)
+
+
+def update_table_file(path: str, device: str, model: str, shapes: Mapping[str, dict], **provenance) -> None:
+    """Add (or replace) ``shapes`` (the file's ``shapes`` format) in the table at ``path``, recording the model
+    they were tuned for; shapes tuned for other models stay. The result must parse (``parse_table``)."""
+    table = {"device": device, "models": [], "shapes": {}}
+    if os.path.exists(path):
+        with open(path) as f:
+            table = json.load(f)
+        if table.get("device") != device:
+            raise ValueError(f"{path} holds a table for {table.get('device')!r}, not {device!r}")
+    table.update(provenance)
+    table["models"] = sorted(set(table.get("models", [])) | {model})
+    table["shapes"] = {**table.get("shapes", {}), **shapes}
+    parse_table(table)
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(table, f, indent=1)
+        f.write("\n")

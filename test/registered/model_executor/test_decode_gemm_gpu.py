@@ -1,0 +1,98 @@
+"""With a tuned table naming the model's shapes, decode runs every projection through the skinny GEMM (in CUDA
+graphs, with programmatic dependent launch) and gives cuBLAS's logits up to bf16 rounding."""
+
+from sglang.test.ci.ci_register import register_cuda_ci
+
+register_cuda_ci(est_time=90, suite="per-commit-cuda")
+
+import pytest
+import torch
+
+from sglang.test.gpu_utils import REQUIRES_GPU_REASON, has_gpu, random_decode_batch, shape_config_dir
+
+pytestmark = pytest.mark.skipif(not has_gpu(), reason=REQUIRES_GPU_REASON)
+
+MODEL = "Llama-1B-random"
+
+
+def _tile(block_m: int, split_k: int) -> dict:
+    return dict(block_m=block_m, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=split_k, pdl=True)
+
+
+@pytest.fixture(scope="module")
+def runner(tmp_path_factory):
+    from transformers import AutoConfig
+
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.environ import envs
+    from sglang.srt.layers.decode_gemm.shapes import projection_shapes
+    from sglang.srt.layers.decode_gemm.table import device_table_path, shape_key, update_table_file
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.server_args import ServerArgs
+
+    model_dir = shape_config_dir(MODEL)
+    tables = str(tmp_path_factory.mktemp("decode-gemm-tables"))
+    device = torch.cuda.get_device_name()
+    # Batches 1..8 one tile, 9..16 split-K, 17..32 the 32-row tile; above 32 cuBLAS.
+    entries = {"8": _tile(16, 1), "16": _tile(16, 2), "32": _tile(32, 2)}
+    shapes = projection_shapes(AutoConfig.from_pretrained(model_dir))
+    update_table_file(
+        device_table_path(device, tables),
+        device,
+        f"{MODEL} tp1",
+        {shape_key(n, k): entries for n, k in shapes.values()},
+    )
+    args = ServerArgs(
+        model_path=model_dir,
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        max_total_tokens=65536,
+        max_running_requests=64,
+        cuda_graph_max_bs=48,
+        mem_fraction_static=0.6,
+    )
+    with envs.SGLANG_DECODE_GEMM_CONFIG_DIR.override(tables):
+        return ModelRunner(ModelConfig.from_server_args(args), args)
+
+
+def _linears(mr):
+    from sglang.srt.layers.linear import LinearBase
+
+    return [m for m in mr.model.modules() if isinstance(m, LinearBase)]
+
+
+def test_every_projection_has_the_tables_plan(runner):
+    layers = runner.model_config.num_hidden_layers
+    linears = _linears(runner)
+    assert len(linears) == 4 * layers and all(m.gemm_plan.uses_skinny_kernel for m in linears)
+    assert runner.cuda_graph_runner is not None
+
+
+@pytest.mark.parametrize("bs", [1, 5, 8, 13, 32, 40])
+def test_skinny_graph_decode_equals_cublas_eager(runner, bs):
+    from sglang.srt.layers.decode_gemm import CUBLAS_ONLY
+
+    mr = runner
+    fb, rows, slots = random_decode_batch(mr, bs, ctx=37)
+    linears = _linears(mr)
+    plans = [m.gemm_plan for m in linears]
+    graphs = mr.cuda_graph_runner
+    try:
+        graph_logits = mr.forward(fb).next_token_logits.float().clone()
+        mr.cuda_graph_runner = None
+        eager_logits = mr.forward(fb).next_token_logits.float().clone()  # the same kernels, launched one by one
+        for m in linears:
+            m.gemm_plan = CUBLAS_ONLY
+        cublas_logits = mr.forward(fb).next_token_logits.float()
+    finally:
+        mr.cuda_graph_runner = graphs
+        for m, plan in zip(linears, plans):
+            m.gemm_plan = plan
+        for r in rows:
+            mr.req_to_token_pool.free(r)
+        mr.token_to_kv_pool_allocator.free(slots.flatten())
+    assert graph_logits.shape == cublas_logits.shape == (bs, mr.model_config.vocab_size)
+    torch.testing.assert_close(graph_logits, eager_logits, rtol=0, atol=1e-3)
+    # Other kernels, other rounding (batch 40 is past the table: cuBLAS on both sides, exactly or nearly equal).
+    cosine = torch.nn.functional.cosine_similarity(graph_logits, cublas_logits, dim=-1)
+    assert cosine.min().item() > 0.999, cosine
