@@ -1,7 +1,7 @@
 """The KT CPU expert kernel alone, on any machine (no GPU): ms per layer step by method and token count.
 
     python benchmark/kt_decode/bench_cpu_kernel.py [--methods INT4 BF16 INT8] [--tokens 1 8] [--threads N]
-        [--experts 48] [--out DIR]
+        [--experts 48] [--int8-activations 0 1] [--out DIR]
 
 One Qwen3-30B-A3B-shaped layer (hidden 2048, experts of 768, top-8) in a bf16 model, `--experts` experts on the
 CPU, random weights; each token routed to 8 distinct experts. Best of 5 rounds of 10 synchronous steps
@@ -30,7 +30,7 @@ from sglang.test.bench_utils import write_results  # noqa: E402
 HIDDEN, INTER, TOP_K = 2048, 768, 8
 
 
-def bench(method: str, experts: int, tokens: int, threads: int) -> dict:
+def bench(method: str, experts: int, tokens: int, threads: int, int8_activations: bool) -> dict:
     gen = torch.Generator().manual_seed(0)
     layer = make_moe_layer(experts, HIDDEN, INTER, torch.bfloat16, method)
     for p in layer.parameters():  # random stored values are enough for timing (no quantization pass)
@@ -38,7 +38,9 @@ def bench(method: str, experts: int, tokens: int, threads: int) -> dict:
             p.data.copy_(0.02 * torch.randn(p.shape, generator=gen))
         else:
             p.data.copy_(torch.randint(0, 100, p.shape, generator=gen))
-    engine = CpuExpertsEngine(threads, HIDDEN, INTER, TOP_K, experts, 0, max(tokens, 1), False, 2000)
+    engine = CpuExpertsEngine(
+        threads, HIDDEN, INTER, TOP_K, experts, 0, max(tokens, 1), False, 2000, int8_activations=int8_activations
+    )
     handle = engine.add_layer(layer, layer.quant_method)
     x = torch.randn(tokens, HIDDEN, generator=gen).bfloat16().float()
     weights = torch.rand(tokens, TOP_K, generator=gen)
@@ -58,6 +60,7 @@ def bench(method: str, experts: int, tokens: int, threads: int) -> dict:
         "method": method,
         "tokens": tokens,
         "bf16_path": handle.bf16_dot,
+        "int8_path": handle.int8_dot,
         "ms": best * 1e3,
         "GBps": read / best / 1e9,
     }
@@ -70,15 +73,31 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--experts", type=int, default=48)
     parser.add_argument("--out", default=tempfile.mkdtemp(prefix="kt-cpu-kernel-"))
+    parser.add_argument(
+        "--int8-activations",
+        nargs="*",
+        type=int,
+        choices=[0, 1],
+        default=[0],
+        help="INT8 rows without (0) and/or with (1) int8 activations (SGLANG_KT_CPU_INT8_ACTIVATIONS)",
+    )
     args = parser.parse_args()
-    rows = [bench(m, args.experts, t, args.threads) for m in args.methods for t in args.tokens]
+    rows = [
+        bench(m, args.experts, t, args.threads, bool(a))
+        for m in args.methods
+        for a in (args.int8_activations if m == "INT8" else [0])
+        for t in args.tokens
+    ]
     lines = [
         f"KT CPU expert kernel, {args.threads} threads, {args.experts} experts of {HIDDEN}x{INTER}, top-{TOP_K}",
         "",
-        "| method | tokens | bf16 path | ms per layer step | weight GB/s |",
-        "|---|---:|---|---:|---:|",
+        "| method | tokens | bf16 path | int8 path | ms per layer step | weight GB/s |",
+        "|---|---:|---|---|---:|---:|",
     ]
-    lines += [f"| {r['method']} | {r['tokens']} | {r['bf16_path']} | {r['ms']:.2f} | {r['GBps']:.1f} |" for r in rows]
+    lines += [
+        f"| {r['method']} | {r['tokens']} | {r['bf16_path']} | {r['int8_path']} | {r['ms']:.2f} | {r['GBps']:.1f} |"
+        for r in rows
+    ]
     table = "\n".join(lines)
     print(table)
     write_results(args.out, {"rows": rows}, table)

@@ -121,6 +121,13 @@ class Envs:
         "KT CPU experts on CUDA: the scheduler's thread yields its core while it waits for the GPU "
         "(CU_CTX_SCHED_YIELD) instead of spinning on it, so the expert threads get every core.",
     )
+    SGLANG_KT_CPU_INT8_ACTIVATIONS = EnvBool(
+        False,
+        "KT CPU experts with --kt-method INT8: quantize activations to int8 too (one scale per token, and per "
+        "expert pair for down_proj) and use int8 dot products where the CPU has AVX512-VNNI. Faster where the "
+        "CPU is compute-bound (batch 16-64); the activations' rounding costs accuracy (about 2% of the largest "
+        "output on random Qwen3-30B-A3B-shaped experts). Off until measured on the GPU machine's host.",
+    )
     SGLANG_KT_CPU_KERNEL_CACHE = EnvStr(
         "",
         "Where the KT CPU expert kernel is compiled to (default: $XDG_CACHE_HOME or ~/.cache, then sglang/kt_cpu).",

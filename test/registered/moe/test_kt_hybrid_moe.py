@@ -165,3 +165,18 @@ def test_cpu_threads_default_shares_the_cpus_out_over_ranks(model_dir):
         assert KTConfig.from_server_args(sa).cpu_threads() == max(1, cores // tp)
     sa = ServerArgs(model_path=path, device="cpu", tp_size=2, kt_method="BF16", kt_num_gpu_experts=3, kt_cpuinfer=1)
     assert KTConfig.from_server_args(sa).cpu_threads() == 1
+
+
+def test_int8_activations_flag_reaches_the_kernel(model_dir):
+    """SGLANG_KT_CPU_INT8_ACTIVATIONS=1: INT8 CPU experts take the kernel's int8 path where the CPU has
+    AVX512-VNNI, and the model still generates (the activations' rounding may change tokens: only the
+    mixture's error is bounded here, by the kernel tests' int8 reference)."""
+    path, _ = model_dir
+    flags = set(open("/proc/cpuinfo").read().split())
+    with envs.SGLANG_KT_CPU_INT8_ACTIVATIONS.override(True):
+        sched, outputs = _scheduler(path, kt_method="INT8", kt_num_gpu_experts=3)
+    engine = sched.model_runner.model.kt_state.cpu_engine
+    assert engine.int8_activations and len(engine.layers) == 2
+    assert all(layer.int8_dot == ({"avx512_vnni", "avx512bw"} <= flags) for layer in engine.layers)
+    (tokens,) = _generate(sched, outputs, [PROMPT])
+    assert len(tokens) == NEW_TOKENS and engine.stats().steps == 2 * NEW_TOKENS

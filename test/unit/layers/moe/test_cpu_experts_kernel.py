@@ -40,7 +40,9 @@ REL_TOL = 1e-5
 # reference is 2e-3 to 6e-3 away). A gate . x that differs in its last fp32 bit could round one activation
 # the other way: the margin allows that, and is still 20x tighter than the fp32 reference's distance.
 BF16_REL_TOL = 1e-4
-HAS_BF16_DOT = "avx512_bf16" in open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else False
+_CPU_FLAGS = set(open("/proc/cpuinfo").read().split()) if os.path.exists("/proc/cpuinfo") else set()
+HAS_BF16_DOT = "avx512_bf16" in _CPU_FLAGS
+HAS_INT8_DOT = {"avx512_vnni", "avx512bw"} <= _CPU_FLAGS  # the kernel's int8 path (vpdpbusd)
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,7 @@ class Case:
     hidden: int
     inter: int
     group: Optional[int] = None  # INT4 group size other than the default 128
+    int8_activations: bool = False  # the engine quantizes activations too (SGLANG_KT_CPU_INT8_ACTIVATIONS)
 
 
 # hidden / inter are chosen so the 16- and 32-wide vector loops leave scalar tails wherever the format's
@@ -59,6 +62,9 @@ CASES = {
     "bf16-f32": Case("BF16", torch.float32, hidden=100, inter=50),
     "bf16-bf16": Case("BF16", torch.bfloat16, hidden=72, inter=45),
     "int8": Case("INT8", torch.bfloat16, hidden=90, inter=37),
+    # 64-wide int8 chunks: 90 = 64 + a masked 26, 37 = a masked chunk only; 130 / 70: two full chunks + 2 / 6.
+    "int8-act": Case("INT8", torch.bfloat16, hidden=90, inter=37, int8_activations=True),
+    "int8-act-wide": Case("INT8", torch.float32, hidden=130, inter=70, int8_activations=True),
     "int4": Case("INT4", torch.bfloat16, hidden=150, inter=70),  # w13: groups of 128 + 22
     "int4-g32": Case("INT4", torch.bfloat16, hidden=80, inter=48, group=32),  # 32+32+16 / 32+16
     # Groups narrower than the kernel's 32-value chunk: the scalar path for whole rows.
@@ -105,7 +111,9 @@ def _destroy_engines():
             engine.close()
 
 
-def make_engine(layer: torch.nn.Module, top_k: int, threads: int = 2, capacity: int = CAPACITY):
+def make_engine(
+    layer: torch.nn.Module, top_k: int, threads: int = 2, capacity: int = CAPACITY, int8_activations: bool = False
+):
     spec = layer.moe_weight_spec
     engine = CpuExpertsEngine(
         threads=threads,
@@ -117,6 +125,7 @@ def make_engine(layer: torch.nn.Module, top_k: int, threads: int = 2, capacity: 
         capacity=capacity,
         pin_memory=False,
         spin_us=50,
+        int8_activations=int8_activations,
     )
     _ENGINES.append(weakref.ref(engine))
     return engine, engine.add_layer(layer, layer.quant_method)
@@ -147,14 +156,56 @@ def takes_bf16_path(layer: torch.nn.Module) -> bool:
     return HAS_BF16_DOT and bf16_model and (q.name == "BF16" or (q.name == "INT4" and q.group % 128 == 0))
 
 
-def tolerance(layer: torch.nn.Module) -> float:
-    return BF16_REL_TOL if takes_bf16_path(layer) else REL_TOL
+def takes_int8_path(name: str) -> bool:
+    """Case `name`'s engine asks for int8 activations and this CPU has the kernel's int8 path."""
+    return HAS_INT8_DOT and CASES[name].int8_activations
 
 
-def reference(layer: torch.nn.Module, x, topk_weights, topk_ids) -> torch.Tensor:
-    """What the kernel must compute for this layer (reference_fp32 or reference_bf16)."""
-    fn = reference_bf16 if takes_bf16_path(layer) else reference_fp32
+def tolerance(layer: torch.nn.Module, int8: bool = False) -> float:
+    # The int8 path's sums are exact integers; as on the bf16 path, one activation whose last fp32 bit
+    # differs (the kernel's exp is not torch's) may round to the next integer level.
+    return BF16_REL_TOL if takes_bf16_path(layer) or int8 else REL_TOL
+
+
+def reference(layer: torch.nn.Module, x, topk_weights, topk_ids, int8: bool = False) -> torch.Tensor:
+    """What the kernel must compute for this layer (reference_fp32, reference_bf16, or reference_int8 for
+    an engine on the int8 path)."""
+    fn = reference_int8 if int8 else reference_bf16 if takes_bf16_path(layer) else reference_fp32
     return fn(layer, x, topk_weights, topk_ids)
+
+
+def quantize_rows_int8(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The int8 path's activations: per row, scale max|v| / 127 (1 for an all-zero row), levels rounded to
+    nearest even, all in fp32 as the kernel computes them."""
+    amax = v.abs().amax(dim=-1)
+    scale = torch.where(amax > 0, amax / 127.0, torch.ones_like(amax))
+    return torch.round(v / scale[..., None]), scale
+
+
+def int8_dots(q_weight: torch.Tensor, w_scale: torch.Tensor, q_x: torch.Tensor, x_scale: torch.Tensor) -> torch.Tensor:
+    """Exact integer dots, then (float(dot) * x_scale) * row_scale in fp32 (the kernel's order)."""
+    dots = (q_weight.double() @ q_x.double()).float()
+    return dots * x_scale * w_scale
+
+
+def reference_int8(layer: torch.nn.Module, x, topk_weights, topk_ids) -> torch.Tensor:
+    """What the int8 path computes: tokens and act quantized (quantize_rows_int8), int8 weights as stored."""
+    inter = layer.moe_weight_spec.intermediate_size
+    (w13, s13), (w2, s2) = (layer.quant_method.stored(layer, prefix) for prefix in (W13, W2))
+    q_x, x_scale = quantize_rows_int8(x.float())
+    local = local_ids(topk_ids)
+    out = torch.zeros(x.shape[0], x.shape[1])
+    for t in range(x.shape[0]):
+        for j in range(topk_ids.shape[1]):
+            e = int(local[t, j])
+            if e < 0:
+                continue
+            h = int8_dots(w13[e], s13[e].float(), q_x[t], x_scale[t])
+            gate, up = h[:inter], h[inter:]
+            act = gate / (1.0 + torch.exp(-gate)) * up
+            q_act, act_scale = quantize_rows_int8(act)
+            out[t] += float(topk_weights[t, j]) * int8_dots(w2[e], s2[e].float(), q_act, act_scale)
+    return out
 
 
 def reference_fp32(layer: torch.nn.Module, x, topk_weights, topk_ids) -> torch.Tensor:
@@ -231,13 +282,16 @@ def test_matches_fp32_reference(name: str, tokens: int, top_k: int):
     layer = loaded_layer(name)
     H = layer.moe_weight_spec.hidden_size
     x, weights, ids = inputs(H, tokens, top_k, seed=tokens * 10 + top_k)
-    engine, handle = make_engine(layer, top_k)
+    engine, handle = make_engine(layer, top_k, int8_activations=CASES[name].int8_activations)
 
     out = engine.run_on_host(handle, x, weights, ids)
-    # bf16 models with BF16 / INT8 experts take the bf16 path wherever the CPU has AVX512-BF16.
+    # bf16 models with BF16 / INT4 experts take the bf16 path wherever the CPU has AVX512-BF16; INT8 experts
+    # the int8 path where the engine asks for it and the CPU has AVX512-VNNI.
     assert handle.bf16_dot == takes_bf16_path(layer) == (HAS_BF16_DOT and name in ("bf16-bf16", "int4"))
-    ref = reference(layer, x, weights, ids)
-    tol = tolerance(layer)
+    assert handle.int8_dot == takes_int8_path(name) == (HAS_INT8_DOT and name.startswith("int8-act"))
+    int8 = takes_int8_path(name)
+    ref = reference(layer, x, weights, ids, int8=int8)
+    tol = tolerance(layer, int8=int8)
 
     assert out.shape == (tokens, H) and out.dtype == torch.float32
     scale = ref.abs().max().item()
@@ -400,7 +454,7 @@ def test_gpu_only_tokens_give_exact_zeros(name: str):
 # --------------------------------------------------------------------------- determinism and threads
 
 
-@pytest.mark.parametrize("name", ["bf16-f32", "int4", "fp8"])
+@pytest.mark.parametrize("name", ["bf16-f32", "int4", "fp8", "int8-act"])
 def test_deterministic_across_runs_and_thread_counts(name: str):
     """50 repeated steps are bit-identical, and so are 1, 2 and 3 threads (each output row is written by
     one task, in a fixed order). Two different steps alternate, so a task that read another task's
@@ -409,13 +463,14 @@ def test_deterministic_across_runs_and_thread_counts(name: str):
     H = layer.moe_weight_spec.hidden_size
     top_k = 4
     steps = [inputs(H, 12, top_k, seed=21), inputs(H, 9, top_k, seed=22)]
-    refs = [reference(layer, *step) for step in steps]
+    int8 = takes_int8_path(name)
+    refs = [reference(layer, *step, int8=int8) for step in steps]
     results = {}
     for threads in (1, 2, 3):
-        engine, handle = make_engine(layer, top_k, threads=threads)
+        engine, handle = make_engine(layer, top_k, threads=threads, int8_activations=CASES[name].int8_activations)
         firsts = [engine.run_on_host(handle, *step) for step in steps]
         for first, ref in zip(firsts, refs):
-            assert (first - ref).abs().max().item() <= tolerance(layer) * ref.abs().max().item()
+            assert (first - ref).abs().max().item() <= tolerance(layer, int8) * ref.abs().max().item()
         for i in range(50):
             for j, step in enumerate(steps):
                 again = engine.run_on_host(handle, *step)

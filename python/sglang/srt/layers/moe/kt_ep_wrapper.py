@@ -186,6 +186,7 @@ class KTState:
                 # On a CPU-only model the rest of the forward needs these cores: the pool sleeps at once.
                 spin_us=envs.SGLANG_KT_CPU_SPIN_US.get() if wrapper.device.type == "cuda" else 0,
                 zero_copy=envs.SGLANG_KT_CPU_ZERO_COPY.get(),
+                int8_activations=envs.SGLANG_KT_CPU_INT8_ACTIVATIONS.get(),
             )
             logger.info("KT CPU experts: %d threads, steps of up to %d tokens", threads, self.cpu_engine.capacity)
         layer = wrapper.cpu_layer

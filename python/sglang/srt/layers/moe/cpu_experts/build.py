@@ -84,8 +84,9 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     signatures = {
         "ktc_engine_create": (p, [i, i, i, i, i, i, i, p, p, i]),
         "ktc_engine_destroy": (None, [p]),
-        "ktc_layer_create": (p, [p, i, p, p, p, p, i, i, i]),
+        "ktc_layer_create": (p, [p, i, p, p, p, p, i, i, i, i]),
         "ktc_layer_uses_bf16_dot": (i, [p]),
+        "ktc_layer_uses_int8_dot": (i, [p]),
         "ktc_layer_destroy": (None, [p]),
         "ktc_run": (None, [p]),
         "ktc_enqueue_submit": (i, [p, p]),

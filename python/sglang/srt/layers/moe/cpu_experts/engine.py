@@ -90,10 +90,11 @@ class CpuExpertsStats:
 class CpuExpertsLayer:
     """The kernel's handle on one layer's CPU experts. It keeps the tensors it points into alive; it holds
     no reference to its engine, so the engine (and its threads) go when the model goes. `bf16_dot`: the
-    layer's dots take bf16 activations (bf16 model, BF16 experts, a CPU with AVX512-BF16)."""
+    layer's dots take bf16 activations (bf16 model, BF16 or INT4 experts, a CPU with AVX512-BF16); `int8_dot`:
+    its gate/up dots take int8 activations, one scale per token (INT8 experts, a CPU with AVX512-VNNI)."""
 
-    def __init__(self, handle: int, tensors: tuple, bf16_dot: bool) -> None:
-        self.handle, self._tensors, self.bf16_dot = handle, tensors, bf16_dot
+    def __init__(self, handle: int, tensors: tuple, bf16_dot: bool, int8_dot: bool) -> None:
+        self.handle, self._tensors, self.bf16_dot, self.int8_dot = handle, tensors, bf16_dot, int8_dot
 
 
 class CpuExpertsEngine:
@@ -109,8 +110,12 @@ class CpuExpertsEngine:
         pin_memory: bool,
         spin_us: int,
         zero_copy: bool = True,
+        int8_activations: bool = False,
     ) -> None:
+        """`int8_activations`: INT8 layers quantize their activations to int8 (one scale per token, and per
+        pair for down_proj) and use int8 dot products where the CPU has AVX512-VNNI (SGLANG_KT_CPU_INT8_ACTIVATIONS)."""
         self.lib = load_kernel_library()
+        self.int8_activations = int8_activations
         self.hidden, self.top_k, self.capacity, self.threads = hidden, top_k, capacity, threads
 
         self.row_width = hidden + 2 * top_k  # activations, routing weights, expert ids (int32 bits)
@@ -156,8 +161,15 @@ class CpuExpertsEngine:
             tensors += [weight.contiguous(), None if scale is None else scale.contiguous()]
         ptrs = [None if t is None else t.data_ptr() for t in tensors]
         bf16_activations = spec.params_dtype == torch.bfloat16
-        handle = self.lib.ktc_layer_create(self.handle, fmt.code, *ptrs, fmt.group_n, fmt.group_k, bf16_activations)
-        registered = CpuExpertsLayer(handle, tuple(tensors), bool(self.lib.ktc_layer_uses_bf16_dot(handle)))
+        handle = self.lib.ktc_layer_create(
+            self.handle, fmt.code, *ptrs, fmt.group_n, fmt.group_k, bf16_activations, self.int8_activations
+        )
+        registered = CpuExpertsLayer(
+            handle,
+            tuple(tensors),
+            bf16_dot=bool(self.lib.ktc_layer_uses_bf16_dot(handle)),
+            int8_dot=bool(self.lib.ktc_layer_uses_int8_dot(handle)),
+        )
         self.layers.append(registered)
         self._layer_handles.append(handle)
         return registered

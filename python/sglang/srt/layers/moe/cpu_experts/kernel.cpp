@@ -9,7 +9,8 @@
 //   phase A: rows r of gate and up  -> act[pair, r] = silu(gate . x) * (up . x)
 //   phase B: rows h of down         -> out[token, h] = sum over the token's pairs of weight * (down . act)
 // Products are summed in fp32; bf16 models with BF16 or INT4 experts feed bf16 activations to vdpbf16ps
-// (rows_dot_bf16), everything else decodes to fp32 and uses FMAs (rows_dot).
+// (rows_dot_bf16), INT8 experts' gate/up take int8 activations to vpdpbusd (rows_dot_int8, exact int32
+// sums), everything else decodes to fp32 and uses FMAs (rows_dot).
 //
 // Inputs and outputs live in (pinned) host buffers the caller owns. A step can be launched two ways:
 //   ktc_run(layer)                      synchronous (CPU-only models, tests)
@@ -387,6 +388,92 @@ inline void rows_dots_bf16(const Matrix& m, int e, const int* rows, const uint16
 constexpr bool kHaveBf16Dot = false;
 #endif
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+constexpr bool kHaveInt8Dot = true;
+
+// The int8 path (INT8 experts, SGLANG_KT_CPU_INT8_ACTIVATIONS): each token's activations are quantized once
+// per step to int8 with one scale per token (max |x| / 127, round to nearest even), stored as unsigned bytes
+// q + 128, so that vpdpbusd (unsigned x signed bytes, 64 multiply-adds per instruction, exact int32 sums)
+// takes them against the stored int8 weights as they are: no decoding at all.
+// sum((q + 128) * w) - 128 * sum(w) = sum(q * w); the 128 * sum(w) term is one more vpdpbusd per 64 weights,
+// shared by every token of the call. The fp32 path decodes each 16 weights with two conversions before its
+// FMAs. down_proj's inputs (silu(gate) * up, one row per pair) are complete only once phase A is, so a middle
+// phase quantizes them, one scale per pair.
+// A row of a quantized buffer: a 64-byte header holding its scale (a float), then the bytes.
+constexpr int kInt8RowHeader = 64;
+
+inline float int8_row_scale(const uint8_t* x) { return *reinterpret_cast<const float*>(x - kInt8RowHeader); }
+
+// Quantize n floats to q + 128 bytes with one scale, stored in the row's header.
+inline void quantize_row_int8(const float* x, int n, uint8_t* row) {
+  float amax = 0.0f;
+  for (int k = 0; k < n; ++k) amax = std::max(amax, std::fabs(x[k]));
+  const float scale = amax > 0.0f ? amax / 127.0f : 1.0f;
+  *reinterpret_cast<float*>(row - kInt8RowHeader) = scale;
+  for (int k = 0; k < n; ++k) row[k] = uint8_t(int(std::nearbyint(x[k] / scale)) + 128);
+}
+
+template <int R, int N>
+inline void rows_dot_int8(const Matrix& m, int e, const int* rows, const uint8_t* const* xs, float (*out)[8]) {
+  const uint8_t* base[R];
+  for (int j = 0; j < R; ++j) base[j] = m.weight + e * m.expert_bytes + rows[j] * m.row_bytes;
+  const int cols = m.cols;
+  const __m512i offset = _mm512_set1_epi8(char(0x80));
+  __m512i acc[R][N], corr[R];
+  for (int j = 0; j < R; ++j) {
+    corr[j] = _mm512_setzero_si512();
+    for (int i = 0; i < N; ++i) acc[j][i] = _mm512_setzero_si512();
+  }
+  // The last chunk of a row shorter than 64 is a masked load: its missing weights read as 0, so they add
+  // nothing to either sum. (No scalar tail loop: GCC 12 at -O3 -march=native miscompiled the sum of
+  // (u8 - 128) * s8 products.)
+  for (int k = 0; k < cols; k += 64) {
+    const __mmask64 mask = cols - k >= 64 ? ~__mmask64(0) : (__mmask64(1) << (cols - k)) - 1;
+    __m512i w[R];
+    for (int j = 0; j < R; ++j) {
+      __builtin_prefetch(base[j] + k + kPrefetchBytes, 0, 3);
+      w[j] = _mm512_maskz_loadu_epi8(mask, base[j] + k);
+      corr[j] = _mm512_dpbusd_epi32(corr[j], offset, w[j]);
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < N; ++i) {
+      const __m512i xv = _mm512_maskz_loadu_epi8(mask, xs[i] + k);
+      for (int j = 0; j < R; ++j) acc[j][i] = _mm512_dpbusd_epi32(acc[j][i], xv, w[j]);
+    }
+  }
+  for (int j = 0; j < R; ++j) {
+    const float row_scale = scale_at<INT8>(m, e, rows[j], 0);
+    const int32_t c = _mm512_reduce_add_epi32(corr[j]);
+    for (int i = 0; i < N; ++i) {
+      const int32_t dot = _mm512_reduce_add_epi32(acc[j][i]) - c;
+      out[j][i] = float(dot) * int8_row_scale(xs[i]) * row_scale;
+    }
+  }
+}
+
+template <int FMT, int R>
+inline void rows_dots_int8(const Matrix& m, int e, const int* rows, const uint8_t* const* xs, int n,
+                           float (*out)[64]) {
+  float part[R][8];
+  for (int i = 0; i < n; i += 8) {
+    switch (std::min(8, n - i)) {
+      case 8: rows_dot_int8<R, 8>(m, e, rows, xs + i, part); break;
+      case 7: rows_dot_int8<R, 7>(m, e, rows, xs + i, part); break;
+      case 6: rows_dot_int8<R, 6>(m, e, rows, xs + i, part); break;
+      case 5: rows_dot_int8<R, 5>(m, e, rows, xs + i, part); break;
+      case 4: rows_dot_int8<R, 4>(m, e, rows, xs + i, part); break;
+      case 3: rows_dot_int8<R, 3>(m, e, rows, xs + i, part); break;
+      case 2: rows_dot_int8<R, 2>(m, e, rows, xs + i, part); break;
+      default: rows_dot_int8<R, 1>(m, e, rows, xs + i, part); break;
+    }
+    for (int j = 0; j < R; ++j)
+      for (int q = 0; q < 8 && i + q < n; ++q) out[j][i + q] = part[j][q];
+  }
+}
+#else
+constexpr bool kHaveInt8Dot = false;
+#endif
+
 inline float silu(float g) { return g / (1.0f + std::exp(-g)); }
 
 struct Layer;
@@ -421,13 +508,19 @@ struct Engine {
   std::vector<float> act;             // [capacity * top_k, inter]
   std::vector<uint16_t> x_bf16;       // [capacity, hidden]: the bf16 path's activations
   std::vector<uint16_t> act_bf16;     // [capacity * top_k, inter]
+  std::vector<uint8_t> x_int8;        // [capacity, kInt8RowHeader + hidden rounded up to 64]: the int8 path's
+  int64_t x_int8_row = 0;             //   quantized tokens (scale header, then q + 128 bytes); bytes per row
+  std::vector<uint8_t> act_int8;      // [capacity * top_k, kInt8RowHeader + inter rounded up]: quantized act
+  int64_t act_int8_row = 0;
   std::vector<int32_t> fill;
 
   // Task bookkeeping of the running step.
   Layer* layer = nullptr;
-  int rows_a = 1, rows_b = 1, tasks_a = 0, tasks_total = 0;  // fixed per engine
+  int rows_a = 1, rows_b = 1, tasks_a = 0, tasks_b = 0, tasks_q = 0;  // fixed per engine
+  int step_tasks_q = 0, step_tasks_total = 0;  // this step's: quantize tasks only on the int8 path
   std::atomic<int> next_task{0};
   std::atomic<int> done_a{0};
+  std::atomic<int> done_q{0};
   std::atomic<int> done_total{0};
   std::atomic<uint64_t> generation{0};  // steps started (workers wake on a change)
   std::atomic<uint64_t> completed{0};   // steps finished (the waiter wakes on a change)
@@ -445,6 +538,7 @@ struct Layer {
   Engine* engine;
   int format;
   bool bf16_dot;  // activations in bf16, vdpbf16ps (see rows_dot_bf16)
+  bool int8_dot;  // gate/up with int8 activations, vpdpbusd (see rows_dot_int8)
   Matrix w13, w2;  // w13: [2 * inter, hidden] (gate rows then up rows), w2: [hidden, inter]
   int64_t expert_bytes;  // weight + scale bytes of one expert (what a step reads per routed expert)
 };
@@ -452,31 +546,71 @@ struct Layer {
 // Pairs of one expert are taken in blocks of up to 64 (the dots of a row with a block share one read).
 constexpr int kPairBlock = 64;
 
-// The two ways a layer's dots read activations: fp32 (weights decoded to fp32, FMAs) or bf16 (vdpbf16ps;
-// activations converted once per step in submit, act stored as bf16 in the layout act_index gives).
+// The ways a layer's dots read activations: fp32 (weights decoded to fp32, FMAs), bf16 (vdpbf16ps;
+// activations converted once per step in submit, act stored as bf16 in the layout act_index gives) or int8
+// (Int8Activations, below).
+// Phase A (gate/up) reads XT rows of the tokens (token) and stores act values (act_out, act_at, store);
+// phase B (down) reads ActT rows of act (act_row). dots_a / dots_b are the two phases' dots.
 struct Fp32Activations {
-  using T = float;
+  using XT = float;
+  using StoreT = float;
+  using ActT = float;
   static const float* token(const Engine& eng, int t) { return eng.token_x(t); }
-  static float* acts(Engine& eng) { return eng.act.data(); }
+  static float* act_out(Engine& eng) { return eng.act.data(); }
+  static const float* act_row(const Engine& eng, int p) { return eng.act.data() + int64_t(p) * eng.inter; }
   template <int FMT>
   static int64_t act_at(int r, int) { return r; }
   static float store(float v) { return v; }
   template <int FMT, int R>
-  static void dots(const Matrix& m, int e, const int* rows, const float* const* xs, int n, float (*out)[64]) {
+  static void dots_a(const Matrix& m, int e, const int* rows, const float* const* xs, int n, float (*out)[64]) {
+    rows_dots<FMT, R>(m, e, rows, xs, n, out);
+  }
+  template <int FMT, int R>
+  static void dots_b(const Matrix& m, int e, const int* rows, const float* const* xs, int n, float (*out)[64]) {
     rows_dots<FMT, R>(m, e, rows, xs, n, out);
   }
 };
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+// INT8 experts: tokens quantized in submit; act stored in fp32 by phase A, quantized per pair by the
+// quantize phase between A and B (quantize_task), read as int8 by phase B.
+struct Int8Activations : Fp32Activations {
+  using XT = uint8_t;
+  using ActT = uint8_t;
+  static const uint8_t* token(const Engine& eng, int t) {
+    return eng.x_int8.data() + int64_t(t) * eng.x_int8_row + kInt8RowHeader;
+  }
+  static const uint8_t* act_row(const Engine& eng, int p) {
+    return eng.act_int8.data() + int64_t(p) * eng.act_int8_row + kInt8RowHeader;
+  }
+  template <int FMT, int R>
+  static void dots_a(const Matrix& m, int e, const int* rows, const uint8_t* const* xs, int n, float (*out)[64]) {
+    rows_dots_int8<FMT, R>(m, e, rows, xs, n, out);
+  }
+  template <int FMT, int R>
+  static void dots_b(const Matrix& m, int e, const int* rows, const uint8_t* const* xs, int n, float (*out)[64]) {
+    rows_dots_int8<FMT, R>(m, e, rows, xs, n, out);
+  }
+};
+#endif
+
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 struct Bf16Activations {
-  using T = uint16_t;
+  using XT = uint16_t;
+  using StoreT = uint16_t;
+  using ActT = uint16_t;
   static const uint16_t* token(const Engine& eng, int t) { return eng.x_bf16.data() + int64_t(t) * eng.hidden; }
-  static uint16_t* acts(Engine& eng) { return eng.act_bf16.data(); }
+  static uint16_t* act_out(Engine& eng) { return eng.act_bf16.data(); }
+  static const uint16_t* act_row(const Engine& eng, int p) { return eng.act_bf16.data() + int64_t(p) * eng.inter; }
   template <int FMT>
   static int64_t act_at(int r, int inter) { return act_index<FMT>(r, inter); }
   static uint16_t store(float v) { return float_to_bf16(v); }
   template <int FMT, int R>
-  static void dots(const Matrix& m, int e, const int* rows, const uint16_t* const* xs, int n, float (*out)[64]) {
+  static void dots_a(const Matrix& m, int e, const int* rows, const uint16_t* const* xs, int n, float (*out)[64]) {
+    rows_dots_bf16<FMT, R>(m, e, rows, xs, n, out);
+  }
+  template <int FMT, int R>
+  static void dots_b(const Matrix& m, int e, const int* rows, const uint16_t* const* xs, int n, float (*out)[64]) {
     rows_dots_bf16<FMT, R>(m, e, rows, xs, n, out);
   }
 };
@@ -485,10 +619,10 @@ struct Bf16Activations {
 template <int FMT, typename A>
 void run_task_as(Engine& eng, Layer& L, int task) {
   const int H = eng.hidden, I = eng.inter;
-  const typename A::T* vecs[kPairBlock];
   float dots[2][kPairBlock];
-  typename A::T* act = A::acts(eng);
   if (task < eng.tasks_a) {
+    typename A::StoreT* act = A::act_out(eng);
+    const typename A::XT* vecs[kPairBlock];
     // Gate row r and up row I + r side by side: act = silu(gate . x) * (up . x).
     const int r0 = task * eng.rows_a, r1 = std::min(I, r0 + eng.rows_a);
     for (int a = 0; a < eng.num_active; ++a) {
@@ -498,7 +632,7 @@ void run_task_as(Engine& eng, Layer& L, int task) {
         for (int i = 0; i < n; ++i) vecs[i] = A::token(eng, eng.pair_token[p0 + i]);
         for (int r = r0; r < r1; ++r) {
           const int rows[2] = {r, I + r};
-          A::template dots<FMT, 2>(L.w13, e, rows, vecs, n, dots);
+          A::template dots_a<FMT, 2>(L.w13, e, rows, vecs, n, dots);
           const int64_t at = A::template act_at<FMT>(r, I);
           for (int i = 0; i < n; ++i) act[int64_t(p0 + i) * I + at] = A::store(silu(dots[0][i]) * dots[1][i]);
         }
@@ -507,20 +641,21 @@ void run_task_as(Engine& eng, Layer& L, int task) {
     return;
   }
   // Down rows h, h + 1 side by side: out[token, h] += weight * (down . act).
-  const int h0 = (task - eng.tasks_a) * eng.rows_b, h1 = std::min(H, h0 + eng.rows_b);
+  const typename A::ActT* vecs[kPairBlock];
+  const int h0 = (task - eng.tasks_a - eng.step_tasks_q) * eng.rows_b, h1 = std::min(H, h0 + eng.rows_b);
   for (int t = 0; t < eng.tokens; ++t) std::memset(eng.out + int64_t(t) * H + h0, 0, sizeof(float) * (h1 - h0));
   for (int a = 0; a < eng.num_active; ++a) {
     const int e = eng.active[a];
     for (int p0 = eng.expert_start[e]; p0 < eng.expert_start[e + 1]; p0 += kPairBlock) {
       const int n = std::min(kPairBlock, eng.expert_start[e + 1] - p0);
-      for (int i = 0; i < n; ++i) vecs[i] = act + int64_t(p0 + i) * I;
+      for (int i = 0; i < n; ++i) vecs[i] = A::act_row(eng, p0 + i);
       for (int h = h0; h < h1; h += 2) {
         const int rows[2] = {h, h + 1};
         const int pair_rows = std::min(2, h1 - h);
         if (pair_rows == 2) {
-          A::template dots<FMT, 2>(L.w2, e, rows, vecs, n, dots);
+          A::template dots_b<FMT, 2>(L.w2, e, rows, vecs, n, dots);
         } else {
-          A::template dots<FMT, 1>(L.w2, e, rows, vecs, n, dots);
+          A::template dots_b<FMT, 1>(L.w2, e, rows, vecs, n, dots);
         }
         for (int j = 0; j < pair_rows; ++j)
           for (int i = 0; i < n; ++i)
@@ -530,6 +665,17 @@ void run_task_as(Engine& eng, Layer& L, int task) {
   }
 }
 
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+// The int8 path's middle phase: quantize act (complete once phase A is) per pair, one scale each.
+void quantize_task(Engine& eng, int q) {
+  const int pairs = eng.expert_start[eng.num_experts];
+  const int p0 = int64_t(pairs) * q / eng.step_tasks_q, p1 = int64_t(pairs) * (q + 1) / eng.step_tasks_q;
+  for (int p = p0; p < p1; ++p)
+    quantize_row_int8(eng.act.data() + int64_t(p) * eng.inter, eng.inter,
+                      eng.act_int8.data() + int64_t(p) * eng.act_int8_row + kInt8RowHeader);
+}
+#endif
+
 void run_task(Engine& eng, int task) {
   Layer& L = *eng.layer;
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
@@ -538,6 +684,16 @@ void run_task(Engine& eng, int task) {
       run_task_as<INT4, Bf16Activations>(eng, L, task);
     } else {
       run_task_as<BF16, Bf16Activations>(eng, L, task);
+    }
+    return;
+  }
+#endif
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  if (L.int8_dot) {
+    if (task >= eng.tasks_a && task < eng.tasks_a + eng.step_tasks_q) {
+      quantize_task(eng, task - eng.tasks_a);
+    } else {
+      run_task_as<INT8, Int8Activations>(eng, L, task);
     }
     return;
   }
@@ -556,12 +712,19 @@ void run_task(Engine& eng, int task) {
 void work(Engine& eng) {
   for (;;) {
     const int task = eng.next_task.fetch_add(1, std::memory_order_acq_rel);
-    if (task >= eng.tasks_total) return;
+    if (task >= eng.step_tasks_total) return;
+    const int phase_b = eng.tasks_a + eng.step_tasks_q;  // first phase-B task
     if (task >= eng.tasks_a)
       while (eng.done_a.load(std::memory_order_acquire) < eng.tasks_a) cpu_relax();
+    if (task >= phase_b)
+      while (eng.done_q.load(std::memory_order_acquire) < eng.step_tasks_q) cpu_relax();
     run_task(eng, task);
-    if (task < eng.tasks_a) eng.done_a.fetch_add(1, std::memory_order_acq_rel);
-    if (eng.done_total.fetch_add(1, std::memory_order_acq_rel) + 1 == eng.tasks_total) {
+    if (task < eng.tasks_a) {
+      eng.done_a.fetch_add(1, std::memory_order_acq_rel);
+    } else if (task < phase_b) {
+      eng.done_q.fetch_add(1, std::memory_order_acq_rel);
+    }
+    if (eng.done_total.fetch_add(1, std::memory_order_acq_rel) + 1 == eng.step_tasks_total) {
       eng.finish_ns.store(now_ns(), std::memory_order_relaxed);
       eng.completed.fetch_add(1, std::memory_order_release);  // publishes the outputs and finish_ns
       eng.completed.notify_all();
@@ -628,13 +791,22 @@ void submit(Layer* layer) {
     }
   }
 #endif
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+  if (layer->int8_dot) {
+    for (int t = 0; t < T; ++t)
+      quantize_row_int8(eng.token_x(t), eng.hidden, eng.x_int8.data() + int64_t(t) * eng.x_int8_row + kInt8RowHeader);
+  }
+#endif
   eng.tokens = T;
   eng.layer = layer;
   eng.steps.fetch_add(1, std::memory_order_relaxed);
   eng.pairs.fetch_add(eng.expert_start[E], std::memory_order_relaxed);
   eng.experts_read.fetch_add(eng.num_active, std::memory_order_relaxed);
   eng.bytes_read.fetch_add(int64_t(eng.num_active) * layer->expert_bytes, std::memory_order_relaxed);
+  eng.step_tasks_q = layer->int8_dot ? eng.tasks_q : 0;
+  eng.step_tasks_total = eng.tasks_a + eng.step_tasks_q + eng.tasks_b;
   eng.done_a.store(0, std::memory_order_relaxed);
+  eng.done_q.store(0, std::memory_order_relaxed);
   eng.done_total.store(0, std::memory_order_relaxed);
   eng.next_task.store(0, std::memory_order_release);  // publishes everything above to task takers
   eng.generation.fetch_add(1, std::memory_order_release);
@@ -736,13 +908,20 @@ void* ktc_engine_create(int threads, int hidden, int inter, int top_k, int num_e
     eng->x_bf16.assign(int64_t(capacity) * hidden, 0);
     eng->act_bf16.assign(int64_t(capacity) * top_k * inter, 0);
   }
+  if (kHaveInt8Dot) {
+    eng->x_int8_row = kInt8RowHeader + (int64_t(hidden) + 63) / 64 * 64;
+    eng->x_int8.assign(int64_t(capacity) * eng->x_int8_row, 128);
+    eng->act_int8_row = kInt8RowHeader + (int64_t(inter) + 63) / 64 * 64;
+    eng->act_int8.assign(int64_t(capacity) * top_k * eng->act_int8_row, 128);
+  }
   // About eight tasks per thread and phase keeps the pool balanced (the last tasks of a phase are what
   // the others wait for); each task still reads whole rows, several KB each.
   const int t = std::max(1, threads);
   eng->rows_a = std::max(1, (inter + 8 * t - 1) / (8 * t));
   eng->rows_b = std::max(2, (hidden + 8 * t - 1) / (8 * t) + 1) / 2 * 2;  // even: rows go two at a time
   eng->tasks_a = (inter + eng->rows_a - 1) / eng->rows_a;
-  eng->tasks_total = eng->tasks_a + (hidden + eng->rows_b - 1) / eng->rows_b;
+  eng->tasks_b = (hidden + eng->rows_b - 1) / eng->rows_b;
+  eng->tasks_q = kHaveInt8Dot ? t : 0;  // the int8 path's act quantization: pairs split over the threads
   for (int i = 0; i < t; ++i) eng->workers.emplace_back(worker_loop, eng);
   return eng;
 }
@@ -759,15 +938,18 @@ void ktc_engine_destroy(void* handle) {
 // bf16_activations: the model computes in bf16; BF16 layers, and INT4 layers with groups of 128, then take
 // the bf16 path where the CPU has vdpbf16ps (ktc_layer_uses_bf16_dot tells).
 void* ktc_layer_create(void* engine, int format, const void* w13, const void* w13_scale, const void* w2,
-                       const void* w2_scale, int group_n, int group_k, int bf16_activations) {
+                       const void* w2_scale, int group_n, int group_k, int bf16_activations, int int8_activations) {
   Engine* eng = static_cast<Engine*>(engine);
   Layer* layer = new Layer();
   layer->engine = eng;
   layer->format = format;
-  // BF16 weights go to vdpbf16ps as stored, with no decoding at all. INT8 stays on the fp32 path: widening
-  // int8 to bf16 pairs costs as many shuffles as the FMAs it saves (it measured slower on the H200 host).
+  // BF16 weights go to vdpbf16ps as stored, with no decoding at all. INT8 does not take the bf16 path:
+  // widening int8 to bf16 pairs costs as many shuffles as the FMAs it saves (it measured slower on the H200
+  // host); it has its own int8 path below.
   layer->bf16_dot = kHaveBf16Dot && bf16_activations &&
                     (format == BF16 || (format == INT4 && group_k % 128 == 0));
+  // INT8 experts may take int8 activations (rows_dot_int8; asked for by the caller: it changes the numerics).
+  layer->int8_dot = kHaveInt8Dot && int8_activations && format == INT8;
   layer->w13 = make_matrix(format, w13, w13_scale, eng->num_experts, 2 * eng->inter, eng->hidden, group_n, group_k);
   layer->w2 = make_matrix(format, w2, w2_scale, eng->num_experts, eng->hidden, eng->inter, group_n, group_k);
   layer->expert_bytes = layer->w13.expert_bytes + layer->w2.expert_bytes + scale_bytes(format, layer->w13) +
@@ -779,6 +961,8 @@ void* ktc_layer_create(void* engine, int format, const void* w13, const void* w1
 void ktc_layer_destroy(void* layer) { delete static_cast<Layer*>(layer); }
 
 int ktc_layer_uses_bf16_dot(void* layer) { return static_cast<Layer*>(layer)->bf16_dot ? 1 : 0; }
+
+int ktc_layer_uses_int8_dot(void* layer) { return static_cast<Layer*>(layer)->int8_dot ? 1 : 0; }
 
 void ktc_run(void* layer) {
   submit(static_cast<Layer*>(layer));
