@@ -125,8 +125,9 @@ class Envs:
         False,
         "KT CPU experts with --kt-method INT8: quantize activations to int8 too (one scale per token, and per "
         "expert pair for down_proj) and use int8 dot products where the CPU has AVX512-VNNI. Faster where the "
-        "CPU is compute-bound (batch 16-64); the activations' rounding costs accuracy (about 2% of the largest "
-        "output on random Qwen3-30B-A3B-shaped experts). Off until measured on the GPU machine's host.",
+        "CPU is compute-bound (batch 16-64); the activations' rounding costs accuracy (2.2-2.4% RMS of the "
+        "output on Gaussian Qwen3-30B-A3B-shaped experts: benchmark/kt_decode/int8_activation_error.py). Off "
+        "until measured on the GPU machine's host.",
     )
     SGLANG_KT_CPU_KERNEL_CACHE = EnvStr(
         "",

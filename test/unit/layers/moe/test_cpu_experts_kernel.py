@@ -188,24 +188,31 @@ def int8_dots(q_weight: torch.Tensor, w_scale: torch.Tensor, q_x: torch.Tensor, 
     return dots * x_scale * w_scale
 
 
-def reference_int8(layer: torch.nn.Module, x, topk_weights, topk_ids) -> torch.Tensor:
-    """What the int8 path computes: tokens and act quantized (quantize_rows_int8), int8 weights as stored."""
-    inter = layer.moe_weight_spec.intermediate_size
-    (w13, s13), (w2, s2) = (layer.quant_method.stored(layer, prefix) for prefix in (W13, W2))
-    q_x, x_scale = quantize_rows_int8(x.float())
+def pairwise_mixture(x, topk_weights, topk_ids, expert_out) -> torch.Tensor:
+    """out[t] = sum over token t's CPU-expert slots j of weight * expert_out(e, t), slot by slot."""
     local = local_ids(topk_ids)
     out = torch.zeros(x.shape[0], x.shape[1])
     for t in range(x.shape[0]):
         for j in range(topk_ids.shape[1]):
             e = int(local[t, j])
-            if e < 0:
-                continue
-            h = int8_dots(w13[e], s13[e].float(), q_x[t], x_scale[t])
-            gate, up = h[:inter], h[inter:]
-            act = gate / (1.0 + torch.exp(-gate)) * up
-            q_act, act_scale = quantize_rows_int8(act)
-            out[t] += float(topk_weights[t, j]) * int8_dots(w2[e], s2[e].float(), q_act, act_scale)
+            if e >= 0:
+                out[t] += float(topk_weights[t, j]) * expert_out(e, t)
     return out
+
+
+def reference_int8(layer: torch.nn.Module, x, topk_weights, topk_ids) -> torch.Tensor:
+    """What the int8 path computes: tokens and act quantized (quantize_rows_int8), int8 weights as stored."""
+    inter = layer.moe_weight_spec.intermediate_size
+    (w13, s13), (w2, s2) = (layer.quant_method.stored(layer, prefix) for prefix in (W13, W2))
+    q_x, x_scale = quantize_rows_int8(x.float())
+
+    def expert_out(e: int, t: int) -> torch.Tensor:
+        h = int8_dots(w13[e], s13[e].float(), q_x[t], x_scale[t])
+        gate, up = h[:inter], h[inter:]
+        q_act, act_scale = quantize_rows_int8(gate / (1.0 + torch.exp(-gate)) * up)
+        return int8_dots(w2[e], s2[e].float(), q_act, act_scale)
+
+    return pairwise_mixture(x, topk_weights, topk_ids, expert_out)
 
 
 def reference_fp32(layer: torch.nn.Module, x, topk_weights, topk_ids) -> torch.Tensor:
@@ -218,18 +225,14 @@ def reference_bf16(layer: torch.nn.Module, x, topk_weights, topk_ids) -> torch.T
     """What the bf16 path computes: each dot's activations rounded to bf16 (x, then silu(gate) * up), the
     products summed in fp32."""
     inter = layer.moe_weight_spec.intermediate_size
-    xb, local = x.to(torch.bfloat16).float(), local_ids(topk_ids)
-    out = torch.zeros(x.shape[0], x.shape[1])
-    for t in range(x.shape[0]):
-        for j in range(topk_ids.shape[1]):
-            e = int(local[t, j])
-            if e < 0:
-                continue
-            w13, w2 = (w.float() for w in dequantized_fp32(layer, e))
-            h = w13 @ xb[t]
-            act = (torch.nn.functional.silu(h[:inter]) * h[inter:]).to(torch.bfloat16).float()
-            out[t] += float(topk_weights[t, j]) * (w2 @ act)
-    return out
+    xb = x.to(torch.bfloat16).float()
+
+    def expert_out(e: int, t: int) -> torch.Tensor:
+        w13, w2 = (w.float() for w in dequantized_fp32(layer, e))
+        h = w13 @ xb[t]
+        return w2 @ (torch.nn.functional.silu(h[:inter]) * h[inter:]).to(torch.bfloat16).float()
+
+    return pairwise_mixture(x, topk_weights, topk_ids, expert_out)
 
 
 def routing(tokens: int, top_k: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
