@@ -68,7 +68,7 @@ def test_skinny_linear_rejects_a_non_contiguous_weight():
 def test_linear_uses_the_plan_per_batch_size_and_falls_back_to_f_linear(device, monkeypatch):
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     calls = []
-    monkeypatch.setattr(decode_gemm, "skinny_linear", lambda *a: calls.append(a[0].shape[0]) or F.linear(*a[:3]))
+    monkeypatch.setattr(decode_gemm.kernel, "skinny_linear", lambda *a: calls.append(a[0].shape[0]) or F.linear(*a[:3]))
     plan = GemmPlan(((4, GemmConfig(**CFG)), (16, None), (32, GemmConfig(**CFG, split_k=2))))
     w = torch.randn(24, 64, device=device, dtype=dtype)
     for rows in (1, 4, 5, 16, 17, 32, 33):

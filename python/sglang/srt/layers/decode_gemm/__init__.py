@@ -7,7 +7,6 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
-from sglang.srt.layers.decode_gemm.kernel import skinny_linear
 from sglang.srt.layers.decode_gemm.table import (
     CUBLAS_ONLY,
     GemmConfig,
@@ -37,4 +36,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], 
     config = _skinny_config(x, plan)
     if config is None:
         return F.linear(x, weight, bias)
-    return skinny_linear(x, weight, bias, config)
+    # Imported here: triton is only installed with the GPU extras, and only a CUDA model gets a plan.
+    from sglang.srt.layers.decode_gemm import kernel
+
+    return kernel.skinny_linear(x, weight, bias, config)
