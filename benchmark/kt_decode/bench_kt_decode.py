@@ -10,7 +10,8 @@
    layer step reads and their bytes, so the bound is exact for the routing that ran:
        bound_ms_per_layer = bytes the CPU experts read per layer step / host read bandwidth.
 3. Profile of the gap, per layer: the CPU kernel's time (route + compute, from the step's start to its last
-   task), the stream-ordering overhead (a captured empty step: D2H copies, two host functions, H2D copy),
+   task), the stream-ordering overhead (a captured empty step: the GPU's writes into the pinned block, the
+   hand-over -- the doorbell's stream write and wait, or two host functions -- and the read-back),
    and the rest (GPU attention, norms, router, GPU experts' tail, launch gaps).
 Prints a table, writes results.json (`rows`) + results.md.
 """
@@ -146,7 +147,7 @@ def graph_ms(fn, replays: int = 200) -> float:
 
 def empty_step_ms(mr) -> dict:
     """A CPU-expert step with no token, captured in a graph: the stream-ordering cost per layer, whole
-    (copies + host functions) and the two host functions alone."""
+    (copies + hand-over) and the hand-over alone (doorbell or host functions)."""
     import ctypes
 
     engine = mr.model.kt_state.cpu_engine
@@ -157,18 +158,19 @@ def empty_step_ms(mr) -> dict:
     real = torch.zeros(1, dtype=torch.int32, device="cuda")
     whole = graph_ms(lambda: engine.run_on_stream(layer, x, w, ids, real, lambda: torch.zeros_like(x)))
 
-    def host_functions() -> None:
+    def handover() -> None:
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
         engine.lib.ktc_enqueue_submit(layer.handle, stream)
         engine.lib.ktc_enqueue_wait(layer.handle, stream)
 
     engine.count[0] = 0
-    return {"empty_step_ms": whole, "host_functions_ms": graph_ms(host_functions)}
+    return {"empty_step_ms": whole, "handover_ms": graph_ms(handover), "handover": engine.handover}
 
 
-def use_threads(mr, threads: int) -> None:
-    """Rebuild the model's CPU expert engine with `threads` threads and capture the decode graphs again
-    (they point at the engine's buffers). Benchmark only: the server builds the engine once."""
+def rebuild_engine(mr, threads: int, doorbell: bool) -> None:
+    """Rebuild the model's CPU expert engine with `threads` threads and the doorbell or host functions
+    (SGLANG_KT_CPU_DOORBELL), and capture the decode graphs again (they point at the engine's buffers).
+    Benchmark only: the server builds the engine once."""
     import dataclasses
 
     from sglang.srt.layers.moe.kt_ep_wrapper import KTEPWrapperMethod
@@ -179,25 +181,36 @@ def use_threads(mr, threads: int) -> None:
     mr.cuda_graph_runner = None
     kt.cpu_engine = None
     gc.collect()
-    for module in mr.model.modules():
-        if isinstance(module, KTEPWrapperMethod) and module.cpu_layer is not None:
-            module.cpu_experts = kt.register_cpu_experts(module)
+    with envs.SGLANG_KT_CPU_DOORBELL.override(doorbell):
+        for module in mr.model.modules():
+            if isinstance(module, KTEPWrapperMethod) and module.cpu_layer is not None:
+                module.cpu_experts = kt.register_cpu_experts(module)
     mr.cuda_graph_runner = CudaGraphRunner(mr)
 
 
 def bench_model(
-    method: str, layers: int, batches: list[int], threads: int, read_gbps: float, sweep: list[int]
+    method: str,
+    layers: int,
+    batches: list[int],
+    threads: int,
+    read_gbps: float,
+    sweep: list[int],
+    compare_host_functions: bool,
 ) -> list[dict]:
     mr = runner(method, layers, max(batches), threads)
     rows = []
-    cases = [(threads, True, b) for b in batches] + [(threads, False, b) for b in sorted({1, max(batches)})]
-    cases += [(t, True, b) for t in sweep if t != threads for b in sorted({1, max(batches)})]
-    current = threads
+    ends = sorted({1, max(batches)})
+    doorbell = mr.model.kt_state.cpu_engine.handover == "doorbell"
+    cases = [(threads, doorbell, True, b) for b in batches] + [(threads, doorbell, False, b) for b in ends]
+    cases += [(t, doorbell, True, b) for t in sweep if t != threads for b in ends]
+    if compare_host_functions and doorbell:
+        cases += [(threads, False, True, b) for b in ends]
+    current = (threads, doorbell)
     overhead = empty_step_ms(mr)
-    for count, graph, batch in cases:
-        if count != current:
-            use_threads(mr, count)
-            current = count
+    for count, bell, graph, batch in cases:
+        if (count, bell) != current:
+            rebuild_engine(mr, count, bell)
+            current = (count, bell)
             overhead = empty_step_ms(mr)
         times, done = decode_steps(mr, batch, graph)
         step_ms = statistics.median(times) * 1e3
@@ -209,7 +222,8 @@ def bench_model(
                 "method": method,
                 "threads": count,
                 "zero_copy": mr.model.kt_state.cpu_engine.device_inputs is not None,
-                "yielding_sync": envs.SGLANG_KT_CPU_YIELDING_SYNC.get(),
+                "host_wait": envs.SGLANG_KT_CPU_HOST_WAIT.get(),
+                "int8_activations": any(layer.int8_dot for layer in mr.model.kt_state.cpu_engine.layers),
                 "batch": batch,
                 "layers": layers,
                 "cuda_graph": graph,
@@ -233,7 +247,7 @@ def bench_model(
         print(
             f"{method} L{layers} bs{batch} graph={graph} threads={count}: {r['ms_per_layer']:.3f} ms/layer, bound "
             f"{bound:.3f} ({r['ratio_to_bound']:.2f}x), {r['tokens_per_s']:.1f} tok/s, kernel {kernel:.3f} ms, "
-            f"{r['cpu_experts_per_layer']:.1f} experts",
+            f"{r['cpu_experts_per_layer']:.1f} experts, {r['handover']}",
             flush=True,
         )
     mr.shutdown()
@@ -251,6 +265,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
     parser.add_argument("--big-methods", nargs="*", default=None, help="methods for layer counts above 12")
     parser.add_argument("--thread-sweep", nargs="*", type=int, default=[], help="also run these thread counts")
+    parser.add_argument(
+        "--compare-host-functions",
+        action="store_true",
+        help="also run batch 1 and the largest batch with host functions instead of the doorbell",
+    )
     parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
     args = parser.parse_args()
     bandwidth = [host_bandwidth(args.threads), host_bandwidth(max(1, args.threads // 2))]
@@ -266,7 +285,8 @@ def main() -> None:
         methods = args.methods if layers <= 12 or args.big_methods is None else args.big_methods
         for method in methods:
             sweep = args.thread_sweep if layers == min(args.layers) and method == methods[0] else []
-            rows += bench_model(method, layers, args.batches, args.threads, read, sweep)
+            compare = args.compare_host_functions and layers == min(args.layers)
+            rows += bench_model(method, layers, args.batches, args.threads, read, sweep, compare)
             report(args, read, bandwidth, rows)  # after each model: a run cut short keeps what it measured
 
 
@@ -277,16 +297,16 @@ def report(args, read: float, bandwidth: list, rows: list) -> None:
         f"{read:.1f} GB/s (the bound's bandwidth)",
         "",
         "| method | layers | threads | batch | CUDA graph | ms/layer | bound ms/layer | x bound | tok/s | bound tok/s | "
-        "CPU experts/layer | MB/layer | kernel ms/layer | empty step ms | host fns ms | rest ms/layer |",
-        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "CPU experts/layer | MB/layer | kernel ms/layer | hand-over | empty step ms | hand-over ms | rest ms/layer |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['method']} | {r['layers']} | {r['threads']} | {r['batch']} | {r['cuda_graph']} | "
             f"{r['ms_per_layer']:.3f} | {r['bound_ms_per_layer']:.3f} | {r['ratio_to_bound']:.2f} | "
             f"{r['tokens_per_s']:.1f} | {r['bound_tokens_per_s']:.1f} | {r['cpu_experts_per_layer']:.1f} | "
-            f"{r['cpu_bytes_per_layer'] / 1e6:.1f} | {r['cpu_kernel_ms_per_layer']:.3f} | {r['empty_step_ms']:.3f} | "
-            f"{r['host_functions_ms']:.3f} | {r['rest_ms_per_layer']:.3f} |"
+            f"{r['cpu_bytes_per_layer'] / 1e6:.1f} | {r['cpu_kernel_ms_per_layer']:.3f} | {r['handover']} | "
+            f"{r['empty_step_ms']:.3f} | {r['handover_ms']:.3f} | {r['rest_ms_per_layer']:.3f} |"
         )
     table = "\n".join(lines)
     print(table, flush=True)

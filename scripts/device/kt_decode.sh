@@ -1,6 +1,7 @@
 # KT hybrid decode on the H200 machine (issue 17): the kernel's CPU tests on that host, the GPU tests of the
 # stream / CUDA-graph path, then benchmark/kt_decode. Stages: "smoke" (tests + a short bench), "tests", "bench",
-# "all" (tests, then the bench with the given args).
+# "all" (tests, then the bench with the given args), "probe" (the step hand-over by mechanism: probe_doorbell.py),
+# "kernel" (the CPU kernel alone: bench_cpu_kernel.py with the given args).
 # Device call: run(command="bash scripts/device/kt_decode.sh <stage> [bench args]", carry=[".device"])
 set -o pipefail
 source scripts/device/env.sh
@@ -21,4 +22,12 @@ fi
 if [ "$stage" = bench ] || [ "$stage" = all ]; then
   python3 benchmark/kt_decode/bench_kt_decode.py --out $OUT/bench "$@" 2>&1 | tee $OUT/bench_kt_decode.log | \
     grep -v Warning | tail -60
+fi
+if [ "$stage" = probe ]; then
+  timeout 180 python3 benchmark/kt_decode/probe_doorbell.py --out $OUT/doorbell "$@" 2>&1 | tee $OUT/probe_doorbell.log | \
+    grep -v Warning | tail -16
+fi
+if [ "$stage" = kernel ]; then
+  timeout 240 python3 benchmark/kt_decode/bench_cpu_kernel.py --out $OUT/cpu_kernel "$@" 2>&1 | tee $OUT/bench_cpu_kernel.log | \
+    grep -v Warning | tail -20
 fi

@@ -89,6 +89,19 @@ class EnvStr(EnvFlag[str]):
         return raw
 
 
+class EnvChoice(EnvFlag[str]):
+    """One of a fixed set of words (case-insensitive)."""
+
+    def __init__(self, default: str, choices: tuple[str, ...], doc: str) -> None:
+        super().__init__(default, doc)
+        self.choices = choices
+
+    def _parse(self, raw: str) -> str:
+        if raw.lower() not in self.choices:
+            raise ValueError(f"expected one of {', '.join(self.choices)}")
+        return raw.lower()
+
+
 class Envs:
     # Memory planning
     SGLANG_ENABLE_POST_CAPTURE_KV_SIZING = EnvBool(
@@ -116,18 +129,29 @@ class Envs:
         "KT CPU experts on CUDA: the GPU reads and writes the pinned step buffers in place (mapped host memory) "
         "instead of copying them (0: one copy each way per layer step).",
     )
-    SGLANG_KT_CPU_YIELDING_SYNC = EnvBool(
+    SGLANG_KT_CPU_DOORBELL = EnvBool(
         True,
-        "KT CPU experts on CUDA: the scheduler's thread yields its core while it waits for the GPU "
-        "(CU_CTX_SCHED_YIELD) instead of spinning on it, so the expert threads get every core.",
+        "KT CPU experts on CUDA: each layer's step is handed to the pool by a stream write to a pinned word that "
+        "an idle pool thread polls, and handed back by a stream wait on another (cuStreamWriteValue32 / "
+        "cuStreamWaitValue32), where a self-test at start-up passes (0: host functions, cuLaunchHostFunc: "
+        "25-40 us more per layer of a batch-1 decode step on the H200: benchmark/kt_decode/).",
+    )
+    SGLANG_KT_CPU_HOST_WAIT = EnvChoice(
+        "block",
+        ("block", "yield", "spin"),
+        "KT CPU experts on CUDA: how the scheduler's thread waits for the GPU while the expert threads compute "
+        "(the CUDA context's scheduling flag): block (sleeps until the GPU signals: CU_CTX_SCHED_BLOCKING_SYNC), "
+        "yield (polls, yielding its core: CU_CTX_SCHED_YIELD) or spin (the driver's busy wait). A polling "
+        "thread takes cores from the expert threads: on the H200 host block decodes BF16 at batch 64 in 12.6 "
+        "ms per layer, yield in 17.9 (benchmark/kt_decode/).",
     )
     SGLANG_KT_CPU_INT8_ACTIVATIONS = EnvBool(
-        False,
+        True,
         "KT CPU experts with --kt-method INT8: quantize activations to int8 too (one scale per token, and per "
-        "expert pair for down_proj) and use int8 dot products where the CPU has AVX512-VNNI. Faster where the "
-        "CPU is compute-bound (batch 16-64); the activations' rounding costs accuracy (2.2-2.4% RMS of the "
-        "output on Gaussian Qwen3-30B-A3B-shaped experts: benchmark/kt_decode/int8_activation_error.py). Off "
-        "until measured on the GPU machine's host.",
+        "expert pair for down_proj) and use int8 dot products where the CPU has AVX512-VNNI: W8A8, as "
+        "KTransformers' AMXINT8 computes. 1.3-1.6x faster decode on the H200 host (benchmark/kt_decode/); the "
+        "activations' rounding moves the experts' output by 2.2-2.4% RMS on Gaussian Qwen3-30B-A3B-shaped "
+        "experts (benchmark/kt_decode/int8_activation_error.py). 0: fp32 activations (W8A16-like accuracy).",
     )
     SGLANG_KT_CPU_KERNEL_CACHE = EnvStr(
         "",

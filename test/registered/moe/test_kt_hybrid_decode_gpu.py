@@ -1,11 +1,12 @@
 """KT hybrid decode on the GPU: the CPU experts' step on the CUDA stream and inside CUDA graphs.
 
-- the stream path (pinned buffers mapped for the GPU or copied, host functions) gives bit for bit what the
-  synchronous host call gives;
+- the stream path (pinned buffers mapped for the GPU or copied; handed over by the doorbell or by host
+  functions) gives bit for bit what the synchronous host call gives;
 - a captured graph replays the step with new inputs each time, and a padded batch (num_real_tokens below
   the captured rows) computes only the real rows: the padding costs the CPU nothing;
 - a tiny Qwen3-MoE with 3 of 8 experts on the GPU: decode is captured in CUDA graphs, greedy tokens with
-  graphs equal those without and equal transformers' (fp32), for BF16 and INT8 experts;
+  graphs equal those without and equal transformers' (fp32), for BF16 and INT8 experts (INT8 with fp32
+  activations equals the all-GPU engine running the same experts);
 - post-capture KV sizing with CPU experts measures real graphs (no "decode runs eagerly" note).
 """
 
@@ -25,7 +26,7 @@ NEW_TOKENS = 12
 E_GPU, E_CPU, HIDDEN, INTER, TOP_K = 4, 24, 256, 128, 8
 
 
-def _engine_and_layer(method: str, capacity: int = 64, zero_copy: bool = True):
+def _engine_and_layer(method: str, capacity: int = 64, zero_copy: bool = True, doorbell: bool = True):
     from sglang.srt.layers.moe.cpu_experts import CpuExpertsEngine
     from sglang.srt.layers.moe.kt_ep_wrapper import make_moe_layer
 
@@ -36,9 +37,10 @@ def _engine_and_layer(method: str, capacity: int = 64, zero_copy: bool = True):
             layer.quant_method.load_expert(layer, e, shard, 0.1 * torch.randn(shape, generator=gen))
     engine = CpuExpertsEngine(
         threads=8, hidden=HIDDEN, inter=INTER, top_k=TOP_K, num_cpu_experts=E_CPU, expert_offset=E_GPU,
-        capacity=capacity, pin_memory=True, spin_us=200, zero_copy=zero_copy,
+        capacity=capacity, pin_memory=True, spin_us=200, zero_copy=zero_copy, doorbell=doorbell,
     )  # fmt: skip
     assert (engine.device_inputs is not None) == zero_copy  # the GPU writes the pinned block in place
+    assert engine.handover == ("doorbell" if doorbell else "host functions")  # the self-test passes on CUDA
     return engine, engine.add_layer(layer, layer.quant_method), layer
 
 
@@ -50,10 +52,14 @@ def _routing(n: int, seed: int):
     return x, weights, ids.to(torch.int32)
 
 
+HANDOVERS = pytest.mark.parametrize("doorbell", [True, False], ids=["doorbell", "host-functions"])
+
+
+@HANDOVERS
 @pytest.mark.parametrize("zero_copy", [True, False], ids=["mapped", "copied"])
 @pytest.mark.parametrize("method", ["BF16", "INT8"])
-def test_stream_step_equals_host_step(method, zero_copy):
-    engine, handle, _ = _engine_and_layer(method, zero_copy=zero_copy)
+def test_stream_step_equals_host_step(method, zero_copy, doorbell):
+    engine, handle, _ = _engine_and_layer(method, zero_copy=zero_copy, doorbell=doorbell)
     x, w, ids = _routing(13, seed=1)
     ran = []
     base = torch.randn(13, HIDDEN, device="cuda")  # what "the GPU's experts" computed
@@ -72,8 +78,9 @@ def test_stream_step_equals_host_step(method, zero_copy):
     assert torch.equal(out.cpu(), engine.run_on_host(handle, x.cpu(), w.cpu(), ids.cpu()))
 
 
-def test_graph_replays_read_new_inputs_and_skip_padding():
-    engine, handle, _ = _engine_and_layer("BF16")
+@HANDOVERS
+def test_graph_replays_read_new_inputs_and_skip_padding(doorbell):
+    engine, handle, _ = _engine_and_layer("BF16", doorbell=doorbell)
     rows = 16
     static_x, static_w, static_ids = _routing(rows, seed=3)
     num_real = torch.full((1,), rows, dtype=torch.int32, device="cuda")
@@ -145,6 +152,7 @@ def test_hybrid_decode_in_cuda_graphs(tiny_moe, method):
     graphs, collector = _scheduler(path, kt_method=method, kt_num_gpu_experts=3)
     assert graphs.model_runner.cuda_graph_runner is not None  # decode with CPU experts was captured
     engine = graphs.model_runner.model.kt_state.cpu_engine
+    assert engine.handover == "doorbell"  # SGLANG_KT_CPU_DOORBELL's default where the self-test passes
     before = engine.stats()
     with_graphs = _generate(graphs, collector)
     assert engine.stats().minus(before).steps >= 2 * NEW_TOKENS  # both MoE layers ran the CPU kernel each step
@@ -153,9 +161,22 @@ def test_hybrid_decode_in_cuda_graphs(tiny_moe, method):
     assert with_graphs == _generate(eager, collector)
     if method == "BF16":  # fp32 experts: the model's exact math
         assert with_graphs == refs
-    else:  # int8 experts: the same tokens as the all-GPU engine running the same int8 experts
+        from sglang.srt.environ import envs
+
+        with envs.SGLANG_KT_CPU_DOORBELL.override(False):  # the other hand-over gives the same tokens
+            host_fns, collector = _scheduler(path, kt_method=method, kt_num_gpu_experts=3)
+        assert host_fns.model_runner.model.kt_state.cpu_engine.handover == "host functions"
+        assert _generate(host_fns, collector) == refs
+    else:  # int8 experts with int8 activations (W8A8, the default): graphs equal eager, checked above
+        assert graphs.model_runner.model.kt_state.cpu_engine.layers[0].int8_dot
+        from sglang.srt.environ import envs
+
+        # With fp32 activations: the same tokens as the all-GPU engine running the same int8 experts.
+        with envs.SGLANG_KT_CPU_INT8_ACTIVATIONS.override(False):
+            w8a16, collector = _scheduler(path, kt_method=method, kt_num_gpu_experts=3)
+            w8a16_tokens = _generate(w8a16, collector)
         gpu_only, collector = _scheduler(path, kt_method=method, kt_num_gpu_experts=8)
-        assert with_graphs == _generate(gpu_only, collector)
+        assert w8a16_tokens == _generate(gpu_only, collector)
 
 
 def test_post_capture_sizing_measures_graphs_with_cpu_experts(tiny_moe):

@@ -86,7 +86,10 @@ def test_reservation_exact_and_paths_agree(model_dir, method):
     from sglang.srt.layers.moe.topk import select_experts
 
     path, _ = model_dir
-    sched, _ = _scheduler(path, kt_method=method, kt_num_gpu_experts=3, kt_gpu_prefill_token_threshold=8)
+    # fp32 activations for INT8 too, so that both paths compute the same math (the int8-activation path's
+    # error is bounded by the kernel tests' int8 reference).
+    with envs.SGLANG_KT_CPU_INT8_ACTIVATIONS.override(False):
+        sched, _ = _scheduler(path, kt_method=method, kt_num_gpu_experts=3, kt_gpu_prefill_token_threshold=8)
     reservation = sched.model_runner.memory_plan.reservations_bytes["kt_full_gpu_prefill_slot"]
     wrapper = _wrappers(sched)[0]
     ctx = wrapper.kt_state.full_gpu_context(wrapper)
@@ -167,16 +170,19 @@ def test_cpu_threads_default_shares_the_cpus_out_over_ranks(model_dir):
     assert KTConfig.from_server_args(sa).cpu_threads() == 1
 
 
-def test_int8_activations_flag_reaches_the_kernel(model_dir):
-    """SGLANG_KT_CPU_INT8_ACTIVATIONS=1: INT8 CPU experts take the kernel's int8 path where the CPU has
-    AVX512-VNNI, and the model still generates (the activations' rounding may change tokens: only the
-    mixture's error is bounded here, by the kernel tests' int8 reference)."""
+@pytest.mark.parametrize("int8_activations", [True, False])
+def test_int8_activations_flag_reaches_the_kernel(model_dir, int8_activations):
+    """SGLANG_KT_CPU_INT8_ACTIVATIONS (default on): INT8 CPU experts take the kernel's int8 path where the CPU
+    has AVX512-VNNI, or fp32 activations when it is 0, and the model generates either way (the activations'
+    rounding may change tokens: the mixture's error is bounded by the kernel tests' int8 reference)."""
     path, _ = model_dir
     flags = set(open("/proc/cpuinfo").read().split())
-    with envs.SGLANG_KT_CPU_INT8_ACTIVATIONS.override(True):
+    assert envs.SGLANG_KT_CPU_INT8_ACTIVATIONS.get()  # the default
+    with envs.SGLANG_KT_CPU_INT8_ACTIVATIONS.override(int8_activations):
         sched, outputs = _scheduler(path, kt_method="INT8", kt_num_gpu_experts=3)
     engine = sched.model_runner.model.kt_state.cpu_engine
-    assert engine.int8_activations and len(engine.layers) == 2
-    assert all(layer.int8_dot == ({"avx512_vnni", "avx512bw"} <= flags) for layer in engine.layers)
+    assert engine.int8_activations == int8_activations and len(engine.layers) == 2
+    vnni = {"avx512_vnni", "avx512bw"} <= flags
+    assert all(layer.int8_dot == (int8_activations and vnni) for layer in engine.layers)
     (tokens,) = _generate(sched, outputs, [PROMPT])
     assert len(tokens) == NEW_TOKENS and engine.stats().steps == 2 * NEW_TOKENS

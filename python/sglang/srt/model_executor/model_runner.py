@@ -31,7 +31,7 @@ from sglang.srt.model_executor.pool_configurator import GiB, MemoryReadings, MiB
 from sglang.srt.model_executor.post_capture_mixin import PostCaptureKVSizingMixin
 from sglang.srt.model_loader.loader import get_model
 from sglang.srt.server_args import ServerArgs
-from sglang.srt.utils.cuda_context import yielding_sync
+from sglang.srt.utils.cuda_context import set_host_wait
 from sglang.srt.utils.memory import get_available_memory_bytes
 
 logger = logging.getLogger(__name__)
@@ -113,9 +113,9 @@ class ModelRunner(ModelRunnerKVCacheMixin, PostCaptureKVSizingMixin):
     # ------------------------------------------------------------------ setup
     def init_torch_distributed(self) -> None:
         if self.device == "cuda":
-            if KTConfig.from_server_args(self.server_args) is not None and envs.SGLANG_KT_CPU_YIELDING_SYNC.get():
+            if KTConfig.from_server_args(self.server_args) is not None:
                 # KT experts on the CPU: while this thread waits for the GPU, the expert threads need its core.
-                yielding_sync(self.gpu_id)
+                set_host_wait(self.gpu_id, envs.SGLANG_KT_CPU_HOST_WAIT.get())
             torch.cuda.set_device(self.gpu_id)
             torch.cuda.init()
         if self.tp_size > 1:

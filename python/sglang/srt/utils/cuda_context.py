@@ -6,12 +6,19 @@ import logging
 
 logger = logging.getLogger(__name__)
 
+HOST_WAIT_FLAGS = {  # SGLANG_KT_CPU_HOST_WAIT -> the CUctx_flags member
+    "block": "CU_CTX_SCHED_BLOCKING_SYNC",
+    "yield": "CU_CTX_SCHED_YIELD",
+    "spin": "CU_CTX_SCHED_SPIN",
+}
 
-def yielding_sync(device_index: int) -> bool:
-    """Make a thread that waits for the GPU (a synchronize, a blocking copy) yield its core while it waits,
-    instead of spinning on it (CU_CTX_SCHED_YIELD on the device's primary context). Worth it when other
-    threads of the process need every core meanwhile: the KT CPU experts compute while the scheduler waits.
-    Returns whether the driver took the flag (it logs why not)."""
+
+def set_host_wait(device_index: int, mode: str) -> bool:
+    """Choose how a thread that waits for the GPU (a synchronize, a blocking copy) spends the wait: `block`
+    sleeps until the GPU signals (its core is free for other threads; waking takes some microseconds),
+    `yield` polls and yields its core between polls, `spin` polls. The KT CPU experts compute on every
+    core while the scheduler waits, so they want it to block or yield. Sets the flag on the device's primary
+    context (before it is created); returns whether the driver took it (it logs why not)."""
     try:
         from cuda.bindings import driver
     except ImportError:
@@ -21,8 +28,8 @@ def yielding_sync(device_index: int) -> bool:
     if err == driver.CUresult.CUDA_SUCCESS:
         err, device = driver.cuDeviceGet(device_index)
     if err == driver.CUresult.CUDA_SUCCESS:
-        (err,) = driver.cuDevicePrimaryCtxSetFlags(device, driver.CUctx_flags.CU_CTX_SCHED_YIELD)
+        (err,) = driver.cuDevicePrimaryCtxSetFlags(device, getattr(driver.CUctx_flags, HOST_WAIT_FLAGS[mode]))
     if err != driver.CUresult.CUDA_SUCCESS:
-        logger.warning("could not make CUDA waits yield (%s): the scheduler's thread spins while it waits", err)
+        logger.warning("could not set the CUDA context's waits to %s (%s): they keep the default", mode, err)
         return False
     return True

@@ -581,6 +581,8 @@ def test_engines_collected_on_del():
     layer = loaded_layer("bf16-bf16")
     x, weights, ids = inputs(layer.moe_weight_spec.hidden_size, 7, 2, seed=41)
     _warm_up(layer, x, weights, ids)
+    gc.collect()  # engines other tests (or modules run before in this process) left for the collector go now
+    _wait_for_tasks(-1, deadline_s=0.2)  # ... and their threads leave /proc a moment after their join
 
     before = task_count()
     engines = [make_engine(layer, 2, threads=t) for t in (2, 3, 1)]
@@ -655,3 +657,94 @@ def test_missing_compiler_is_a_clear_error(tmp_path):
         assert not list(tmp_path.glob("*.so"))  # a failed build leaves nothing behind
     finally:
         build.load_kernel_library.cache_clear()
+
+
+# ---- the doorbell (stream steps without host functions), with this test playing the GPU's stream ----------
+
+
+def _doorbell_engine(monkeypatch, layers: list, top_k: int, spin_us: int = 50):
+    """An engine whose stream steps use the doorbell, on plain memory (the self-test needs a GPU)."""
+    monkeypatch.setattr(cpu_experts.engine, "_stream_memops_fail_reason", lambda lib: None)
+    spec = layers[0].moe_weight_spec
+    engine = CpuExpertsEngine(
+        threads=2, hidden=spec.hidden_size, inter=spec.intermediate_size, top_k=top_k,
+        num_cpu_experts=NUM_CPU_EXPERTS, expert_offset=EXPERT_OFFSET, capacity=CAPACITY, pin_memory=False,
+        spin_us=spin_us, doorbell=True,
+    )  # fmt: skip
+    _ENGINES.append(weakref.ref(engine))
+    assert engine.handover == "doorbell"
+    return engine, [engine.add_layer(layer, layer.quant_method) for layer in layers]
+
+
+def _ring(engine, index: int, x, weights, ids, timeout_s: float = 10.0) -> torch.Tensor:
+    """What the stream does for one step: inputs in place, ring = index + 1, wait for done = index + 1, then
+    clear done. Returns the mixture."""
+    ring, done = engine.doorbell_words[0:1], engine.doorbell_words[16:17]
+    n = x.shape[0]
+    engine.x[:n].copy_(x), engine.weights[:n].copy_(weights), engine.ids[:n].copy_(ids)
+    engine.count[0] = n
+    assert int(done) == 0
+    ring.fill_(index + 1)
+    deadline = time.monotonic() + timeout_s
+    while int(done) != index + 1:
+        assert time.monotonic() < deadline, f"no answer to the ring of layer {index}"
+    assert int(ring) == 0  # a pool thread took the ring before it started the step
+    done.fill_(0)
+    return engine.out[:n].clone()
+
+
+def test_doorbell_steps_equal_host_steps(monkeypatch):
+    """Rings for several layers, the same layer twice in a row (its done word must be cleared between), and a
+    ring after the pool has gone to sleep (the watcher naps and still answers) give what ktc_run gives."""
+    first, second = loaded_layer("int8"), loaded_layer("int8-act")  # same shapes, other weights
+    engine, (a, b) = _doorbell_engine(monkeypatch, [first, second], top_k=4)
+    H = first.moe_weight_spec.hidden_size
+    for step, (index, handle, tokens) in enumerate([(0, a, 5), (1, b, 3), (1, b, 1), (0, a, CAPACITY)]):
+        x, weights, ids = inputs(H, tokens, 4, seed=50 + step)
+        expected = engine.run_on_host(handle, x, weights, ids)
+        before = engine.stats()
+        assert torch.equal(_ring(engine, index, x, weights, ids), expected), f"step {step}"
+        done = engine.stats().minus(before)
+        assert done.steps == 1 and done.pairs == int((ids >= EXPERT_OFFSET).sum()) and done.compute_ns >= 0
+        assert done.wait_blocked_ns == 0  # nothing on the host waited: the stream does
+    time.sleep(0.05)  # 1000x spin_us: every pool thread but the watcher sleeps on its futex
+    x, weights, ids = inputs(H, 2, 4, seed=99)
+    assert torch.equal(_ring(engine, 0, x, weights, ids), engine.run_on_host(a, x, weights, ids))
+
+
+def test_doorbell_for_an_unknown_layer_fails_loudly(tmp_path):
+    """A ring naming no layer would leave the stream waiting forever: the process ends with a message."""
+    script = tmp_path / "bad_ring.py"
+    script.write_text(
+        "import time, torch\n"
+        "from sglang.srt.layers.moe import cpu_experts\n"
+        "from sglang.srt.layers.moe.kt_ep_wrapper import make_moe_layer\n"
+        "cpu_experts.engine._stream_memops_fail_reason = lambda lib: None\n"
+        "engine = cpu_experts.CpuExpertsEngine(1, 64, 32, 2, 4, 0, 4, False, 50, doorbell=True)\n"
+        "layer = make_moe_layer(4, 64, 32, torch.float32, 'BF16')\n"
+        "engine.add_layer(layer, layer.quant_method)\n"
+        "engine.doorbell_words[0] = 7\n"
+        "time.sleep(10)\n"
+    )
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=50)
+    assert result.returncode != 0
+    assert "doorbell rang for layer 6 of 1" in result.stderr
+
+
+def test_doorbell_needs_a_working_self_test():
+    """Without CUDA (this machine) the self-test fails and steps keep the host-function hand-over."""
+    layer = loaded_layer("int8")
+    spec = layer.moe_weight_spec
+    engine = CpuExpertsEngine(
+        threads=1, hidden=spec.hidden_size, inter=spec.intermediate_size, top_k=2,
+        num_cpu_experts=NUM_CPU_EXPERTS, expert_offset=EXPERT_OFFSET, capacity=4, pin_memory=False,
+        spin_us=50, doorbell=True,
+    )  # fmt: skip
+    _ENGINES.append(weakref.ref(engine))
+    if torch.cuda.is_available():
+        assert engine.handover == "doorbell"
+    else:
+        assert engine.handover == "host functions" and engine.doorbell_words is None

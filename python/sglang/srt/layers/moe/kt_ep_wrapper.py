@@ -187,8 +187,14 @@ class KTState:
                 spin_us=envs.SGLANG_KT_CPU_SPIN_US.get() if wrapper.device.type == "cuda" else 0,
                 zero_copy=envs.SGLANG_KT_CPU_ZERO_COPY.get(),
                 int8_activations=envs.SGLANG_KT_CPU_INT8_ACTIVATIONS.get(),
+                doorbell=wrapper.device.type == "cuda" and envs.SGLANG_KT_CPU_DOORBELL.get(),
             )
-            logger.info("KT CPU experts: %d threads, steps of up to %d tokens", threads, self.cpu_engine.capacity)
+            logger.info(
+                "KT CPU experts: %d threads, steps of up to %d tokens%s",
+                threads,
+                self.cpu_engine.capacity,
+                f", handed over by {self.cpu_engine.handover}" if wrapper.device.type == "cuda" else "",
+            )
         layer = wrapper.cpu_layer
         return self.cpu_engine.add_layer(layer, layer.quant_method)
 

@@ -82,7 +82,7 @@ def load_kernel_library() -> ctypes.CDLL:
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     p, i, i64, d = ctypes.c_void_p, ctypes.c_int, ctypes.c_int64, ctypes.c_double
     signatures = {
-        "ktc_engine_create": (p, [i, i, i, i, i, i, i, p, p, i]),
+        "ktc_engine_create": (p, [i, i, i, i, i, i, i, p, p, i, p]),
         "ktc_engine_destroy": (None, [p]),
         "ktc_layer_create": (p, [p, i, p, p, p, p, i, i, i, i]),
         "ktc_layer_uses_bf16_dot": (i, [p]),
@@ -91,6 +91,8 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "ktc_run": (None, [p]),
         "ktc_enqueue_submit": (i, [p, p]),
         "ktc_enqueue_wait": (i, [p, p]),
+        "ktc_stream_write_value": (i, [p, p, i]),
+        "ktc_stream_wait_value": (i, [p, p, i]),
         "ktc_engine_stats": (None, [p, ctypes.POINTER(i64)]),
         "ktc_read_seconds": (d, [p, i64, i, i]),
     }

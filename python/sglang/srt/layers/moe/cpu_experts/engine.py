@@ -8,10 +8,15 @@ The layers run one after another, so they share them.
 On CUDA a step is stream-ordered and never waits on the host (it can be captured in a CUDA graph):
     the GPU writes the count, x, weights and ids straight into the pinned block (it is mapped into the
     GPU's address space: UVA), or packs them and copies the block over in one non-blocking copy
-    host function: route and start the pool       <- returns at once
+    start: ring the doorbell (a stream write of the layer's number into a pinned word that an idle pool
+           thread polls), or a host function that routes and starts the pool
     the GPU computes its own experts meanwhile
-    host function: wait for the pool to finish    <- the stream waits here
+    end:   a stream wait for the pool's "done" word (then cleared), or a host function that waits for the
+           pool                                   <- the stream waits here
     the GPU reads the mixture from the pinned output (or copies it over)
+The doorbell (SGLANG_KT_CPU_DOORBELL, on where a self-test passes) never hands the stream to the host: on
+the H200 a step with nothing to compute costs 53 us per layer this way, 90 with host functions
+(benchmark/kt_decode/probe_doorbell.py).
 A decode graph is padded to its captured batch size; the real token count is copied from the device
 when the step runs, so padded rows cost the CPU nothing.
 """
@@ -111,9 +116,12 @@ class CpuExpertsEngine:
         spin_us: int,
         zero_copy: bool = True,
         int8_activations: bool = False,
+        doorbell: bool = False,
     ) -> None:
         """`int8_activations`: INT8 layers quantize their activations to int8 (one scale per token, and per
-        pair for down_proj) and use int8 dot products where the CPU has AVX512-VNNI (SGLANG_KT_CPU_INT8_ACTIVATIONS)."""
+        pair for down_proj) and use int8 dot products where the CPU has AVX512-VNNI (SGLANG_KT_CPU_INT8_ACTIVATIONS).
+        `doorbell` (CUDA models): stream steps hand over through stream memory operations on pinned words
+        where a self-test passes, else through host functions; `self.handover` says which."""
         self.lib = load_kernel_library()
         self.int8_activations = int8_activations
         self.hidden, self.top_k, self.capacity, self.threads = hidden, top_k, capacity, threads
@@ -133,6 +141,16 @@ class CpuExpertsEngine:
             if self.device_inputs is None or self.device_out is None:
                 self.device_inputs = self.device_out = None
                 logger.warning("KT CPU experts: pinned buffers are not mapped for the GPU; steps copy them")
+        # The doorbell's two words (ring at 0, done at 16: separate cache lines), or None: host functions.
+        self.doorbell_words: Optional[torch.Tensor] = None
+        self.handover = "host functions"
+        if doorbell:
+            reason = _stream_memops_fail_reason(self.lib)
+            if reason is None:
+                self.doorbell_words = torch.zeros(32, dtype=torch.int32, pin_memory=pin_memory)
+                self.handover = "doorbell"
+            else:
+                logger.warning("KT CPU experts: steps hand over through host functions (%s)", reason)
         self.handle = self.lib.ktc_engine_create(
             threads,
             hidden,
@@ -144,6 +162,7 @@ class CpuExpertsEngine:
             self.inputs.data_ptr(),
             self.out.data_ptr(),
             spin_us,
+            None if self.doorbell_words is None else self.doorbell_words.data_ptr(),
         )
         self.layers: list[CpuExpertsLayer] = []
         # The kernel's objects are freed with the engine (the finalizer holds plain handles, not the engine).
@@ -256,10 +275,27 @@ def _mapped(host: torch.Tensor) -> Optional[torch.Tensor]:
     return view.view(host.dtype).view(host.shape)
 
 
+def _stream_memops_fail_reason(lib) -> Optional[str]:
+    """None where stream memory operations on pinned host words work (a wait on a word already set, then a
+    write, on a side stream: a failed write cannot leave the wait hanging), else why not."""
+    if not torch.cuda.is_available():
+        return "no CUDA device"
+    words = torch.zeros(32, dtype=torch.int32, pin_memory=True)
+    words[0] = 7
+    stream = torch.cuda.Stream()
+    handle = ctypes.c_void_p(stream.cuda_stream)
+    wait_at, write_at = ctypes.c_void_p(words.data_ptr()), ctypes.c_void_p(words.data_ptr() + 64)
+    result = lib.ktc_stream_wait_value(handle, wait_at, 7) or lib.ktc_stream_write_value(handle, write_at, 9)
+    if result != 0:
+        return "no CUDA driver (libcuda.so.1)" if result == -1 else f"stream memory operations: CUresult {result}"
+    stream.synchronize()
+    return None if int(words[16]) == 9 else "a stream write did not reach pinned memory"
+
+
 def _check(result: int, what: str) -> None:
     if result != 0:
         reason = "no CUDA driver (libcuda.so.1) was found" if result == -1 else f"CUresult {result}"
-        raise RuntimeError(f"cuLaunchHostFunc for the CPU experts' step {what} failed: {reason}")
+        raise RuntimeError(f"enqueueing the CPU experts' step {what} on the CUDA stream failed: {reason}")
 
 
 def _destroy(lib, handle: int, layer_handles: list) -> None:
