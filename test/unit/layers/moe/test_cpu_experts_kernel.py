@@ -748,3 +748,15 @@ def test_doorbell_needs_a_working_self_test():
         assert engine.handover == "doorbell"
     else:
         assert engine.handover == "host functions" and engine.doorbell_words is None
+
+
+def test_read_bandwidth_probe_takes_every_stream_count():
+    """The benchmark's host read (ktc_read_seconds) for 1 to 8 runs per thread, on a length no count divides."""
+    from sglang.srt.layers.moe.cpu_experts.build import load_kernel_library
+
+    lib = load_kernel_library()
+    buf = torch.ones(1 << 20)  # 4 MiB
+    nbytes = buf.numel() * 4 - 64 * 3
+    for streams in (1, 2, 3, 4, 8):
+        seconds = lib.ktc_read_seconds(buf.data_ptr(), nbytes, 2, 2, streams)
+        assert 0.0 < seconds < 10.0, streams

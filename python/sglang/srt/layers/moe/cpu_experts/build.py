@@ -94,7 +94,7 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         "ktc_stream_write_value": (i, [p, p, i]),
         "ktc_stream_wait_value": (i, [p, p, i]),
         "ktc_engine_stats": (None, [p, ctypes.POINTER(i64)]),
-        "ktc_read_seconds": (d, [p, i64, i, i]),
+        "ktc_read_seconds": (d, [p, i64, i, i, i]),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
