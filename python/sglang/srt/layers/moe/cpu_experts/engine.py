@@ -143,12 +143,10 @@ class CpuExpertsEngine:
                 logger.warning("KT CPU experts: pinned buffers are not mapped for the GPU; steps copy them")
         # The doorbell's two words (ring at 0, done at 16: separate cache lines), or None: host functions.
         self.doorbell_words: Optional[torch.Tensor] = None
-        self.handover = "host functions"
         if doorbell:
             reason = _stream_memops_fail_reason(self.lib)
             if reason is None:
                 self.doorbell_words = torch.zeros(32, dtype=torch.int32, pin_memory=pin_memory)
-                self.handover = "doorbell"
             else:
                 logger.warning("KT CPU experts: steps hand over through host functions (%s)", reason)
         self.handle = self.lib.ktc_engine_create(
@@ -168,6 +166,11 @@ class CpuExpertsEngine:
         # The kernel's objects are freed with the engine (the finalizer holds plain handles, not the engine).
         self._layer_handles: list[int] = []
         self._finalizer = weakref.finalize(self, _destroy, self.lib, self.handle, self._layer_handles)
+
+    @property
+    def handover(self) -> str:
+        """How stream steps reach the pool: "doorbell" or "host functions"."""
+        return "host functions" if self.doorbell_words is None else "doorbell"
 
     # ------------------------------------------------------------------ layers
     def add_layer(self, layer: nn.Module, method: FusedMoEMethodBase) -> CpuExpertsLayer:
