@@ -186,13 +186,46 @@ def server_facts(base_url: str) -> dict:
     }
 
 
-def decode_period_counters(base_url: str) -> tuple:
-    """(decode periods, their seconds) so far, from /server_info's scheduler stats (refreshed every 0.5 s)."""
+# Scheduler counters read before and after each run (SchedulerStats; device_timeline.py for the device ones).
+COUNTERS = (
+    "decode_periods",
+    "decode_period_seconds",
+    "prefill_batches",
+    "prefill_device_seconds",
+    "decode_batches",
+    "decode_device_seconds",
+    "device_gap_before_prefill_seconds",
+    "device_gap_before_decode_seconds",
+)
+
+
+def scheduler_counters(base_url: str) -> Dict[str, float]:
+    """COUNTERS so far, from /server_info's scheduler stats (refreshed every 0.5 s)."""
     import requests
 
     time.sleep(0.6)  # the latest stats, not those of half a second ago
     stats = requests.get(f"{base_url}/server_info", timeout=30).json().get("scheduler_stats") or {}
-    return stats.get("decode_periods", 0), stats.get("decode_period_seconds", 0.0)
+    return {k: stats.get(k, 0) for k in COUNTERS}
+
+
+def device_time_columns(before: Dict[str, float], after: Dict[str, float], duration_s: float) -> dict:
+    """Where the run's wall time went on the device: prefill, decode, gaps while the scheduler had work (host
+    work not hidden), and the rest (the scheduler had nothing to run: waiting for the client / HTTP process)."""
+    d = {k: after[k] - before[k] for k in COUNTERS}
+    device_keys = ("prefill_device_seconds", "decode_device_seconds") + tuple(k for k in COUNTERS if "gap" in k)
+    accounted = sum(d[k] for k in device_keys)
+    return {
+        "server_decode_period_ms": d["decode_period_seconds"] / d["decode_periods"] * 1000
+        if d["decode_periods"]
+        else None,
+        "prefill_batches": d["prefill_batches"],
+        "prefill_device_s": d["prefill_device_seconds"],
+        "decode_batches": d["decode_batches"],
+        "decode_device_s": d["decode_device_seconds"],
+        "gap_before_prefill_s": d["device_gap_before_prefill_seconds"],
+        "gap_before_decode_s": d["device_gap_before_decode_seconds"],
+        "no_work_s": duration_s - accounted,
+    }
 
 
 def markdown(data: dict) -> str:
@@ -215,6 +248,23 @@ def markdown(data: dict) -> str:
             f"| {r['median_itl_ms']:.2f} | {r['p99_itl_ms']:.2f} | {period} | {step} | {ratio} "
             f"| {r['max_total_num_tokens']} |"
         )
+    timed = [r for r in data["rows"] if r.get("prefill_batches") is not None]
+    if timed:
+        lines += [
+            "",
+            "Device time of each run (the server's scheduler stats): prefill and decode batches, the device's idle "
+            "gaps between batches while the scheduler had work, and the rest of the run's duration (no work queued).",
+            "",
+            "| variant | concurrency | duration s | prefill batches | prefill s | decode batches | decode s "
+            "| gap before prefill s | gap before decode s | no work s |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in timed:
+            lines.append(
+                f"| {r.get('variant', 'default')} | {r['concurrency']} | {r['duration_s']:.2f} | {r['prefill_batches']} "
+                f"| {r['prefill_device_s']:.2f} | {r['decode_batches']} | {r['decode_device_s']:.2f} "
+                f"| {r['gap_before_prefill_s']:.2f} | {r['gap_before_decode_s']:.2f} | {r['no_work_s']:.2f} |"
+            )
     return "\n".join(lines)
 
 
@@ -319,13 +369,12 @@ def run_server(args, setup: Setup, data: dict, log, label: str, flags: List[str]
         bench(args.warmup_concurrency, args.warmup_prompts, 16)
         for conc, n in zip(args.concurrency, args.num_prompts):
             t = time.monotonic()
-            periods0, seconds0 = decode_period_counters(proc.base_url)
+            before = scheduler_counters(proc.base_url)
             res = bench(conc, n, args.output_len)
             step = setup.graph_steps.get(conc)
-            periods1, seconds1 = decode_period_counters(proc.base_url)
             # The server's own loop period while decoding: next to ITL it tells whether the gap is the
             # scheduler's (period above the graph step) or downstream (detokenizer, HTTP, the client).
-            period_ms = (seconds1 - seconds0) / (periods1 - periods0) * 1000 if periods1 > periods0 else None
+            device = device_time_columns(before, scheduler_counters(proc.base_url), res["duration"])
             row = {
                 "variant": label,
                 "path": path,
@@ -339,7 +388,6 @@ def run_server(args, setup: Setup, data: dict, log, label: str, flags: List[str]
                 "p99_itl_ms": res["p99_itl_ms"],
                 "graph_step_ms": step,
                 "itl_over_graph_step": None if step is None else res["median_itl_ms"] / step,
-                "server_decode_period_ms": period_ms,
                 "mean_itl_ms": res["mean_itl_ms"],
                 "median_tpot_ms": res["median_tpot_ms"],
                 "median_e2e_latency_ms": res["median_e2e_latency_ms"],
@@ -348,6 +396,7 @@ def run_server(args, setup: Setup, data: dict, log, label: str, flags: List[str]
                 "total_input_tokens": res["total_input_tokens"],
                 "total_output_tokens": res["total_output_tokens"],
                 "server_startup_s": proc.startup_seconds,
+                **device,
                 **facts,
             }
             data["rows"].append(row)

@@ -3,7 +3,8 @@ from sglang.test.ci.ci_register import register_cpu_ci
 register_cpu_ci(est_time=90, suite="per-commit-cpu")
 
 # Overlap scheduling (on by default; --disable-overlap-schedule turns it off) on SmolLM2 (real weights, CPU):
-#   * the scheduler really launches decode step N + 1 before it processes step N's result;
+#   * the scheduler really launches decode step N + 1 before it processes step N's result, and a new
+#     request's prefill before the result of the prefill in flight;
 #   * greedy and seeded-sampling outputs are identical with overlap on and off, with stop tokens, stop
 #     strings, min_new_tokens, penalties, chunked prefill, page size 4 and a shared cached prefix;
 #   * a pool too small for the batch retracts requests under overlap and still gives identical outputs;
@@ -115,6 +116,32 @@ def test_overlap_launches_the_next_step_before_processing_the_last(prompts):
     on = launches_before_each_result(orders[True])
     assert len(on) == NEW and on[0] == 1 and on[-1] == NEW
     assert on[1:-1] == [k + 1 for k in range(2, NEW)]
+
+
+def test_prefills_go_out_back_to_back(prompts):
+    """New requests' prefills are launched before the result of the prefill in flight is processed (the device
+    runs them back to back); the first decode waits for the last prefill's result (its requests join the
+    running batch then). One request per prefill (a budget of one token admits only a batch's first request);
+    outputs equal the overlap-off run, and the device timeline counts every batch."""
+    outs = {}
+    for overlap in (True, False):
+        sched, events = scheduler(overlap, max_prefill_tokens=1), []
+        log_calls(sched, "run_batch", "launch", events)
+        log_calls(sched, "process_batch_result", "process", events)
+        outs[overlap] = run_scheduler(sched, prompts[:4], greedy_params(NEW))
+        assert_pool_clean(sched)
+        if overlap:
+            # prefill 1 out, prefill 2 out, then prefill 1's result; ... prefill 4's result before decode 1 goes out
+            assert events[:7] == ["launch", "launch", "process", "launch", "process", "launch", "process"]
+            assert events[7:9] == ["process", "launch"]
+        else:
+            assert events[:8] == ["launch", "process"] * 4
+        stats = sched.stats
+        assert stats.prefill_batches == 4 and stats.prefill_batches + stats.decode_batches == sched.forward_ct
+        assert stats.prefill_device_seconds > 0 and stats.decode_device_seconds > 0
+        assert stats.device_gap_before_prefill_seconds >= 0 and stats.device_gap_before_decode_seconds > 0
+    for i, (a, b) in enumerate(zip(outs[True], outs[False])):
+        assert a.output_ids == b.output_ids and len(a.output_ids) == NEW, f"prompt {i}"
 
 
 def test_greedy_outputs_identical_with_stops_and_lengths(pair, prompts, tok):

@@ -16,6 +16,8 @@ all of it off.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -23,9 +25,18 @@ import triton.language as tl
 from sglang.srt.environ import envs
 
 
+@functools.lru_cache(maxsize=None)
+def _device_supports_pdl(device_index: int) -> bool:
+    """Compute capability 9.0+ (a fact of the device: asked once per device, not before every launch)."""
+    return torch.cuda.get_device_capability(device_index)[0] >= 9
+
+
 def pdl_available(t: torch.Tensor) -> bool:
     """Launch kernels working on ``t`` with PDL: a CUDA tensor on compute capability 9.0+, not switched off."""
-    return t.is_cuda and torch.cuda.get_device_capability(t.device)[0] >= 9 and envs.SGLANG_ENABLE_PDL.get()
+    if not t.is_cuda or not envs.SGLANG_ENABLE_PDL.get():
+        return False
+    index = t.device.index if t.device.index is not None else torch.cuda.current_device()
+    return _device_supports_pdl(index)
 
 
 @triton.jit

@@ -114,6 +114,14 @@ class SchedulerStats:
     # serving loop's period while it only decodes (the graph step when the host keeps up, more when not).
     decode_periods: int = 0
     decode_period_seconds: float = 0.0
+    # The device's time by batch kind, and its idle gaps between batches while the scheduler had work, by the
+    # kind of the batch that followed (device_timeline.py): host work the overlap scheduler did not hide.
+    prefill_batches: int = 0
+    prefill_device_seconds: float = 0.0
+    decode_batches: int = 0
+    decode_device_seconds: float = 0.0
+    device_gap_before_prefill_seconds: float = 0.0
+    device_gap_before_decode_seconds: float = 0.0
     kt_slot: Optional[dict] = None  # the elastic KT prefill slot (ElasticSlotStats), when there is one
 
 

@@ -21,6 +21,7 @@ from typing import Callable, Deque, List, Optional
 
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.environ import envs
+from sglang.srt.managers.device_timeline import DeviceMark, DeviceTimeline
 from sglang.srt.managers.elastic_slot import ElasticKTSlot, HostTailArena
 from sglang.srt.managers.io_struct import AbortReq, SchedulerStats, TokenizedGenerateReqInput
 from sglang.srt.managers.schedule_batch import FinishReason, Req, ScheduleBatch
@@ -84,6 +85,7 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.output_sink = output_sink or (lambda out: None)
         self.stats = SchedulerStats(max_total_num_tokens=self.model_runner.max_total_num_tokens)
+        self.timeline = DeviceTimeline(self.stats)
         self._tokens_since = (time.monotonic(), 0)
         self.forward_ct = 0
         self._finished_reqs: List[Req] = []  # finished outside process_batch_result, sent with the next output
@@ -202,14 +204,15 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
         )
 
     def get_next_batch_to_run(self) -> Optional[ScheduleBatch]:
-        if self.in_flight is not None and self.in_flight.forward_mode.is_extend():
-            # A prefill's requests join the running batch (and a chunked prompt continues) once its result is in.
+        if self.prefill_in_flight() and not self.prefill_may_follow_unprocessed():
             self.drain()
         batch = self.get_new_batch_prefill()
         if batch is not None:
             if self.server_args.enable_mixed_chunk:
                 self.mix_running_into(batch)
             return batch
+        if self.prefill_in_flight():
+            self.drain()  # a prefill's requests join the running batch once its result is in
         running = self.running_batch
         if running is not None and self.in_flight is not None and self.needs_outputs_before_decode(running):
             self.drain()
@@ -217,6 +220,33 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
             self.running_batch = None
             return None
         return self.update_running_batch()
+
+    def prefill_in_flight(self) -> bool:
+        return self.in_flight is not None and self.in_flight.forward_mode.is_extend()
+
+    def prefill_may_follow_unprocessed(self) -> bool:
+        """Whether the next prefill may go out before the result of the prefill in flight is processed, as in
+        SGLang's overlap loop: new requests do not need it (their admission counts the in-flight prefill's
+        requests as running, `requests_joining`), so the device runs prefill chunks back to back instead of
+        idling while the host processes each result and forms the next batch. A chunked prompt's next chunk
+        waits for it (its prefix is inserted into the radix tree there), and so does the elastic KT slot.
+        Like SGLang, a waiting request then does not find the in-flight prompts in the radix tree."""
+        return (
+            self.enable_overlap
+            and self.chunked_req is None
+            and self.in_flight.chunked_req is None
+            and self.elastic_slot is None
+            and bool(self.waiting_queue)
+        )
+
+    def requests_joining(self) -> List[Req]:
+        """The requests of the prefill in flight that will join the running batch when its result is in."""
+        if not self.prefill_in_flight():
+            return []
+        launched = self.in_flight
+        return [
+            r for r in launched.reqs[: launched.batch_size() - launched.num_decode] if r is not launched.chunked_req
+        ]
 
     def mix_running_into(self, batch: ScheduleBatch) -> None:
         """--enable-mixed-chunk: the running requests take their next decode step inside this prefill batch
@@ -256,7 +286,7 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
             room = a.available_size() - tail_free_tokens + self.tree_cache.evictable_size()
             if slot.should_take(self.chunked_req, self.waiting_queue, self.chunked_prefill_size, room):
                 slot.take(step=self.forward_ct + 1)
-        running = self.running_batch.reqs if self.running_batch else []
+        running = (self.running_batch.reqs if self.running_batch else []) + self.requests_joining()
         reserved = sum(estimated_future_tokens(r, self.new_token_ratio) for r in running)
         adder = PrefillAdder(
             page_size=self.server_args.page_size,
@@ -341,9 +371,12 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
         self.faults.before_forward(self.forward_ct)
         worker_batch = batch.get_model_worker_batch()
         forward_batch = ForwardBatch.init_new(worker_batch, self.model_runner)
+        start = DeviceMark.now(on_cuda=self.device == "cuda")
         logits_output = self.model_runner.forward(forward_batch)
         sampled = self.model_runner.sample(logits_output, forward_batch)
-        return PendingResult.start(sampled, logits_output.input_logprobs, worker_batch.sampling_info.logprob_requests)
+        return PendingResult.launch(
+            sampled, logits_output.input_logprobs, worker_batch.sampling_info.logprob_requests, start
+        )
 
     def step(self) -> bool:
         """Run at most one batch; returns False when there was nothing to do. With overlap scheduling the
@@ -352,7 +385,9 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
         so a request that finished there computes one more token, which is dropped."""
         batch = self.get_next_batch_to_run()
         if batch is None:
-            return self.drain()
+            drained = self.drain()
+            self.timeline.out_of_work()
+            return drained
         slot = self.elastic_slot  # taken, if it could be, before the batch was formed (get_new_batch_prefill)
         launched = self.launch_batch(batch)
         previous, self.in_flight = self.in_flight, launched
@@ -385,13 +420,15 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
 
     def finish_batch(self, launched: LaunchedBatch) -> None:
         """Wait for a launched batch's result and hand its tokens to the requests."""
+        pending = launched.result
         try:
-            result = launched.result.resolve()
+            result = pending.resolve()
         except Exception as e:  # noqa: BLE001 - an error the device reported late: as if the launch had failed
             for req in launched.reqs:
                 req.tokens_in_flight -= 1
             self.handle_batch_failure(launched, e)
         else:
+            self.timeline.account(launched.forward_mode.is_extend(), pending.start, pending.end)
             self.process_batch_result(launched, result)
 
     def drain(self) -> bool:

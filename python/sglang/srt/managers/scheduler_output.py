@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, List, Optional, Tuple
 
 import torch
 
+from sglang.srt.managers.device_timeline import DeviceMark
 from sglang.srt.managers.io_struct import BatchTokenIDOut
 from sglang.srt.managers.schedule_batch import FinishReason
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -38,14 +39,19 @@ class PendingResult:
     """One forward's outputs on their way to the host: copies enqueued behind the forward on its stream and
     an event after them, so the scheduler can launch the next step before reading these."""
 
-    sampled: "SampleOutput"  # host tensors, valid once `ready` has completed
+    sampled: "SampleOutput"  # host tensors, valid once `end` has completed
     prompt: Optional["InputLogprobs"]
     requests: Optional["LogprobRequests"]
-    ready: Optional[torch.cuda.Event]  # None on the CPU, where the copies are the tensors themselves
+    start: DeviceMark  # before the forward
+    end: DeviceMark  # after the copies (on the CPU the copies are the tensors themselves)
 
     @classmethod
-    def start(
-        cls, sampled: "SampleOutput", prompt: Optional["InputLogprobs"], requests: Optional["LogprobRequests"]
+    def launch(
+        cls,
+        sampled: "SampleOutput",
+        prompt: Optional["InputLogprobs"],
+        requests: Optional["LogprobRequests"],
+        start: DeviceMark,
     ) -> "PendingResult":
         def extras_copy(e: Optional["LogprobExtras"]) -> Optional["LogprobExtras"]:
             return None if e is None else type(e)(*(_host_copy(t) for t in (e.top_values, e.top_ids, e.chosen)))
@@ -56,16 +62,12 @@ class PendingResult:
         host_prompt = None
         if prompt is not None:
             host_prompt = type(prompt)(_host_copy(prompt.token_logprobs), extras_copy(prompt.extras))
-        ready = None
-        if sampled.next_token_ids.device.type == "cuda":
-            ready = torch.cuda.Event()
-            ready.record()
-        return cls(host_sampled, host_prompt, requests, ready)
+        end = DeviceMark.now(on_cuda=sampled.next_token_ids.device.type == "cuda")
+        return cls(host_sampled, host_prompt, requests, start, end)
 
     def resolve(self) -> "BatchResult":
         """Wait for the copies (the forward's end), then read them."""
-        if self.ready is not None:
-            self.ready.synchronize()
+        self.end.synchronize()
         return BatchResult.from_host(self.sampled, self.prompt, self.requests)
 
 

@@ -21,9 +21,9 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang.srt.layers.attention.triton_ops.decode_attention import _use_while_loops
 from sglang.srt.layers.decode_gemm.table import GemmConfig
 from sglang.srt.layers.pdl import pdl_available, pdl_prologue, release_dependents, wait_for_prerequisites
+from sglang.srt.layers.triton_loops import use_while_loops
 
 
 @triton.jit(do_not_specialize=["M", "k_tiles"])
@@ -74,7 +74,7 @@ def _skinny_gemm_kernel(
         x_ptrs += BLOCK_K
         first = 1
     # Every split walks k_tiles tiles; only the last split's tail is masked off.
-    if WHILE_LOOPS:  # the interpreter (CPU tests): see decode_attention._use_while_loops
+    if WHILE_LOOPS:  # the interpreter (CPU tests): see triton_loops.use_while_loops
         i = 0
         while i < k_tiles:
             acc = _accumulate_tile(
@@ -145,7 +145,8 @@ def skinny_linear(
     split_k = triton.cdiv(k, k_per_split)
     grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, config.block_m), split_k)
     fused_bias = bias is not None and split_k == 1
-    use_pdl = config.pdl and pdl_available(x)
+    pdl = pdl_available(x)  # the split-K sum below launches with PDL whatever the config says
+    use_pdl = config.pdl and pdl
     target = out if split_k == 1 else torch.empty(split_k, m, n, device=x.device, dtype=torch.float32)
     _skinny_gemm_kernel[grid](
         x,
@@ -166,7 +167,7 @@ def skinny_linear(
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # fp32 (CPU tests): exact products
-        WHILE_LOOPS=_use_while_loops(x),
+        WHILE_LOOPS=use_while_loops(x),
         USE_PDL=use_pdl,
         launch_pdl=use_pdl,
         num_warps=config.num_warps,
@@ -174,7 +175,6 @@ def skinny_linear(
     )
     if split_k > 1:
         block = 1024
-        pdl = pdl_available(x)
         _sum_splits_kernel[(m, triton.cdiv(n, block))](
             target,
             bias if bias is not None else x,

@@ -31,16 +31,7 @@ import triton
 import triton.language as tl
 
 from sglang.srt.layers.pdl import pdl_available, pdl_prologue
-
-
-def _use_while_loops(t: torch.Tensor) -> bool:
-    """Loops with device-read bounds are written twice, selected by a constexpr.
-
-    On the GPU they are ``for`` loops (only those get software-pipelined by ``num_stages``). In
-    the triton 3.6 interpreter every scalar is a 1-element numpy array and ``range()`` calls
-    ``int()`` on it, which numpy >= 2.4 rejects; a ``while`` loop only needs ``bool()``.
-    """
-    return not t.is_cuda
+from sglang.srt.layers.triton_loops import use_while_loops
 
 
 @triton.jit
@@ -177,7 +168,7 @@ def _decode_grouped_stage1(
         m_i = tl.full([BLOCK_H], -1e30, dtype=tl.float32)  # finite: no (-inf) - (-inf)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
-        if WHILE_LOOPS:  # interpreter: see _use_while_loops
+        if WHILE_LOOPS:  # interpreter: see triton_loops.use_while_loops
             n0 = start
             while n0 < end:
                 mask_n = n0 + offs_n < end
@@ -379,7 +370,7 @@ def decode_attention_fwd(
         BLOCK_H=BLOCK_H,
         SPLIT_ALIGN=config.block_n,
         USE_CAP=logit_cap > 0,
-        WHILE_LOOPS=_use_while_loops(q),
+        WHILE_LOOPS=use_while_loops(q),
         PDL=pdl,
         **extra,
     )

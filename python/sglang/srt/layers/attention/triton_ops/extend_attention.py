@@ -21,10 +21,8 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang.srt.layers.attention.triton_ops.decode_attention import (
-    _attend_kv_block,
-    _use_while_loops,
-)
+from sglang.srt.layers.attention.triton_ops.decode_attention import _attend_kv_block
+from sglang.srt.layers.triton_loops import use_while_loops
 
 
 @triton.jit
@@ -99,7 +97,7 @@ def _extend_fwd_kernel(
         else:
             ext_end = ext_len
 
-        # Loop bodies are written once per loop form (see _use_while_loops):
+        # Loop bodies are written once per loop form (see triton_loops.use_while_loops):
         # 1) the cached prefix through the slot indirection, every valid column visible;
         # 2) the new tokens straight from k_extend / v_extend, causally masked.
         if WHILE_LOOPS:
@@ -308,6 +306,6 @@ def extend_attention_fwd(
         BLOCK_N=block_n,
         IS_CAUSAL=bool(is_causal),
         USE_CAP=logit_cap > 0,
-        WHILE_LOOPS=_use_while_loops(q_extend),
+        WHILE_LOOPS=use_while_loops(q_extend),
         **extra,
     )
