@@ -137,22 +137,36 @@ def decode_step_ms(mr, bs: int, ctx: int, iters: int = 30) -> tuple[float, bool]
     return start.elapsed_time(end) / iters, shared
 
 
-def prefill_tokens_per_s(mr, chunk: int = 8192, iters: int = 5) -> float:
+def extend_batch(mr, batch: int, length: int):
+    """A ForwardBatch of `batch` new prompts of `length` tokens (no cached prefix), and a function that
+    frees their request rows and KV slots."""
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
 
-    (row,) = mr.req_to_token_pool.alloc(1)
-    slots = mr.token_to_kv_pool_allocator.alloc(chunk)
-    mr.req_to_token_pool.req_to_token[row, :chunk] = slots.to(torch.int32).cuda()
-    batch = ModelWorkerBatch(
+    rows = mr.req_to_token_pool.alloc(batch)
+    slots = mr.token_to_kv_pool_allocator.alloc(batch * length)
+    table = slots.view(batch, length).to(torch.int32).to(mr.device)
+    for i, row in enumerate(rows):
+        mr.req_to_token_pool.req_to_token[row, :length] = table[i]
+    worker_batch = ModelWorkerBatch(
         ForwardMode.EXTEND,
-        input_ids=[11] * chunk,
-        req_pool_indices=[row],
-        seq_lens=[chunk],
+        input_ids=[11 + (i % 1000) for i in range(batch * length)],
+        req_pool_indices=rows,
+        seq_lens=[length] * batch,
         out_cache_loc=slots,
-        extend_seq_lens=[chunk],
-        extend_prefix_lens=[0],
+        extend_seq_lens=[length] * batch,
+        extend_prefix_lens=[0] * batch,
     )
-    fb = ForwardBatch.init_new(batch, mr)
+
+    def release() -> None:
+        for row in rows:
+            mr.req_to_token_pool.free(row)
+        mr.token_to_kv_pool_allocator.free(slots)
+
+    return ForwardBatch.init_new(worker_batch, mr), release
+
+
+def prefill_tokens_per_s(mr, chunk: int = 8192, iters: int = 5) -> float:
+    fb, release = extend_batch(mr, 1, chunk)
     mr.forward(fb)
     torch.cuda.synchronize()
     t = time.perf_counter()
@@ -160,8 +174,7 @@ def prefill_tokens_per_s(mr, chunk: int = 8192, iters: int = 5) -> float:
         mr.forward(fb)
     torch.cuda.synchronize()
     elapsed = (time.perf_counter() - t) / iters
-    mr.req_to_token_pool.free(row)
-    mr.token_to_kv_pool_allocator.free(slots)
+    release()
     return chunk / elapsed
 
 

@@ -212,8 +212,15 @@ def device_time_columns(before: Dict[str, float], after: Dict[str, float], durat
     """Where the run's wall time went on the device: prefill, decode, gaps while the scheduler had work (host
     work not hidden), and the rest (the scheduler had nothing to run: waiting for the client / HTTP process)."""
     d = {k: after[k] - before[k] for k in COUNTERS}
-    device_keys = ("prefill_device_seconds", "decode_device_seconds") + tuple(k for k in COUNTERS if "gap" in k)
-    accounted = sum(d[k] for k in device_keys)
+    accounted = sum(
+        d[k]
+        for k in (
+            "prefill_device_seconds",
+            "decode_device_seconds",
+            "device_gap_before_prefill_seconds",
+            "device_gap_before_decode_seconds",
+        )
+    )
     return {
         "server_decode_period_ms": d["decode_period_seconds"] / d["decode_periods"] * 1000
         if d["decode_periods"]

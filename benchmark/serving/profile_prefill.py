@@ -29,7 +29,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 sys.path.insert(0, os.path.join(ROOT, "benchmark", "decode_roofline"))
 
-from bench_decode_roofline import our_runner  # noqa: E402
+from bench_decode_roofline import extend_batch, our_runner  # noqa: E402
 
 from sglang.test.gpu_utils import shape_config_dir  # noqa: E402
 
@@ -60,33 +60,6 @@ def timed_ms(fn, iters: int) -> float:
     end.record()
     torch.cuda.synchronize()
     return start.elapsed_time(end) / iters
-
-
-def extend_batch(mr, batch: int, length: int):
-    """A ForwardBatch of `batch` new prompts of `length` tokens (no prefix) and a release function."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
-
-    rows = mr.req_to_token_pool.alloc(batch)
-    slots = mr.token_to_kv_pool_allocator.alloc(batch * length)
-    table = slots.view(batch, length).to(torch.int32).cuda()
-    for i, row in enumerate(rows):
-        mr.req_to_token_pool.req_to_token[row, :length] = table[i]
-    worker_batch = ModelWorkerBatch(
-        ForwardMode.EXTEND,
-        input_ids=[11 + (i % 1000) for i in range(batch * length)],
-        req_pool_indices=rows,
-        seq_lens=[length] * batch,
-        out_cache_loc=slots,
-        extend_seq_lens=[length] * batch,
-        extend_prefix_lens=[0] * batch,
-    )
-
-    def release() -> None:
-        for row in rows:
-            mr.req_to_token_pool.free(row)
-        mr.token_to_kv_pool_allocator.free(slots)
-
-    return ForwardBatch.init_new(worker_batch, mr), release
 
 
 def model_flops(mr, batch: int, length: int) -> float:
