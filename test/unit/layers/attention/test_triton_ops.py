@@ -265,3 +265,63 @@ def test_decode_cuda_graph_replay_with_new_indices():
         real = torch.tensor([n > 0 for n in lens])
         assert torch.isfinite(o.float()).all()
         torch.testing.assert_close(o.float().cpu()[real], ref[real], atol=2e-2, rtol=2e-2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the GPU machine)")
+@pytest.mark.parametrize("kv_dtype", [torch.float8_e4m3fn, torch.float8_e5m2])
+def test_fp8_kv_cache_reads_as_its_dequantized_values(kv_dtype):
+    """--kv-cache-dtype fp8_*: the pool holds bytes viewed as fp8 (memory_pool.kv_storage_dtype); decode and
+    extend attention upcast each K/V tile (decode to fp16: decode_attention.dot_dtype), so they attend to the
+    dequantized values: as the reference does, and as the kernels do over bf16 buffers holding them."""
+    dev, (hq, hkv, d) = "cuda", (32, 8, 128)
+    gen = torch.Generator().manual_seed(7)
+    lens, num_slots = [1, 300, 2000], 2400
+    k_fp8, v_fp8 = (
+        t.to(kv_dtype).view(torch.uint8).view(kv_dtype) for t in _pool(num_slots, hkv, d, d, torch.float32, dev, gen)
+    )
+    k_deq, v_deq = k_fp8.to(torch.bfloat16), v_fp8.to(torch.bfloat16)
+    indptr, indices = _slots(lens, num_slots, torch.int64, dev, gen)
+    q = torch.randn(len(lens), hq, d, generator=gen).to(dev, torch.bfloat16)
+    scale, max_splits = 1.0 / math.sqrt(d), 4
+    splits = torch.empty(len(lens), dtype=torch.int32, device=dev)
+    get_num_kv_splits(splits, torch.tensor(lens, dtype=torch.int32, device=dev), max_splits)
+
+    def decode(k_buf, v_buf):
+        o = torch.empty(len(lens), hq, d, device=dev, dtype=torch.bfloat16)
+        logits = torch.empty(len(lens), hq, max_splits, d, device=dev, dtype=torch.float32)
+        lse = torch.empty(len(lens), hq, max_splits, device=dev, dtype=torch.float32)
+        decode_attention_fwd(q, k_buf, v_buf, o, indptr, indices, logits, lse, splits, max_splits, scale)
+        return o
+
+    out = decode(k_fp8, v_fp8)
+    ref = _ref_decode(q, k_deq, v_deq, indptr, indices, scale, 0.0)
+    torch.testing.assert_close(out.float().cpu(), ref, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out, decode(k_deq, v_deq), atol=2e-2, rtol=2e-2)
+    q[1, 0, 0] = 1e6  # beyond fp16: clamped for the fp16 dots, so the row's softmax stays finite
+    assert torch.isfinite(decode(k_fp8, v_fp8).float()).all()
+
+    ext = [5, 64, 1]
+    qo_indptr, _ = _slots(ext, sum(ext), torch.int64, dev, gen)
+    qe = torch.randn(sum(ext), hq, d, generator=gen).to(dev, torch.bfloat16)
+    k_ext, v_ext = _pool(sum(ext), hkv, d, d, torch.bfloat16, dev, gen)
+
+    def extend(k_buf, v_buf):
+        o = torch.empty(sum(ext), hq, d, device=dev, dtype=torch.bfloat16)
+        extend_attention_fwd(
+            qe, k_ext, v_ext, o, k_buf, v_buf, qo_indptr, indptr, indices, max(ext), scale, is_causal=True
+        )
+        return o
+
+    out = extend(k_fp8, v_fp8)
+    ref = _ref_extend(qe, k_ext, v_ext, k_deq, v_deq, qo_indptr, indptr, indices, scale, True, 0.0)
+    torch.testing.assert_close(out.float().cpu(), ref, atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(out, extend(k_deq, v_deq), atol=1e-3, rtol=1e-3)  # both upcast to the query's bf16
+
+
+def test_dot_dtype_is_the_querys_unless_the_kv_cache_is_fp8():
+    from sglang.srt.layers.attention.triton_ops.decode_attention import dot_dtype
+
+    assert dot_dtype(torch.bfloat16, torch.bfloat16) is torch.bfloat16
+    assert dot_dtype(torch.float32, torch.float32) is torch.float32
+    assert dot_dtype(torch.bfloat16, torch.float8_e4m3fn) is torch.float16
+    assert dot_dtype(torch.bfloat16, torch.float8_e5m2) is torch.float16

@@ -135,6 +135,7 @@ def _decode_grouped_stage1(
     USE_CAP: tl.constexpr,
     WHILE_LOOPS: tl.constexpr,
     PDL: tl.constexpr,
+    DOT_DTYPE: tl.constexpr,
 ):
     pdl_prologue(PDL)
     b = tl.program_id(0)
@@ -165,6 +166,9 @@ def _decode_grouped_stage1(
             mask=mask_h[:, None] & mask_d[None, :],
             other=0.0,
         )
+        if DOT_DTYPE == tl.float16:  # bf16 queries beyond fp16's range saturate instead of becoming inf
+            q = tl.clamp(q.to(tl.float32), -65504.0, 65504.0)
+        q = q.to(DOT_DTYPE)  # K/V tiles are upcast to q's dtype: see dot_dtype
         m_i = tl.full([BLOCK_H], -1e30, dtype=tl.float32)  # finite: no (-inf) - (-inf)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
@@ -294,6 +298,19 @@ class DecodeKernelConfig:
         return cls() if head_dim <= 128 else cls(block_n=64, num_warps=8, num_stages=2)
 
 
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+_TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
+
+
+def dot_dtype(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> torch.dtype:
+    """The dtype of stage 1's two dots (scores, then probabilities x V): the query's, except over an fp8 KV
+    cache (``--kv-cache-dtype fp8_*``), whose tiles go to fp16: one conversion instruction per pair of values on
+    sm89+, where reaching bf16 takes several per value and costs more than the halved reads save (measured in
+    ``benchmark/decode_roofline/bench_kv_cache_dtype.py``). Every fp8 value is exact in fp16; a bf16 query entry
+    beyond fp16's range is clamped to +-65504 (stage 1), not turned into inf."""
+    return torch.float16 if kv_dtype in FP8_DTYPES else q_dtype
+
+
 BLOCK_H = 16  # q-head rows per stage-1 program: tl.dot needs M >= 16; masked rows cost no HBM traffic
 
 
@@ -372,6 +389,7 @@ def decode_attention_fwd(
         USE_CAP=logit_cap > 0,
         WHILE_LOOPS=use_while_loops(q),
         PDL=pdl,
+        DOT_DTYPE=_TL_DTYPES[dot_dtype(q.dtype, k_buffer.dtype)],
         **extra,
     )
     extra2 = {} if interp else {"num_warps": 4, "num_stages": 1, "launch_pdl": pdl}
