@@ -304,10 +304,11 @@ _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.floa
 
 def dot_dtype(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> torch.dtype:
     """The dtype of stage 1's two dots (scores, then probabilities x V): the query's, except over an fp8 KV
-    cache (``--kv-cache-dtype fp8_*``), whose tiles go to fp16: one conversion instruction per pair of values on
-    sm89+ (``cvt.rn.f16x2.e4m3x2``); triton reaches bf16 through fp16 plus one more per value, three times the
-    instructions, which cost more than the halved reads save (``benchmark/decode_roofline/bench_kv_cache_dtype.py``). Every fp8 value is exact in fp16; a bf16 query entry
-    beyond fp16's range is clamped to +-65504 (stage 1), not turned into inf."""
+    cache (``--kv-cache-dtype fp8_*``), whose tiles go to fp16: one conversion instruction per pair of values
+    on sm89+ (``cvt.rn.f16x2.e4m3x2``), where triton reaches bf16 through fp16 plus one more per value, three
+    times the instructions, which cost more than the halved reads save
+    (``benchmark/decode_roofline/bench_kv_cache_dtype.py``). Every fp8 value is exact in fp16; a bf16 query
+    entry beyond fp16's range is clamped to +-65504 (stage 1), not turned into inf."""
     return torch.float16 if kv_dtype in FP8_DTYPES else q_dtype
 
 
