@@ -187,16 +187,14 @@ def server_facts(base_url: str) -> dict:
 
 
 # Scheduler counters read before and after each run (SchedulerStats; device_timeline.py for the device ones).
-COUNTERS = (
-    "decode_periods",
-    "decode_period_seconds",
-    "prefill_batches",
+# DEVICE_SECONDS: the device's busy and idle-gap seconds; what they leave of a run's duration had no work queued.
+DEVICE_SECONDS = (
     "prefill_device_seconds",
-    "decode_batches",
     "decode_device_seconds",
     "device_gap_before_prefill_seconds",
     "device_gap_before_decode_seconds",
 )
+COUNTERS = ("decode_periods", "decode_period_seconds", "prefill_batches", "decode_batches", *DEVICE_SECONDS)
 
 
 def scheduler_counters(base_url: str) -> Dict[str, float]:
@@ -212,15 +210,7 @@ def device_time_columns(before: Dict[str, float], after: Dict[str, float], durat
     """Where the run's wall time went on the device: prefill, decode, gaps while the scheduler had work (host
     work not hidden), and the rest (the scheduler had nothing to run: waiting for the client / HTTP process)."""
     d = {k: after[k] - before[k] for k in COUNTERS}
-    accounted = sum(
-        d[k]
-        for k in (
-            "prefill_device_seconds",
-            "decode_device_seconds",
-            "device_gap_before_prefill_seconds",
-            "device_gap_before_decode_seconds",
-        )
-    )
+    accounted = sum(d[k] for k in DEVICE_SECONDS)
     return {
         "server_decode_period_ms": d["decode_period_seconds"] / d["decode_periods"] * 1000
         if d["decode_periods"]

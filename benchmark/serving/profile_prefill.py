@@ -31,6 +31,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmark", "decode_roofline"))
 
 from bench_decode_roofline import extend_batch, our_runner  # noqa: E402
 
+from sglang.srt.configs.model_config import attention_head_dim, total_num_kv_heads  # noqa: E402
 from sglang.test.gpu_utils import shape_config_dir  # noqa: E402
 
 TFLOP = 1e12
@@ -71,7 +72,7 @@ def model_flops(mr, batch: int, length: int) -> float:
         if p.dim() == 2 and "embed" not in name and "lm_head" not in name
     )
     tokens = batch * length
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    head_dim = attention_head_dim(cfg)
     attention = 4 * cfg.num_hidden_layers * cfg.num_attention_heads * head_dim * batch * length * (length + 1) / 2
     lm_head = 2 * batch * cfg.hidden_size * cfg.vocab_size
     return 2 * linear * tokens + attention + lm_head
@@ -118,8 +119,7 @@ def attention_rows(mr, batch: int, length: int, iters: int) -> dict:
     from sglang.srt.layers.attention.triton_ops import extend_attention_fwd
 
     cfg = mr.model_config.hf_config
-    hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
-    d = getattr(cfg, "head_dim", None) or cfg.hidden_size // hq
+    hq, hkv, d = cfg.num_attention_heads, total_num_kv_heads(cfg), attention_head_dim(cfg)
     n = batch * length
     gen = torch.Generator(device="cuda").manual_seed(0)
     q = torch.randn(n, hq, d, device="cuda", dtype=torch.bfloat16, generator=gen)

@@ -62,7 +62,7 @@ class PendingResult:
         host_prompt = None
         if prompt is not None:
             host_prompt = type(prompt)(_host_copy(prompt.token_logprobs), extras_copy(prompt.extras))
-        end = DeviceMark.now(on_cuda=sampled.next_token_ids.device.type == "cuda")
+        end = DeviceMark.now(on_cuda=start.event is not None)  # the same clock as `start`
         return cls(host_sampled, host_prompt, requests, start, end)
 
     def resolve(self) -> "BatchResult":
