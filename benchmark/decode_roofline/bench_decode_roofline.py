@@ -1,12 +1,14 @@
 """Decode step time of the Llama-3.1-8B shape vs the HBM floor and vs transformers, on one GPU.
 
-    python benchmark/decode_roofline/bench_decode_roofline.py [--out DIR]
+    python benchmark/decode_roofline/bench_decode_roofline.py [--quantization fp8] [--skip-hf] [--out DIR]
 
 Measures, in one run: the device-to-device copy bandwidth; transformers' decode step (generate)
 at batch 1 and 64, context 1k, on the same dummy weights; our decode step (CUDA graph replay,
 including the per-step attention metadata) at batch 1/8/64/256 and context 1k/8k; our prefill
 throughput for 8k-token chunks. The HBM floor of a step is (weight bytes + KV bytes read) divided
-by the copy bandwidth (bytes read + written per second). Prints a table, writes JSON + markdown.
+by the copy bandwidth (bytes read + written per second). With ``--quantization fp8`` our model's linear
+layers hold fp8 weights (the floor counts the bytes the model really holds; transformers stays bf16).
+Prints a table, writes JSON + markdown.
 """
 
 from __future__ import annotations
@@ -75,7 +77,7 @@ def hf_decode_step_ms(config_dir: str, batches, ctx: int) -> dict:
     return out
 
 
-def our_runner(config_dir: str):
+def our_runner(config_dir: str, quantization=None):
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.server_args import ServerArgs
@@ -86,6 +88,7 @@ def our_runner(config_dir: str):
         skip_tokenizer_init=True,
         max_running_requests=256,
         log_level="warning",
+        quantization=quantization,
     )
     return ModelRunner(ModelConfig.from_server_args(args), args)
 
@@ -182,6 +185,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
     parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--quantization", default=None, choices=["fp8"], help="our model's linear layers")
     parser.add_argument(
         "--decode-config",
         default="",
@@ -192,10 +196,12 @@ def main() -> None:
     config_dir = shape_config_dir("Llama-3.1-8B")
     bw = copy_bandwidth()
     hf = {} if args.skip_hf else hf_decode_step_ms(config_dir, [1, 64], 1024)
-    mr = our_runner(config_dir)
+    mr = our_runner(config_dir, args.quantization)
     if args.decode_config:
         apply_decode_config(mr, json.loads(args.decode_config))
-    weight_bytes = sum(p.numel() * p.element_size() for p in mr.model.parameters())
+    # Parameters and the fp8 layers' scales: what a step reads (rotary tables and other buffers are not).
+    scales = [b for name, b in mr.model.named_buffers() if name.endswith("weight_scale")]
+    weight_bytes = sum(t.numel() * t.element_size() for t in [*mr.model.parameters(), *scales])
     cell = mr.memory_plan.cell_size_bytes
     rows = []
     for ctx in (1024, 8192):
@@ -218,6 +224,7 @@ def main() -> None:
     result = {
         "device": torch.cuda.get_device_name(),
         "torch": torch.__version__,
+        "quantization": args.quantization,
         "copy_bandwidth_GBps": round(bw / GB, 1),
         "weight_GB": round(weight_bytes / GB, 3),
         "kv_cell_bytes": cell,
@@ -228,7 +235,7 @@ def main() -> None:
         "min_block_tokens": mr.attn_backend.min_block_tokens,
     }
     lines = [
-        f"Llama-3.1-8B shape, bf16, {result['device']}; copy bandwidth {result['copy_bandwidth_GBps']} GB/s; "
+        f"Llama-3.1-8B shape, {'fp8 linear layers' if args.quantization else 'bf16'}, {result['device']}; copy bandwidth {result['copy_bandwidth_GBps']} GB/s; "
         f"weights {result['weight_GB']} GB; prefill (8k-token chunk) {result['prefill_8k_tokens_per_s']} tokens/s",
         "",
         "| batch | context | step ms | HBM floor ms | x floor | tokens/s | transformers step ms |",

@@ -1,7 +1,7 @@
 """Tune the skinny decode GEMM (``srt/layers/decode_gemm``) against cuBLAS and write the device's table.
 
     python benchmark/decode_roofline/tune_decode_gemms.py [--model Llama-3.1-8B] [--tp-size 1]
-        [--batches 1 4 8 16 32 64] [--out DIR] [--table FILE]
+        [--batches 1 4 8 16 32 64] [--fp8] [--out DIR] [--table FILE]
 
 For each projection of the model (qkv, o and, dense models, gate_up and down, with the shapes one
 tensor-parallel rank holds: ``decode_gemm/shapes.py``) and batch size it times, as one CUDA graph
@@ -12,7 +12,10 @@ writes its input, as in the model (with PDL the GEMM may start while the norm dr
 are timed too and subtracted.
 Every config's output is checked against ``F.linear``; a config that fails to compile or to match is
 skipped and counted. The fastest skinny config goes into the table where it beats cuBLAS by more than
-``--margin`` (else the entry is ``null``: cuBLAS). Updates this GPU's table (in $SGLANG_DECODE_GEMM_CONFIG_DIR
+``--margin`` (else the entry is ``null``: cuBLAS). With ``--fp8`` the weights are quantized as
+``--quantization fp8`` stores them, both sides quantize the activation per token first (one kernel), and
+the skinny kernel on fp8 operands competes with ``torch._scaled_mm``; the entries go under ``N x K:fp8``
+(default output dir ``gemm_tuning_fp8``). Updates this GPU's table (in $SGLANG_DECODE_GEMM_CONFIG_DIR
 if set, else the package's ``configs/``; other shapes in it stay) that the engine reads at load time, writes a
 table + JSON of the measurements to ``--out``, and prints the table.
 """
@@ -30,10 +33,12 @@ from bench_decode_gemms import LAYERS
 from bench_decode_roofline import ROOT, copy_bandwidth
 
 from sglang.srt.environ import envs
+from sglang.srt.layers.decode_gemm import CUBLAS_ONLY, GemmPlan
 from sglang.srt.layers.decode_gemm.kernel import skinny_linear
 from sglang.srt.layers.decode_gemm.shapes import projection_shapes
 from sglang.srt.layers.decode_gemm.table import GemmConfig, device_table_path, shape_key, update_table_file
 from sglang.srt.layers.fused_elementwise import rmsnorm
+from sglang.srt.layers.quantization.fp8_linear import fp8_linear, quantize_rows
 from sglang.test.bench_utils import cuda_graph_ms, write_results
 
 
@@ -41,14 +46,19 @@ def block_m_for(batch: int) -> int:
     return min(64, max(16, 1 << (batch - 1).bit_length()))
 
 
-def tile_sweep(batch: int) -> list[GemmConfig]:
-    """Split-K 1 tiles for this batch's row block; shared memory bounded by what the H200 gives a block."""
+def tile_sweep(batch: int, fp8: bool = False) -> list[GemmConfig]:
+    """Split-K 1 tiles for this batch's row block; shared memory bounded by what the H200 gives a block.
+    fp8 tiles are half the bytes, so they go one K step deeper; BLOCK_N >= 64 keeps them on fp8 wgmma."""
     block_m = block_m_for(batch)
     block_ks = (128, 256, 512) if block_m == 16 else (64, 128, 256)
     stages = (4, 6) if block_m == 16 else (3, 5)
+    block_ns = (32, 64, 128)
+    if fp8:
+        block_ks, block_ns = tuple(2 * k for k in block_ks), (64, 128)
+    elem_bytes = 1 if fp8 else 2
     configs = []
-    for block_n, block_k, warps, num_stages in itertools.product((32, 64, 128), block_ks, (4, 8), stages):
-        if num_stages * (block_n + block_m) * block_k * 2 > 220 * 1024:
+    for block_n, block_k, warps, num_stages in itertools.product(block_ns, block_ks, (4, 8), stages):
+        if num_stages * (block_n + block_m) * block_k * elem_bytes > 220 * 1024:
             continue
         configs.append(GemmConfig(block_m, block_n, block_k, warps, num_stages))
     return configs
@@ -58,9 +68,12 @@ class LayerChain:
     """What runs before each projection in the model: an RMSNorm writes its input (and, with PDL, releases
     it early). Timed with the norms, reported without them (the norms alone are timed once)."""
 
-    def __init__(self, weights, batch: int) -> None:
+    def __init__(self, weights, batch: int, fp8: bool = False) -> None:
+        """fp8: ``weights`` are ``quantize_rows`` pairs and every GEMM is ``fp8_linear`` (activation
+        quantization included); its reference is the product of the dequantized operands."""
+        self.fp8 = fp8
         self.weights = weights
-        k = weights[0].shape[1]
+        k = (weights[0][0] if fp8 else weights[0]).shape[1]
         self.src = torch.randn(batch, k, device="cuda", dtype=torch.bfloat16)
         self.norm_weight = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
         self.x = torch.empty_like(self.src)
@@ -75,9 +88,14 @@ class LayerChain:
         return cuda_graph_ms(lambda: self.run(gemm)) - self.norms_ms
 
     def cublas(self, x, w) -> torch.Tensor:
+        if self.fp8:
+            return fp8_linear(x, *w, None, CUBLAS_ONLY)  # torch._scaled_mm
         return F.linear(x, w)
 
     def skinny(self, config: GemmConfig):
+        if self.fp8:
+            plan = GemmPlan(((self.src.shape[0], config),))
+            return lambda x, w: fp8_linear(x, *w, None, plan)
         return lambda x, w: skinny_linear(x, w, None, config)
 
     def matches(self, config: GemmConfig) -> bool:
@@ -86,8 +104,8 @@ class LayerChain:
         return bool((out - ref).abs().max() <= 0.02 * ref.abs().max() + 1e-3)
 
 
-def tune_one(weights, batch: int, margin: float) -> dict:
-    chain = LayerChain(weights, batch)
+def tune_one(weights, batch: int, margin: float, fp8: bool = False) -> dict:
+    chain = LayerChain(weights, batch, fp8)
     cublas_ms = chain.gemm_ms(chain.cublas)
     timed, skipped = [], 0
 
@@ -101,7 +119,7 @@ def tune_one(weights, batch: int, margin: float) -> dict:
         except Exception:  # out of shared memory / registers for this tile: not a candidate
             skipped += 1
 
-    for config in tile_sweep(batch):
+    for config in tile_sweep(batch, fp8):
         try_config(config)
     best_tiles = [c for _, c in sorted(timed, key=lambda t: t[0])[:4]]
     for config, split_k, pdl in itertools.product(best_tiles, (1, 2, 4, 8), (False, True)):
@@ -142,7 +160,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])
     parser.add_argument("--margin", type=float, default=0.01, help="skinny must beat cuBLAS by this fraction")
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "gemm_tuning"))
+    parser.add_argument("--fp8", action="store_true", help="tune fp8 weights (--quantization fp8) against _scaled_mm")
+    parser.add_argument("--out", default="", help="default: gemm_tuning/ (bf16) or gemm_tuning_fp8/ beside this file")
     parser.add_argument(
         "--model", default="Llama-3.1-8B", help="a shape name of scripts/make_model_configs.py, or a model dir / HF id"
     )
@@ -153,6 +172,9 @@ def main() -> None:
         help="table file to update (default: this GPU's in $SGLANG_DECODE_GEMM_CONFIG_DIR or the package's)",
     )
     args = parser.parse_args()
+    args.out = args.out or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), "gemm_tuning_fp8" if args.fp8 else "gemm_tuning"
+    )
     device = torch.cuda.get_device_name()
     shapes = projection_shapes(model_config(args.model), args.tp_size)
     bw = copy_bandwidth()
@@ -160,7 +182,9 @@ def main() -> None:
     start = time.perf_counter()
     for name, (n, k) in shapes.items():
         weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)]
-        floor_ms = LAYERS * n * k * 2 / bw * 1000
+        if args.fp8:
+            weights = [quantize_rows(w) for w in weights]
+        floor_ms = LAYERS * n * k * (1 if args.fp8 else 2) / bw * 1000
         entries = {}
         for batch in args.batches:
             row = {
@@ -168,7 +192,7 @@ def main() -> None:
                 "n": n,
                 "k": k,
                 "floor_ms": round(floor_ms, 4),
-                **tune_one(weights, batch, args.margin),
+                **tune_one(weights, batch, args.margin, args.fp8),
             }
             rows.append(row)
             entries[str(batch)] = row["best_skinny_config"] if row["chosen"] == "skinny" else None
@@ -177,7 +201,7 @@ def main() -> None:
                 f"({row['candidates_timed']} timed, {row['candidates_skipped']} skipped) -> {row['chosen']}",
                 flush=True,
             )
-        shapes_table[shape_key(n, k)] = entries
+        shapes_table[shape_key(n, k, args.fp8)] = entries
         del weights
         torch.cuda.empty_cache()
     table_path = args.table or device_table_path(device, envs.SGLANG_DECODE_GEMM_CONFIG_DIR.get())
@@ -191,8 +215,9 @@ def main() -> None:
         margin=args.margin,
     )
     lines = [
-        f"Skinny decode GEMM vs cuBLAS ({args.model} shapes, tp {args.tp_size}, bf16, {LAYERS} distinct weights, CUDA graph, each after "
-        f"an RMSNorm), {device}, "
+        f"Skinny decode GEMM vs {'torch._scaled_mm' if args.fp8 else 'cuBLAS'} ({args.model} shapes, tp {args.tp_size}, "
+        f"{'fp8 weights, per-token activation quantization included' if args.fp8 else 'bf16'}, {LAYERS} distinct "
+        f"weights, CUDA graph, each after an RMSNorm), {device}, "
         f"torch {torch.__version__}, copy bandwidth {bw / 1e9:.1f} GB/s, tuning took {time.perf_counter() - start:.0f} s",
         "",
         "| gemm | N x K | batch | floor ms | cuBLAS ms | x floor | skinny ms | x floor | chosen | skinny config |",

@@ -40,6 +40,23 @@ def test_both_paths_from_the_config(llama_8b):
     assert post.headroom_gb == pytest.approx(12928 / 1024)  # 512 + 8192 * 1.5 + 128 MiB
 
 
+def test_fp8_linear_layers_halve_their_weight_bytes(llama_8b):
+    from transformers import AutoConfig
+
+    from sglang.srt.layers.decode_gemm.shapes import projection_shapes
+
+    bf16, _ = _plans(["--model-path", llama_8b])
+    fp8, _ = _plans(["--model-path", llama_8b, "--quantization", "fp8"])
+    config = AutoConfig.from_pretrained(llama_8b)
+    shapes = projection_shapes(config).values()
+    linear_params = config.num_hidden_layers * sum(n * k for n, k in shapes)
+    scale_bytes = config.num_hidden_layers * sum(n for n, _ in shapes) * 4  # one fp32 scale per output row
+    # One byte instead of two per linear weight; embeddings, lm_head and norms stay bf16.
+    saved = bf16.weights_gb - fp8.weights_gb
+    assert saved == pytest.approx((linear_params - scale_bytes) / GiB, rel=1e-3)
+    assert fp8.max_total_num_tokens > bf16.max_total_num_tokens
+
+
 def test_a_measured_peak_plans_the_post_capture_headroom(llama_8b):
     _, post = _plans(["--model-path", llama_8b, "--activation-peak-gib", "2"])
     assert post.headroom_rule.startswith("measured") and post.headroom_gb == pytest.approx(2.2 + 0.25)

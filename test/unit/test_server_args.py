@@ -35,6 +35,7 @@ BAD_ARGS = [
     (dict(load_format="pickle"), "--load-format"),
     (dict(dtype="float8"), "--dtype"),
     (dict(kv_cache_dtype="int3"), "--kv-cache-dtype"),
+    (dict(quantization="awq"), "--quantization"),
     (dict(device="tpu"), "--device"),
     (dict(attention_backend="flashinfer"), "--attention-backend"),
     (dict(device="cpu", attention_backend="triton"), "--attention-backend"),
@@ -70,12 +71,43 @@ def test_model_path_errors_name_the_flag(tmp_path):
     assert ServerArgs(model_path=str(tmp_path), device="cpu", load_format="dummy").load_format == "dummy"
 
 
+def test_quantization_is_refused_where_it_cannot_apply(tmp_path):
+    import json
+
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.test.gpu_utils import shape_config_dir
+
+    moe = ServerArgs(
+        model_path=shape_config_dir("Qwen3-30B-A3B", root=str(tmp_path)),
+        device="cpu",
+        load_format="dummy",
+        quantization="fp8",
+    )
+    with pytest.raises(ValueError, match="--quantization fp8 quantizes dense models"):
+        ModelConfig.from_server_args(moe)
+    llama = shape_config_dir("Llama-1B-random", root=str(tmp_path))
+    with open(f"{llama}/config.json") as f:
+        config = json.load(f)
+    prequantized = tmp_path / "prequantized"
+    prequantized.mkdir()
+    (prequantized / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "fp8"}}))
+    args = ServerArgs(model_path=str(prequantized), device="cpu", load_format="dummy", quantization="fp8")
+    with pytest.raises(ValueError, match="--quantization fp8: the checkpoint is already quantized"):
+        ModelConfig.from_server_args(args)
+    hf_config = ModelConfig.from_server_args(ServerArgs(model_path=llama, device="cpu", load_format="dummy")).hf_config
+    with pytest.raises(ValueError, match="--quantization fp8 on the GPU needs --dtype bfloat16"):
+        ModelConfig.from_hf_config(hf_config, dtype="float16", device="cuda", quantization="fp8")
+    ok = ModelConfig.from_hf_config(hf_config, dtype="bfloat16", device="cuda", quantization="fp8")
+    assert ok.quantization == "fp8"
+
+
 CLI_BAD = [
     (["--page-size", "-1"], "--page-size"),
     (["--max-total-tokens", "-3"], "--max-total-tokens"),
     (["--mem-fraction-static", "2"], "--mem-fraction-static"),
     (["--chunked-prefill-size", "0"], "--chunked-prefill-size"),
     (["--load-format", "pickle"], "--load-format"),  # argparse's own choices check
+    (["--quantization", "int4"], "--quantization"),
     (["--model-path", "/no/such/model"], "--model-path"),
     (["--port", "0"], "--port"),
     (["--tp-size", "0"], "--tp-size"),

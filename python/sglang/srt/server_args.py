@@ -22,6 +22,7 @@ from sglang.srt.server_args_cli import (
     KT_METHODS,
     KV_CACHE_DTYPES,
     LOAD_FORMATS,
+    QUANTIZATIONS,
     add_cli_args,
 )
 
@@ -53,6 +54,7 @@ class ServerArgs:
     skip_tokenizer_init: bool = False
     dtype: str = "auto"
     kv_cache_dtype: str = "auto"
+    quantization: Optional[str] = None
     context_length: Optional[int] = None
     served_model_name: Optional[str] = None
     chat_template: Optional[str] = None
@@ -159,6 +161,10 @@ class ServerArgs:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ServerArgsError(
                 f"--kv-cache-dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}"
+            )
+        if self.quantization not in (None, *QUANTIZATIONS):
+            raise ServerArgsError(
+                f"--quantization must be one of {', '.join(QUANTIZATIONS)}, got {self.quantization!r}"
             )
         if self.device not in (None, "cpu", "cuda"):
             raise ServerArgsError(f"--device must be cpu or cuda, got {self.device!r}")

@@ -12,6 +12,7 @@ from typing import Any, Mapping
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float", "bf16", "fp16", "fp32")
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2")
+QUANTIZATIONS = ("fp8",)  # online: a full-precision checkpoint's dense linear layers, quantized while loading
 ATTENTION_BACKENDS = ("torch_native", "triton")
 KT_METHODS = ("BF16", "FP8", "INT8", "INT4", "MXFP4", "AMXINT4", "AMXINT8")
 
@@ -35,6 +36,14 @@ def add_cli_args(parser: argparse.ArgumentParser, defaults: Mapping[str, Any]) -
     g.add_argument("--skip-tokenizer-init", action="store_true", help="Take and return token ids only.")
     g.add_argument("--dtype", type=str, default=_default("dtype"), choices=DTYPES)
     g.add_argument("--kv-cache-dtype", type=str, default=_default("kv_cache_dtype"), choices=KV_CACHE_DTYPES)
+    g.add_argument(
+        "--quantization",
+        type=str,
+        default=None,
+        choices=QUANTIZATIONS,
+        help="Quantize the linear layers while loading: fp8 = e4m3 weights with a scale per output channel, "
+        "activations scaled per token (dense models).",
+    )
     g.add_argument("--context-length", type=int, default=None)
     g.add_argument("--served-model-name", type=str, default=None)
     g.add_argument(

@@ -90,3 +90,38 @@ def random_decode_batch(mr, bs: int, ctx: int):
         out_cache_loc=slots[:, -1].contiguous(),
     )
     return ForwardBatch.init_new(batch, mr), rows, slots
+
+
+def decode_logits_three_ways(mr, bs: int, ctx: int = 37, capture=None):
+    """One random decode batch's logits (fp32) as CUDA-graph replay, eager, and eager with every linear layer on
+    its untuned GEMM (the plan ``CUBLAS_ONLY``: cuBLAS, or ``torch._scaled_mm`` for fp8 weights); the runner's
+    graphs, plans and pool slots are restored. ``capture``: a module whose eager outputs are collected (one per
+    eager forward, the graph replay runs no hooks); returned as the fourth item."""
+    from sglang.srt.layers.decode_gemm import CUBLAS_ONLY
+    from sglang.srt.layers.linear import LinearBase
+
+    fb, rows, slots = random_decode_batch(mr, bs, ctx)
+    linears = [m for m in mr.model.modules() if isinstance(m, LinearBase)]
+    plans = [m.gemm_plan for m in linears]
+    graphs = mr.cuda_graph_runner
+    captured = []
+    hook = None
+    if capture is not None:
+        hook = capture.register_forward_hook(lambda module, args, out: captured.append(out.float().clone()))
+    try:
+        graph_logits = mr.forward(fb).next_token_logits.float().clone()
+        mr.cuda_graph_runner = None
+        eager_logits = mr.forward(fb).next_token_logits.float().clone()  # the same kernels, launched one by one
+        for m in linears:
+            m.gemm_plan = CUBLAS_ONLY
+        untuned_logits = mr.forward(fb).next_token_logits.float()
+    finally:
+        if hook is not None:
+            hook.remove()
+        mr.cuda_graph_runner = graphs
+        for m, plan in zip(linears, plans):
+            m.gemm_plan = plan
+        for r in rows:
+            mr.req_to_token_pool.free(r)
+        mr.token_to_kv_pool_allocator.free(slots.flatten())
+    return graph_logits, eager_logits, untuned_logits, captured

@@ -8,7 +8,7 @@ register_cuda_ci(est_time=90, suite="per-commit-cuda")
 import pytest
 import torch
 
-from sglang.test.gpu_utils import REQUIRES_GPU_REASON, has_gpu, random_decode_batch, shape_config_dir
+from sglang.test.gpu_utils import REQUIRES_GPU_REASON, decode_logits_three_ways, has_gpu, shape_config_dir
 
 pytestmark = pytest.mark.skipif(not has_gpu(), reason=REQUIRES_GPU_REASON)
 
@@ -70,28 +70,8 @@ def test_every_projection_has_the_tables_plan(runner):
 
 @pytest.mark.parametrize("bs", [1, 5, 8, 13, 32, 40])
 def test_skinny_graph_decode_equals_cublas_eager(runner, bs):
-    from sglang.srt.layers.decode_gemm import CUBLAS_ONLY
-
-    mr = runner
-    fb, rows, slots = random_decode_batch(mr, bs, ctx=37)
-    linears = _linears(mr)
-    plans = [m.gemm_plan for m in linears]
-    graphs = mr.cuda_graph_runner
-    try:
-        graph_logits = mr.forward(fb).next_token_logits.float().clone()
-        mr.cuda_graph_runner = None
-        eager_logits = mr.forward(fb).next_token_logits.float().clone()  # the same kernels, launched one by one
-        for m in linears:
-            m.gemm_plan = CUBLAS_ONLY
-        cublas_logits = mr.forward(fb).next_token_logits.float()
-    finally:
-        mr.cuda_graph_runner = graphs
-        for m, plan in zip(linears, plans):
-            m.gemm_plan = plan
-        for r in rows:
-            mr.req_to_token_pool.free(r)
-        mr.token_to_kv_pool_allocator.free(slots.flatten())
-    assert graph_logits.shape == cublas_logits.shape == (bs, mr.model_config.vocab_size)
+    graph_logits, eager_logits, cublas_logits, _ = decode_logits_three_ways(runner, bs)
+    assert graph_logits.shape == cublas_logits.shape == (bs, runner.model_config.vocab_size)
     torch.testing.assert_close(graph_logits, eager_logits, rtol=0, atol=1e-3)
     # Other kernels, other rounding (batch 40 is past the table: cuBLAS on both sides, exactly or nearly equal).
     cosine = torch.nn.functional.cosine_similarity(graph_logits, cublas_logits, dim=-1)

@@ -50,6 +50,27 @@ def resolve_kv_dtype(requested: str, model_dtype: torch.dtype) -> torch.dtype:
     }[requested]
 
 
+def check_online_quantization(method: str, config: PretrainedConfig, dtype: torch.dtype, device: str) -> None:
+    """--quantization METHOD quantizes a full-precision checkpoint's dense linear layers while loading;
+    ValueError naming the flag where that cannot be done."""
+    if getattr(config, "quantization_config", None):
+        kind = dict(config.quantization_config).get("quant_method", "quantized")
+        raise ValueError(
+            f"--quantization {method}: the checkpoint is already quantized ({kind}); online quantization "
+            "takes a full-precision checkpoint"
+        )
+    if num_routed_experts(config) > 0:
+        raise ValueError(
+            f"--quantization {method} quantizes dense models' linear layers; this is a MoE model (its experts' "
+            "formats are --kt-method's)"
+        )
+    if device == "cuda" and dtype != torch.bfloat16:
+        raise ValueError(
+            f"--quantization {method} on the GPU needs --dtype bfloat16 (the fp8 GEMM's row-wise scales "
+            f"produce bf16), got {dtype}"
+        )
+
+
 def attention_head_dim(config: PretrainedConfig) -> int:
     """Width of one attention head: the config's head_dim, else hidden_size / heads (the one rule
     ModelConfig and the model code share)."""
@@ -91,6 +112,7 @@ class ModelConfig:
     v_head_dim: int
     vocab_size: int
     eos_token_ids: List[int]
+    quantization: Optional[str] = None  # --quantization: the dense linear layers' weight format
 
     @classmethod
     def from_server_args(cls, server_args) -> "ModelConfig":
@@ -102,6 +124,7 @@ class ModelConfig:
             kv_cache_dtype=server_args.kv_cache_dtype,
             device=server_args.device,
             context_length=server_args.context_length,
+            quantization=server_args.quantization,
         )
 
     @classmethod
@@ -113,6 +136,7 @@ class ModelConfig:
         kv_cache_dtype: str = "auto",
         device: str = "cpu",
         context_length: Optional[int] = None,
+        quantization: Optional[str] = None,
     ) -> "ModelConfig":
         text = getattr(hf_config, "text_config", None) or hf_config
         head_dim = attention_head_dim(text)
@@ -124,6 +148,8 @@ class ModelConfig:
         eos = hf_config.eos_token_id
         eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
         model_dtype = resolve_dtype(dtype, hf_config, device)
+        if quantization is not None:
+            check_online_quantization(quantization, hf_config, model_dtype, device)
         return cls(
             hf_config=hf_config,
             source=source,
@@ -139,6 +165,7 @@ class ModelConfig:
             v_head_dim=head_dim,
             vocab_size=text.vocab_size,
             eos_token_ids=eos_ids,
+            quantization=quantization,
         )
 
     def head_partition(self, tp_size: int = 1, tp_rank: int = 0) -> HeadPartition:

@@ -3,6 +3,10 @@
 Column-parallel layers split the output dimension (no communication); row-parallel layers split the
 input dimension and all-reduce their partial sums. Merged layers (gate+up, q+k+v) hold several
 checkpoint tensors in one parameter so one GEMM serves them; their loaders place each shard.
+
+With ``quantization="fp8"`` a layer stores its weight in float8_e4m3fn with one fp32 scale per output
+row (a buffer, ``weight_scale``): every loader hands whole rows to ``_load_rows``, which quantizes them as
+they arrive, so the full-precision weight never exists on the device (``quantization/fp8_linear.py``).
 """
 
 from __future__ import annotations
@@ -20,14 +24,32 @@ from sglang.srt.distributed import (
 )
 from sglang.srt.distributed.partition import HeadPartition, shard_range
 from sglang.srt.layers.decode_gemm import CUBLAS_ONLY, GemmPlan, linear, plan_for_shape
+from sglang.srt.layers.quantization.fp8_linear import FP8_DTYPE, fp8_linear, quantize_rows
+from sglang.srt.server_args_cli import QUANTIZATIONS
 
 
 class LinearBase(nn.Module):
-    def __init__(self, input_size: int, output_size: int, bias: bool, params_dtype: Optional[torch.dtype]) -> None:
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool,
+        params_dtype: Optional[torch.dtype],
+        quantization: Optional[str] = None,
+    ) -> None:
         super().__init__()
-        self.params_dtype = params_dtype or torch.get_default_dtype()
-        self.weight = nn.Parameter(torch.empty(output_size, input_size, dtype=self.params_dtype), requires_grad=False)
+        if quantization not in (None, *QUANTIZATIONS):
+            raise ValueError(f"linear layers support quantization {QUANTIZATIONS} or none, got {quantization!r}")
+        self.params_dtype = params_dtype or torch.get_default_dtype()  # activations and bias
+        weight_dtype = FP8_DTYPE if quantization == "fp8" else self.params_dtype
+        self.weight = nn.Parameter(torch.empty(output_size, input_size, dtype=weight_dtype), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
+        # Derived at load time, never read from a checkpoint: a buffer, not a parameter.
+        self.register_buffer(
+            "weight_scale",
+            torch.ones(output_size, 1, dtype=torch.float32) if quantization == "fp8" else None,
+            persistent=False,
+        )
         if bias:
             self.bias = nn.Parameter(torch.empty(output_size, dtype=self.params_dtype), requires_grad=False)
             self.bias.weight_loader = self.weight_loader
@@ -36,8 +58,30 @@ class LinearBase(nn.Module):
         # Which GEMM serves each batch size; cuBLAS until `attach_gemm_plans` finds a tuned entry.
         self.gemm_plan: GemmPlan = CUBLAS_ONLY
 
+    @property
+    def is_fp8(self) -> bool:
+        return self.weight_scale is not None
+
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        _copy_checked(param.data, loaded)
+        self._load_rows(param, 0, loaded)
+
+    def _load_rows(self, param: nn.Parameter, start: int, rows: torch.Tensor) -> None:
+        """Rows ``start ..`` of ``param`` (weight or bias) from a checkpoint slice, quantized for an fp8 weight."""
+        dst = param.data.narrow(0, start, min(rows.shape[0], param.shape[0] - start))
+        if param is not self.weight or not self.is_fp8:
+            _copy_checked(dst, rows)
+            return
+        if dst.shape != rows.shape:
+            raise ValueError(f"checkpoint tensor of shape {tuple(rows.shape)} does not fit rows {tuple(dst.shape)}")
+        qweight, scale = quantize_rows(rows.to(dst.device))
+        dst.copy_(qweight)
+        self.weight_scale.narrow(0, start, rows.shape[0]).copy_(scale)
+
+    def matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """x @ weight^T (+ bias) through the GEMM this layer's plan picks for x's row count."""
+        if self.is_fp8:
+            return fp8_linear(x, self.weight, self.weight_scale, bias, self.gemm_plan)
+        return linear(x, self.weight, bias, self.gemm_plan)
 
 
 def _copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -48,12 +92,18 @@ def _copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:
 
 class ReplicatedLinear(LinearBase):
     def __init__(
-        self, input_size: int, output_size: int, bias: bool = False, params_dtype=None, prefix: str = ""
+        self,
+        input_size: int,
+        output_size: int,
+        bias: bool = False,
+        params_dtype=None,
+        prefix: str = "",
+        quantization: Optional[str] = None,
     ) -> None:
-        super().__init__(input_size, output_size, bias, params_dtype)
+        super().__init__(input_size, output_size, bias, params_dtype, quantization)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias, self.gemm_plan)
+        return self.matmul(x, self.bias)
 
 
 class ColumnParallelLinear(LinearBase):
@@ -67,6 +117,7 @@ class ColumnParallelLinear(LinearBase):
         gather_output: bool = False,
         params_dtype=None,
         prefix: str = "",
+        quantization: Optional[str] = None,
     ) -> None:
         self.tp_rank = get_tensor_model_parallel_rank()
         self.tp_size = get_tensor_model_parallel_world_size()
@@ -75,16 +126,16 @@ class ColumnParallelLinear(LinearBase):
         if gather_output and output_size % self.tp_size:
             raise ValueError(f"gathering needs equal shards; {output_size} does not divide by {self.tp_size}")
         self.gather_output = gather_output
-        super().__init__(input_size, self.output_size_per_partition, bias, params_dtype)
+        super().__init__(input_size, self.output_size_per_partition, bias, params_dtype, quantization)
 
     def _output_range(self, output_size: int) -> tuple[int, int]:
         return shard_range(output_size, self.tp_size, self.tp_rank)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        _copy_checked(param.data, loaded.narrow(0, self.output_start, param.shape[0]))
+        self._load_rows(param, 0, loaded.narrow(0, self.output_start, param.shape[0]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = linear(x, self.weight, self.bias, self.gemm_plan)
+        y = self.matmul(x, self.bias)
         return tensor_model_parallel_all_gather(y) if self.gather_output else y
 
 
@@ -92,10 +143,18 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel outputs (e.g. gate_proj and up_proj) stored back to back."""
 
     def __init__(
-        self, input_size: int, output_sizes: List[int], bias: bool = False, params_dtype=None, prefix: str = ""
+        self,
+        input_size: int,
+        output_sizes: List[int],
+        bias: bool = False,
+        params_dtype=None,
+        prefix: str = "",
+        quantization: Optional[str] = None,
     ) -> None:
         self.output_sizes = output_sizes
-        super().__init__(input_size, sum(output_sizes), bias, params_dtype=params_dtype, prefix=prefix)
+        super().__init__(
+            input_size, sum(output_sizes), bias, params_dtype=params_dtype, prefix=prefix, quantization=quantization
+        )
 
     def _output_range(self, output_size: int) -> tuple[int, int]:
         # Each merged output is split on its own; this rank's parameter holds its slices back to back.
@@ -109,7 +168,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
             raise ValueError("MergedColumnParallelLinear needs a shard id")
         start, end = self._shard(self.output_sizes[shard_id])
         offset = sum(self._shard(s)[1] - self._shard(s)[0] for s in self.output_sizes[:shard_id])
-        _copy_checked(param.data.narrow(0, offset, end - start), loaded.narrow(0, start, end - start))
+        self._load_rows(param, offset, loaded.narrow(0, start, end - start))
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -124,6 +183,7 @@ class QKVParallelLinear(ColumnParallelLinear):
         bias: bool = False,
         params_dtype=None,
         prefix: str = "",
+        quantization: Optional[str] = None,
     ) -> None:
         self.head_size = head_size
         self.heads = HeadPartition.for_rank(
@@ -134,7 +194,9 @@ class QKVParallelLinear(ColumnParallelLinear):
         )
         self.num_heads, self.num_kv_heads = self.heads.num_q_heads, self.heads.num_kv_heads
         output_size = (total_num_heads + 2 * total_num_kv_heads) * head_size  # the checkpoint's
-        super().__init__(hidden_size, output_size, bias, params_dtype=params_dtype, prefix=prefix)
+        super().__init__(
+            hidden_size, output_size, bias, params_dtype=params_dtype, prefix=prefix, quantization=quantization
+        )
 
     def _output_range(self, output_size: int) -> tuple[int, int]:
         return 0, (self.num_heads + 2 * self.num_kv_heads) * self.head_size
@@ -156,7 +218,7 @@ class QKVParallelLinear(ColumnParallelLinear):
             src_start, size = self.heads.kv_start * d, self.kv_size
         else:
             raise ValueError(f"QKVParallelLinear shard id must be q, k or v, got {shard_id!r}")
-        _copy_checked(param.data.narrow(0, offset, size), loaded.narrow(0, src_start, size))
+        self._load_rows(param, offset, loaded.narrow(0, src_start, size))
 
 
 class RowParallelLinear(LinearBase):
@@ -171,6 +233,7 @@ class RowParallelLinear(LinearBase):
         params_dtype=None,
         prefix: str = "",
         input_range: Optional[tuple[int, int]] = None,
+        quantization: Optional[str] = None,
     ) -> None:
         """`input_range` overrides the even split (o_proj takes its rank's query heads)."""
         self.tp_rank = get_tensor_model_parallel_rank()
@@ -178,16 +241,16 @@ class RowParallelLinear(LinearBase):
         self.input_start, end = input_range or shard_range(input_size, self.tp_size, self.tp_rank)
         self.input_size_per_partition = end - self.input_start
         self.reduce_results = reduce_results
-        super().__init__(self.input_size_per_partition, output_size, bias, params_dtype)
+        super().__init__(self.input_size_per_partition, output_size, bias, params_dtype, quantization)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
         if param.dim() == 1:  # bias: applied once, after the reduction
             _copy_checked(param.data, loaded)
             return
-        _copy_checked(param.data, loaded.narrow(1, self.input_start, param.shape[1]))
+        self._load_rows(param, 0, loaded.narrow(1, self.input_start, param.shape[1]))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = linear(x, self.weight, None, self.gemm_plan)
+        y = self.matmul(x, None)
         if self.reduce_results:
             y = tensor_model_parallel_all_reduce(y)
         if self.bias is not None:
@@ -201,6 +264,6 @@ def attach_gemm_plans(model: nn.Module, plans: Mapping[str, GemmPlan]) -> int:
     attached = 0
     for module in model.modules():
         if isinstance(module, LinearBase):
-            module.gemm_plan = plan_for_shape(plans, *module.weight.shape)
+            module.gemm_plan = plan_for_shape(plans, *module.weight.shape, fp8=module.is_fp8)
             attached += module.gemm_plan.uses_skinny_kernel
     return attached

@@ -38,8 +38,11 @@ logger = logging.getLogger(__name__)
 
 
 def model_extra_kwargs(model_config: ModelConfig, server_args: ServerArgs) -> dict:
-    """Keyword arguments only some model classes take (the KT settings for MoE models)."""
-    return {"server_args": server_args} if model_config.is_moe else {}
+    """Keyword arguments only some model classes take (the KT settings for MoE models, the linear layers'
+    quantization for dense ones)."""
+    if model_config.is_moe:
+        return {"server_args": server_args}
+    return {"quantization": model_config.quantization} if model_config.quantization else {}
 
 
 class ModelRunner(ModelRunnerKVCacheMixin, PostCaptureKVSizingMixin):

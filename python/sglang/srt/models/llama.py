@@ -21,10 +21,21 @@ from sglang.srt.models.utils import create_fused_set_kv_buffer_arg
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, hidden_size: int, intermediate_size: int, dtype: torch.dtype, prefix: str = "") -> None:
+    def __init__(
+        self,
+        hidden_size: int,
+        intermediate_size: int,
+        dtype: torch.dtype,
+        prefix: str = "",
+        quantization: Optional[str] = None,
+    ) -> None:
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2, params_dtype=dtype)
-        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, params_dtype=dtype)
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden_size, [intermediate_size] * 2, params_dtype=dtype, quantization=quantization
+        )
+        self.down_proj = RowParallelLinear(
+            intermediate_size, hidden_size, params_dtype=dtype, quantization=quantization
+        )
         self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -35,7 +46,14 @@ class LlamaAttention(nn.Module):
     qkv_bias = False
     qk_norm = False
 
-    def __init__(self, config: PretrainedConfig, layer_id: int, dtype: torch.dtype, max_position: int) -> None:
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        layer_id: int,
+        dtype: torch.dtype,
+        max_position: int,
+        quantization: Optional[str] = None,
+    ) -> None:
         super().__init__()
         self.head_dim = attention_head_dim(config)
         self.qkv_proj = QKVParallelLinear(
@@ -45,6 +63,7 @@ class LlamaAttention(nn.Module):
             total_num_kv_heads(config),
             bias=self.qkv_bias or getattr(config, "attention_bias", False),
             params_dtype=dtype,
+            quantization=quantization,
         )
         heads = self.qkv_proj.heads
         self.o_proj = RowParallelLinear(
@@ -53,6 +72,7 @@ class LlamaAttention(nn.Module):
             bias=getattr(config, "attention_bias", False) and not self.qkv_bias,
             params_dtype=dtype,
             input_range=(heads.q_start * self.head_dim, heads.q_end * self.head_dim),  # this rank's query heads
+            quantization=quantization,
         )
         self.num_heads = self.qkv_proj.num_heads
         self.num_kv_heads = self.qkv_proj.num_kv_heads
@@ -83,17 +103,26 @@ class LlamaDecoderLayer(nn.Module):
     attention_cls = LlamaAttention
 
     def __init__(
-        self, config: PretrainedConfig, layer_id: int, dtype: torch.dtype, max_position: int, **mlp_kwargs: Any
+        self,
+        config: PretrainedConfig,
+        layer_id: int,
+        dtype: torch.dtype,
+        max_position: int,
+        quantization: Optional[str] = None,
+        **mlp_kwargs: Any,
     ) -> None:
-        """`mlp_kwargs` go to make_mlp (what a subclass's MLP needs, e.g. Qwen3-MoE's KT state)."""
+        """`quantization`: the linear layers' weight format (None or "fp8"); `mlp_kwargs` go to make_mlp
+        (what a subclass's MLP needs, e.g. Qwen3-MoE's KT state)."""
         super().__init__()
-        self.self_attn = self.attention_cls(config, layer_id, dtype, max_position)
-        self.mlp = self.make_mlp(config, layer_id, dtype, **mlp_kwargs)
+        self.self_attn = self.attention_cls(config, layer_id, dtype, max_position, quantization)
+        self.mlp = self.make_mlp(config, layer_id, dtype, quantization, **mlp_kwargs)
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, params_dtype=dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, params_dtype=dtype)
 
-    def make_mlp(self, config: PretrainedConfig, layer_id: int, dtype: torch.dtype) -> nn.Module:
-        return LlamaMLP(config.hidden_size, config.intermediate_size, dtype)
+    def make_mlp(
+        self, config: PretrainedConfig, layer_id: int, dtype: torch.dtype, quantization: Optional[str]
+    ) -> nn.Module:
+        return LlamaMLP(config.hidden_size, config.intermediate_size, dtype, quantization=quantization)
 
     def forward(
         self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: Optional[torch.Tensor], forward_batch
@@ -114,11 +143,21 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     layer_cls = LlamaDecoderLayer
 
-    def __init__(self, config: PretrainedConfig, dtype: torch.dtype, max_position: int, **mlp_kwargs: Any) -> None:
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        dtype: torch.dtype,
+        max_position: int,
+        quantization: Optional[str] = None,
+        **mlp_kwargs: Any,
+    ) -> None:
         super().__init__()
         self.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, params_dtype=dtype)
         self.layers = nn.ModuleList(
-            [self.layer_cls(config, i, dtype, max_position, **mlp_kwargs) for i in range(config.num_hidden_layers)]
+            [
+                self.layer_cls(config, i, dtype, max_position, quantization, **mlp_kwargs)
+                for i in range(config.num_hidden_layers)
+            ]
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, params_dtype=dtype)
 
@@ -143,12 +182,19 @@ class LlamaForCausalLM(nn.Module):
     ]
 
     def __init__(
-        self, config: PretrainedConfig, dtype: torch.dtype, max_position: Optional[int] = None, **mlp_kwargs: Any
+        self,
+        config: PretrainedConfig,
+        dtype: torch.dtype,
+        max_position: Optional[int] = None,
+        quantization: Optional[str] = None,
+        **mlp_kwargs: Any,
     ) -> None:
+        """`quantization` ("fp8" or None): the decoder's linear layers' weights (embeddings, norms and
+        lm_head stay in `dtype`)."""
         super().__init__()
         self.config = config
         max_position = max_position or getattr(config, "max_position_embeddings", 4096)
-        self.model = self.model_cls(config, dtype, max_position, **mlp_kwargs)
+        self.model = self.model_cls(config, dtype, max_position, quantization, **mlp_kwargs)
         if getattr(config, "tie_word_embeddings", False):
             self.lm_head = self.model.embed_tokens
         else:

@@ -64,8 +64,16 @@ class Qwen3MoeDecoderLayer(LlamaDecoderLayer):
     attention_cls = Qwen3Attention
 
     def make_mlp(
-        self, config: PretrainedConfig, layer_id: int, dtype: torch.dtype, kt_state: Optional[KTState] = None
+        self,
+        config: PretrainedConfig,
+        layer_id: int,
+        dtype: torch.dtype,
+        quantization: Optional[str],
+        kt_state: Optional[KTState] = None,
     ) -> nn.Module:
+        # ModelConfig refuses --quantization for MoE models: experts have formats of their own (--kt-method).
+        if quantization is not None:
+            raise ValueError(f"quantization {quantization!r} of a MoE model's linear layers is not supported")
         if is_sparse_layer(config, layer_id):
             return Qwen3MoeSparseMoeBlock(config, layer_id, dtype, kt_state)
         return LlamaMLP(config.hidden_size, config.intermediate_size, dtype)

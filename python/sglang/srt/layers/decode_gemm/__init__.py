@@ -24,16 +24,19 @@ __all__ = [
     "load_device_table",
     "parse_table",
     "plan_for_shape",
+    "skinny_config",
 ]
 
 
-def _skinny_config(x: torch.Tensor, plan: GemmPlan) -> Optional[GemmConfig]:
+def skinny_config(x: torch.Tensor, plan: GemmPlan) -> Optional[GemmConfig]:
+    """The plan's skinny-kernel config for x's row count, or None (cuBLAS) when it has none or x cannot
+    be read by the kernel (not 2-D with K-contiguous rows)."""
     return plan.config_for(x.shape[0]) if x.dim() == 2 and x.stride(-1) == 1 else None
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], plan: GemmPlan) -> torch.Tensor:
     """``F.linear`` unless the plan has a skinny-kernel config for this many rows."""
-    config = _skinny_config(x, plan)
+    config = skinny_config(x, plan)
     if config is None:
         return F.linear(x, weight, bias)
     # Imported here: triton is only installed with the GPU extras, and only a CUDA model gets a plan.

@@ -10,6 +10,11 @@ the GPU with wide tiles, ``SPLIT_K`` programs share one column slice; each write
 workspace and a second kernel adds them in a fixed order (no atomics: the result does not depend on
 timing, so greedy outputs repeat exactly).
 
+With fp8 operands (``--quantization fp8``: e4m3 weights with one scale per output row, activations with
+one scale per row of x, ``quantization/fp8_linear.py``) the tiles go to the tensor cores as fp8 (Hopper's
+wgmma takes e4m3 directly once BLOCK_N >= 64) and the epilogue multiplies each sum by its two scales, so
+nothing is converted inside the K loop.
+
 The tile sizes come from the tuned table (``table.py``); the kernel itself makes no choices.
 """
 
@@ -31,6 +36,8 @@ def _skinny_gemm_kernel(
     X,
     W,
     Bias,
+    XScale,
+    WScale,
     Out,
     M,
     N,
@@ -42,10 +49,12 @@ def _skinny_gemm_kernel(
     stride_om,
     stride_split,
     HAS_BIAS: tl.constexpr,
+    SCALED: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
+    IMPRECISE_ACC: tl.constexpr,
     WHILE_LOOPS: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -69,7 +78,7 @@ def _skinny_gemm_kernel(
         w = tl.load(w_ptrs, mask=n_mask[:, None] & (k_start + offs_k < K)[None, :], other=0.0)
         wait_for_prerequisites(USE_PDL)
         x = tl.load(x_ptrs, mask=m_mask[:, None] & (k_start + offs_k < K)[None, :], other=0.0)
-        acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
+        acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION, max_num_imprecise_acc=IMPRECISE_ACC)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
         first = 1
@@ -78,7 +87,7 @@ def _skinny_gemm_kernel(
         i = 0
         while i < k_tiles:
             acc = _accumulate_tile(
-                acc, w_ptrs, x_ptrs, k_start + i * BLOCK_K + offs_k < K, n_mask, m_mask, DOT_PRECISION
+                acc, w_ptrs, x_ptrs, k_start + i * BLOCK_K + offs_k < K, n_mask, m_mask, DOT_PRECISION, IMPRECISE_ACC
             )
             w_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
@@ -86,10 +95,14 @@ def _skinny_gemm_kernel(
     else:
         for i in range(first, k_tiles):
             acc = _accumulate_tile(
-                acc, w_ptrs, x_ptrs, k_start + i * BLOCK_K + offs_k < K, n_mask, m_mask, DOT_PRECISION
+                acc, w_ptrs, x_ptrs, k_start + i * BLOCK_K + offs_k < K, n_mask, m_mask, DOT_PRECISION, IMPRECISE_ACC
             )
             w_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
+    if SCALED:  # fp8 operands: undo both scales (linear, so split-K partials may be scaled apart)
+        w_scale = tl.load(WScale + offs_n, mask=n_mask, other=0.0)
+        x_scale = tl.load(XScale + offs_m, mask=m_mask, other=0.0)
+        acc = acc * w_scale[:, None] * x_scale[None, :]
     if HAS_BIAS:
         acc += tl.load(Bias + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
     out_ptrs = Out + pid_k * stride_split + offs_m[None, :] * stride_om + offs_n[:, None]
@@ -97,10 +110,12 @@ def _skinny_gemm_kernel(
 
 
 @triton.jit
-def _accumulate_tile(acc, w_ptrs, x_ptrs, k_mask, n_mask, m_mask, DOT_PRECISION: tl.constexpr):
+def _accumulate_tile(
+    acc, w_ptrs, x_ptrs, k_mask, n_mask, m_mask, DOT_PRECISION: tl.constexpr, IMPRECISE_ACC: tl.constexpr
+):
     w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
     x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-    return tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION)
+    return tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION, max_num_imprecise_acc=IMPRECISE_ACC)
 
 
 @triton.jit
@@ -129,14 +144,21 @@ def _sum_splits_kernel(
 
 
 def skinny_linear(
-    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], config: GemmConfig
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    config: GemmConfig,
+    scales: Optional[tuple[torch.Tensor, torch.Tensor, torch.dtype]] = None,
 ) -> torch.Tensor:
-    """``F.linear(x, weight, bias)`` for a 2-D ``x`` whose rows and ``weight``'s rows are K-contiguous."""
+    """``F.linear(x, weight, bias)`` for a 2-D ``x`` whose rows and ``weight``'s rows are K-contiguous.
+
+    ``scales`` = (x_scale [M, 1], weight_scale [N, 1], out dtype) for fp8 ``x`` and ``weight``:
+    ``F.linear(x * x_scale, weight * weight_scale, bias)`` in the out dtype."""
     m, k = x.shape
     n = weight.shape[0]
     if x.stride(1) != 1 or weight.stride(1) != 1 or weight.shape[1] != k:
         raise ValueError(f"skinny_linear needs K-contiguous x {tuple(x.shape)} and weight {tuple(weight.shape)}")
-    out = torch.empty(m, n, device=x.device, dtype=x.dtype)
+    out = torch.empty(m, n, device=x.device, dtype=x.dtype if scales is None else scales[2])
     if m == 0:
         return out
     split_k = max(1, min(config.split_k, triton.cdiv(k, config.block_k)))
@@ -151,7 +173,9 @@ def skinny_linear(
     _skinny_gemm_kernel[grid](
         x,
         weight,
-        bias if fused_bias else x,  # a dummy pointer when there is no bias: never read
+        bias if fused_bias else out,  # a dummy pointer when there is no bias: never read
+        out if scales is None else scales[0],  # dummies unless SCALED, likewise
+        out if scales is None else scales[1],
         target,
         m,
         n,
@@ -163,10 +187,15 @@ def skinny_linear(
         target.stride(-2),
         target.stride(0) if split_k > 1 else 0,
         HAS_BIAS=fused_bias,
+        SCALED=scales is not None,
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # fp32 (CPU tests): exact products
+        # Hopper's fp8 MMA adds into a narrower accumulator; triton lets it run over all of K by default.
+        # Moving the sum to fp32 every 128 products keeps it as exact as _scaled_mm's (DeepSeek-V3's
+        # interval); bf16 dots accumulate in fp32 already.
+        IMPRECISE_ACC=min(128, config.block_k) if scales is not None else None,
         WHILE_LOOPS=use_while_loops(x),
         USE_PDL=use_pdl,
         launch_pdl=use_pdl,
@@ -177,7 +206,7 @@ def skinny_linear(
         block = 1024
         _sum_splits_kernel[(m, triton.cdiv(n, block))](
             target,
-            bias if bias is not None else x,
+            bias if bias is not None else out,
             out,
             n,
             target.stride(0),

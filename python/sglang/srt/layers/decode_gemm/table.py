@@ -7,6 +7,8 @@ shape ``N x K`` it lists tuned batch sizes, each with the skinny kernel's tiles 
 measured faster. A tuned batch size ``m_t`` covers the batches above the previous tuned size up to
 ``m_t`` (decode is weight-bound there, so a tile that is best for 16 rows is best for 9..16); batches
 above the largest tuned size, shapes not in the table and GPUs without a table use cuBLAS.
+fp8 weights (``--quantization fp8``) have entries of their own, keyed ``N x K:fp8``; for them the skinny
+kernel runs on fp8 operands and "cuBLAS" means ``torch._scaled_mm``.
 """
 
 from __future__ import annotations
@@ -63,8 +65,8 @@ class GemmPlan:
 CUBLAS_ONLY = GemmPlan()
 
 
-def shape_key(n: int, k: int) -> str:
-    return f"{n}x{k}"
+def shape_key(n: int, k: int, fp8: bool = False) -> str:
+    return f"{n}x{k}:fp8" if fp8 else f"{n}x{k}"
 
 
 def device_table_path(device_name: str, config_dir: str = "") -> str:
@@ -94,8 +96,8 @@ def load_device_table(device_name: str, config_dir: str = "") -> dict[str, GemmP
         return parse_table(json.load(f))
 
 
-def plan_for_shape(plans: Mapping[str, GemmPlan], n: int, k: int) -> GemmPlan:
-    return plans.get(shape_key(n, k), CUBLAS_ONLY)
+def plan_for_shape(plans: Mapping[str, GemmPlan], n: int, k: int, fp8: bool = False) -> GemmPlan:
+    return plans.get(shape_key(n, k, fp8), CUBLAS_ONLY)
 
 
 def update_table_file(path: str, device: str, model: str, shapes: Mapping[str, dict], **provenance) -> None:
