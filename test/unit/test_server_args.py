@@ -71,29 +71,32 @@ def test_model_path_errors_name_the_flag(tmp_path):
     assert ServerArgs(model_path=str(tmp_path), device="cpu", load_format="dummy").load_format == "dummy"
 
 
-def test_quantization_is_refused_where_it_cannot_apply(tmp_path):
+def test_quantization_is_refused_where_it_cannot_apply(tmp_path, capsys):
     import json
 
-    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.configs.model_config import ModelConfig, load_hf_config
+    from sglang.srt.model_loader.model_source import resolve_model_source
     from sglang.test.gpu_utils import shape_config_dir
 
-    moe = ServerArgs(
-        model_path=shape_config_dir("Qwen3-30B-A3B", root=str(tmp_path)),
-        device="cpu",
-        load_format="dummy",
-        quantization="fp8",
-    )
-    with pytest.raises(ValueError, match="--quantization fp8 quantizes dense models"):
-        ModelConfig.from_server_args(moe)
+    qwen_moe = shape_config_dir("Qwen3-30B-A3B", root=str(tmp_path))
+    with pytest.raises(ServerArgsError, match="--quantization fp8 quantizes dense models"):
+        ServerArgs(model_path=qwen_moe, device="cpu", load_format="dummy", quantization="fp8")
+    with pytest.raises(SystemExit) as e:  # the CLI: argparse's exit 2 with the same message
+        prepare_server_args(
+            ["--device", "cpu", "--model-path", qwen_moe, "--load-format", "dummy", "--quantization", "fp8"]
+        )
+    assert e.value.code == 2 and "--quantization fp8 quantizes dense models" in capsys.readouterr().err
     llama = shape_config_dir("Llama-1B-random", root=str(tmp_path))
     with open(f"{llama}/config.json") as f:
         config = json.load(f)
     prequantized = tmp_path / "prequantized"
     prequantized.mkdir()
     (prequantized / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "fp8"}}))
-    args = ServerArgs(model_path=str(prequantized), device="cpu", load_format="dummy", quantization="fp8")
+    with pytest.raises(ServerArgsError, match="--quantization fp8: the checkpoint is already quantized"):
+        ServerArgs(model_path=str(prequantized), device="cpu", load_format="dummy", quantization="fp8")
+    # ModelConfig, built without ServerArgs (benchmarks, tests), makes the same checks.
     with pytest.raises(ValueError, match="--quantization fp8: the checkpoint is already quantized"):
-        ModelConfig.from_server_args(args)
+        ModelConfig.from_hf_config(load_hf_config(resolve_model_source(str(prequantized), "dummy")), quantization="fp8")
     hf_config = ModelConfig.from_server_args(ServerArgs(model_path=llama, device="cpu", load_format="dummy")).hf_config
     with pytest.raises(ValueError, match="--quantization fp8 on the GPU needs --dtype bfloat16"):
         ModelConfig.from_hf_config(hf_config, dtype="float16", device="cuda", quantization="fp8")

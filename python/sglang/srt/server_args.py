@@ -220,6 +220,22 @@ class ServerArgs:
                 f"--kt-num-gpu-experts {self.kt_num_gpu_experts} must be in [0, {experts}] (experts per layer)"
             )
 
+    def _check_quantization_against_model(self) -> None:
+        """--quantization must suit the model (dense, full precision, bf16 on the GPU): refused here, at the
+        command line, rather than in the scheduler process that builds the model."""
+        if self.quantization is None:
+            return
+        from sglang.srt.configs.model_config import check_online_quantization, load_hf_config, resolve_dtype
+        from sglang.srt.model_loader.model_source import resolve_model_source
+
+        config = load_hf_config(resolve_model_source(self.model_path, self.load_format))
+        try:
+            check_online_quantization(
+                self.quantization, config, resolve_dtype(self.dtype, config, self.device), self.device
+            )
+        except ValueError as e:
+            raise ServerArgsError(str(e)) from e
+
     def _resolve_device(self, assume_device: Optional[AssumedDevice]) -> None:
         if assume_device is not None:
             cuda_visible = assume_device.kind == "cuda"
@@ -258,6 +274,7 @@ class ServerArgs:
         if self.served_model_name is None:
             self.served_model_name = self.model_path
         self._check_kt_against_model()
+        self._check_quantization_against_model()
 
     # ------------------------------------------------------------ memory heuristics
     def device_memory_capacity_mib(self) -> float:
