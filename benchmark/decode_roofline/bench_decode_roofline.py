@@ -25,6 +25,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
+from sglang.test import gpu_utils  # noqa: E402
 from sglang.test.bench_utils import write_results  # noqa: E402
 from sglang.test.gpu_utils import shape_config_dir  # noqa: E402
 
@@ -141,31 +142,9 @@ def decode_step_ms(mr, bs: int, ctx: int, iters: int = 30) -> tuple[float, bool]
 
 
 def extend_batch(mr, batch: int, length: int):
-    """A ForwardBatch of `batch` new prompts of `length` tokens (no cached prefix), and a function that
-    frees their request rows and KV slots."""
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
-
-    rows = mr.req_to_token_pool.alloc(batch)
-    slots = mr.token_to_kv_pool_allocator.alloc(batch * length)
-    table = slots.view(batch, length).to(torch.int32).to(mr.device)
-    for i, row in enumerate(rows):
-        mr.req_to_token_pool.req_to_token[row, :length] = table[i]
-    worker_batch = ModelWorkerBatch(
-        ForwardMode.EXTEND,
-        input_ids=[11 + (i % 1000) for i in range(batch * length)],
-        req_pool_indices=rows,
-        seq_lens=[length] * batch,
-        out_cache_loc=slots,
-        extend_seq_lens=[length] * batch,
-        extend_prefix_lens=[0] * batch,
-    )
-
-    def release() -> None:
-        for row in rows:
-            mr.req_to_token_pool.free(row)
-        mr.token_to_kv_pool_allocator.free(slots)
-
-    return ForwardBatch.init_new(worker_batch, mr), release
+    """`batch` new prompts of `length` synthetic tokens: gpu_utils.extend_batch's (ForwardBatch, release)."""
+    ids = [11 + (i % 1000) for i in range(batch * length)]
+    return gpu_utils.extend_batch(mr, [ids[i * length : (i + 1) * length] for i in range(batch)])
 
 
 def prefill_tokens_per_s(mr, chunk: int = 8192, iters: int = 5) -> float:

@@ -4,8 +4,8 @@
 
 Times one decode step's attention for all 32 layers (each layer its own K/V buffers, so nothing is
 served from L2) as a CUDA graph replay, which is how the engine runs it: kernel time plus the
-launch gaps between kernels. Stage A tries DecodeKernelConfigs (block_n x num_warps x num_stages;
-`--focused`: five near the default) under the backend's split policy; stage B tries split policies
+launch gaps between kernels. Stage A tries DecodeKernelConfigs (block_n x num_warps x num_stages x grid
+order; `--focused`: five near the default, in both grid orders) under the backend's split policy; stage B tries split policies
 (min_block_tokens, programs per SM, max_kv_splits; "cap" is the backend's per-batch cap of ~4
 stage-1 programs per SM) with each case's two best configs. Every
 result is checked against the default config's output. Prints the best per case and writes
@@ -34,7 +34,7 @@ from sglang.srt.layers.attention.triton_ops import (  # noqa: E402
 from sglang.test.bench_utils import cuda_graph_ms, write_results  # noqa: E402
 
 LAYERS, HQ, HKV, D = 32, 32, 8, 128  # Llama-3.1-8B
-CASES = [(1, 1024), (1, 8192), (8, 1024), (64, 1024), (8, 8192)]
+CASES = [(1, 1024), (1, 8192), (8, 1024), (64, 1024), (8, 8192), (256, 1024)]
 DEFAULT_POLICY = {"min_block_tokens": 1024, "programs_per_sm": 2, "max_kv_splits": "cap"}
 
 
@@ -107,8 +107,10 @@ def main() -> None:
     cases = [Case(bs, ctx, k_bufs, v_bufs) for bs, ctx in CASES]
     if args.focused:
         configs = [
-            DecodeKernelConfig(block_n=n, num_warps=w, num_stages=s)
-            for n, w, s in ((128, 4, 3), (64, 8, 3), (128, 8, 3), (64, 4, 3), (128, 4, 2))
+            DecodeKernelConfig(block_n=n, num_warps=w, num_stages=s, kv_heads_adjacent=a)
+            for (n, w, s), a in itertools.product(
+                ((128, 4, 3), (64, 8, 3), (128, 8, 3), (64, 4, 3), (128, 4, 2)), (False, True)
+            )
         ]
         policies = [
             {"min_block_tokens": t, "programs_per_sm": 2, "max_kv_splits": m}
@@ -116,8 +118,8 @@ def main() -> None:
         ]
     else:
         configs = [
-            DecodeKernelConfig(block_n=n, num_warps=w, num_stages=s)
-            for n, w, s in itertools.product((32, 64, 128), (2, 4, 8), (1, 2, 3, 4))
+            DecodeKernelConfig(block_n=n, num_warps=w, num_stages=s, kv_heads_adjacent=a)
+            for n, w, s, a in itertools.product((32, 64, 128), (2, 4, 8), (1, 2, 3, 4), (False, True))
         ]
         policies = [
             {"min_block_tokens": t, "programs_per_sm": p, "max_kv_splits": m}
@@ -130,7 +132,7 @@ def main() -> None:
         base = measure(case, DecodeKernelConfig(), DEFAULT_POLICY, reference, args.replays)
         stage_a = [measure(case, c, DEFAULT_POLICY, reference, args.replays) for c in configs]
         ok = sorted((r for r in stage_a if "ms" in r and r["max_abs_err"] < 0.05), key=lambda r: r["ms"])
-        top = [DecodeKernelConfig(**{k: r[k] for k in ("block_n", "num_warps", "num_stages")}) for r in ok[:2]]
+        top = [DecodeKernelConfig(**{k: r[k] for k in vars(DecodeKernelConfig())}) for r in ok[:2]]
         stage_b = [measure(case, c, p, reference, args.replays) for c in top for p in policies]
         case_rows = [base] + stage_a + stage_b
         for r in case_rows:
@@ -150,14 +152,14 @@ def main() -> None:
         f"{torch.cuda.get_device_name()}, CUDA graph replay; {len(rows)} measurements, "
         f"{sum('error' in r for r in rows)} configs failed to launch, {len(bad)} disagreed with the default (>= 0.05).",
         "",
-        "| batch | context | default ms | best ms | KV GB/s (best) | block_n | warps | stages "
+        "| batch | context | default ms | best ms | KV GB/s (best) | block_n | warps | stages | kv heads adjacent "
         "| min_block_tokens | programs/SM | max_kv_splits |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---|",
     ]
     for (bs, ctx), (base, b) in best.items():
         lines.append(
             f"| {bs} | {ctx} | {base.get('ms')} | {b['ms']} | {b['kv_GBps']} | {b['block_n']} | {b['num_warps']} | "
-            f"{b['num_stages']} | {b['min_block_tokens']} | {b['programs_per_sm']} | "
+            f"{b['num_stages']} | {b['kv_heads_adjacent']} | {b['min_block_tokens']} | {b['programs_per_sm']} | "
             f"{b['max_kv_splits']} |"
         )
     table = "\n".join(lines)

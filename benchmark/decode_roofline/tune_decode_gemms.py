@@ -1,7 +1,7 @@
 """Tune the skinny decode GEMM (``srt/layers/decode_gemm``) against cuBLAS and write the device's table.
 
     python benchmark/decode_roofline/tune_decode_gemms.py [--model Llama-3.1-8B] [--tp-size 1]
-        [--batches 1 4 8 16 32 64] [--fp8] [--out DIR] [--table FILE]
+        [--batches 1 4 8 16 32 64] [--fp8] [--silu] [--out DIR] [--table FILE]
 
 For each projection of the model (qkv, o and, dense models, gate_up and down, with the shapes one
 tensor-parallel rank holds: ``decode_gemm/shapes.py``) and batch size it times, as one CUDA graph
@@ -15,7 +15,10 @@ skipped and counted. The fastest skinny config goes into the table where it beat
 ``--margin`` (else the entry is ``null``: cuBLAS). With ``--fp8`` the weights are quantized as
 ``--quantization fp8`` stores them, both sides quantize the activation per token first (one kernel), and
 the skinny kernel on fp8 operands competes with ``torch._scaled_mm``; the entries go under ``N x K:fp8``
-(default output dir ``gemm_tuning_fp8``). Updates this GPU's table (in $SGLANG_DECODE_GEMM_CONFIG_DIR
+(default output dir ``gemm_tuning_fp8``). With ``--silu`` it tunes only the gate_up projection with SiLU-and-mul
+in the kernel's epilogue (split-K 1: the activation needs whole sums) against what the engine runs without it,
+the table's gate_up plan followed by the activation kernel; entries ``N x K:silu`` / ``N x K:fp8:silu``
+(output dir ``gemm_tuning_silu`` / ``gemm_tuning_fp8_silu``). Updates this GPU's table (in $SGLANG_DECODE_GEMM_CONFIG_DIR
 if set, else the package's ``configs/``; other shapes in it stay) that the engine reads at load time, writes a
 table + JSON of the measurements to ``--out``, and prints the table.
 """
@@ -24,21 +27,22 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import time
 
 import torch
-import torch.nn.functional as F
 from bench_decode_gemms import LAYERS
 from bench_decode_roofline import ROOT, copy_bandwidth
 
 from sglang.srt.environ import envs
-from sglang.srt.layers.decode_gemm import CUBLAS_ONLY, GemmPlan
+from sglang.srt.layers.activation import silu_and_mul
+from sglang.srt.layers.decode_gemm import CUBLAS_ONLY, GemmPlan, linear, parse_table, plan_for_shape
 from sglang.srt.layers.decode_gemm.kernel import skinny_linear
 from sglang.srt.layers.decode_gemm.shapes import projection_shapes
 from sglang.srt.layers.decode_gemm.table import GemmConfig, device_table_path, shape_key, update_table_file
 from sglang.srt.layers.fused_elementwise import rmsnorm
-from sglang.srt.layers.quantization.fp8_linear import fp8_linear, quantize_rows
+from sglang.srt.layers.quantization.fp8_linear import fp8_linear, fp8_linear_silu_and_mul, quantize_rows
 from sglang.test.bench_utils import cuda_graph_ms, write_results
 
 
@@ -46,19 +50,21 @@ def block_m_for(batch: int) -> int:
     return min(64, max(16, 1 << (batch - 1).bit_length()))
 
 
-def tile_sweep(batch: int, fp8: bool = False) -> list[GemmConfig]:
+def tile_sweep(batch: int, fp8: bool = False, silu: bool = False) -> list[GemmConfig]:
     """Split-K 1 tiles for this batch's row block; shared memory bounded by what the H200 gives a block.
-    fp8 tiles are half the bytes, so they go one K step deeper; BLOCK_N >= 64 keeps them on fp8 wgmma."""
+    fp8 tiles are half the bytes, so they go one K step deeper; BLOCK_N >= 64 keeps them on fp8 wgmma.
+    silu: each stage holds a gate and an up tile, so BLOCK_N (per half) goes one step narrower."""
     block_m = block_m_for(batch)
     block_ks = (128, 256, 512) if block_m == 16 else (64, 128, 256)
     stages = (4, 6) if block_m == 16 else (3, 5)
-    block_ns = (32, 64, 128)
+    block_ns = (16, 32, 64) if silu else (32, 64, 128)
     if fp8:
         block_ks, block_ns = tuple(2 * k for k in block_ks), (64, 128)
     elem_bytes = 1 if fp8 else 2
+    weight_tiles = 2 if silu else 1
     configs = []
     for block_n, block_k, warps, num_stages in itertools.product(block_ns, block_ks, (4, 8), stages):
-        if num_stages * (block_n + block_m) * block_k * elem_bytes > 220 * 1024:
+        if num_stages * (weight_tiles * block_n + block_m) * block_k * elem_bytes > 220 * 1024:
             continue
         configs.append(GemmConfig(block_m, block_n, block_k, warps, num_stages))
     return configs
@@ -68,10 +74,13 @@ class LayerChain:
     """What runs before each projection in the model: an RMSNorm writes its input (and, with PDL, releases
     it early). Timed with the norms, reported without them (the norms alone are timed once)."""
 
-    def __init__(self, weights, batch: int, fp8: bool = False) -> None:
+    def __init__(
+        self, weights, batch: int, fp8: bool = False, silu: bool = False, plan: GemmPlan = CUBLAS_ONLY
+    ) -> None:
         """fp8: ``weights`` are ``quantize_rows`` pairs and every GEMM is ``fp8_linear`` (activation
-        quantization included); its reference is the product of the dequantized operands."""
-        self.fp8 = fp8
+        quantization included); its reference is the product of the dequantized operands. silu: the GEMM's
+        result goes through SiLU-and-mul. plan: the baseline's (the engine's path without the candidate)."""
+        self.fp8, self.silu, self.plan = fp8, silu, plan
         self.weights = weights
         k = (weights[0][0] if fp8 else weights[0]).shape[1]
         self.src = torch.randn(batch, k, device="cuda", dtype=torch.bfloat16)
@@ -87,26 +96,32 @@ class LayerChain:
     def gemm_ms(self, gemm) -> float:
         return cuda_graph_ms(lambda: self.run(gemm)) - self.norms_ms
 
-    def cublas(self, x, w) -> torch.Tensor:
-        if self.fp8:
-            return fp8_linear(x, *w, None, CUBLAS_ONLY)  # torch._scaled_mm
-        return F.linear(x, w)
+    def baseline(self, x, w, plan: GemmPlan | None = None) -> torch.Tensor:
+        """The GEMM as ``plan`` (default: the chain's) runs it, then SiLU-and-mul if the chain has it."""
+        plan = self.plan if plan is None else plan
+        # CUBLAS_ONLY: torch._scaled_mm (fp8) / F.linear
+        y = fp8_linear(x, *w, None, plan) if self.fp8 else linear(x, w, None, plan)
+        return silu_and_mul(y) if self.silu else y
 
     def skinny(self, config: GemmConfig):
         if self.fp8:
             plan = GemmPlan(((self.src.shape[0], config),))
+            if self.silu:
+                return lambda x, w: fp8_linear_silu_and_mul(x, *w, None, plan)
             return lambda x, w: fp8_linear(x, *w, None, plan)
-        return lambda x, w: skinny_linear(x, w, None, config)
+        return lambda x, w: skinny_linear(x, w, None, config, silu_and_mul=self.silu)
 
     def matches(self, config: GemmConfig) -> bool:
-        ref = self.cublas(self.src, self.weights[0]).float()
+        ref = self.baseline(self.src, self.weights[0], CUBLAS_ONLY).float()
         out = self.skinny(config)(self.src, self.weights[0]).float()
         return bool((out - ref).abs().max() <= 0.02 * ref.abs().max() + 1e-3)
 
 
-def tune_one(weights, batch: int, margin: float, fp8: bool = False) -> dict:
-    chain = LayerChain(weights, batch, fp8)
-    cublas_ms = chain.gemm_ms(chain.cublas)
+def tune_one(weights, batch: int, margin: float, fp8: bool = False, silu: bool = False, plan=CUBLAS_ONLY) -> dict:
+    """The fastest skinny config for this batch against the baseline (``plan``'s GEMM, cuBLAS by default;
+    with ``silu`` followed by the activation kernel); keys ``cublas_*`` name the baseline."""
+    chain = LayerChain(weights, batch, fp8, silu, plan)
+    cublas_ms = chain.gemm_ms(chain.baseline)
     timed, skipped = [], 0
 
     def try_config(config: GemmConfig) -> None:
@@ -119,10 +134,10 @@ def tune_one(weights, batch: int, margin: float, fp8: bool = False) -> dict:
         except Exception:  # out of shared memory / registers for this tile: not a candidate
             skipped += 1
 
-    for config in tile_sweep(batch, fp8):
+    for config in tile_sweep(batch, fp8, silu):
         try_config(config)
     best_tiles = [c for _, c in sorted(timed, key=lambda t: t[0])[:4]]
-    for config, split_k, pdl in itertools.product(best_tiles, (1, 2, 4, 8), (False, True)):
+    for config, split_k, pdl in itertools.product(best_tiles, (1,) if silu else (1, 2, 4, 8), (False, True)):
         if split_k > 1 or pdl:
             try_config(GemmConfig(**{**config.to_json(), "split_k": split_k, "pdl": pdl}))
     timed.sort(key=lambda t: t[0])
@@ -161,6 +176,11 @@ def main() -> None:
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4, 8, 16, 32, 64])
     parser.add_argument("--margin", type=float, default=0.01, help="skinny must beat cuBLAS by this fraction")
     parser.add_argument("--fp8", action="store_true", help="tune fp8 weights (--quantization fp8) against _scaled_mm")
+    parser.add_argument(
+        "--silu",
+        action="store_true",
+        help="tune gate_up with SiLU-and-mul fused, against the table's gate_up + the kernel",
+    )
     parser.add_argument("--out", default="", help="default: gemm_tuning/ (bf16) or gemm_tuning_fp8/ beside this file")
     parser.add_argument(
         "--model", default="Llama-3.1-8B", help="a shape name of scripts/make_model_configs.py, or a model dir / HF id"
@@ -172,11 +192,17 @@ def main() -> None:
         help="table file to update (default: this GPU's in $SGLANG_DECODE_GEMM_CONFIG_DIR or the package's)",
     )
     args = parser.parse_args()
-    args.out = args.out or os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), "gemm_tuning_fp8" if args.fp8 else "gemm_tuning"
-    )
+    out_name = "gemm_tuning" + ("_fp8" if args.fp8 else "") + ("_silu" if args.silu else "")
+    args.out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), out_name)
     device = torch.cuda.get_device_name()
     shapes = projection_shapes(model_config(args.model), args.tp_size)
+    table_path = args.table or device_table_path(device, envs.SGLANG_DECODE_GEMM_CONFIG_DIR.get())
+    current = {}  # the plans the engine would load now: the baseline of --silu
+    if os.path.exists(table_path):
+        with open(table_path) as f:
+            current = parse_table(json.load(f))
+    if args.silu:
+        shapes = {"gate_up_silu": shapes["gate_up"]}  # KeyError for MoE models: their experts are fused-MoE
     bw = copy_bandwidth()
     rows, shapes_table = [], {}
     start = time.perf_counter()
@@ -185,6 +211,7 @@ def main() -> None:
         if args.fp8:
             weights = [quantize_rows(w) for w in weights]
         floor_ms = LAYERS * n * k * (1 if args.fp8 else 2) / bw * 1000
+        baseline_plan = plan_for_shape(current, n, k, args.fp8) if args.silu else CUBLAS_ONLY
         entries = {}
         for batch in args.batches:
             row = {
@@ -192,7 +219,7 @@ def main() -> None:
                 "n": n,
                 "k": k,
                 "floor_ms": round(floor_ms, 4),
-                **tune_one(weights, batch, args.margin, args.fp8),
+                **tune_one(weights, batch, args.margin, args.fp8, args.silu, baseline_plan),
             }
             rows.append(row)
             entries[str(batch)] = row["best_skinny_config"] if row["chosen"] == "skinny" else None
@@ -201,10 +228,9 @@ def main() -> None:
                 f"({row['candidates_timed']} timed, {row['candidates_skipped']} skipped) -> {row['chosen']}",
                 flush=True,
             )
-        shapes_table[shape_key(n, k, args.fp8)] = entries
+        shapes_table[shape_key(n, k, args.fp8, args.silu)] = entries
         del weights
         torch.cuda.empty_cache()
-    table_path = args.table or device_table_path(device, envs.SGLANG_DECODE_GEMM_CONFIG_DIR.get())
     update_table_file(
         table_path,
         device,
@@ -214,8 +240,11 @@ def main() -> None:
         torch=torch.__version__,
         margin=args.margin,
     )
+    baseline = "torch._scaled_mm" if args.fp8 else "cuBLAS"
+    if args.silu:
+        baseline = "the table's gate_up plan + the SiLU-and-mul kernel (column 'cuBLAS ms')"
     lines = [
-        f"Skinny decode GEMM vs {'torch._scaled_mm' if args.fp8 else 'cuBLAS'} ({args.model} shapes, tp {args.tp_size}, "
+        f"Skinny decode GEMM vs {baseline} ({args.model} shapes, tp {args.tp_size}, "
         f"{'fp8 weights, per-token activation quantization included' if args.fp8 else 'bf16'}, {LAYERS} distinct "
         f"weights, CUDA graph, each after an RMSNorm), {device}, "
         f"torch {torch.__version__}, copy bandwidth {bw / 1e9:.1f} GB/s, tuning took {time.perf_counter() - start:.0f} s",

@@ -92,17 +92,51 @@ def random_decode_batch(mr, bs: int, ctx: int):
     return ForwardBatch.init_new(batch, mr), rows, slots
 
 
+def extend_batch(mr, prompts: list):
+    """A prefill ForwardBatch of new prompts (token-id lists, no cached prefix) on the runner's pools, and a
+    function that frees their request rows and KV slots."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
+
+    lengths = [len(p) for p in prompts]
+    rows = mr.req_to_token_pool.alloc(len(prompts))
+    slots = mr.token_to_kv_pool_allocator.alloc(sum(lengths))
+    device_slots = slots.to(torch.int32).to(mr.device)
+    offset = 0
+    for row, n in zip(rows, lengths):
+        mr.req_to_token_pool.req_to_token[row, :n] = device_slots[offset : offset + n]
+        offset += n
+    worker_batch = ModelWorkerBatch(
+        ForwardMode.EXTEND,
+        input_ids=[t for p in prompts for t in p],
+        req_pool_indices=rows,
+        seq_lens=lengths,
+        out_cache_loc=slots,
+        extend_seq_lens=lengths,
+        extend_prefix_lens=[0] * len(prompts),
+    )
+
+    def release() -> None:
+        for row in rows:
+            mr.req_to_token_pool.free(row)
+        mr.token_to_kv_pool_allocator.free(slots)
+
+    return ForwardBatch.init_new(worker_batch, mr), release
+
+
 def decode_logits_three_ways(mr, bs: int, ctx: int = 37, capture=None):
     """One random decode batch's logits (fp32) as CUDA-graph replay, eager, and eager with every linear layer on
-    its untuned GEMM (the plan ``CUBLAS_ONLY``: cuBLAS, or ``torch._scaled_mm`` for fp8 weights); the runner's
-    graphs, plans and pool slots are restored. ``capture``: a module whose eager outputs are collected (one per
-    eager forward, the graph replay runs no hooks); returned as the fourth item."""
+    its untuned GEMM (the plan ``CUBLAS_ONLY``: cuBLAS, or ``torch._scaled_mm`` for fp8 weights; gate_up's
+    SiLU-and-mul then a kernel of its own); the runner's graphs, plans and pool slots are restored. ``capture``:
+    a module whose eager outputs are collected (one per eager forward, the graph replay runs no hooks);
+    returned as the fourth item."""
     from sglang.srt.layers.decode_gemm import CUBLAS_ONLY
-    from sglang.srt.layers.linear import LinearBase
+    from sglang.srt.layers.linear import LinearBase, MergedColumnParallelLinear
 
     fb, rows, slots = random_decode_batch(mr, bs, ctx)
     linears = [m for m in mr.model.modules() if isinstance(m, LinearBase)]
+    gate_ups = [m for m in linears if isinstance(m, MergedColumnParallelLinear)]
     plans = [m.gemm_plan for m in linears]
+    silu_plans = [m.silu_plan for m in gate_ups]
     graphs = mr.cuda_graph_runner
     captured = []
     hook = None
@@ -114,6 +148,8 @@ def decode_logits_three_ways(mr, bs: int, ctx: int = 37, capture=None):
         eager_logits = mr.forward(fb).next_token_logits.float().clone()  # the same kernels, launched one by one
         for m in linears:
             m.gemm_plan = CUBLAS_ONLY
+        for m in gate_ups:
+            m.silu_plan = CUBLAS_ONLY
         untuned_logits = mr.forward(fb).next_token_logits.float()
     finally:
         if hook is not None:
@@ -121,6 +157,8 @@ def decode_logits_three_ways(mr, bs: int, ctx: int = 37, capture=None):
         mr.cuda_graph_runner = graphs
         for m, plan in zip(linears, plans):
             m.gemm_plan = plan
+        for m, plan in zip(gate_ups, silu_plans):
+            m.silu_plan = plan
         for r in rows:
             mr.req_to_token_pool.free(r)
         mr.token_to_kv_pool_allocator.free(slots.flatten())

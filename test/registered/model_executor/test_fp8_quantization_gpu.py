@@ -9,7 +9,13 @@ register_cuda_ci(est_time=120, suite="per-commit-cuda")
 import pytest
 import torch
 
-from sglang.test.gpu_utils import REQUIRES_GPU_REASON, decode_logits_three_ways, has_gpu, shape_config_dir
+from sglang.test.gpu_utils import (
+    REQUIRES_GPU_REASON,
+    decode_logits_three_ways,
+    extend_batch,
+    has_gpu,
+    shape_config_dir,
+)
 
 pytestmark = pytest.mark.skipif(not has_gpu(), reason=REQUIRES_GPU_REASON)
 
@@ -104,30 +110,11 @@ def test_fp8_graph_decode_equals_eager_and_scaled_mm(runner, bs):
 
 
 def _prefill_logits(mr, prompts):
-    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
-
-    lengths = [len(p) for p in prompts]
-    rows = mr.req_to_token_pool.alloc(len(prompts))
-    slots = mr.token_to_kv_pool_allocator.alloc(sum(lengths))
-    offset = 0
-    for row, n in zip(rows, lengths):
-        mr.req_to_token_pool.req_to_token[row, :n] = slots[offset : offset + n].to(torch.int32).cuda()
-        offset += n
-    batch = ModelWorkerBatch(
-        ForwardMode.EXTEND,
-        input_ids=[t for p in prompts for t in p],
-        req_pool_indices=rows,
-        seq_lens=lengths,
-        out_cache_loc=slots,
-        extend_seq_lens=lengths,
-        extend_prefix_lens=[0] * len(prompts),
-    )
+    fb, release = extend_batch(mr, prompts)
     try:
-        return mr.forward(ForwardBatch.init_new(batch, mr)).next_token_logits.float().cpu()
+        return mr.forward(fb).next_token_logits.float().cpu()
     finally:
-        for row in rows:
-            mr.req_to_token_pool.free(row)
-        mr.token_to_kv_pool_allocator.free(slots)
+        release()
 
 
 def test_fp8_model_tracks_the_bf16_model_on_the_same_weights(runner, tables):

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch import nn
 
 
-class SiluAndMul(nn.Module):
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.is_cuda and x.dim() == 2:
-            from sglang.srt.layers.fused_elementwise import silu_and_mul
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """silu(x[..., :d]) * x[..., d:] with d half the last dim (one triton kernel for 2-D CUDA x). The merged
+    gate_up projection can instead apply it inside its GEMM (``MergedColumnParallelLinear.silu_and_mul``)."""
+    if x.is_cuda and x.dim() == 2:
+        from sglang.srt.layers import fused_elementwise
 
-            return silu_and_mul(x)
-        d = x.shape[-1] // 2
-        return F.silu(x[..., :d]) * x[..., d:]
+        return fused_elementwise.silu_and_mul(x)
+    d = x.shape[-1] // 2
+    return F.silu(x[..., :d]) * x[..., d:]

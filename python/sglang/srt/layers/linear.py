@@ -23,8 +23,9 @@ from sglang.srt.distributed import (
     tensor_model_parallel_all_reduce,
 )
 from sglang.srt.distributed.partition import HeadPartition, shard_range
-from sglang.srt.layers.decode_gemm import CUBLAS_ONLY, GemmPlan, linear, plan_for_shape
-from sglang.srt.layers.quantization.fp8_linear import FP8_DTYPE, fp8_linear, quantize_rows
+from sglang.srt.layers.activation import silu_and_mul
+from sglang.srt.layers.decode_gemm import CUBLAS_ONLY, GemmPlan, linear, linear_silu_and_mul, plan_for_shape
+from sglang.srt.layers.quantization.fp8_linear import FP8_DTYPE, fp8_linear, fp8_linear_silu_and_mul, quantize_rows
 from sglang.srt.server_args_cli import QUANTIZATIONS
 
 
@@ -155,6 +156,24 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         super().__init__(
             input_size, sum(output_sizes), bias, params_dtype=params_dtype, prefix=prefix, quantization=quantization
         )
+        # The ``N x K:silu`` plan: the projection and SiLU-and-mul in one kernel (`silu_and_mul`).
+        self.silu_plan: GemmPlan = CUBLAS_ONLY
+
+    @property
+    def is_gated_pair(self) -> bool:
+        """Two equal outputs (gate, up) on this rank, not gathered: what ``silu_and_mul`` takes."""
+        return len(self.output_sizes) == 2 and self.output_sizes[0] == self.output_sizes[1] and not self.gather_output
+
+    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+        """``silu(gate) * up`` of this projection's two outputs: one kernel where the silu plan has a config
+        for x's rows (the activation in the GEMM's epilogue), else the projection then the activation kernel."""
+        if not self.is_gated_pair:
+            raise ValueError(f"silu_and_mul needs two equal, ungathered outputs, got {self.output_sizes}")
+        if self.is_fp8:
+            fused = fp8_linear_silu_and_mul(x, self.weight, self.weight_scale, self.bias, self.silu_plan)
+        else:
+            fused = linear_silu_and_mul(x, self.weight, self.bias, self.silu_plan)
+        return fused if fused is not None else silu_and_mul(self(x))
 
     def _output_range(self, output_size: int) -> tuple[int, int]:
         # Each merged output is split on its own; this rank's parameter holds its slices back to back.
@@ -259,11 +278,16 @@ class RowParallelLinear(LinearBase):
 
 
 def attach_gemm_plans(model: nn.Module, plans: Mapping[str, GemmPlan]) -> int:
-    """Give every linear layer its shape's plan from a tuned table (``decode_gemm.load_device_table``);
-    returns how many layers use the skinny kernel at some batch size."""
+    """Give every linear layer its shape's plan from a tuned table (``decode_gemm.load_device_table``), and a
+    gate/up pair its SiLU-and-mul plan too; returns how many layers use the skinny kernel at some batch size."""
     attached = 0
     for module in model.modules():
-        if isinstance(module, LinearBase):
-            module.gemm_plan = plan_for_shape(plans, *module.weight.shape, fp8=module.is_fp8)
-            attached += module.gemm_plan.uses_skinny_kernel
+        if not isinstance(module, LinearBase):
+            continue
+        module.gemm_plan = plan_for_shape(plans, *module.weight.shape, fp8=module.is_fp8)
+        uses_skinny = module.gemm_plan.uses_skinny_kernel
+        if isinstance(module, MergedColumnParallelLinear) and module.is_gated_pair:
+            module.silu_plan = plan_for_shape(plans, *module.weight.shape, fp8=module.is_fp8, silu_and_mul=True)
+            uses_skinny = uses_skinny or module.silu_plan.uses_skinny_kernel
+        attached += uses_skinny
     return attached

@@ -15,11 +15,13 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+FP8_KV_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)  # --kv-cache-dtype fp8_e4m3 / fp8_e5m2
+
 
 def kv_storage_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype KV buffers are allocated in: fp8 is stored as bytes (index_put on float8 tensors is
     not supported everywhere) and viewed back as fp8 when read."""
-    return torch.uint8 if dtype in (torch.float8_e4m3fn, torch.float8_e5m2) else dtype
+    return torch.uint8 if dtype in FP8_KV_DTYPES else dtype
 
 
 def _fused_store_module(device: str) -> Optional[ModuleType]:

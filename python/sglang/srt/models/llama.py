@@ -9,7 +9,6 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from sglang.srt.configs.model_config import attention_head_dim, total_num_kv_heads
-from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
@@ -36,10 +35,9 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(
             intermediate_size, hidden_size, params_dtype=dtype, quantization=quantization
         )
-        self.act_fn = SiluAndMul()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        return self.down_proj(self.gate_up_proj.silu_and_mul(x))
 
 
 class LlamaAttention(nn.Module):

@@ -84,7 +84,7 @@ def _ref_extend(q, k_ext, v_ext, k_buf, v_buf, qo_indptr, kv_indptr, indices, sc
     return out
 
 
-def _run_decode(device, lens, hq, hkv, d, dv, max_splits, idx_dtype, cap=0.0, splits=None, block_n=64):
+def _run_decode(device, lens, hq, hkv, d, dv, max_splits, idx_dtype, cap=0.0, splits=None, block_n=64, **config):
     dtype, tol = _dtype_tol(device)
     gen = torch.Generator().manual_seed(len(lens) * 1000 + hq * 10 + d + max_splits)
     num_slots = sum(lens) + 37
@@ -115,7 +115,7 @@ def _run_decode(device, lens, hq, hkv, d, dv, max_splits, idx_dtype, cap=0.0, sp
         max_splits,
         scale,
         cap,
-        DecodeKernelConfig(block_n=block_n),
+        DecodeKernelConfig(block_n=block_n, **config),
     )
     ref = _ref_decode(q, k_buf, v_buf, indptr, indices, scale, cap)
     real = torch.tensor([n > 0 for n in lens])
@@ -145,6 +145,18 @@ def test_decode_matches_reference(device, block_n, lens, hq, hkv, d, dv, max_spl
         hq, hkv = hq * 4, hkv * 4
         max_splits = max_splits * 4
     _run_decode(device, lens, hq, hkv, d, dv, max_splits, idx_dtype, cap, block_n=block_n)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("case", [0, 1, 2, 5])  # multi-split with padding, 1 split, GQA 4, two programs per kv head
+@pytest.mark.parametrize("config", [{"kv_heads_adjacent": False}], ids=["requests-adjacent"])
+def test_decode_other_launch_choices_compute_the_same(device, case, config):
+    """The other grid order (a kv head's programs for adjacent requests; the default is the other way: the
+    cases above) gives the same output."""
+    lens, hq, hkv, d, dv, max_splits, idx_dtype, cap = DECODE_CASES[case]
+    if device == "cuda":
+        lens, hq, hkv = lens + [4096, 1000], hq * 4, hkv * 4
+    _run_decode(device, lens, hq, hkv, d, dv, max_splits, idx_dtype, cap, **config)
 
 
 @pytest.mark.parametrize("device", DEVICES)

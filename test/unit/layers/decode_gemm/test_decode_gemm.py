@@ -27,9 +27,14 @@ def _reference(x, w, b):
     return y + b.double() if b is not None else y
 
 
-def _check(out, ref, dtype):
+def _check(out, ref, dtype, relative=False):
+    """fp32: within 1e-4 (of the largest |ref| with ``relative``: products of two sums grow large); bf16: 2%."""
     assert out.shape == ref.shape and out.dtype == dtype
-    tol = 1e-4 if dtype == torch.float32 else 2e-2 * ref.abs().max().item()
+    tol = (
+        1e-4 * (ref.abs().max().item() if relative else 1.0)
+        if dtype == torch.float32
+        else 2e-2 * ref.abs().max().item()
+    )
     assert (out.double() - ref).abs().max().item() <= tol
 
 
@@ -65,6 +70,52 @@ def test_skinny_linear_on_fp8_operands_applies_both_scales(device, split_k, with
     out = skinny_linear(qx, qw, b, config, scales=(sx, sw, out_dtype))
     ref = _reference(qx.double() * sx.double(), qw.double() * sw.double(), b)
     _check(out, ref, out_dtype)
+
+
+def _silu_and_mul_reference(y):
+    d = y.shape[-1] // 2
+    return F.silu(y[:, :d]) * y[:, d:]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("m", [1, 17])
+@pytest.mark.parametrize("with_bias", [False, True])
+@pytest.mark.parametrize("pdl", [False, True])
+def test_skinny_linear_with_silu_and_mul_epilogue(device, m, with_bias, pdl):
+    """weight = [gate; up]: the kernel returns silu(gate) * up, each program taking the same columns of both
+    halves (N = 40 per half: the second column block is ragged, and must not read the other half's rows)."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    g = torch.Generator().manual_seed(70 + m)
+    n, k = 40, 200
+    x = torch.randn(m, k, generator=g).to(device, dtype)
+    w = torch.randn(2 * n, k, generator=g).to(device, dtype)
+    b = torch.randn(2 * n, generator=g).to(device, dtype) if with_bias else None
+    out = skinny_linear(x, w, b, GemmConfig(**CFG, pdl=pdl), silu_and_mul=True)
+    _check(out, _silu_and_mul_reference(_reference(x, w, b)), dtype, relative=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_silu_and_mul_epilogue_on_fp8_operands_scales_each_half(device):
+    from sglang.srt.layers.quantization.fp8_linear import quantize_rows
+
+    out_dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    g = torch.Generator().manual_seed(77)
+    m, n, k = 5, 80, 200
+    qx, sx = quantize_rows(torch.randn(m, k, generator=g).to(device))
+    rows = torch.randn(2 * n, k, generator=g) * torch.linspace(0.1, 10.0, 2 * n)[:, None]  # scales differ per row
+    qw, sw = quantize_rows(rows.to(device))
+    config = GemmConfig(block_m=16, block_n=64, block_k=64, num_warps=4, num_stages=2)
+    out = skinny_linear(qx, qw, None, config, scales=(sx, sw, out_dtype), silu_and_mul=True)
+    ref = _reference(qx.double() * sx.double(), qw.double() * sw.double(), None)
+    _check(out, _silu_and_mul_reference(ref), out_dtype, relative=True)
+
+
+def test_silu_and_mul_epilogue_refuses_split_k_and_odd_rows():
+    x = torch.randn(2, 64)
+    with pytest.raises(ValueError, match="split_k 1"):
+        skinny_linear(x, torch.randn(32, 64), None, GemmConfig(**CFG, split_k=2), silu_and_mul=True)
+    with pytest.raises(ValueError, match="even number"):
+        skinny_linear(x, torch.randn(33, 64), None, GemmConfig(**CFG), silu_and_mul=True)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=REQUIRES_GPU_REASON)
@@ -154,6 +205,41 @@ def test_attach_gemm_plans_by_weight_shape():
     assert attach_gemm_plans(model, plans) == 1
     assert model[0].gemm_plan.config_for(8) == GemmConfig(**CFG)
     assert model[1].gemm_plan is CUBLAS_ONLY
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("fp8", [False, True])
+def test_merged_gate_up_fuses_silu_and_mul_where_its_silu_plan_says(device, fp8, monkeypatch):
+    """attach_gemm_plans gives a gate/up pair its ``N x K:silu`` plan; silu_and_mul then runs one fused kernel
+    for the planned row counts and the projection + activation kernel elsewhere, with the same result. (fp8 off
+    the GPU always takes the second way: its CPU path computes from dequantized operands.)"""
+    from sglang.srt.layers.activation import silu_and_mul
+    from sglang.srt.layers.decode_gemm import kernel
+    from sglang.srt.layers.decode_gemm.table import shape_key
+    from sglang.srt.layers.linear import MergedColumnParallelLinear, attach_gemm_plans
+
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    layer = MergedColumnParallelLinear(64, [40, 40], params_dtype=dtype, quantization="fp8" if fp8 else None)
+    layer = layer.to(device)
+    g = torch.Generator().manual_seed(5)
+    for shard in (0, 1):
+        layer.weight_loader(layer.weight, torch.randn(40, 64, generator=g).to(device, dtype), shard)
+    config = {**CFG, "block_n": 64, "block_k": 64} if fp8 else CFG  # fp8 wgmma wants BLOCK_N >= 64
+    plans = parse_table({"shapes": {shape_key(80, 64, fp8, silu_and_mul=True): {"4": config}}})
+    assert attach_gemm_plans(layer, plans) == 1  # counted: its silu plan uses the skinny kernel
+    assert layer.gemm_plan is CUBLAS_ONLY and layer.silu_plan.config_for(4) == GemmConfig(**config)
+    fused_rows = []
+    real = kernel.skinny_linear
+    monkeypatch.setattr(kernel, "skinny_linear", lambda x, *a, **kw: fused_rows.append(x.shape[0]) or real(x, *a, **kw))
+    for rows in (3, 5):
+        x = torch.randn(rows, 64, generator=g).to(device, dtype)
+        out = layer.silu_and_mul(x)
+        ref = silu_and_mul(layer(x).double())
+        assert out.shape == (rows, 40) and out.dtype == dtype
+        assert (out.double() - ref).abs().max().item() <= 2e-2 * ref.abs().max().item()
+    assert fused_rows == ([] if fp8 and device == "cpu" else [3])
+    with pytest.raises(ValueError, match="two equal"):
+        MergedColumnParallelLinear(64, [40, 24]).silu_and_mul(torch.randn(1, 64))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=REQUIRES_GPU_REASON)

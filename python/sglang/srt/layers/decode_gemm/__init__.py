@@ -21,6 +21,7 @@ __all__ = [
     "GemmConfig",
     "GemmPlan",
     "linear",
+    "linear_silu_and_mul",
     "load_device_table",
     "parse_table",
     "plan_for_shape",
@@ -43,3 +44,17 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], 
     from sglang.srt.layers.decode_gemm import kernel
 
     return kernel.skinny_linear(x, weight, bias, config)
+
+
+def linear_silu_and_mul(
+    x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], silu_plan: GemmPlan
+) -> Optional[torch.Tensor]:
+    """``silu(gate) * up`` of ``F.linear(x, [gate; up], bias)`` in one skinny kernel where ``silu_plan`` (the
+    ``N x K:silu`` entry) has a config for this many rows; None where it has not (the caller runs the
+    projection, then the activation)."""
+    config = skinny_config(x, silu_plan)
+    if config is None:
+        return None
+    from sglang.srt.layers.decode_gemm import kernel
+
+    return kernel.skinny_linear(x, weight, bias, config, silu_and_mul=True)

@@ -50,6 +50,7 @@ def _skinny_gemm_kernel(
     stride_split,
     HAS_BIAS: tl.constexpr,
     SCALED: tl.constexpr,
+    GATED: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -70,41 +71,63 @@ def _skinny_gemm_kernel(
     k_start = pid_k * k_per_split
     w_ptrs = W + offs_n[:, None].to(tl.int64) * stride_wn + (k_start + offs_k)[None, :]
     x_ptrs = X + offs_m[:, None].to(tl.int64) * stride_xm + (k_start + offs_k)[None, :]
+    # GATED: the weight is [gate; up] (2N rows) and this program owns the same N columns of both halves.
+    up_ptrs = w_ptrs + N * stride_wn
     # Accumulated as [N, M]: the weight tile is the MMA's left operand, so BLOCK_N can be 16 while the
     # batch rows (padded to BLOCK_M >= 16) ride along as the right operand.
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # GATED only (else never touched)
     first = 0
     if USE_PDL:  # launched while the kernel before runs: stream a weight tile, then wait for x (pdl.py)
-        w = tl.load(w_ptrs, mask=n_mask[:, None] & (k_start + offs_k < K)[None, :], other=0.0)
+        w_mask = n_mask[:, None] & (k_start + offs_k < K)[None, :]
+        w = tl.load(w_ptrs, mask=w_mask, other=0.0)
+        if GATED:
+            w_up = tl.load(up_ptrs, mask=w_mask, other=0.0)
         wait_for_prerequisites(USE_PDL)
         x = tl.load(x_ptrs, mask=m_mask[:, None] & (k_start + offs_k < K)[None, :], other=0.0)
         acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION, max_num_imprecise_acc=IMPRECISE_ACC)
+        if GATED:
+            acc_up = tl.dot(
+                w_up, tl.trans(x), acc_up, input_precision=DOT_PRECISION, max_num_imprecise_acc=IMPRECISE_ACC
+            )
         w_ptrs += BLOCK_K
+        up_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
         first = 1
     # Every split walks k_tiles tiles; only the last split's tail is masked off.
     if WHILE_LOOPS:  # the interpreter (CPU tests): see triton_loops.use_while_loops
         i = 0
         while i < k_tiles:
-            acc = _accumulate_tile(
-                acc, w_ptrs, x_ptrs, k_start + i * BLOCK_K + offs_k < K, n_mask, m_mask, DOT_PRECISION, IMPRECISE_ACC
-            )
+            k_mask = k_start + i * BLOCK_K + offs_k < K
+            acc = _accumulate_tile(acc, w_ptrs, x_ptrs, k_mask, n_mask, m_mask, DOT_PRECISION, IMPRECISE_ACC)
+            if GATED:
+                acc_up = _accumulate_tile(acc_up, up_ptrs, x_ptrs, k_mask, n_mask, m_mask, DOT_PRECISION, IMPRECISE_ACC)
             w_ptrs += BLOCK_K
+            up_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
             i += 1
     else:
         for i in range(first, k_tiles):
-            acc = _accumulate_tile(
-                acc, w_ptrs, x_ptrs, k_start + i * BLOCK_K + offs_k < K, n_mask, m_mask, DOT_PRECISION, IMPRECISE_ACC
-            )
+            k_mask = k_start + i * BLOCK_K + offs_k < K
+            acc = _accumulate_tile(acc, w_ptrs, x_ptrs, k_mask, n_mask, m_mask, DOT_PRECISION, IMPRECISE_ACC)
+            if GATED:
+                acc_up = _accumulate_tile(acc_up, up_ptrs, x_ptrs, k_mask, n_mask, m_mask, DOT_PRECISION, IMPRECISE_ACC)
             w_ptrs += BLOCK_K
+            up_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
     if SCALED:  # fp8 operands: undo both scales (linear, so split-K partials may be scaled apart)
         w_scale = tl.load(WScale + offs_n, mask=n_mask, other=0.0)
         x_scale = tl.load(XScale + offs_m, mask=m_mask, other=0.0)
         acc = acc * w_scale[:, None] * x_scale[None, :]
+        if GATED:
+            up_scale = tl.load(WScale + N + offs_n, mask=n_mask, other=0.0)
+            acc_up = acc_up * up_scale[:, None] * x_scale[None, :]
     if HAS_BIAS:
         acc += tl.load(Bias + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+        if GATED:
+            acc_up += tl.load(Bias + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
+    if GATED:  # SiLU-and-mul on the fp32 sums: silu(gate) * up
+        acc = acc / (1.0 + tl.exp(-acc)) * acc_up
     out_ptrs = Out + pid_k * stride_split + offs_m[None, :] * stride_om + offs_n[:, None]
     tl.store(out_ptrs, acc.to(Out.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
 
@@ -149,15 +172,23 @@ def skinny_linear(
     bias: Optional[torch.Tensor],
     config: GemmConfig,
     scales: Optional[tuple[torch.Tensor, torch.Tensor, torch.dtype]] = None,
+    silu_and_mul: bool = False,
 ) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for a 2-D ``x`` whose rows and ``weight``'s rows are K-contiguous.
 
     ``scales`` = (x_scale [M, 1], weight_scale [N, 1], out dtype) for fp8 ``x`` and ``weight``:
-    ``F.linear(x * x_scale, weight * weight_scale, bias)`` in the out dtype."""
+    ``F.linear(x * x_scale, weight * weight_scale, bias)`` in the out dtype.
+    ``silu_and_mul``: ``weight`` is [gate; up] (a merged gate_up projection) and the result is
+    ``silu(gate) * up`` ([M, N / 2]), applied to the fp32 sums in the epilogue (``config.split_k`` must be 1:
+    partial sums cannot go through the activation)."""
     m, k = x.shape
-    n = weight.shape[0]
+    n = weight.shape[0] // 2 if silu_and_mul else weight.shape[0]
     if x.stride(1) != 1 or weight.stride(1) != 1 or weight.shape[1] != k:
         raise ValueError(f"skinny_linear needs K-contiguous x {tuple(x.shape)} and weight {tuple(weight.shape)}")
+    if silu_and_mul and (config.split_k != 1 or weight.shape[0] % 2):
+        raise ValueError(
+            f"silu_and_mul needs split_k 1 and an even number of weight rows, got {config}, {weight.shape}"
+        )
     out = torch.empty(m, n, device=x.device, dtype=x.dtype if scales is None else scales[2])
     if m == 0:
         return out
@@ -188,6 +219,7 @@ def skinny_linear(
         target.stride(0) if split_k > 1 else 0,
         HAS_BIAS=fused_bias,
         SCALED=scales is not None,
+        GATED=silu_and_mul,
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,

@@ -8,7 +8,9 @@ measured faster. A tuned batch size ``m_t`` covers the batches above the previou
 ``m_t`` (decode is weight-bound there, so a tile that is best for 16 rows is best for 9..16); batches
 above the largest tuned size, shapes not in the table and GPUs without a table use cuBLAS.
 fp8 weights (``--quantization fp8``) have entries of their own, keyed ``N x K:fp8``; for them the skinny
-kernel runs on fp8 operands and "cuBLAS" means ``torch._scaled_mm``.
+kernel runs on fp8 operands and "cuBLAS" means ``torch._scaled_mm``. A merged gate_up projection has a second
+entry keyed ``N x K:silu`` (``N x K:fp8:silu``): the skinny kernel with SiLU-and-mul in its epilogue, against the
+projection's own plan followed by the activation kernel (``null``: that pair).
 """
 
 from __future__ import annotations
@@ -65,8 +67,8 @@ class GemmPlan:
 CUBLAS_ONLY = GemmPlan()
 
 
-def shape_key(n: int, k: int, fp8: bool = False) -> str:
-    return f"{n}x{k}:fp8" if fp8 else f"{n}x{k}"
+def shape_key(n: int, k: int, fp8: bool = False, silu_and_mul: bool = False) -> str:
+    return f"{n}x{k}" + (":fp8" if fp8 else "") + (":silu" if silu_and_mul else "")
 
 
 def device_table_path(device_name: str, config_dir: str = "") -> str:
@@ -96,8 +98,10 @@ def load_device_table(device_name: str, config_dir: str = "") -> dict[str, GemmP
         return parse_table(json.load(f))
 
 
-def plan_for_shape(plans: Mapping[str, GemmPlan], n: int, k: int, fp8: bool = False) -> GemmPlan:
-    return plans.get(shape_key(n, k, fp8), CUBLAS_ONLY)
+def plan_for_shape(
+    plans: Mapping[str, GemmPlan], n: int, k: int, fp8: bool = False, silu_and_mul: bool = False
+) -> GemmPlan:
+    return plans.get(shape_key(n, k, fp8, silu_and_mul), CUBLAS_ONLY)
 
 
 def update_table_file(path: str, device: str, model: str, shapes: Mapping[str, dict], **provenance) -> None:

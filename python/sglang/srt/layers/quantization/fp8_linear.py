@@ -69,3 +69,19 @@ def fp8_linear(
             qx, qweight.t(), scale_a=x_scale, scale_b=weight_scale.view(1, -1), bias=bias, out_dtype=x.dtype
         )
     return out.view(*lead, qweight.shape[0])
+
+
+def fp8_linear_silu_and_mul(
+    x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None, silu_plan: GemmPlan
+) -> torch.Tensor | None:
+    """``silu(gate) * up`` of ``fp8_linear(x, [gate; up] ...)``: the activation quantization, then the skinny kernel
+    with SiLU-and-mul in its epilogue, where ``silu_plan`` (``N x K:fp8:silu``) has a config for x's rows;
+    None where it has not (the caller runs ``fp8_linear``, then the activation)."""
+    config = skinny_config(x, silu_plan) if x.is_cuda else None
+    if config is None:
+        return None
+    from sglang.srt.layers.decode_gemm.kernel import skinny_linear
+    from sglang.srt.layers.quantization.fp8_activation_kernel import quantize_activations
+
+    qx, x_scale = quantize_activations(x)
+    return skinny_linear(qx, qweight, bias, config, scales=(x_scale, weight_scale, x.dtype), silu_and_mul=True)
