@@ -6,7 +6,8 @@
 # configs/ on the device, so later stages of the same call use it, and in $OUT). tests-gemm: the GEMM-path GPU tests.
 # ab: the roofline four times, alternating before (no :silu table entries, kv_heads_adjacent false) and after
 # (the shipped table, the default grid), then once more with qkv / o at batch 64 on the skinny kernel.
-# tests-attn: decode attention's GPU tests and the model-level ones.
+# tests-attn: decode attention's GPU tests and the model-level ones; ab-direct: the roofline with one-chunk requests
+# merged by stage 2 (before) and written by stage 1 (after, the default).
 # Device call: run(command="bash scripts/device/decode_step.sh tune-silu tests-gemm roofline", carry=[".device"])
 set -o pipefail
 source scripts/device/env.sh
@@ -35,6 +36,12 @@ for stage in "$@"; do
     python3 -m pytest -q -rfE --timeout 300 test/unit/layers/attention test/registered/models/test_gpu_vs_transformers.py \
       test/registered/model_executor/test_cuda_graph_gpu.py 2>&1 | tee $OUT/gpu_tests_attn.log | \
       grep -E "passed|failed|FAILED|Error" | tail -8
+  fi
+  if [ "$stage" = ab-direct ]; then
+    python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --decode-config '{"single_split_direct": false}' \
+      --out $OUT/roofline_stage2 2>&1 | tr '\r' '\n' | grep -A5 "^| batch" | sed "s/^/stage2 /"
+    python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --out $OUT/roofline_direct 2>&1 | \
+      tr '\r' '\n' | grep -A5 "^| batch" | sed "s/^/direct /"
   fi
   if [ "$stage" = tune ]; then
     python3 benchmark/decode_roofline/tune_decode_attention.py --focused --out $OUT/attention_tuning 2>&1 | tail -12

@@ -149,10 +149,14 @@ def test_decode_matches_reference(device, block_n, lens, hq, hkv, d, dv, max_spl
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("case", [0, 1, 2, 5])  # multi-split with padding, 1 split, GQA 4, two programs per kv head
-@pytest.mark.parametrize("config", [{"kv_heads_adjacent": False}], ids=["requests-adjacent"])
+@pytest.mark.parametrize(
+    "config",
+    [{"kv_heads_adjacent": False}, {"single_split_direct": False}],
+    ids=["requests-adjacent", "one-chunk-via-stage-2"],
+)
 def test_decode_other_launch_choices_compute_the_same(device, case, config):
-    """The other grid order (a kv head's programs for adjacent requests; the default is the other way: the
-    cases above) gives the same output."""
+    """The other grid order (a kv head's programs for adjacent requests), and one-chunk requests merged by stage 2
+    instead of written by stage 1 (the defaults are the other way: the cases above), give the same output."""
     lens, hq, hkv, d, dv, max_splits, idx_dtype, cap = DECODE_CASES[case]
     if device == "cuda":
         lens, hq, hkv = lens + [4096, 1000], hq * 4, hkv * 4

@@ -10,7 +10,9 @@ Layout (one layer):
 Why two stages: with one token per request, a batch of 1 at 8k context would give only ``Hkv``
 programs, far too few to saturate HBM. Stage 1 therefore splits each request's KV range into
 ``num_kv_splits[i]`` chunks and computes, per chunk, the softmax-normalised partial output and its
-log-sum-exp into fp32 scratch (``attn_logits``, ``attn_lse``); stage 2 merges the chunks.
+log-sum-exp into fp32 scratch (``attn_logits``, ``attn_lse``); stage 2 merges the chunks. A request whose
+context is one chunk (short contexts in big batches) has its output written by stage 1 directly; when every
+request is one chunk (``max_kv_splits == 1``) stage 2 is not launched.
 
 Why grouped: one stage-1 program serves *all* q heads of one kv head (``BLOCK_H`` rows, masked,
 padded to >= 16 so ``tl.dot`` can use tensor cores), so each K/V block is read from HBM once per
@@ -110,6 +112,7 @@ def _decode_grouped_stage1(
     Kv_Indices,
     Att_Out,
     Att_Lse,
+    O,  # noqa: E741 - the attention output, written here for a request of one chunk (DIRECT_SINGLE)
     Num_Kv_Splits,
     sm_scale,
     logit_cap,
@@ -124,6 +127,8 @@ def _decode_grouped_stage1(
     stride_as,
     stride_lb,
     stride_lh,
+    stride_ob,
+    stride_oh,
     kv_group_num: tl.constexpr,
     progs_per_kv_head: tl.constexpr,
     D: tl.constexpr,
@@ -138,6 +143,7 @@ def _decode_grouped_stage1(
     PDL: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     KV_HEADS_ADJACENT: tl.constexpr,
+    DIRECT_SINGLE: tl.constexpr,
 ):
     pdl_prologue(PDL)
     if KV_HEADS_ADJACENT:
@@ -165,6 +171,8 @@ def _decode_grouped_stage1(
     # Clamp to [1, grid size] so a bad split count can neither divide by 0 nor drop chunks.
     num_splits = tl.minimum(tl.maximum(tl.load(Num_Kv_Splits + b), 1), tl.num_programs(2))
     start, end = _split_range(kv_len, num_splits, split_id, SPLIT_ALIGN)
+    # One chunk: its normalised output is the answer, so it goes to O and stage 2 leaves the request alone.
+    single = DIRECT_SINGLE & (num_splits == 1)
 
     if (split_id < num_splits) & (end > start):
         q = tl.load(
@@ -235,13 +243,27 @@ def _decode_grouped_stage1(
                     USE_CAP,
                 )
         out = acc / l_i[:, None]
-        lse = (m_i + tl.log2(l_i)) * 0.6931471805599453  # natural-log LSE of this chunk
+        if single:
+            tl.store(
+                O + b * stride_ob + heads[:, None] * stride_oh + offs_dv[None, :],
+                out.to(O.dtype.element_ty),
+                mask=mask_h[:, None] & mask_dv[None, :],
+            )
+        else:
+            lse = (m_i + tl.log2(l_i)) * 0.6931471805599453  # natural-log LSE of this chunk
+            tl.store(
+                Att_Out + b * stride_ab + heads[:, None] * stride_ah + split_id * stride_as + offs_dv[None, :],
+                out,
+                mask=mask_h[:, None] & mask_dv[None, :],
+            )
+            tl.store(Att_Lse + b * stride_lb + heads * stride_lh + split_id, lse, mask=mask_h)
+    elif single & (split_id == 0):  # an empty context (graph padding): zeros, as stage 2 would write
+        zeros = tl.zeros([BLOCK_H, BLOCK_DV], dtype=O.dtype.element_ty)
         tl.store(
-            Att_Out + b * stride_ab + heads[:, None] * stride_ah + split_id * stride_as + offs_dv[None, :],
-            out,
+            O + b * stride_ob + heads[:, None] * stride_oh + offs_dv[None, :],
+            zeros,
             mask=mask_h[:, None] & mask_dv[None, :],
         )
-        tl.store(Att_Lse + b * stride_lb + heads * stride_lh + split_id, lse, mask=mask_h)
 
 
 @triton.jit
@@ -264,28 +286,31 @@ def _decode_stage2(
     BLOCK_DV: tl.constexpr,
     SPLIT_ALIGN: tl.constexpr,
     PDL: tl.constexpr,
+    DIRECT_SINGLE: tl.constexpr,
 ):
     """Merge request b / head h's chunks: their LSE-weighted sum. All chunks load as one
-    [BLOCK_S, BLOCK_DV] tile (independent loads, one memory round trip, not one per chunk)."""
+    [BLOCK_S, BLOCK_DV] tile (independent loads, one memory round trip, not one per chunk).
+    DIRECT_SINGLE: a request of one chunk was written by stage 1; nothing to do for it."""
     pdl_prologue(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_dv = tl.arange(0, BLOCK_DV)
-    mask_dv = offs_dv < DV
-    kv_len = tl.load(Kv_Indptr + b + 1) - tl.load(Kv_Indptr + b)
     num_splits = tl.minimum(tl.maximum(tl.load(Num_Kv_Splits + b), 1), MAX_KV_SPLITS)
-    split_len = tl.cdiv(tl.cdiv(kv_len, num_splits), SPLIT_ALIGN) * SPLIT_ALIGN
-    written = (offs_s < num_splits) & (offs_s * split_len < kv_len)  # the chunks stage 1 wrote
-    lse = tl.load(Att_Lse + b * stride_lb + h * stride_lh + offs_s, mask=written, other=float("-inf"))
-    part = tl.load(
-        Att_Out + b * stride_ab + h * stride_ah + offs_s[:, None] * stride_as + offs_dv[None, :],
-        mask=written[:, None] & mask_dv[None, :],
-        other=0.0,
-    )
-    w = tl.exp(lse - tl.maximum(tl.max(lse, 0), -1e30))  # unwritten chunks: exp(-inf) = 0
-    out = tl.sum(w[:, None] * part, 0) / tl.maximum(tl.sum(w, 0), 1e-30)  # empty row -> zeros
-    tl.store(O + b * stride_ob + h * stride_oh + offs_dv, out.to(O.dtype.element_ty), mask=mask_dv)
+    if (not DIRECT_SINGLE) | (num_splits > 1):
+        offs_s = tl.arange(0, BLOCK_S)
+        offs_dv = tl.arange(0, BLOCK_DV)
+        mask_dv = offs_dv < DV
+        kv_len = tl.load(Kv_Indptr + b + 1) - tl.load(Kv_Indptr + b)
+        split_len = tl.cdiv(tl.cdiv(kv_len, num_splits), SPLIT_ALIGN) * SPLIT_ALIGN
+        written = (offs_s < num_splits) & (offs_s * split_len < kv_len)  # the chunks stage 1 wrote
+        lse = tl.load(Att_Lse + b * stride_lb + h * stride_lh + offs_s, mask=written, other=float("-inf"))
+        part = tl.load(
+            Att_Out + b * stride_ab + h * stride_ah + offs_s[:, None] * stride_as + offs_dv[None, :],
+            mask=written[:, None] & mask_dv[None, :],
+            other=0.0,
+        )
+        w = tl.exp(lse - tl.maximum(tl.max(lse, 0), -1e30))  # unwritten chunks: exp(-inf) = 0
+        out = tl.sum(w[:, None] * part, 0) / tl.maximum(tl.sum(w, 0), 1e-30)  # empty row -> zeros
+        tl.store(O + b * stride_ob + h * stride_oh + offs_dv, out.to(O.dtype.element_ty), mask=mask_dv)
 
 
 @dataclass(frozen=True)
@@ -301,6 +326,10 @@ class DecodeKernelConfig:
     # once (DRAM page locality): 32 layers at batch 256 x 1k 8.54 -> 8.24 ms on the H200, batch 1-64 within
     # 1% (benchmark/decode_roofline/tuning_grid_order/). False: adjacent ids are requests of one kv head.
     kv_heads_adjacent: bool = True
+    # A request of one chunk gets its output from stage 1 (no partials, nothing for stage 2 to merge); with
+    # one chunk for every request (max_kv_splits 1: batches whose requests alone fill the GPU) stage 2 is not
+    # launched at all.
+    single_split_direct: bool = True
 
     @classmethod
     def for_head_dim(cls, head_dim: int) -> "DecodeKernelConfig":
@@ -375,6 +404,7 @@ def decode_attention_fwd(
         kv_indices,
         attn_logits,
         attn_lse,
+        o,
         num_kv_splits,
         float(sm_scale),
         float(logit_cap),
@@ -389,6 +419,8 @@ def decode_attention_fwd(
         attn_logits.stride(2),
         attn_lse.stride(0),
         attn_lse.stride(1),
+        o.stride(0),
+        o.stride(1),
         kv_group_num=group,
         progs_per_kv_head=progs_per_kv_head,
         D=d,
@@ -403,8 +435,11 @@ def decode_attention_fwd(
         PDL=pdl,
         DOT_DTYPE=_TL_DTYPES[dot_dtype(q.dtype, k_buffer.dtype)],
         KV_HEADS_ADJACENT=config.kv_heads_adjacent,
+        DIRECT_SINGLE=config.single_split_direct,
         **extra,
     )
+    if config.single_split_direct and max_kv_splits == 1:
+        return  # every request is one chunk, written by stage 1
     extra2 = {} if interp else {"num_warps": 4, "num_stages": 1, "launch_pdl": pdl}
     _decode_stage2[(bs, hq)](
         attn_logits,
@@ -425,6 +460,7 @@ def decode_attention_fwd(
         BLOCK_DV=block_dv,
         SPLIT_ALIGN=config.block_n,
         PDL=pdl,
+        DIRECT_SINGLE=config.single_split_direct,
         **extra2,
     )
 
