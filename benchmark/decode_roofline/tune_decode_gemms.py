@@ -7,7 +7,8 @@ For each projection of the model (qkv, o and, dense models, gate_up and down, wi
 tensor-parallel rank holds: ``decode_gemm/shapes.py``) and batch size it times, as one CUDA graph
 over 32 distinct weights (the 32 layers; nothing is served from L2): cuBLAS (torch's default) and every
 skinny-kernel tile config of the sweep (split-K 1 first, then split-K 1 / 2 / 4 / 8, each with and without
-programmatic dependent launch, for the four best tiles). Each projection runs after an RMSNorm that
+programmatic dependent launch, for the four best tiles and the best tile of each BLOCK_N: a wide tile has few
+programs, so it only pays with split-K and would never make the four best at split 1). Each projection runs after an RMSNorm that
 writes its input, as in the model (with PDL the GEMM may start while the norm drains); the norms alone
 are timed too and subtracted.
 Every config's output is checked against ``F.linear``; a config that fails to compile or to match is
@@ -57,7 +58,7 @@ def tile_sweep(batch: int, fp8: bool = False, silu: bool = False) -> list[GemmCo
     block_m = block_m_for(batch)
     block_ks = (128, 256, 512) if block_m == 16 else (64, 128, 256)
     stages = (4, 6) if block_m == 16 else (3, 5)
-    block_ns = (16, 32, 64) if silu else (32, 64, 128)
+    block_ns = (16, 32, 64) if silu else (32, 64, 128, 256)
     if fp8:
         block_ks, block_ns = tuple(2 * k for k in block_ks), (64, 128)
     elem_bytes = 1 if fp8 else 2
@@ -136,7 +137,12 @@ def tune_one(weights, batch: int, margin: float, fp8: bool = False, silu: bool =
 
     for config in tile_sweep(batch, fp8, silu):
         try_config(config)
-    best_tiles = [c for _, c in sorted(timed, key=lambda t: t[0])[:4]]
+    ranked = [c for _, c in sorted(timed, key=lambda t: t[0])]
+    best_tiles = ranked[:4]
+    for block_n in sorted({c.block_n for c in ranked}):  # each width's best: wide tiles need split-K to fill the GPU
+        widest = next(c for c in ranked if c.block_n == block_n)
+        if widest not in best_tiles:
+            best_tiles.append(widest)
     for config, split_k, pdl in itertools.product(best_tiles, (1,) if silu else (1, 2, 4, 8), (False, True)):
         if split_k > 1 or pdl:
             try_config(GemmConfig(**{**config.to_json(), "split_k": split_k, "pdl": pdl}))
@@ -197,10 +203,11 @@ def main() -> None:
     device = torch.cuda.get_device_name()
     shapes = projection_shapes(model_config(args.model), args.tp_size)
     table_path = args.table or device_table_path(device, envs.SGLANG_DECODE_GEMM_CONFIG_DIR.get())
-    current = {}  # the plans the engine would load now: the baseline of --silu
+    current_raw = {}  # the table the engine would load now: --silu's baseline; batches not tuned now stay
     if os.path.exists(table_path):
         with open(table_path) as f:
-            current = parse_table(json.load(f))
+            current_raw = json.load(f)
+    current = parse_table(current_raw) if args.silu else {}
     if args.silu:
         shapes = {"gate_up_silu": shapes["gate_up"]}  # KeyError for MoE models: their experts are fused-MoE
     bw = copy_bandwidth()
@@ -212,7 +219,8 @@ def main() -> None:
             weights = [quantize_rows(w) for w in weights]
         floor_ms = LAYERS * n * k * (1 if args.fp8 else 2) / bw * 1000
         baseline_plan = plan_for_shape(current, n, k, args.fp8) if args.silu else CUBLAS_ONLY
-        entries = {}
+        key = shape_key(n, k, args.fp8, args.silu)
+        entries = dict(current_raw.get("shapes", {}).get(key, {}))
         for batch in args.batches:
             row = {
                 "gemm": name,
@@ -228,7 +236,7 @@ def main() -> None:
                 f"({row['candidates_timed']} timed, {row['candidates_skipped']} skipped) -> {row['chosen']}",
                 flush=True,
             )
-        shapes_table[shape_key(n, k, args.fp8, args.silu)] = entries
+        shapes_table[key] = entries
         del weights
         torch.cuda.empty_cache()
     update_table_file(

@@ -8,6 +8,11 @@
 # (the shipped table, the default grid), then once more with qkv / o at batch 64 on the skinny kernel.
 # tests-attn: decode attention's GPU tests and the model-level ones; ab-direct: the roofline with one-chunk requests
 # merged by stage 2 (before) and written by stage 1 (after, the default).
+# Session 21: tune-wide: retune the bf16 table at batch 16-64 with wide tiles in the split-K sweep (other batches
+# stay); the table it started from goes to $OUT/table_before_tune-wide, the result to $OUT/table_after_tune-wide.
+# tests-kt: the KT hybrid decode GPU tests (the Qwen3-MoE decoder). ab-addnorm: the roofline of the commit before
+# (first, here: git archive HEAD~1 python benchmark scripts | tar -x -C ab_before; untracked, so it travels, and
+# never committed), of this tree, and of this tree with o_proj at batch 64 on its best skinny config; twice.
 # Device call: run(command="bash scripts/device/decode_step.sh tune-silu tests-gemm roofline", carry=[".device"])
 set -o pipefail
 source scripts/device/env.sh
@@ -25,6 +30,35 @@ for stage in "$@"; do
   if [ "$stage" = tune-silu ]; then
     python3 benchmark/decode_roofline/tune_decode_gemms.py --silu --out $OUT/gemm_tuning_silu 2>&1 | tail -12
     cp python/sglang/srt/layers/decode_gemm/configs/NVIDIA_H200.json $OUT/
+  fi
+  if [ "$stage" = tune-wide ]; then
+    table=python/sglang/srt/layers/decode_gemm/configs/NVIDIA_H200.json
+    mkdir -p $OUT/table_before_$stage $OUT/table_after_$stage && cp $table $OUT/table_before_$stage/
+    python3 benchmark/decode_roofline/tune_decode_gemms.py --batches 16 32 64 --out $OUT/gemm_tuning_wide 2>&1 | tail -20
+    cp $table $OUT/table_after_$stage/
+  fi
+  if [ "$stage" = tests-kt ]; then
+    python3 -m pytest -q -rfE --timeout 300 test/registered/moe/test_kt_hybrid_decode_gpu.py 2>&1 | \
+      tee $OUT/gpu_tests_kt.log | grep -E "passed|failed|FAILED|Error" | tail -8
+  fi
+  if [ "$stage" = ab-addnorm ]; then  # before: ab_before/ (git archive of the commit before, untracked)
+    mkdir -p $OUT/table_o64 && python3 - $OUT/table_o64 <<'PY'
+import json, sys
+table = json.load(open("python/sglang/srt/layers/decode_gemm/configs/NVIDIA_H200.json"))
+rows = json.load(open("benchmark/decode_roofline/gemm_tuning/results.json"))["rows"]
+(o64,) = [r for r in rows if r["batch"] == 64 and r["gemm"] == "o"]
+table["shapes"][f"{o64['n']}x{o64['k']}"]["64"] = o64["best_skinny_config"]
+print("batch 64 o_proj", o64["best_skinny_config"])
+json.dump(table, open(sys.argv[1] + "/NVIDIA_H200.json", "w"), indent=1)
+PY
+    for i in 1 2; do
+      python3 ab_before/benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --out $OUT/roofline_before_$i \
+        2>&1 | tr '\r' '\n' | grep -A5 "^| batch" | sed "s/^/before$i /"
+      python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --out $OUT/roofline_after_$i 2>&1 | \
+        tr '\r' '\n' | grep -A5 "^| batch" | sed "s/^/after$i /"
+      SGLANG_DECODE_GEMM_CONFIG_DIR=$OUT/table_o64 python3 benchmark/decode_roofline/bench_decode_roofline.py \
+        --skip-hf --out $OUT/roofline_o64_$i 2>&1 | tr '\r' '\n' | grep -A5 "^| batch" | sed "s/^/o64_$i /"
+    done
   fi
   if [ "$stage" = tests-gemm ]; then
     python3 -m pytest -q -s -rfEs --timeout 500 test/unit/layers/decode_gemm test/unit/layers/quantization \

@@ -1,5 +1,6 @@
 """With a tuned table naming the model's shapes, decode runs every projection through the skinny GEMM (in CUDA
-graphs, with programmatic dependent launch) and gives cuBLAS's logits up to bf16 rounding."""
+graphs, with programmatic dependent launch; split-K o_proj and down with the residual add and norm after them in
+their sum kernels) and gives the logits of cuBLAS and separate norm kernels up to bf16 rounding."""
 
 from sglang.test.ci.ci_register import register_cuda_ci
 
@@ -59,6 +60,23 @@ def _linears(mr):
     from sglang.srt.layers.linear import LinearBase
 
     return [m for m in mr.model.modules() if isinstance(m, LinearBase)]
+
+
+def test_split_k_projections_carry_the_residual_add_and_norm_after_them(runner, monkeypatch):
+    """At batch 13 (split-K configs) o_proj and down of every layer add the residual and apply the next norm in
+    their sum kernels (the eager pass; the graph replays the same kernels); at 5 (split 1) none do."""
+    from sglang.srt.layers.decode_gemm import kernel
+
+    fused = []
+    real = kernel.skinny_linear
+    monkeypatch.setattr(
+        kernel, "skinny_linear", lambda *a, **kw: fused.append(kw.get("add_norm") is not None) or real(*a, **kw)
+    )
+    layers = runner.model_config.num_hidden_layers
+    for bs, expected in ((13, 2 * layers), (5, 0)):
+        fused.clear()
+        decode_logits_three_ways(runner, bs)
+        assert sum(fused) == expected and len(fused) == 4 * layers  # eager pass: four projections a layer
 
 
 def test_every_projection_has_the_tables_plan(runner):

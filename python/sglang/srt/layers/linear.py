@@ -24,7 +24,14 @@ from sglang.srt.distributed import (
 )
 from sglang.srt.distributed.partition import HeadPartition, shard_range
 from sglang.srt.layers.activation import silu_and_mul
-from sglang.srt.layers.decode_gemm import CUBLAS_ONLY, GemmPlan, linear, linear_silu_and_mul, plan_for_shape
+from sglang.srt.layers.decode_gemm import (
+    CUBLAS_ONLY,
+    GemmPlan,
+    linear,
+    linear_add_rmsnorm,
+    linear_silu_and_mul,
+    plan_for_shape,
+)
 from sglang.srt.layers.quantization.fp8_linear import FP8_DTYPE, fp8_linear, fp8_linear_silu_and_mul, quantize_rows
 from sglang.srt.server_args_cli import QUANTIZATIONS
 
@@ -161,14 +168,14 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 
     @property
     def is_gated_pair(self) -> bool:
-        """Two equal outputs (gate, up) on this rank, not gathered: what ``silu_and_mul`` takes."""
-        return len(self.output_sizes) == 2 and self.output_sizes[0] == self.output_sizes[1] and not self.gather_output
+        """Two equal outputs (gate, up): what ``silu_and_mul`` takes."""
+        return len(self.output_sizes) == 2 and self.output_sizes[0] == self.output_sizes[1]
 
     def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
         """``silu(gate) * up`` of this projection's two outputs: one kernel where the silu plan has a config
         for x's rows (the activation in the GEMM's epilogue), else the projection then the activation kernel."""
         if not self.is_gated_pair:
-            raise ValueError(f"silu_and_mul needs two equal, ungathered outputs, got {self.output_sizes}")
+            raise ValueError(f"silu_and_mul needs two equal outputs, got {self.output_sizes}")
         if self.is_fp8:
             fused = fp8_linear_silu_and_mul(x, self.weight, self.weight_scale, self.bias, self.silu_plan)
         else:
@@ -275,6 +282,19 @@ class RowParallelLinear(LinearBase):
         if self.bias is not None:
             y = y + self.bias
         return y
+
+    def forward_add_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """``norm(self(x), residual)`` (an ``RMSNorm``): (the norm of self(x) + residual, that sum; on the GPU
+        written over ``residual``, as the norm kernel does), what the decoder does after o_proj and down.
+        Where this layer's plan splits K for x's rows (one rank, no bias, bf16 weights), the add and the norm
+        run in the GEMM's split-K sum kernel instead of a kernel of their own, with the same bits."""
+        if self.tp_size == 1 and self.bias is None and not self.is_fp8:
+            normed = linear_add_rmsnorm(x, self.weight, self.gemm_plan, residual, norm.weight, norm.variance_epsilon)
+            if normed is not None:
+                return normed, residual
+        return norm(self(x), residual)
 
 
 def attach_gemm_plans(model: nn.Module, plans: Mapping[str, GemmPlan]) -> int:

@@ -39,6 +39,12 @@ class LlamaMLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.gate_up_proj.silu_and_mul(x))
 
+    def forward_add_norm(
+        self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``norm(self(x), residual)``, the add and norm in down_proj's GEMM where it can (``forward_add_norm``)."""
+        return self.down_proj.forward_add_norm(self.gate_up_proj.silu_and_mul(x), residual, norm)
+
 
 class LlamaAttention(nn.Module):
     qkv_bias = False
@@ -84,6 +90,10 @@ class LlamaAttention(nn.Module):
         )
 
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch) -> torch.Tensor:
+        return self.o_proj(self.attend(positions, hidden_states, forward_batch))
+
+    def attend(self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch) -> torch.Tensor:
+        """Everything up to o_proj: its input (the attention output of every head)."""
         qkv = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.qk_norm:  # per head, in place on the strided views of qkv
@@ -93,8 +103,8 @@ class LlamaAttention(nn.Module):
         kv_store = create_fused_set_kv_buffer_arg(k, v, self.attn, forward_batch)
         q, k = self.rotary_emb(positions, q, k, fused_set_kv_buffer_arg=kv_store)
         if kv_store is not None:
-            return self.o_proj(self.attn(q, k, v, forward_batch, save_kv_cache=False))
-        return self.o_proj(self.attn(q, k, v.contiguous(), forward_batch))
+            return self.attn(q, k, v, forward_batch, save_kv_cache=False)
+        return self.attn(q, k, v.contiguous(), forward_batch)
 
 
 class LlamaDecoderLayer(nn.Module):
@@ -123,19 +133,32 @@ class LlamaDecoderLayer(nn.Module):
         return LlamaMLP(config.hidden_size, config.intermediate_size, dtype, quantization=quantization)
 
     def forward(
-        self, positions: torch.Tensor, hidden_states: torch.Tensor, residual: Optional[torch.Tensor], forward_batch
+        self,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        residual: Optional[torch.Tensor],
+        forward_batch,
+        next_norm: RMSNorm,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``hidden_states``: the embeddings (the first layer, ``residual`` None), else this layer's input norm of
+        the residual stream ``residual`` (the layer before applied it as its ``next_norm``). Returns
+        (next_norm(stream), stream) for the stream after this layer; ``next_norm`` is the next layer's input
+        norm or the model's final one. Each residual add and norm runs in the split-K sum kernel of the GEMM
+        before it (o_proj, down) where that GEMM splits K at this batch size, else in the norm's own kernel."""
         if residual is None:
             residual = hidden_states
             hidden_states = self.input_layernorm(hidden_states)
-        else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions, hidden_states, forward_batch)
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
-        return self.mlp_forward(hidden_states, forward_batch), residual
+        attention = self.self_attn.attend(positions, hidden_states, forward_batch)
+        hidden_states, residual = self.self_attn.o_proj.forward_add_norm(
+            attention, residual, self.post_attention_layernorm
+        )
+        return self.mlp_forward_add_norm(hidden_states, residual, next_norm, forward_batch)
 
-    def mlp_forward(self, hidden_states: torch.Tensor, forward_batch) -> torch.Tensor:
-        return self.mlp(hidden_states)
+    def mlp_forward_add_norm(
+        self, hidden_states: torch.Tensor, residual: torch.Tensor, next_norm: RMSNorm, forward_batch
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``next_norm(mlp(hidden_states), residual)``."""
+        return self.mlp.forward_add_norm(hidden_states, residual, next_norm)
 
 
 class LlamaModel(nn.Module):
@@ -162,10 +185,10 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch) -> torch.Tensor:
         hidden_states = self.embed_tokens(input_ids)
         residual = None
-        for layer in self.layers:
-            hidden_states, residual = layer(positions, hidden_states, residual, forward_batch)
-        hidden_states, _ = self.norm(hidden_states, residual)
-        return hidden_states
+        next_norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
+        for layer, next_norm in zip(self.layers, next_norms):
+            hidden_states, residual = layer(positions, hidden_states, residual, forward_batch, next_norm)
+        return hidden_states  # the final norm of the stream (the last layer's next_norm)
 
 
 class LlamaForCausalLM(nn.Module):

@@ -13,6 +13,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from sglang.srt.distributed import tensor_model_parallel_all_reduce
+from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ReplicatedLinear
 from sglang.srt.layers.moe.kt_ep_wrapper import (
     KTConfig,
@@ -78,10 +79,13 @@ class Qwen3MoeDecoderLayer(LlamaDecoderLayer):
             return Qwen3MoeSparseMoeBlock(config, layer_id, dtype, kt_state)
         return LlamaMLP(config.hidden_size, config.intermediate_size, dtype)
 
-    def mlp_forward(self, hidden_states: torch.Tensor, forward_batch) -> torch.Tensor:
+    def mlp_forward_add_norm(
+        self, hidden_states: torch.Tensor, residual: torch.Tensor, next_norm: RMSNorm, forward_batch
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
         if isinstance(self.mlp, Qwen3MoeSparseMoeBlock):
-            return self.mlp(hidden_states, forward_batch.forward_mode.is_extend(), forward_batch.num_real_tokens)
-        return self.mlp(hidden_states)
+            out = self.mlp(hidden_states, forward_batch.forward_mode.is_extend(), forward_batch.num_real_tokens)
+            return next_norm(out, residual)
+        return super().mlp_forward_add_norm(hidden_states, residual, next_norm, forward_batch)
 
 
 class Qwen3MoeModel(LlamaModel):

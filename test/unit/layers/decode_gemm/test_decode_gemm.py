@@ -118,6 +118,43 @@ def test_silu_and_mul_epilogue_refuses_split_k_and_odd_rows():
         skinny_linear(x, torch.randn(33, 64), None, GemmConfig(**CFG), silu_and_mul=True)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("m", [1, 5, 17])
+@pytest.mark.parametrize("split_k", [2, 3])
+def test_split_k_sum_kernel_does_the_add_and_norm_after_the_gemm_bit_for_bit(device, m, split_k):
+    """add_norm: the sum kernel adds the residual in place and returns its RMSNorm, the same bits as the GEMM
+    followed by the norm kernel (``fused_elementwise.rmsnorm``). N = 40: the row's masked tail must add nothing
+    to the variance; rows of very different scale catch a norm taken over the wrong row."""
+    from sglang.srt.layers.fused_elementwise import rmsnorm
+
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    g = torch.Generator().manual_seed(100 + m * split_k)
+    n, k = 40, 200
+    x = (torch.randn(m, k, generator=g) * torch.logspace(-2, 2, m)[:, None]).to(device, dtype)
+    w = torch.randn(n, k, generator=g).to(device, dtype)
+    residual = torch.randn(m, n, generator=g).to(device, dtype)
+    norm_weight = (torch.rand(n, generator=g) + 0.5).to(device, dtype)
+    config = GemmConfig(**CFG, split_k=split_k)
+    stream = _reference(x, w, None) + residual.double()
+    fused_residual = residual.clone()
+    normed = skinny_linear(x, w, None, config, add_norm=(fused_residual, norm_weight, 1e-5))
+    expected = rmsnorm(skinny_linear(x, w, None, config), norm_weight, 1e-5, residual=residual)
+    assert torch.equal(fused_residual, residual) and torch.equal(normed, expected)
+    _check(fused_residual, stream, dtype, relative=True)
+    _check(normed, stream * torch.rsqrt(stream.pow(2).mean(-1, keepdim=True) + 1e-5) * norm_weight.double(), dtype)
+
+
+def test_add_norm_needs_a_split_k_config_and_matching_shapes():
+    x, w = torch.randn(2, 64), torch.randn(32, 64)
+    add_norm = (torch.zeros(2, 32), torch.ones(32), 1e-6)
+    with pytest.raises(ValueError, match="add_norm needs a split-K config"):
+        skinny_linear(x, w, None, GemmConfig(**CFG), add_norm=add_norm)
+    with pytest.raises(ValueError, match="add_norm needs a split-K config"):
+        skinny_linear(torch.randn(2, 16), w[:, :16], None, GemmConfig(**CFG, split_k=2), add_norm=add_norm)  # 1 tile
+    with pytest.raises(ValueError, match="row-contiguous \\[2, 32\\] residual"):
+        skinny_linear(x, w, None, GemmConfig(**CFG, split_k=2), add_norm=(torch.zeros(2, 16), torch.ones(32), 1e-6))
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=REQUIRES_GPU_REASON)
 @pytest.mark.parametrize("k", [4096, 14336])
 @pytest.mark.parametrize("m,block_m,split_k", [(5, 16, 1), (5, 16, 2), (29, 32, 2), (32, 32, 1), (64, 64, 4)])
@@ -240,6 +277,40 @@ def test_merged_gate_up_fuses_silu_and_mul_where_its_silu_plan_says(device, fp8,
     assert fused_rows == ([] if fp8 and device == "cpu" else [3])
     with pytest.raises(ValueError, match="two equal"):
         MergedColumnParallelLinear(64, [40, 24]).silu_and_mul(torch.randn(1, 64))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_row_parallel_add_norm_runs_in_the_sum_kernel_where_its_plan_splits_k(device, monkeypatch):
+    """``forward_add_norm(x, residual, norm)`` = ``norm(layer(x), residual)``: through the sum kernel for the
+    row counts whose config splits K, else the GEMM (cuBLAS, or a split-1 skinny config) then the norm."""
+    from sglang.srt.layers.decode_gemm import kernel
+    from sglang.srt.layers.layernorm import RMSNorm
+    from sglang.srt.layers.linear import RowParallelLinear
+
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    g = torch.Generator().manual_seed(13)
+    layer = RowParallelLinear(96, 48, params_dtype=dtype).to(device)
+    layer.weight.data.copy_(torch.randn(layer.weight.shape, generator=g).to(device, dtype))
+    norm = RMSNorm(48, eps=1e-5, params_dtype=dtype).to(device)
+    norm.weight.data.copy_((torch.rand(48, generator=g) + 0.5).to(device, dtype))
+    layer.gemm_plan = GemmPlan(((2, GemmConfig(**CFG, split_k=2)), (4, GemmConfig(**CFG))))  # 3-4 rows: split 1
+    fused = []
+    real = kernel.skinny_linear
+    monkeypatch.setattr(
+        kernel, "skinny_linear", lambda *a, **kw: fused.append(kw.get("add_norm") is not None) or real(*a, **kw)
+    )
+    for rows in (2, 3, 6):  # split-K, split 1, cuBLAS
+        x = torch.randn(rows, 96, generator=g).to(device, dtype)
+        residual = torch.randn(rows, 48, generator=g).to(device, dtype)
+        expected = [t.clone() for t in norm(layer(x), residual.clone())]
+        got = layer.forward_add_norm(x, residual.clone(), norm)
+        for out, ref in zip(got, expected):
+            assert out.shape == (rows, 48)
+            if device == "cpu":  # the torch norm against the kernel's (interpreted): fp32 rounding apart
+                torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+            else:
+                assert torch.equal(out, ref)
+    assert fused == [False, True, False, False]  # reference then fused at 2 rows; split 1 at 3 (both); 6: cuBLAS
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=REQUIRES_GPU_REASON)

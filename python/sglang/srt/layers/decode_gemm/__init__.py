@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from sglang.srt.layers.decode_gemm.table import (
     CUBLAS_ONLY,
+    MAX_ADD_NORM_COLUMNS,
     GemmConfig,
     GemmPlan,
     load_device_table,
@@ -21,6 +22,7 @@ __all__ = [
     "GemmConfig",
     "GemmPlan",
     "linear",
+    "linear_add_rmsnorm",
     "linear_silu_and_mul",
     "load_device_table",
     "parse_table",
@@ -44,6 +46,29 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], 
     from sglang.srt.layers.decode_gemm import kernel
 
     return kernel.skinny_linear(x, weight, bias, config)
+
+
+def linear_add_rmsnorm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    plan: GemmPlan,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+) -> Optional[torch.Tensor]:
+    """``fused_elementwise.rmsnorm(F.linear(x, weight), norm_weight, eps, residual=residual)`` (residual += the
+    product in place; the result is the RMSNorm of that sum) with the add and the norm in the skinny GEMM's
+    split-K sum kernel, where the plan's config for x's rows splits K; None where it does not (the caller runs
+    the GEMM, then the norm kernel: the same bits)."""
+    config = skinny_config(x, plan)
+    n = weight.shape[0]
+    if config is None or config.k_split(x.shape[1])[0] == 1 or n > MAX_ADD_NORM_COLUMNS:
+        return None
+    if residual.shape != (x.shape[0], n) or residual.stride(1) != 1:
+        return None
+    from sglang.srt.layers.decode_gemm import kernel
+
+    return kernel.skinny_linear(x, weight, None, config, add_norm=(residual, norm_weight, eps))
 
 
 def linear_silu_and_mul(

@@ -8,7 +8,8 @@ shapes: measured on the H200 it spends 1.28x (qkv) and 1.58x (o_proj) of the wei
 walks K in ``BLOCK_K`` steps with several loads in flight (``num_stages``). When N is too narrow to fill
 the GPU with wide tiles, ``SPLIT_K`` programs share one column slice; each writes fp32 partial sums to a
 workspace and a second kernel adds them in a fixed order (no atomics: the result does not depend on
-timing, so greedy outputs repeat exactly).
+timing, so greedy outputs repeat exactly). Where the decoder's residual add and RMSNorm come next (o_proj and
+down_proj), that kernel does them too, one program per row (``add_norm``), in place of the norm's own kernel.
 
 With fp8 operands (``--quantization fp8``: e4m3 weights with one scale per output row, activations with
 one scale per row of x, ``quantization/fp8_linear.py``) the tiles go to the tensor cores as fp8 (Hopper's
@@ -26,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang.srt.layers.decode_gemm.table import GemmConfig
+from sglang.srt.layers.decode_gemm.table import MAX_ADD_NORM_COLUMNS, GemmConfig
 from sglang.srt.layers.pdl import pdl_available, pdl_prologue, release_dependents, wait_for_prerequisites
 from sglang.srt.layers.triton_loops import use_while_loops
 
@@ -145,13 +146,18 @@ def _accumulate_tile(
 def _sum_splits_kernel(
     Partials,
     Bias,
+    Residual,
+    NormWeight,
     Out,
     N,
     stride_split,
     stride_om,
+    stride_res,
+    eps,
     SPLIT_K: tl.constexpr,
     BLOCK: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    ADD_NORM: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
@@ -163,6 +169,14 @@ def _sum_splits_kernel(
         acc += tl.load(Partials + s * stride_split + m * N + offs, mask=mask, other=0.0)
     if HAS_BIAS:
         acc += tl.load(Bias + offs, mask=mask, other=0.0).to(tl.float32)
+    if ADD_NORM:  # one program per row: the residual add and RMSNorm after the GEMM, rounded as rmsnorm() does
+        y = acc.to(Out.dtype.element_ty).to(tl.float32)  # the GEMM's own output, as the norm kernel would read it
+        res_ptrs = Residual + m * stride_res + offs
+        h = (y + tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)).to(Residual.dtype.element_ty)
+        tl.store(res_ptrs, h, mask=mask)
+        hf = h.to(tl.float32)
+        normed = (hf * tl.rsqrt(tl.sum(hf * hf, axis=0) / N + eps)).to(Residual.dtype.element_ty)
+        acc = tl.load(NormWeight + offs, mask=mask, other=0.0).to(tl.float32) * normed.to(tl.float32)
     tl.store(Out + m * stride_om + offs, acc.to(Out.dtype.element_ty), mask=mask)
 
 
@@ -173,6 +187,7 @@ def skinny_linear(
     config: GemmConfig,
     scales: Optional[tuple[torch.Tensor, torch.Tensor, torch.dtype]] = None,
     silu_and_mul: bool = False,
+    add_norm: Optional[tuple[torch.Tensor, torch.Tensor, float]] = None,
 ) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for a 2-D ``x`` whose rows and ``weight``'s rows are K-contiguous.
 
@@ -180,7 +195,11 @@ def skinny_linear(
     ``F.linear(x * x_scale, weight * weight_scale, bias)`` in the out dtype.
     ``silu_and_mul``: ``weight`` is [gate; up] (a merged gate_up projection) and the result is
     ``silu(gate) * up`` ([M, N / 2]), applied to the fp32 sums in the epilogue (``config.split_k`` must be 1:
-    partial sums cannot go through the activation)."""
+    partial sums cannot go through the activation).
+    ``add_norm`` = (residual [M, N], norm weight [N], eps), split-K configs only: what the decoder does next,
+    ``fused_elementwise.rmsnorm(y, weight, eps, residual=residual)``, done by the split-K sum kernel (one
+    program per row): residual += y in place and the result is the RMSNorm of that sum, rounded at the same
+    points as the norm kernel (the same bits)."""
     m, k = x.shape
     n = weight.shape[0] // 2 if silu_and_mul else weight.shape[0]
     if x.stride(1) != 1 or weight.stride(1) != 1 or weight.shape[1] != k:
@@ -189,13 +208,19 @@ def skinny_linear(
         raise ValueError(
             f"silu_and_mul needs split_k 1 and an even number of weight rows, got {config}, {weight.shape}"
         )
+    split_k, k_per_split = config.k_split(k)
+    if add_norm is not None:
+        residual, norm_weight, eps = add_norm
+        if split_k == 1 or scales is not None or silu_and_mul or n > MAX_ADD_NORM_COLUMNS:
+            raise ValueError(
+                f"add_norm needs a split-K config, unscaled operands, no silu_and_mul and N <= "
+                f"{MAX_ADD_NORM_COLUMNS}, got {config} for K={k}, N={n}"
+            )
+        if residual.shape != (m, n) or residual.stride(1) != 1 or norm_weight.shape != (n,):
+            raise ValueError(f"add_norm needs a row-contiguous [{m}, {n}] residual and a [{n}] norm weight")
     out = torch.empty(m, n, device=x.device, dtype=x.dtype if scales is None else scales[2])
     if m == 0:
         return out
-    split_k = max(1, min(config.split_k, triton.cdiv(k, config.block_k)))
-    # Each split covers a whole number of K tiles, so only the last one can be ragged.
-    k_per_split = triton.cdiv(triton.cdiv(k, split_k), config.block_k) * config.block_k
-    split_k = triton.cdiv(k, k_per_split)
     grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, config.block_m), split_k)
     fused_bias = bias is not None and split_k == 1
     pdl = pdl_available(x)  # the split-K sum below launches with PDL whatever the config says
@@ -235,18 +260,25 @@ def skinny_linear(
         num_stages=config.num_stages,
     )
     if split_k > 1:
-        block = 1024
+        # add_norm: a program per row, as wide as the norm kernel's (and as many warps: the same reduction)
+        block = triton.next_power_of_2(n) if add_norm is not None else 1024
         _sum_splits_kernel[(m, triton.cdiv(n, block))](
             target,
             bias if bias is not None else out,
+            add_norm[0] if add_norm is not None else out,  # dummies unless ADD_NORM
+            add_norm[1] if add_norm is not None else out,
             out,
             n,
             target.stride(0),
             out.stride(0),
+            add_norm[0].stride(0) if add_norm is not None else 0,
+            add_norm[2] if add_norm is not None else 0.0,
             SPLIT_K=split_k,
             BLOCK=block,
             HAS_BIAS=bias is not None,
+            ADD_NORM=add_norm is not None,
             PDL=pdl,
             launch_pdl=pdl,
+            num_warps=(4 if n <= 1024 else 8) if add_norm is not None else 4,
         )
     return out

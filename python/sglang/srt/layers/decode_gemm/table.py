@@ -16,11 +16,15 @@ projection's own plan followed by the activation kernel (``null``: that pair).
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass
 from typing import Mapping, Optional
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+# The split-K sum kernel with the add-norm after it holds a whole row in one program (a hidden size: 16k fp32
+# values are 64 registers a thread at 8 warps).
+MAX_ADD_NORM_COLUMNS = 16384
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,13 @@ class GemmConfig:
 
     def to_json(self) -> dict:
         return asdict(self)
+
+    def k_split(self, k: int) -> tuple[int, int]:
+        """(splits, K per split) for a K-long sum: each split a whole number of K tiles (only the last one can
+        be ragged), and no more splits than tiles."""
+        splits = max(1, min(self.split_k, math.ceil(k / self.block_k)))
+        per_split = math.ceil(math.ceil(k / splits) / self.block_k) * self.block_k
+        return math.ceil(k / per_split), per_split
 
 
 @dataclass(frozen=True)
