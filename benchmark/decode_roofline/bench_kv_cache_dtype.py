@@ -4,13 +4,15 @@
 
 Times one decode step's attention for all 32 layers (each layer its own K/V buffers) as a CUDA graph replay,
 with the engine's split policy, for each KV dtype; fp8 caches twice: with the tiles upcast to fp16 for the
-dots (the engine's choice, ``decode_attention.dot_dtype``) and to the query's bf16 (the choice before). Prints
+dots (the engine's choice, ``decode_attention.dot_dtype``) and to the query's bf16 (the choice before,
+``DecodeKernelConfig(fp8_dots_in_fp16=False)``). Prints
 the table (ms, KV bytes read per second) and writes results.json / results.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
@@ -45,9 +47,8 @@ def attention_ms(
     da.get_num_kv_splits(splits, seq_lens, cap, min_splits=min_splits, block_n=config.block_n)
     logits = torch.empty(bs, HQ, cap, D, device="cuda", dtype=torch.float32)
     lse = torch.empty(bs, HQ, cap, device="cuda", dtype=torch.float32)
-    chosen = da.dot_dtype
-    if upcast_to_query:
-        da.dot_dtype = lambda q_dtype, kv: q_dtype  # the earlier choice, for comparison only
+    if upcast_to_query:  # the earlier choice, for comparison only
+        config = dataclasses.replace(config, fp8_dots_in_fp16=False)
     try:
         return cuda_graph_ms(
             lambda: [
@@ -56,7 +57,6 @@ def attention_ms(
             ]
         )
     finally:
-        da.dot_dtype = chosen
         k_bufs.clear(), v_bufs.clear()
         torch.cuda.empty_cache()
 

@@ -207,7 +207,7 @@ def main() -> None:
     if os.path.exists(table_path):
         with open(table_path) as f:
             current_raw = json.load(f)
-    current = parse_table(current_raw) if args.silu else {}
+    current = parse_table(current_raw) if args.silu else {}  # without --silu the baseline is plain cuBLAS
     if args.silu:
         shapes = {"gate_up_silu": shapes["gate_up"]}  # KeyError for MoE models: their experts are fused-MoE
     bw = copy_bandwidth()
@@ -218,7 +218,7 @@ def main() -> None:
         if args.fp8:
             weights = [quantize_rows(w) for w in weights]
         floor_ms = LAYERS * n * k * (1 if args.fp8 else 2) / bw * 1000
-        baseline_plan = plan_for_shape(current, n, k, args.fp8) if args.silu else CUBLAS_ONLY
+        baseline_plan = plan_for_shape(current, n, k, args.fp8)  # CUBLAS_ONLY where `current` has no entry
         key = shape_key(n, k, args.fp8, args.silu)
         entries = dict(current_raw.get("shapes", {}).get(key, {}))
         for batch in args.batches:

@@ -110,10 +110,11 @@ def write_corpus(path: str, rows: int, words_per_row: int) -> str:
     return path
 
 
-def roofline_steps() -> Dict[int, float]:
-    """Decode step ms by batch size at context 1024, from benchmark/decode_roofline/results.json."""
+def roofline_steps(path: str = ROOFLINE) -> Dict[int, float]:
+    """Decode step ms by batch size at context 1024, from a bench_decode_roofline.py results.json (default
+    benchmark/decode_roofline/results.json)."""
     try:
-        with open(ROOFLINE) as f:
+        with open(path) as f:
             rows = json.load(f)["decode"]
     except (OSError, KeyError, ValueError):
         return {}
@@ -295,7 +296,9 @@ def _run_in(work: str, wheel: str, args) -> dict:
         python=args.client_python or sys.executable,
         model_dir=args.model_path or model_dir(work, args.shape),
         dataset=write_corpus(os.path.join(work, "corpus.json"), max(args.num_prompts) + 1, args.input_len * 2),
-        graph_steps=roofline_steps() if args.roofline else {},  # H200 step times: meaningless next to a CPU run
+        graph_steps=roofline_steps(args.graph_steps_from)
+        if args.roofline
+        else {},  # H200 step times: meaningless next to a CPU run
     )
     os.makedirs(args.out_dir, exist_ok=True)
     data = {
@@ -440,6 +443,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         dest="check_path",
         action="store_false",
         help="do not require /server_info's memory_plan.path to be the path asked for",
+    )
+    p.add_argument(
+        "--graph-steps-from",
+        default=ROOFLINE,
+        help="the decode roofline results.json whose step times sit next to the ITL (default: the committed one)",
     )
     p.add_argument("--client-python", help="interpreter for bench_serving (default: this one)")
     p.add_argument("--server-args", nargs=argparse.REMAINDER, default=[], help="extra launch_server flags (last)")

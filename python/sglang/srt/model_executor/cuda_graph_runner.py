@@ -8,7 +8,7 @@ real request's cache. Inputs are copied into static buffers before each replay.
 from __future__ import annotations
 
 import bisect
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 from tqdm.auto import tqdm
@@ -24,11 +24,23 @@ def default_capture_batch_sizes(max_bs: int) -> List[int]:
 
 
 class CudaGraphRunner:
-    def __init__(self, model_runner) -> None:
+    def __init__(
+        self,
+        model_runner,
+        capture_bs: Optional[List[int]] = None,
+        capture_stream: Optional[torch.cuda.Stream] = None,
+    ) -> None:
+        """``capture_bs``: the batch sizes to capture (default: ``--cuda-graph-bs``, else SGLang's list up to
+        ``--cuda-graph-max-bs``). ``capture_stream``: the stream to capture on (default a new one); a green
+        context's stream confines the graphs' kernels to its SMs (benchmark/serving/bench_prefill_decode_overlap.py).
+        The attention backend's graph buffers are made anew: graphs of an earlier runner must not replay after."""
         self.model_runner = model_runner
+        self.capture_stream = capture_stream
         sa = model_runner.server_args
         max_bs = min(sa.cuda_graph_max_bs, model_runner.req_to_token_pool.size)
-        sizes = sorted(set(sa.cuda_graph_bs)) if sa.cuda_graph_bs else default_capture_batch_sizes(max_bs)
+        sizes = capture_bs or (
+            sorted(set(sa.cuda_graph_bs)) if sa.cuda_graph_bs else default_capture_batch_sizes(max_bs)
+        )
         self.capture_bs = [bs for bs in sizes if bs <= max_bs]
         self.max_bs = self.capture_bs[-1]
         dev = model_runner.device
@@ -70,7 +82,7 @@ class CudaGraphRunner:
     def capture(self) -> None:
         """Capture every batch size; the model runner measures the memory this takes and logs it."""
         mr = self.model_runner
-        stream = torch.cuda.Stream()
+        stream = self.capture_stream or torch.cuda.Stream()
         for bs in tqdm(list(reversed(self.capture_bs)), desc="Capturing CUDA graphs", leave=False):
             fb = self._forward_batch(bs)
             self.num_real_tokens.fill_(bs)

@@ -36,13 +36,11 @@ class LlamaMLP(nn.Module):
             intermediate_size, hidden_size, params_dtype=dtype, quantization=quantization
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.gate_up_proj.silu_and_mul(x))
-
     def forward_add_norm(
         self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """``norm(self(x), residual)``, the add and norm in down_proj's GEMM where it can (``forward_add_norm``)."""
+        """``norm(down(silu_and_mul(gate_up(x))), residual)``, the add and norm in down_proj's split-K sum kernel
+        where it can (``RowParallelLinear.forward_add_norm``): the decoder's only use of the MLP."""
         return self.down_proj.forward_add_norm(self.gate_up_proj.silu_and_mul(x), residual, norm)
 
 
@@ -89,11 +87,9 @@ class LlamaAttention(nn.Module):
             self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, layer_id=layer_id
         )
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch) -> torch.Tensor:
-        return self.o_proj(self.attend(positions, hidden_states, forward_batch))
-
     def attend(self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch) -> torch.Tensor:
-        """Everything up to o_proj: its input (the attention output of every head)."""
+        """Everything up to o_proj: its input (the attention output of every head); the decoder runs o_proj
+        with the residual add and norm after it (``RowParallelLinear.forward_add_norm``)."""
         qkv = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.qk_norm:  # per head, in place on the strided views of qkv

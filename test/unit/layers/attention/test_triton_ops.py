@@ -341,3 +341,4 @@ def test_dot_dtype_is_the_querys_unless_the_kv_cache_is_fp8():
     assert dot_dtype(torch.float32, torch.float32) is torch.float32
     assert dot_dtype(torch.bfloat16, torch.float8_e4m3fn) is torch.float16
     assert dot_dtype(torch.bfloat16, torch.float8_e5m2) is torch.float16
+    assert dot_dtype(torch.bfloat16, torch.float8_e4m3fn, fp8_dots_in_fp16=False) is torch.bfloat16

@@ -19,6 +19,12 @@ from sglang.srt.layers.decode_gemm.table import device_table_path, load_device_t
 from sglang.test.gpu_utils import REQUIRES_GPU_REASON, triton_test_devices
 
 DEVICES = triton_test_devices()
+# (device, pdl): PDL exists on the GPU only (pdl.pdl_available), so the CPU runs each case once, without it.
+DEVICES_PDL = [
+    pytest.param(p.values[0], pdl, marks=p.marks, id=f"{p.values[0]}-pdl{int(pdl)}")
+    for p in DEVICES
+    for pdl in ((False, True) if p.values[0] == "cuda" else (False,))
+]
 CFG = dict(block_m=16, block_n=16, block_k=32, num_warps=4, num_stages=2)
 
 
@@ -77,11 +83,10 @@ def _silu_and_mul_reference(y):
     return F.silu(y[:, :d]) * y[:, d:]
 
 
-@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("device,pdl", DEVICES_PDL)
 @pytest.mark.parametrize("m", [1, 17])
 @pytest.mark.parametrize("with_bias", [False, True])
-@pytest.mark.parametrize("pdl", [False, True])
-def test_skinny_linear_with_silu_and_mul_epilogue(device, m, with_bias, pdl):
+def test_skinny_linear_with_silu_and_mul_epilogue(device, pdl, m, with_bias):
     """weight = [gate; up]: the kernel returns silu(gate) * up, each program taking the same columns of both
     halves (N = 40 per half: the second column block is ragged, and must not read the other half's rows)."""
     dtype = torch.float32 if device == "cpu" else torch.bfloat16

@@ -9,9 +9,9 @@ import torch.nn.functional as F
 
 from sglang.srt.layers.decode_gemm.table import (
     CUBLAS_ONLY,
-    MAX_ADD_NORM_COLUMNS,
     GemmConfig,
     GemmPlan,
+    add_norm_refusal,
     load_device_table,
     parse_table,
     plan_for_shape,
@@ -61,10 +61,7 @@ def linear_add_rmsnorm(
     split-K sum kernel, where the plan's config for x's rows splits K; None where it does not (the caller runs
     the GEMM, then the norm kernel: the same bits)."""
     config = skinny_config(x, plan)
-    n = weight.shape[0]
-    if config is None or config.k_split(x.shape[1])[0] == 1 or n > MAX_ADD_NORM_COLUMNS:
-        return None
-    if residual.shape != (x.shape[0], n) or residual.stride(1) != 1:
+    if config is None or add_norm_refusal(config, *x.shape, weight.shape[0], residual, norm_weight) is not None:
         return None
     from sglang.srt.layers.decode_gemm import kernel
 

@@ -27,7 +27,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang.srt.layers.decode_gemm.table import MAX_ADD_NORM_COLUMNS, GemmConfig
+from sglang.srt.layers.decode_gemm.table import GemmConfig, add_norm_refusal
 from sglang.srt.layers.pdl import pdl_available, pdl_prologue, release_dependents, wait_for_prerequisites
 from sglang.srt.layers.triton_loops import use_while_loops
 
@@ -100,9 +100,10 @@ def _skinny_gemm_kernel(
         i = 0
         while i < k_tiles:
             k_mask = k_start + i * BLOCK_K + offs_k < K
-            acc = _accumulate_tile(acc, w_ptrs, x_ptrs, k_mask, n_mask, m_mask, DOT_PRECISION, IMPRECISE_ACC)
-            if GATED:
-                acc_up = _accumulate_tile(acc_up, up_ptrs, x_ptrs, k_mask, n_mask, m_mask, DOT_PRECISION, IMPRECISE_ACC)
+            x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            acc = _accumulate_tile(acc, w_ptrs, x, k_mask, n_mask, DOT_PRECISION, IMPRECISE_ACC)
+            if GATED:  # the same x tile against the up half's weight tile
+                acc_up = _accumulate_tile(acc_up, up_ptrs, x, k_mask, n_mask, DOT_PRECISION, IMPRECISE_ACC)
             w_ptrs += BLOCK_K
             up_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
@@ -110,9 +111,10 @@ def _skinny_gemm_kernel(
     else:
         for i in range(first, k_tiles):
             k_mask = k_start + i * BLOCK_K + offs_k < K
-            acc = _accumulate_tile(acc, w_ptrs, x_ptrs, k_mask, n_mask, m_mask, DOT_PRECISION, IMPRECISE_ACC)
+            x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
+            acc = _accumulate_tile(acc, w_ptrs, x, k_mask, n_mask, DOT_PRECISION, IMPRECISE_ACC)
             if GATED:
-                acc_up = _accumulate_tile(acc_up, up_ptrs, x_ptrs, k_mask, n_mask, m_mask, DOT_PRECISION, IMPRECISE_ACC)
+                acc_up = _accumulate_tile(acc_up, up_ptrs, x, k_mask, n_mask, DOT_PRECISION, IMPRECISE_ACC)
             w_ptrs += BLOCK_K
             up_ptrs += BLOCK_K
             x_ptrs += BLOCK_K
@@ -134,11 +136,9 @@ def _skinny_gemm_kernel(
 
 
 @triton.jit
-def _accumulate_tile(
-    acc, w_ptrs, x_ptrs, k_mask, n_mask, m_mask, DOT_PRECISION: tl.constexpr, IMPRECISE_ACC: tl.constexpr
-):
+def _accumulate_tile(acc, w_ptrs, x, k_mask, n_mask, DOT_PRECISION: tl.constexpr, IMPRECISE_ACC: tl.constexpr):
+    """acc += (the weight tile at w_ptrs) @ x^T, for one K step's x tile (loaded once per step)."""
     w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-    x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
     return tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION, max_num_imprecise_acc=IMPRECISE_ACC)
 
 
@@ -210,14 +210,9 @@ def skinny_linear(
         )
     split_k, k_per_split = config.k_split(k)
     if add_norm is not None:
-        residual, norm_weight, eps = add_norm
-        if split_k == 1 or scales is not None or silu_and_mul or n > MAX_ADD_NORM_COLUMNS:
-            raise ValueError(
-                f"add_norm needs a split-K config, unscaled operands, no silu_and_mul and N <= "
-                f"{MAX_ADD_NORM_COLUMNS}, got {config} for K={k}, N={n}"
-            )
-        if residual.shape != (m, n) or residual.stride(1) != 1 or norm_weight.shape != (n,):
-            raise ValueError(f"add_norm needs a row-contiguous [{m}, {n}] residual and a [{n}] norm weight")
+        refusal = add_norm_refusal(config, m, k, n, add_norm[0], add_norm[1], scales is not None, silu_and_mul)
+        if refusal is not None:
+            raise ValueError(refusal)
     out = torch.empty(m, n, device=x.device, dtype=x.dtype if scales is None else scales[2])
     if m == 0:
         return out

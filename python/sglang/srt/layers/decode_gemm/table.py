@@ -19,7 +19,10 @@ import json
 import math
 import os
 from dataclasses import asdict, dataclass
-from typing import Mapping, Optional
+from typing import TYPE_CHECKING, Mapping, Optional
+
+if TYPE_CHECKING:
+    import torch
 
 CONFIG_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
 # The split-K sum kernel with the add-norm after it holds a whole row in one program (a hidden size: 16k fp32
@@ -56,6 +59,30 @@ class GemmConfig:
         splits = max(1, min(self.split_k, math.ceil(k / self.block_k)))
         per_split = math.ceil(math.ceil(k / splits) / self.block_k) * self.block_k
         return math.ceil(k / per_split), per_split
+
+
+def add_norm_refusal(
+    config: GemmConfig,
+    m: int,
+    k: int,
+    n: int,
+    residual: "torch.Tensor",
+    norm_weight: "torch.Tensor",
+    scaled: bool = False,
+    silu_and_mul: bool = False,
+) -> Optional[str]:
+    """Why the split-K sum kernel cannot do the residual add and RMSNorm after this [m, k] x [n, k] GEMM, or
+    None when it can: it needs partial sums to add (a config that splits this K), unscaled operands, no
+    SiLU-and-mul, a row it can hold (N <= MAX_ADD_NORM_COLUMNS), a row-contiguous [m, n] residual and an [n]
+    norm weight. One rule for the caller that falls back (``linear_add_rmsnorm``) and the kernel that raises."""
+    if config.k_split(k)[0] == 1 or scaled or silu_and_mul or n > MAX_ADD_NORM_COLUMNS:
+        return (
+            f"add_norm needs a split-K config, unscaled operands, no silu_and_mul and N <= "
+            f"{MAX_ADD_NORM_COLUMNS}, got {config} for K={k}, N={n}"
+        )
+    if tuple(residual.shape) != (m, n) or residual.stride(1) != 1 or tuple(norm_weight.shape) != (n,):
+        return f"add_norm needs a row-contiguous [{m}, {n}] residual and a [{n}] norm weight"
+    return None
 
 
 @dataclass(frozen=True)

@@ -112,7 +112,7 @@ def _decode_grouped_stage1(
     Kv_Indices,
     Att_Out,
     Att_Lse,
-    O,  # noqa: E741 - the attention output, written here for a request of one chunk (DIRECT_SINGLE)
+    O,  # noqa: E741 - the attention output, written here for a request of one chunk (SINGLE_SPLIT_DIRECT)
     Num_Kv_Splits,
     sm_scale,
     logit_cap,
@@ -143,7 +143,7 @@ def _decode_grouped_stage1(
     PDL: tl.constexpr,
     DOT_DTYPE: tl.constexpr,
     KV_HEADS_ADJACENT: tl.constexpr,
-    DIRECT_SINGLE: tl.constexpr,
+    SINGLE_SPLIT_DIRECT: tl.constexpr,
 ):
     pdl_prologue(PDL)
     if KV_HEADS_ADJACENT:
@@ -172,7 +172,7 @@ def _decode_grouped_stage1(
     num_splits = tl.minimum(tl.maximum(tl.load(Num_Kv_Splits + b), 1), tl.num_programs(2))
     start, end = _split_range(kv_len, num_splits, split_id, SPLIT_ALIGN)
     # One chunk: its normalised output is the answer, so it goes to O and stage 2 leaves the request alone.
-    single = DIRECT_SINGLE & (num_splits == 1)
+    single = SINGLE_SPLIT_DIRECT & (num_splits == 1)
 
     if (split_id < num_splits) & (end > start):
         q = tl.load(
@@ -286,16 +286,16 @@ def _decode_stage2(
     BLOCK_DV: tl.constexpr,
     SPLIT_ALIGN: tl.constexpr,
     PDL: tl.constexpr,
-    DIRECT_SINGLE: tl.constexpr,
+    SINGLE_SPLIT_DIRECT: tl.constexpr,
 ):
     """Merge request b / head h's chunks: their LSE-weighted sum. All chunks load as one
     [BLOCK_S, BLOCK_DV] tile (independent loads, one memory round trip, not one per chunk).
-    DIRECT_SINGLE: a request of one chunk was written by stage 1; nothing to do for it."""
+    SINGLE_SPLIT_DIRECT: a request of one chunk was written by stage 1; nothing to do for it."""
     pdl_prologue(PDL)
     b = tl.program_id(0)
     h = tl.program_id(1)
     num_splits = tl.minimum(tl.maximum(tl.load(Num_Kv_Splits + b), 1), MAX_KV_SPLITS)
-    if (not DIRECT_SINGLE) | (num_splits > 1):
+    if (not SINGLE_SPLIT_DIRECT) | (num_splits > 1):
         offs_s = tl.arange(0, BLOCK_S)
         offs_dv = tl.arange(0, BLOCK_DV)
         mask_dv = offs_dv < DV
@@ -330,6 +330,9 @@ class DecodeKernelConfig:
     # one chunk for every request (max_kv_splits 1: batches whose requests alone fill the GPU) stage 2 is not
     # launched at all.
     single_split_direct: bool = True
+    # Over an fp8 KV cache the dots run in fp16 (see dot_dtype); False: in the query's dtype (the choice
+    # before, kept for benchmark/decode_roofline/bench_kv_cache_dtype.py's comparison).
+    fp8_dots_in_fp16: bool = True
 
     @classmethod
     def for_head_dim(cls, head_dim: int) -> "DecodeKernelConfig":
@@ -341,14 +344,14 @@ class DecodeKernelConfig:
 _TL_DTYPES = {torch.float16: tl.float16, torch.bfloat16: tl.bfloat16, torch.float32: tl.float32}
 
 
-def dot_dtype(q_dtype: torch.dtype, kv_dtype: torch.dtype) -> torch.dtype:
+def dot_dtype(q_dtype: torch.dtype, kv_dtype: torch.dtype, fp8_dots_in_fp16: bool = True) -> torch.dtype:
     """The dtype of stage 1's two dots (scores, then probabilities x V): the query's, except over an fp8 KV
     cache (``--kv-cache-dtype fp8_*``), whose tiles go to fp16: one conversion instruction per pair of values
     on sm89+ (``cvt.rn.f16x2.e4m3x2``), where triton reaches bf16 through fp16 plus one more per value, three
     times the instructions, which cost more than the halved reads save
     (``benchmark/decode_roofline/bench_kv_cache_dtype.py``). Every fp8 value is exact in fp16; a bf16 query
     entry beyond fp16's range is clamped to +-65504 (stage 1), not turned into inf."""
-    return torch.float16 if kv_dtype in FP8_KV_DTYPES else q_dtype
+    return torch.float16 if kv_dtype in FP8_KV_DTYPES and fp8_dots_in_fp16 else q_dtype
 
 
 BLOCK_H = 16  # q-head rows per stage-1 program: tl.dot needs M >= 16; masked rows cost no HBM traffic
@@ -433,9 +436,9 @@ def decode_attention_fwd(
         USE_CAP=logit_cap > 0,
         WHILE_LOOPS=use_while_loops(q),
         PDL=pdl,
-        DOT_DTYPE=_TL_DTYPES[dot_dtype(q.dtype, k_buffer.dtype)],
+        DOT_DTYPE=_TL_DTYPES[dot_dtype(q.dtype, k_buffer.dtype, config.fp8_dots_in_fp16)],
         KV_HEADS_ADJACENT=config.kv_heads_adjacent,
-        DIRECT_SINGLE=config.single_split_direct,
+        SINGLE_SPLIT_DIRECT=config.single_split_direct,
         **extra,
     )
     if config.single_split_direct and max_kv_splits == 1:
@@ -460,7 +463,7 @@ def decode_attention_fwd(
         BLOCK_DV=block_dv,
         SPLIT_ALIGN=config.block_n,
         PDL=pdl,
-        DIRECT_SINGLE=config.single_split_direct,
+        SINGLE_SPLIT_DIRECT=config.single_split_direct,
         **extra2,
     )
 
