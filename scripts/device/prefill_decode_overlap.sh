@@ -6,7 +6,9 @@
 # overlap: the prefill / decode concurrency benchmark (two streams, stream priority, green-context partitions).
 # tests-sched: the scheduler's GPU tests (overlap loop, OOM recovery). serving: upstream's bench_serving (OpenAI
 # client) at concurrency 1 / 64 / 256 against the post-capture server, the default flags.
-# Device call: run(command="bash scripts/device/prefill_decode_overlap.sh tests roofline kvdtype overlap", carry=[".device"])
+# Device calls of session 22 (log benchmark/logs/2026-12-02-session22-h200.log): run 1 "... tests overlap roofline
+# kvdtype", run 2 "... overlap serving tests-sched": run(command="bash scripts/device/prefill_decode_overlap.sh
+# overlap serving tests-sched", carry=[".device"]). serving needs .device/upstream (bench_serving_h200.py --prepare).
 set -o pipefail
 source scripts/device/env.sh
 export TRITON_CACHE_DIR=$PWD/.cache/triton  # ignored and not carried: kept while the machine stays warm

@@ -160,6 +160,34 @@ def test_add_norm_needs_a_split_k_config_and_matching_shapes():
         skinny_linear(x, w, None, GemmConfig(**CFG, split_k=2), add_norm=(torch.zeros(2, 16), torch.ones(32), 1e-6))
 
 
+def test_linear_add_rmsnorm_falls_back_wherever_the_kernel_would_refuse():
+    """One rule (``table.add_norm_refusal``): where it refuses, ``linear_add_rmsnorm`` returns None (the caller
+    runs the GEMM, then the norm kernel) instead of raising; where it accepts, the sum kernel is used."""
+    from sglang.srt.layers.decode_gemm.table import MAX_ADD_NORM_COLUMNS, add_norm_refusal
+
+    split2 = GemmConfig(**CFG, split_k=2)
+    x, w, norm_w = torch.randn(2, 64), torch.randn(32, 64), torch.ones(32)
+    residual = torch.zeros(2, 32)
+    assert add_norm_refusal(split2, 2, 64, 32, residual, norm_w) is None
+    refusals = {
+        "split 1": add_norm_refusal(GemmConfig(**CFG), 2, 64, 32, residual, norm_w),
+        "one K tile": add_norm_refusal(split2, 2, 16, 32, residual, norm_w),
+        "fp8": add_norm_refusal(split2, 2, 64, 32, residual, norm_w, scaled=True),
+        "silu": add_norm_refusal(split2, 2, 64, 32, residual, norm_w, silu_and_mul=True),
+        "wide row": add_norm_refusal(split2, 2, 64, MAX_ADD_NORM_COLUMNS + 16, residual, norm_w),
+        "residual rows": add_norm_refusal(split2, 2, 64, 32, torch.zeros(3, 32), norm_w),
+        "residual strided": add_norm_refusal(split2, 2, 64, 32, torch.zeros(32, 2).t(), norm_w),
+        "norm weight": add_norm_refusal(split2, 2, 64, 32, residual, torch.ones(16)),
+    }
+    assert all(isinstance(reason, str) and "add_norm needs" in reason for reason in refusals.values()), refusals
+    plan = GemmPlan(((8, split2),))
+    assert decode_gemm.linear_add_rmsnorm(x, w, plan, torch.zeros(3, 32), norm_w, 1e-6) is None
+    assert decode_gemm.linear_add_rmsnorm(x, w, GemmPlan(((8, GemmConfig(**CFG)),)), residual, norm_w, 1e-6) is None
+    fused = decode_gemm.linear_add_rmsnorm(x, w, plan, residual, norm_w, 1e-6)
+    assert fused is not None and fused.shape == (2, 32)
+    torch.testing.assert_close(residual, (x.double() @ w.double().T).float(), atol=1e-4, rtol=1e-4)  # added in place
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=REQUIRES_GPU_REASON)
 @pytest.mark.parametrize("k", [4096, 14336])
 @pytest.mark.parametrize("m,block_m,split_k", [(5, 16, 1), (5, 16, 2), (29, 32, 2), (32, 32, 1), (64, 64, 4)])
