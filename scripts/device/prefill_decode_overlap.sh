@@ -5,7 +5,8 @@
 # kvdtype: bench_kv_cache_dtype.py (the fp16-vs-bf16 dots comparison through DecodeKernelConfig now).
 # overlap: the prefill / decode concurrency benchmark (two streams, stream priority, green-context partitions).
 # tests-sched: the scheduler's GPU tests (overlap loop, OOM recovery). serving: upstream's bench_serving (OpenAI
-# client) at concurrency 1 / 64 / 256 against the post-capture server, the default flags.
+# client) at concurrency 1 / 64 / 256 against the post-capture server, the default flags. serving-fp8: the same at
+# concurrency 256 only, bf16 and --quantization fp8 servers one after the other.
 # Device calls of session 22 (log benchmark/logs/2026-12-02-session22-h200.log): run 1 "... tests overlap roofline
 # kvdtype", run 2 "... overlap serving tests-sched": run(command="bash scripts/device/prefill_decode_overlap.sh
 # overlap serving tests-sched", carry=[".device"]). serving needs .device/upstream (bench_serving_h200.py --prepare).
@@ -41,6 +42,11 @@ for stage in "$@"; do
     python3 benchmark/serving/bench_serving_h200.py --out-dir $OUT/serving --paths post-capture --backend sglang-oai \
       --variants "overlap=" \
       --graph-steps-from benchmark/decode_roofline/gated_x_once/results.json 2>&1 | tee $OUT/bench_serving.log | tail -22
+  fi
+  if [ "$stage" = serving-fp8 ]; then  # concurrency 256 only: bf16 and --quantization fp8 on one machine
+    python3 benchmark/serving/bench_serving_h200.py --out-dir $OUT/serving_fp8 --paths post-capture \
+      --backend sglang-oai --concurrency 256 --num-prompts 512 --variants "bf16=" "fp8=--quantization fp8" \
+      2>&1 | tee $OUT/bench_serving_fp8.log | tail -16
   fi
 done
 echo "== done $(date +%T)"
