@@ -140,9 +140,9 @@ def tune_one(weights, batch: int, margin: float, fp8: bool = False, silu: bool =
     ranked = [c for _, c in sorted(timed, key=lambda t: t[0])]
     best_tiles = ranked[:4]
     for block_n in sorted({c.block_n for c in ranked}):  # each width's best: wide tiles need split-K to fill the GPU
-        widest = next(c for c in ranked if c.block_n == block_n)
-        if widest not in best_tiles:
-            best_tiles.append(widest)
+        best_of_width = next(c for c in ranked if c.block_n == block_n)
+        if best_of_width not in best_tiles:
+            best_tiles.append(best_of_width)
     for config, split_k, pdl in itertools.product(best_tiles, (1,) if silu else (1, 2, 4, 8), (False, True)):
         if split_k > 1 or pdl:
             try_config(GemmConfig(**{**config.to_json(), "split_k": split_k, "pdl": pdl}))

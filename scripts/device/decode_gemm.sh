@@ -4,7 +4,6 @@
 # Device call: run(command="bash scripts/device/decode_gemm.sh [tune|tests|engine|roofline|profile]...", carry=[".device"])
 set -o pipefail
 source scripts/device/env.sh
-export TRITON_CACHE_DIR=$PWD/.cache/triton  # ignored and not carried: kept while the machine stays warm
 table=python/sglang/srt/layers/decode_gemm/configs/NVIDIA_H200.json
 variants=${VARIANTS:-"pdl0_tuned0 pdl1_tuned0 pdl1_tuned1"}
 run_variant() {  # $1 = pdlX_tunedY, then the command

@@ -16,7 +16,6 @@
 # Device call: run(command="bash scripts/device/decode_step.sh tune-silu tests-gemm roofline", carry=[".device"])
 set -o pipefail
 source scripts/device/env.sh
-export TRITON_CACHE_DIR=$PWD/.cache/triton  # ignored and not carried: kept while the machine stays warm
 for stage in "$@"; do
   echo "== $stage $(date +%T)"
   if [ "$stage" = tests ]; then

@@ -5,7 +5,6 @@
 # Device call: run(command="bash scripts/device/fp8_linear.sh [tests|tune|gemms|roofline|serving]...", carry=[".device"])
 set -o pipefail
 source scripts/device/env.sh
-export TRITON_CACHE_DIR=$PWD/.cache/triton  # ignored and not carried: kept while the machine stays warm
 table=python/sglang/srt/layers/decode_gemm/configs/NVIDIA_H200.json
 for stage in "$@"; do
   echo "== $stage $(date +%T)"

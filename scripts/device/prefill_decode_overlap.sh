@@ -12,7 +12,6 @@
 # overlap serving tests-sched", carry=[".device"]). serving needs .device/upstream (bench_serving_h200.py --prepare).
 set -o pipefail
 source scripts/device/env.sh
-export TRITON_CACHE_DIR=$PWD/.cache/triton  # ignored and not carried: kept while the machine stays warm
 for stage in "$@"; do
   echo "== $stage $(date +%T)"
   if [ "$stage" = tests ]; then

@@ -35,7 +35,6 @@ class CudaGraphRunner:
         context's stream confines the graphs' kernels to its SMs (benchmark/serving/bench_prefill_decode_overlap.py).
         The attention backend's graph buffers are made anew: graphs of an earlier runner must not replay after."""
         self.model_runner = model_runner
-        self.capture_stream = capture_stream
         sa = model_runner.server_args
         max_bs = min(sa.cuda_graph_max_bs, model_runner.req_to_token_pool.size)
         sizes = capture_bs or (
@@ -55,7 +54,7 @@ class CudaGraphRunner:
         self.graphs: Dict[int, torch.cuda.CUDAGraph] = {}
         self.outputs: Dict[int, torch.Tensor] = {}
         self.pool = torch.cuda.graph_pool_handle()
-        self.capture()
+        self.capture(capture_stream or torch.cuda.Stream())
 
     def _forward_batch(self, bs: int) -> ForwardBatch:
         mr = self.model_runner
@@ -79,10 +78,9 @@ class CudaGraphRunner:
         )
         return fb
 
-    def capture(self) -> None:
-        """Capture every batch size; the model runner measures the memory this takes and logs it."""
+    def capture(self, stream: torch.cuda.Stream) -> None:
+        """Capture every batch size on `stream`; the model runner measures the memory this takes and logs it."""
         mr = self.model_runner
-        stream = self.capture_stream or torch.cuda.Stream()
         for bs in tqdm(list(reversed(self.capture_bs)), desc="Capturing CUDA graphs", leave=False):
             fb = self._forward_batch(bs)
             self.num_real_tokens.fill_(bs)
