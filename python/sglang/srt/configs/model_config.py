@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Optional, Tuple
 
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
 from sglang.srt.distributed.partition import HeadPartition
 from sglang.srt.model_executor.pool_configurator import KVGeometry
-from sglang.srt.model_loader.model_source import ModelSource, resolve_model_source
+from sglang.srt.model_loader.model_source import ModelSource
 
 _DTYPE_NAMES = {
     "float32": torch.float32,
@@ -96,7 +96,7 @@ def load_hf_config(source: ModelSource) -> PretrainedConfig:
     return AutoConfig.from_pretrained(source.path)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
     hf_config: PretrainedConfig
     source: Optional[ModelSource]
@@ -111,21 +111,8 @@ class ModelConfig:
     head_dim: int
     v_head_dim: int
     vocab_size: int
-    eos_token_ids: List[int]
+    eos_token_ids: Tuple[int, ...]
     quantization: Optional[str] = None  # --quantization: the dense linear layers' weight format
-
-    @classmethod
-    def from_server_args(cls, server_args) -> "ModelConfig":
-        source = resolve_model_source(server_args.model_path, server_args.load_format)
-        return cls.from_hf_config(
-            load_hf_config(source),
-            source=source,
-            dtype=server_args.dtype,
-            kv_cache_dtype=server_args.kv_cache_dtype,
-            device=server_args.device,
-            context_length=server_args.context_length,
-            quantization=server_args.quantization,
-        )
 
     @classmethod
     def from_hf_config(
@@ -146,7 +133,7 @@ class ModelConfig:
                 f"--context-length {context_length} is longer than the model's max_position_embeddings {derived_ctx}"
             )
         eos = hf_config.eos_token_id
-        eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        eos_ids = () if eos is None else ((eos,) if isinstance(eos, int) else tuple(eos))
         model_dtype = resolve_dtype(dtype, hf_config, device)
         if quantization is not None:
             check_online_quantization(quantization, hf_config, model_dtype, device)

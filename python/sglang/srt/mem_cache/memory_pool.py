@@ -33,6 +33,15 @@ def _fused_store_module(device: str) -> Optional[ModuleType]:
     return kv_store_kernel
 
 
+REQ_TO_TOKEN_DTYPE = torch.int32
+REQ_TO_TOKEN_SPARE_POSITIONS = 4  # a row holds the context plus a few positions of slack
+
+
+def req_to_token_bytes(rows: int, context_len: int) -> int:
+    """Device bytes of a request table of `rows` rows for `context_len` (the runner's and plan_memory's one rule)."""
+    return rows * (context_len + REQ_TO_TOKEN_SPARE_POSITIONS) * REQ_TO_TOKEN_DTYPE.itemsize
+
+
 class ReqToTokenPool:
     """The request table, on the device (attention reads it) with a host copy (the scheduler reads it).
 
@@ -42,13 +51,14 @@ class ReqToTokenPool:
     copy is allocated uninitialised (the OS backs only the pages written: running requests' slots).
     """
 
-    def __init__(self, size: int, max_context_len: int, device: str) -> None:
+    def __init__(self, size: int, context_len: int, device: str) -> None:
         self.size = size
-        self.max_context_len = max_context_len
+        self.max_context_len = context_len + REQ_TO_TOKEN_SPARE_POSITIONS
         self.device = device
-        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32, device=device)
+        shape = (size, self.max_context_len)
+        self.req_to_token = torch.zeros(shape, dtype=REQ_TO_TOKEN_DTYPE, device=device)
         on_host = torch.device(device).type == "cpu"
-        self.host = self.req_to_token if on_host else torch.empty((size, max_context_len), dtype=torch.int32)
+        self.host = self.req_to_token if on_host else torch.empty(shape, dtype=REQ_TO_TOKEN_DTYPE)
         self.free_slots: List[int] = list(range(size))
 
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:

@@ -12,7 +12,6 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.environ import envs
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.layers.attention.triton_ops import (
     MIN_BLOCK_TOKENS,
@@ -41,6 +40,8 @@ class TritonMetadata:
 # parallelism (bs * heads programs fill the GPU), so splits are capped to keep the scratch bounded
 # (<= this many rows x splits): ~67 MB for 32 heads of 128, whatever the batch size.
 SPLIT_SCRATCH_ROWS = 4096
+# Upper bound on split-KV chunks per request in the decode kernel (16: tune_decode_attention.py).
+MAX_KV_SPLITS = 16
 
 
 def fill_kv_indices(
@@ -72,7 +73,7 @@ class TritonAttnBackend(AttentionBackend):
         self.device = model_runner.device
         self.num_q_heads = mc.head_partition(model_runner.tp_size, model_runner.tp_rank).num_q_heads
         self.v_head_dim = mc.v_head_dim
-        self.max_kv_splits = envs.SGLANG_TRITON_DECODE_MAX_KV_SPLITS.get()
+        self.max_kv_splits = MAX_KV_SPLITS
         self.num_kv_heads = mc.get_num_kv_heads(model_runner.tp_size, model_runner.tp_rank)
         # Stage-1 programs per decode step scale with the SM count (decode_split_bounds).
         self.num_sms = (

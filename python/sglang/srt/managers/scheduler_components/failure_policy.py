@@ -14,15 +14,15 @@ never complete, so there it stays fatal (a clear message and a clean exit, never
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import torch
 
+from sglang.srt.managers.io_struct import SchedulerStats
 from sglang.srt.managers.schedule_batch import FinishReason
 
 if TYPE_CHECKING:
-    from sglang.srt.managers.scheduler import Scheduler
-    from sglang.srt.managers.scheduler_output import LaunchedBatch
+    from sglang.srt.managers.scheduler_components.batch_result import LaunchedBatch
 
 logger = logging.getLogger(__name__)
 
@@ -44,69 +44,55 @@ def is_device_fault(exc: BaseException) -> bool:
     return (accelerator_error is not None and isinstance(exc, accelerator_error)) or "CUDA error" in str(exc)
 
 
-class SchedulerFaultMixin:
-    def handle_batch_failure(self: "Scheduler", batch: "LaunchedBatch", exc: Exception) -> None:
+class BatchFailurePolicy:
+    """What a failed batch's requests are told (or that the server must stop); the scheduler then frees
+    their KV and answers them (Scheduler.fail_batch)."""
+
+    def __init__(
+        self, tp_size: int, tp_rank: int, device: str, stats: SchedulerStats, memory_plan_table: Callable[[], str]
+    ) -> None:
+        self.tp_size, self.tp_rank, self.device, self.stats = tp_size, tp_rank, device, stats
+        self.memory_plan_table = memory_plan_table  # logged with the first out-of-memory error
+        self._oom_logged = False
+
+    def finish_reason(self, batch: "LaunchedBatch", exc: Exception) -> FinishReason:
+        """The abort every request of `batch` gets; raises when the server cannot go on."""
         oom = is_device_oom(exc)
         if not oom and is_device_fault(exc):
             raise exc  # the CUDA context is broken (e.g. an illegal memory access): nothing can run after it
         what = "prefill" if batch.forward_mode.is_extend() else "decode"
         tokens = sum(batch.extend_lens) if batch.forward_mode.is_extend() else batch.batch_size()
-        if self.server_args.tp_size > 1:
+        if self.tp_size > 1:
             raise RuntimeError(
                 f"{'out of device memory' if oom else 'error'} in a {what} batch on tensor-parallel rank "
                 f"{self.tp_rank}; the other ranks cannot continue in step, so the server stops: {exc}"
             ) from exc
-        if oom:
-            self.stats.num_oom_recoveries += 1
-            self._log_oom_once(exc)
-            if self.device == "cuda":
-                torch.cuda.empty_cache()  # give back what the failed step had cached
-            message = (
-                f"the server ran out of device memory while running this request's {what} batch "
-                f"({batch.batch_size()} request(s), {tokens} token(s)); the batch was aborted and the server keeps "
-                "serving: retry later, or start it with a lower --mem-fraction-static, --chunked-prefill-size or "
-                "--max-running-requests"
-            )
-            logger.error(
-                "Out of device memory in a %s batch of %d request(s): aborted them (%s)", what, batch.batch_size(), exc
-            )
-            status = OOM_STATUS
-        else:
+        if not oom:
             logger.exception(
                 "A %s batch of %d request(s) failed; they are aborted, the server keeps serving",
                 what,
                 batch.batch_size(),
             )
             message = f"internal error while running this request's batch: {type(exc).__name__}: {exc}"
-            status = ERROR_STATUS
-        self.fail_batch(batch, FinishReason("abort", message=message, status_code=status))
+            return FinishReason("abort", message=message, status_code=ERROR_STATUS)
+        self.stats.num_oom_recoveries += 1
+        self._log_oom_once(exc)
+        if self.device == "cuda":
+            torch.cuda.empty_cache()  # give back what the failed step had cached
+        logger.error(
+            "Out of device memory in a %s batch of %d request(s): aborted them (%s)", what, batch.batch_size(), exc
+        )
+        message = (
+            f"the server ran out of device memory while running this request's {what} batch "
+            f"({batch.batch_size()} request(s), {tokens} token(s)); the batch was aborted and the server keeps "
+            "serving: retry later, or start it with a lower --mem-fraction-static, --chunked-prefill-size or "
+            "--max-running-requests"
+        )
+        return FinishReason("abort", message=message, status_code=OOM_STATUS)
 
-    def _log_oom_once(self: "Scheduler", exc: BaseException) -> None:
+    def _log_oom_once(self, exc: BaseException) -> None:
         if self._oom_logged:
             return
         self._oom_logged = True
-        plan = self.model_runner.memory_plan.format_table()
         summary = torch.cuda.memory_summary(abbreviated=True) if self.device == "cuda" else "(not a CUDA device)"
-        logger.error("First out-of-memory error (%s). %s\n%s", exc, plan, summary)
-
-    def fail_batch(self: "Scheduler", batch: "LaunchedBatch", reason: FinishReason) -> None:
-        """Finish every request of `batch` with `reason` and free the KV it holds. Only the K/V written
-        before this batch (the prefix for a prefill, all but the new token for a decode) may be cached."""
-        extend = batch.forward_mode.is_extend()
-        failed = [r for r in batch.reqs if r.req_pool_idx is not None]  # the others finished before it
-        for i, req in enumerate(batch.reqs):
-            if req.req_pool_idx is None:
-                continue
-            if not req.finished():
-                req.finished_reason = reason
-            req.kv_committed_len = batch.prefix_lens[i] if extend else batch.seq_lens[i] - 1
-            self.tree_cache.cache_finished_req(req)  # the slots this batch allocated go back to the pool
-            if req is self.chunked_req:
-                self.chunked_req = None
-        running = self.running_batch
-        if running is not None:  # a failed decode (or a mixed prefill's decodes) leaves the running batch
-            running.filter([r for r in running.reqs if r.req_pool_idx is not None])
-            if running.is_empty():
-                self.running_batch = None
-        self.stream_output(failed)
-        self.update_stats()
+        logger.error("First out-of-memory error (%s). %s\n%s", exc, self.memory_plan_table(), summary)

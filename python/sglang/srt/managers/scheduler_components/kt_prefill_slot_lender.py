@@ -1,13 +1,13 @@
-"""The elastic KT prefill slot: the KV pool keeps the slot's memory while no long prefill runs.
+"""The KT prefill slot's lender: the KV pool keeps the slot's memory while no long prefill runs.
 
 On the post-capture path the planner sizes the pool as if the slot took nothing and marks its last
-tokens as a lendable tail (whole pages, whole VMM granules of every K and V buffer; the allocator
+tokens as the prefill slot's tail (whole pages, whole VMM granules of every K and V buffer; the allocator
 hands them out last). When the next prefill batch can be large enough for KT's full-GPU path
 (--kt-gpu-prefill-token-threshold), the scheduler takes the tail before that batch takes any KV
 page, if no running request holds a page of it: cached radix-tree pages there are evicted, the
 arena moves the tail's physical memory from the KV ranges into the slot's own range (no allocation,
 no address a CUDA graph holds changes), the allocator stops handing the tail out (admission then
-counts the pool without it), and the slot's parameters are laid over that memory. If a running
+counts the pool without it), and the slot's parameters are laid over that memory (KTPrefillSlot.lend). If a running
 request holds tail pages the batch takes the hybrid CPU/GPU path instead (logged once per episode).
 Once no long prefill is in flight or waiting, the memory goes back to the pool at the end of the step.
 
@@ -27,7 +27,7 @@ import torch
 from sglang.srt.mem_cache.vmm import VMMError
 
 if TYPE_CHECKING:
-    from sglang.srt.layers.moe.kt_ep_wrapper import KTState
+    from sglang.srt.layers.moe.kt_prefill_slot import KTPrefillSlot
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
     from sglang.srt.mem_cache.radix_cache import RadixCache
@@ -37,7 +37,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class ElasticSlotStats:
+class KTPrefillSlotStats:
     """What /server_info reports of the slot under memory_plan.kt_slot."""
 
     tail_tokens: int
@@ -49,8 +49,8 @@ class ElasticSlotStats:
     last_return_ms: float = 0.0
 
 
-class HostTailArena:
-    """Stands for VirtualKVArena's tail lending on the CPU (SGLANG_TEST_CPU_ELASTIC_SLOT_TAIL_TOKENS): the
+class HostSlotMemory:
+    """Stands for VirtualKVArena's tail lending on the CPU (tests: SGLANG_TEST_CPU_ELASTIC_SLOT_TAIL_TOKENS): the
     slot's memory is host bytes and nothing is remapped, so the scheduling around it runs as on the GPU."""
 
     def __init__(self, slot_bytes: int) -> None:
@@ -76,20 +76,21 @@ def _remaining(req: "Req") -> int:
     return len(req.origin_input_ids) + len(req.output_ids) - req.kv_committed_len
 
 
-class ElasticKTSlot:
+class KTPrefillSlotLender:
     def __init__(
         self,
         arena: "VirtualKVArena",
         allocator: "TokenToKVPoolAllocator",
         tree_cache: "RadixCache",
-        kt_state: "KTState",
+        slot: "KTPrefillSlot",
         threshold: int,
     ) -> None:
-        self.arena, self.allocator, self.tree_cache, self.kt_state = arena, allocator, tree_cache, kt_state
+        """`arena`: where the tail's memory is lent from (the VMM arena, or HostSlotMemory on the CPU)."""
+        self.arena, self.allocator, self.tree_cache, self.slot = arena, allocator, tree_cache, slot
         self.threshold = threshold
-        self.stats = ElasticSlotStats(tail_tokens=allocator.tail_tokens)
+        self.stats = KTPrefillSlotStats(tail_tokens=allocator.tail_tokens)
         self._refusal_logged = False  # one log line per episode of refusals
-        kt_state.use_lent_memory()
+        slot.use_lent_memory()
 
     def should_take(self, chunked_req, waiting: Sequence["Req"], chunk: Optional[int], room_without_tail: int) -> bool:
         """Whether to lend the tail before the next prefill batch is formed: that batch can reach the threshold
@@ -97,7 +98,7 @@ class ElasticKTSlot:
         its first request's next chunk fits in the pool without the tail (`room_without_tail`: free + evictable
         tokens outside it). A prompt that needs the tail's pages gets them, and runs hybrid. Cached prefixes
         may make the batch smaller than foreseen: then the slot is lent for one batch that runs hybrid."""
-        if self.stats.lent or self.kt_state.full_gpu_disabled or (chunked_req is None and not waiting):
+        if self.stats.lent or self.slot.disabled or (chunked_req is None and not waiting):
             return False
         pending = sum(_remaining(r) for r in waiting) + (0 if chunked_req is None else _remaining(chunked_req))
         if min(pending, chunk or pending) < self.threshold:
@@ -135,7 +136,7 @@ class ElasticKTSlot:
             logger.error("KT prefill slot: could not remap the KV pool's tail (%s); this prefill runs hybrid", e)
             return False
         self.allocator.lend_tail()
-        self.kt_state.lend(self.arena.slot_tensor())
+        self.slot.lend(self.arena.slot_tensor())
         self.stats.last_take_ms = (time.perf_counter() - start) * 1000
         self.stats.lent, self._refusal_logged = True, False
         self.stats.takes += 1
@@ -148,12 +149,12 @@ class ElasticKTSlot:
         if not self.stats.lent:
             return
         start = time.perf_counter()
-        self.kt_state.reclaim()
+        self.slot.reclaim()
         try:
             self.arena.return_tail()  # synchronizes first: the slot's last kernels must be done with it
         except VMMError as e:  # rolled back: the memory is still the slot's, and stays lent
             logger.error("KT prefill slot: could not return the tail to the KV pool (%s); it stays lent", e)
-            self.kt_state.lend(self.arena.slot_tensor())
+            self.slot.lend(self.arena.slot_tensor())
             return
         self.allocator.return_tail()
         self.stats.last_return_ms = (time.perf_counter() - start) * 1000

@@ -1,5 +1,5 @@
-"""The post-capture path applied on the CPU: a fake VMM arena (host tensors standing in for reserved
-ranges) and injected free-memory readings. The mixin reserves what virtual_pool decided, backs and
+"""The post-capture path of the KV-cache mixin applied on the CPU: a fake VMM arena (host tensors standing in
+for reserved ranges) and injected free-memory readings. The mixin reserves what virtual_pool decided, backs and
 resizes to what post_capture_pool_size decided, logs the sizing line, and tears down in order."""
 
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -10,7 +10,6 @@ import logging
 
 import torch
 
-from sglang.srt.environ import envs
 from sglang.srt.model_executor.pool_configurator import (
     MEASURED_HEADROOM_RULE,
     SizingPath,
@@ -51,19 +50,24 @@ class FakeArena:
 
 
 def _post_capture_runner(model: str, monkeypatch, readings: list, peak=None, **kw):
-    from sglang.srt.configs.model_config import ModelConfig
+    """peak: what the activation probe measures (None: no measurement, SGLang's rule applies)."""
+    import dataclasses
+
+    from sglang.srt.configs.engine_config import resolve_engine_config
     from sglang.srt.model_executor.model_runner import ModelRunner
 
     monkeypatch.setattr("sglang.srt.mem_cache.vmm.VirtualKVArena", FakeArena)
     left = list(readings)
     monkeypatch.setattr(ModelRunner, "read_free_memory_bytes", lambda self: left.pop(0))
+    monkeypatch.setattr(ModelRunner, "read_vmm_granularity", lambda self: FakeArena.granularity)
     monkeypatch.setattr(ModelRunner, "measure_activation_peak_bytes", lambda self: peak)
     args = ServerArgs(model_path=model, load_format="dummy", skip_tokenizer_init=True, device="cpu", **kw)
-    args.kv_sizing_path = SizingPath(True, "test")  # the CPU never decides post-capture itself
-    with envs.SGLANG_POST_CAPTURE_MEASURE_ACTIVATION_PEAK.override(peak is not None):
-        mr = ModelRunner(ModelConfig.from_server_args(args), args)
+    config = resolve_engine_config(args)
+    # The CPU never decides post-capture itself: the path is injected.
+    config = dataclasses.replace(config, memory=dataclasses.replace(config.memory, path=SizingPath(True, "test")))
+    mr = ModelRunner(config)
     assert left == []  # before weights, after weights, after capture, after start-up: once each
-    return mr, args
+    return mr, config
 
 
 def test_applies_the_planners_decision(tiny_model_dir, monkeypatch, caplog):
@@ -75,21 +79,21 @@ def test_applies_the_planners_decision(tiny_model_dir, monkeypatch, caplog):
             mem_fraction_static=0.9,
             max_running_requests=8,
         )
-    r, arena = mr.readings, mr.kv_arena
-    assert r.free_after_capture_bytes == 8 * GiB and r.vmm_granularity_bytes == FakeArena.granularity
+    r, cap, arena = mr.readings, mr.capture_readings, mr.kv_arena
+    assert cap.free_after_capture_bytes == 8 * GiB and r.vmm_granularity_bytes == FakeArena.granularity
     # Reserved as decided before capture: the bound, the request table.
     vp = virtual_pool(r, mr.pool_args)
     assert arena.reserved_bytes_per_buffer == vp.reserve_bytes_per_buffer
     assert mr.req_to_token_pool.size == vp.max_running_requests == 8
     # Resized as decided after capture.
-    size = post_capture_pool_size(r, mr.pool_args)
+    size = post_capture_pool_size(r, cap, mr.pool_args)
     assert mr.pool_size == size
     assert mr.max_total_num_tokens == mr.token_to_kv_pool_allocator.size == size.tokens
     assert mr.token_to_kv_pool_allocator.available_size() == size.tokens
     assert arena.mapped_bytes_per_buffer == backed_bytes_per_buffer(size.tokens, 2 * 16 * 4, 1, FakeArena.granularity)
     # No CUDA graphs here, so decode is "eager above the captured size": the headroom is floored to
     # the activation reserve (SGLang's rule, nothing measured).
-    assert size.headroom_bytes == max(int(10 * GiB * 0.1), int(args.pre_capture_activation_reserve_mb() * MiB))
+    assert size.headroom_bytes == max(int(10 * GiB * 0.1), args.memory.pool.activation_reserve_bytes)
     assert [m for m in caplog.messages if m.startswith("Post-capture KV sizing: max_total_num_tokens=")] == [
         f"Post-capture KV sizing: max_total_num_tokens={size.tokens}"
     ]
@@ -113,7 +117,7 @@ def test_measured_peak_sets_the_headroom(tiny_model_dir, monkeypatch):
         max_running_requests=8,
     )
     size = mr.pool_size
-    assert mr.readings.activation_peak_bytes == peak
+    assert mr.capture_readings.activation_peak_bytes == peak
     assert size.headroom_rule == MEASURED_HEADROOM_RULE and size.headroom_bytes == int(peak * 1.1 + 256 * MiB)
     assert size.tokens > size.sglang_rule_tokens  # the measurement beats the 6+ GiB activation reserve
     assert mr.memory_plan.activation_peak_gb == peak / GiB
