@@ -82,10 +82,19 @@ def total_num_kv_heads(config: PretrainedConfig) -> int:
     return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
 
 
+# What families call their routed experts per MoE layer: Qwen-MoE `num_experts`, DeepSeek/GLM/Kimi
+# `n_routed_experts`, Mixtral `num_local_experts` (transformers maps some of them onto each other).
+ROUTED_EXPERT_FIELDS = ("num_experts", "n_routed_experts", "num_local_experts")
+
+
 def num_routed_experts(config: PretrainedConfig) -> int:
-    """Routed experts per MoE layer (0 for a dense model)."""
+    """Routed experts per MoE layer (0 for a dense model), whichever name the config uses."""
     text = getattr(config, "text_config", None) or config
-    return int(getattr(text, "num_experts", 0) or 0)
+    for name in ROUTED_EXPERT_FIELDS:
+        value = getattr(text, name, None)
+        if value:
+            return int(value)
+    return 0
 
 
 def load_hf_config(source: ModelSource) -> PretrainedConfig:
