@@ -79,6 +79,40 @@ def test_kv_geometry_is_the_one_cell_size():
     assert mla_like.widest_slot_bytes == 192 and mla_like.cell_size_bytes == (192 + 128) * 2
     assert mla_like.num_buffers == 4
 
+    assert mla_like.attention == "mha"  # a K/V pair of unequal widths is still MHA's two buffers per layer
+
+
+# DeepSeek-V3 (61 layers, kv_lora_rank 512, qk_rope_head_dim 64): one latent row of 576 values per token and layer.
+DEEPSEEK_V3 = KVGeometry.latent(num_layers=61, kv_lora_rank=512, qk_rope_head_dim=64, dtype_bytes=2)
+
+
+def test_mla_geometry_is_one_latent_buffer_per_layer():
+    assert DEEPSEEK_V3.is_mla and DEEPSEEK_V3.attention == "mla"
+    assert DEEPSEEK_V3.cell_size_bytes == 61 * 576 * 2 == 70272  # vs 98,304 for Qwen3-30B-A3B's GQA
+    assert DEEPSEEK_V3.k_slot_bytes == DEEPSEEK_V3.widest_slot_bytes == 576 * 2 and DEEPSEEK_V3.v_slot_bytes == 0
+    assert DEEPSEEK_V3.num_buffers == 61  # one per layer, not a K and a V
+    fp8 = KVGeometry.latent(num_layers=61, kv_lora_rank=512, qk_rope_head_dim=64, dtype_bytes=1)
+    assert fp8.cell_size_bytes == 70272 // 2
+    lite = KVGeometry.latent(num_layers=27, kv_lora_rank=512, qk_rope_head_dim=64, dtype_bytes=2)  # V2-Lite
+    assert lite.cell_size_bytes == 27 * 576 * 2 == 31104
+    with pytest.raises(ValueError, match="one latent row"):
+        KVGeometry(num_layers=2, kv_heads=2, head_dim=576, v_head_dim=0, dtype_bytes=2, attention="mla")
+    with pytest.raises(ValueError, match="attention kind"):
+        KVGeometry(num_layers=2, kv_heads=1, head_dim=8, v_head_dim=8, dtype_bytes=2, attention="gqa")
+
+
+def test_static_pool_size_with_the_deepseek_v3_cell():
+    """The same static rule, the latent cell: (budget - reservation) // 70,272 bytes."""
+    r = readings(kv=DEEPSEEK_V3, page=64)
+    pool = static_pool_size(r, args())
+    budget = int(124.25 * GiB - 139.25 * GiB / 8)
+    assert pool.budget_bytes == budget
+    assert pool.tokens == budget // 70272 // 64 * 64
+    # The MHA cell of the same model decompressed (128 heads x (192 + 128) values) would hold 71x fewer tokens.
+    mha = KVGeometry(num_layers=61, kv_heads=128, head_dim=192, v_head_dim=128, dtype_bytes=2)
+    assert static_pool_size(readings(kv=mha, page=64), args()).tokens == budget // mha.cell_size_bytes // 64 * 64
+    assert mha.cell_size_bytes == 61 * 128 * 320 * 2
+
 
 # ------------------------------------------------------------------------ the path
 def _path(vmm: Optional[str] = None, **kw):
@@ -111,6 +145,22 @@ def test_path_is_decided_once_with_its_reason(kw, post_capture, reason, vmm_aske
     assert reason in path.reason
     assert path.name == ("post-capture" if post_capture else "static")
     assert asked == vmm_asked  # the driver is asked only when nothing else rules post-capture out
+
+
+def test_mla_keeps_the_static_path_with_its_reason():
+    asked = []
+
+    def kind() -> str:
+        asked.append(True)
+        return "mla"
+
+    path, vmm_asked = _path(attention_kind=kind)
+    assert not path.post_capture and "MLA attention" in path.reason
+    assert asked and not vmm_asked  # the model is asked before the driver
+    asked.clear()
+    path, _ = _path(flag_on=False, attention_kind=kind)
+    assert not asked and path.reason == "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING is off"  # flag off: not read
+    assert _path(attention_kind=lambda: "mha")[0].post_capture
 
 
 def test_every_blocker_is_named():

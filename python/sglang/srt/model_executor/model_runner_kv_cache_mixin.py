@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import torch
 
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool
 from sglang.srt.model_executor.pool_configurator import GiB, static_pool_size
 
 if TYPE_CHECKING:
@@ -42,17 +42,29 @@ class ModelRunnerKVCacheMixin:
         """The request table, the KV buffers (allocated here unless given) and the allocator over them."""
         mc, sa, kv = self.model_config, self.server_args, self.kv_geometry
         self.req_to_token_pool = ReqToTokenPool(max_running_requests, mc.context_len + 4, self.device)
-        self.token_to_kv_pool = MHATokenToKVPool(
-            tokens,
-            page_size=sa.page_size,
-            dtype=mc.kv_cache_dtype,
-            head_num=kv.kv_heads,
-            head_dim=kv.head_dim,
-            v_head_dim=kv.v_head_dim,
-            layer_num=kv.num_layers,
-            device=self.device,
-            buffers=kv_buffers,
-        )
+        if kv.is_mla:
+            self.token_to_kv_pool = MLATokenToKVPool(
+                tokens,
+                page_size=sa.page_size,
+                dtype=mc.kv_cache_dtype,
+                kv_lora_rank=mc.kv_lora_rank,
+                qk_rope_head_dim=mc.qk_rope_head_dim,
+                layer_num=kv.num_layers,
+                device=self.device,
+                buffers=kv_buffers,
+            )
+        else:
+            self.token_to_kv_pool = MHATokenToKVPool(
+                tokens,
+                page_size=sa.page_size,
+                dtype=mc.kv_cache_dtype,
+                head_num=kv.kv_heads,
+                head_dim=kv.head_dim,
+                v_head_dim=kv.v_head_dim,
+                layer_num=kv.num_layers,
+                device=self.device,
+                buffers=kv_buffers,
+            )
         self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(tokens, sa.page_size, self.device)
         slots = tokens + sa.page_size
         logger.info(

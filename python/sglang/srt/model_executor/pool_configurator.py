@@ -69,11 +69,13 @@ def decide_sizing_path(
     chunked_prefill_size: int,
     attention_backend: str,
     vmm_problem: Callable[[], Optional[str]],
+    attention_kind: Optional[Callable[[], str]] = None,
 ) -> SizingPath:
     """Post-capture sizing needs the flag, CUDA, decode graphs, chunked prefill, a backend that can be
-    captured and CUDA VMM. `vmm_problem` (None when VMM works) is asked only when all else allows it,
-    so a server with the flag off never touches the driver. Every model here uses MHA-style KV and
-    nothing else claims the KV memory (no MLA, no hybrid SWA/mamba pools, no disaggregation)."""
+    captured, MHA-style KV and CUDA VMM. `attention_kind` (the model's, "mha" when not given) and
+    `vmm_problem` (None when VMM works) are asked only when all else allows it, so a server with the
+    flag off never reads more of the model or touches the driver. Nothing else claims the KV memory
+    (no hybrid SWA/mamba pools, no disaggregation)."""
     blockers = []
     if not flag_on:
         blockers.append("SGLANG_ENABLE_POST_CAPTURE_KV_SIZING is off")
@@ -87,6 +89,9 @@ def decide_sizing_path(
         blockers.append(f"the {attention_backend} attention backend has no CUDA graphs")
     if blockers:
         return SizingPath(False, "; ".join(blockers))
+    if attention_kind is not None and attention_kind() == "mla":
+        # The latent buffers as VMM ranges, graphs captured on them: not built yet (issue 32, step 4).
+        return SizingPath(False, "MLA attention: post-capture sizing of the latent KV buffers is not built yet")
     problem = vmm_problem()
     if problem:
         return SizingPath(False, f"CUDA VMM unavailable: {problem}")
@@ -94,22 +99,50 @@ def decide_sizing_path(
 
 
 # ------------------------------------------------------------------------- the inputs
+ATTENTION_KINDS = ("mha", "mla")
+
+
 @dataclass(frozen=True)
 class KVGeometry:
-    """One rank's KV layout: per layer one K and one V buffer of [slots, kv_heads, head_dim]."""
+    """One rank's KV layout.
+
+    MHA (and GQA): per layer one K and one V buffer of [slots, kv_heads, head_dim] / [.., v_head_dim].
+    MLA (multi-head latent attention, DeepSeek-V2/V3): per layer ONE buffer of [slots, 1, kv_lora_rank +
+    qk_rope_head_dim], the latent row every head's K and V are computed from; described here as one
+    "head" of that width and no V buffer (`KVGeometry.latent`), so the cell-size rule below is the same
+    for both: (K slot + V slot) x layers."""
 
     num_layers: int
     kv_heads: int
     head_dim: int
     v_head_dim: int
     dtype_bytes: int
+    attention: str = "mha"  # one of ATTENTION_KINDS
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_KINDS:
+            raise ValueError(f"attention kind must be one of {ATTENTION_KINDS}, got {self.attention!r}")
+        if self.attention == "mla" and (self.kv_heads != 1 or self.v_head_dim != 0):
+            raise ValueError("an MLA layout is one latent row per token and layer (kv_heads 1, no V buffer)")
+
+    @classmethod
+    def latent(cls, num_layers: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype_bytes: int) -> "KVGeometry":
+        """MLA's layout: kv_lora_rank + qk_rope_head_dim values per token and layer (576 for DeepSeek-V3),
+        the same on every tensor-parallel rank (the latent is shared by all heads)."""
+        return cls(num_layers, 1, kv_lora_rank + qk_rope_head_dim, 0, dtype_bytes, attention="mla")
+
+    @property
+    def is_mla(self) -> bool:
+        return self.attention == "mla"
 
     @property
     def k_slot_bytes(self) -> int:
+        """Bytes per token of one layer's K buffer (MLA: of its latent row)."""
         return self.kv_heads * self.head_dim * self.dtype_bytes
 
     @property
     def v_slot_bytes(self) -> int:
+        """Bytes per token of one layer's V buffer (MLA: 0, there is none)."""
         return self.kv_heads * self.v_head_dim * self.dtype_bytes
 
     @property
@@ -119,12 +152,13 @@ class KVGeometry:
 
     @property
     def cell_size_bytes(self) -> int:
-        """KV bytes per token over all layers: kv_heads * (head_dim + v_head_dim) * layers * dtype bytes."""
+        """KV bytes per token over all layers: MHA kv_heads * (head_dim + v_head_dim) * layers * dtype bytes;
+        MLA (kv_lora_rank + qk_rope_head_dim) * layers * dtype bytes."""
         return (self.k_slot_bytes + self.v_slot_bytes) * self.num_layers
 
     @property
     def num_buffers(self) -> int:
-        return 2 * self.num_layers
+        return self.num_layers if self.is_mla else 2 * self.num_layers
 
 
 @dataclass(frozen=True)
