@@ -41,7 +41,7 @@ def model_extra_kwargs(model_config: ModelConfig, server_args: ServerArgs) -> di
     """Keyword arguments only some model classes take (the KT settings for MoE models, the linear layers'
     quantization for dense ones)."""
     if model_config.is_moe:
-        return {"server_args": server_args}
+        return {"kt": KTConfig.from_server_args(server_args)}
     return {"quantization": model_config.quantization} if model_config.quantization else {}
 
 

@@ -96,11 +96,15 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
     model_cls = Qwen3MoeModel
 
     def __init__(
-        self, config: PretrainedConfig, dtype: torch.dtype, max_position: Optional[int] = None, server_args=None
+        self,
+        config: PretrainedConfig,
+        dtype: torch.dtype,
+        max_position: Optional[int] = None,
+        quantization: Optional[str] = None,
+        kt: Optional[KTConfig] = None,
     ) -> None:
-        kt = KTConfig.from_server_args(server_args) if server_args is not None else None
         kt_state = KTState(kt) if kt is not None else None  # one per model, handed to every MoE layer
-        super().__init__(config, dtype, max_position, kt_state=kt_state)
+        super().__init__(config, dtype, max_position, quantization, kt_state=kt_state)
         self.kt_state = kt_state
 
     def _load_expert(self, name: str, tensor: torch.Tensor, params: dict) -> Optional[str]:
