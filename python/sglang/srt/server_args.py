@@ -52,6 +52,7 @@ class ServerArgs:
     tokenizer_path: Optional[str] = None
     load_format: str = "auto"
     skip_tokenizer_init: bool = False
+    trust_remote_code: bool = False  # tokenizers only: models never run checkpoint code (see --trust-remote-code)
     dtype: str = "auto"
     kv_cache_dtype: str = "auto"
     quantization: Optional[str] = None
@@ -273,8 +274,28 @@ class ServerArgs:
             self.tokenizer_path = self.model_path
         if self.served_model_name is None:
             self.served_model_name = self.model_path
+        self._check_model_supported()
         self._check_kt_against_model()
         self._check_quantization_against_model()
+
+    def _check_model_supported(self) -> None:
+        """A config we cannot run exactly (e.g. another DeepSeek topk_method) is refused here, naming the field."""
+        import os
+
+        if not os.path.isfile(os.path.join(self.model_path, "config.json")):
+            return  # GGUF files and built-in names: their config is ours to build
+        from sglang.srt.configs.deepseek import UnsupportedModelError
+        from sglang.srt.configs.model_config import check_model_supported, load_hf_config
+        from sglang.srt.model_loader.model_source import ModelSource
+
+        try:
+            config = load_hf_config(ModelSource("hf", self.model_path))
+        except (OSError, ValueError):
+            return  # a config transformers cannot read fails where the model is built, as before
+        try:
+            check_model_supported(config)
+        except UnsupportedModelError as e:
+            raise ServerArgsError(f"--model-path {self.model_path}: {e}") from e
 
     # ------------------------------------------------------------ memory heuristics
     def device_memory_capacity_mib(self) -> float:

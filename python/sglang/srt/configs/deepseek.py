@@ -69,7 +69,7 @@ def check_deepseek_config(config: PretrainedConfig) -> None:
             f"DeepSeek-V3.2 sparse attention ({named}={_field(config, named)!r}) is not supported; dense MLA "
             "(DeepSeek-V2/V3, Kimi-K2) is"
         )
-    arch = archs[0] if archs else ""
+    arch = archs[0] if archs else {"deepseek_v2": DEEPSEEK_V2_ARCH}.get(model_type, DEEPSEEK_V3_ARCH)
     if arch not in (DEEPSEEK_V2_ARCH, DEEPSEEK_V3_ARCH):
         return  # not ours: the registry refuses the architecture by name
     v3 = arch == DEEPSEEK_V3_ARCH

@@ -64,7 +64,7 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
         if not server_args.skip_tokenizer_init:
             from sglang.srt.utils.hf_tokenizer import get_tokenizer
 
-            self.tokenizer = get_tokenizer(server_args.tokenizer_path)
+            self.tokenizer = get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code)
         self.eos_token_ids = sorted(set(self.model_config.eos_token_ids) | self._tokenizer_eos())
         self.req_to_token_pool = self.model_runner.req_to_token_pool
         self.allocator = self.model_runner.token_to_kv_pool_allocator
