@@ -86,6 +86,32 @@ def test_chunked_prefill_and_cached_prefixes_match(tiny):
     assert again[-1].cached_tokens > 0, "the second round should have reused the cached prefix"
 
 
+def test_triton_backend_decodes_through_the_latent_kernel(tiny, monkeypatch):
+    """The triton backend's forward_mla (decode: triton_ops/mla_decode.py, here in the interpreter on CPU
+    tensors; extend: the torch path) gives the same greedy tokens."""
+    import os
+
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        pytest.skip("triton kernels need TRITON_INTERPRET=1 or a GPU")
+    version, d, _, prompts, ref = tiny
+    sched = make_scheduler(model_path=d, skip_tokenizer_init=True, max_total_tokens=2048, log_level="warning")
+    mr = sched.model_runner
+    mr.attn_backend = TritonAttnBackend(mr)
+    decodes = []
+    kernel_path = TritonAttnBackend.forward_mla
+
+    def counted(self, q_nope, q_rope, latent, k_rope, w_kv_b, layer, fb):
+        decodes.append(fb.forward_mode.is_decode())
+        return kernel_path(self, q_nope, q_rope, latent, k_rope, w_kv_b, layer, fb)
+
+    monkeypatch.setattr(TritonAttnBackend, "forward_mla", counted)
+    outs = run_scheduler(sched, prompts[:2], greedy_params(4))
+    assert [o.output_ids for o in outs] == [r[:4] for r in ref[:2]]
+    assert sum(decodes) >= 3 * mr.model_config.num_hidden_layers  # the decode steps went through the kernel
+
+
 def test_engine_tp2_matches_transformers(tmp_path_factory):
     """sglang.Engine (V3), two tensor-parallel ranks over gloo: each holds half the heads and of every expert."""
     import sglang

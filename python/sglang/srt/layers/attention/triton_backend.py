@@ -243,3 +243,34 @@ class TritonAttnBackend(AttentionBackend):
             logit_cap=layer.logit_cap,
         )
         return o.view(n, -1)
+
+    def forward_mla(self, q_nope, q_rope, latent, k_rope, w_kv_b, layer, forward_batch) -> torch.Tensor:
+        """MLA decode through the triton latent kernel (triton_ops/mla_decode.py) on this backend's decode
+        metadata, so it also runs inside CUDA graphs; extend on the torch path (AttentionBackend.forward_mla)."""
+        fb = forward_batch
+        if not fb.forward_mode.is_decode():
+            return super().forward_mla(q_nope, q_rope, latent, k_rope, w_kv_b, layer, fb)
+        from sglang.srt.layers.attention.mla_torch import split_kv_b
+        from sglang.srt.layers.attention.triton_ops.mla_decode import mla_decode_fwd
+
+        md, pool = fb.attn_metadata, fb.token_to_kv_pool
+        pool.set_mla_kv_buffer(layer.layer_id, fb.out_cache_loc, latent, k_rope)
+        w_uk, w_uv = split_kv_b(w_kv_b, layer.num_heads, layer.qk_nope_head_dim)
+        q_latent = torch.einsum("bhn,hnc->bhc", q_nope, w_uk)  # W_UK absorbed into the query
+        bs = q_nope.shape[0]
+        context = mla_decode_fwd(
+            q_latent,
+            q_rope,
+            pool.get_key_buffer(layer.layer_id),
+            md.kv_indptr,
+            md.kv_indices,
+            layer.scaling,
+            num_kv_splits=mla_decode_splits(bs),
+        )
+        return torch.einsum("bhc,hvc->bhv", context.to(q_nope.dtype), w_uv).reshape(bs, -1)
+
+
+def mla_decode_splits(bs: int) -> int:
+    """Chunks per request for the MLA decode kernel: small batches get more (programs to fill the SMs), large
+    ones one. A function of the batch size alone, so a captured graph keeps its grid."""
+    return max(1, min(8, 64 // max(bs, 1)))
