@@ -56,3 +56,20 @@ def test_kimi_k2_config_plans_as_deepseek_v3():
     v3, _ = _static(["--model-path", shape_config_dir("DeepSeek-V3"), "--tp-size", "16"])
     assert static.weights_gb > v3.weights_gb  # 384 experts instead of 256 (and fewer heads)
     assert isinstance(post, str) and "MLA" in post
+
+
+def test_deepseek_v3_kt_fp8_prefill_slot_is_the_hand_count():
+    """KT on DeepSeekMoE: the full-GPU prefill slot is one MoE layer of every expert in the method's layout, sized
+    on the meta device. FP8 block-128: 256 experts x 3 matrices x 7168 x 2048 weight bytes, plus the fp32 scales
+    of w13 (256 x 32 x 56 x 4 = 1,835,008) and w2 (256 x 56 x 16 x 4 = 917,504)."""
+    d = shape_config_dir("DeepSeek-V3")
+    argv = ["--model-path", d, "--kt-method", "FP8", "--kt-num-gpu-experts", "0"]
+    static, _ = _static([*argv, "--kt-gpu-prefill-token-threshold", "4096"])
+    slot = 256 * 3 * 7168 * 2048 + 1_835_008 + 917_504
+    assert slot == 11_277_041_664
+    assert static.reservations_bytes == {"kt_full_gpu_prefill_slot": slot}
+    without, _ = _static(argv)  # no threshold: no slot, and the KV pool gets its bytes back
+    assert without.reservations_bytes == {}
+    assert (without.max_total_num_tokens - static.max_total_num_tokens) * 70272 == pytest.approx(slot, abs=70272)
+    # Every routed expert lives on the CPU: the device holds attention, the dense layers and the shared experts.
+    assert static.weights_gb < 40

@@ -5,6 +5,8 @@ q_lora_rank, n_group/topk_group, a non-zero correction bias, routed_scaling_fact
 - greedy tokens identical and logprobs within the usual tolerance, through the in-process scheduler, with the
   latent KV pool (one row of kv_lora_rank + qk_rope_head_dim per token and layer);
 - chunked prefill and radix-cache hits (extends over a cached prefix) give the same tokens;
+- the triton backend's latent decode kernel (interpreter), KT hybrid experts (BF16 on the CPU kernels, the
+  full-GPU prefill slot over 16 tokens);
 - sglang.Engine with --tp-size 2 (heads and experts split over two gloo ranks) and `launch_server` too.
 """
 
@@ -110,6 +112,28 @@ def test_triton_backend_decodes_through_the_latent_kernel(tiny, monkeypatch):
     outs = run_scheduler(sched, prompts[:2], greedy_params(4))
     assert [o.output_ids for o in outs] == [r[:4] for r in ref[:2]]
     assert sum(decodes) >= 3 * mr.model_config.num_hidden_layers  # the decode steps went through the kernel
+
+
+@pytest.mark.parametrize("num_gpu_experts", [0, 3])
+def test_kt_hybrid_experts_match_transformers(tmp_path_factory, num_gpu_experts):
+    """KT on DeepSeekMoE (V3): routed experts split between the model's device and the CPU kernels (BF16), shared
+    experts on the device; prompts of >= 16 tokens take the full-GPU prefill path (one shared slot)."""
+    _, d, _, prompts, ref = _build("v3", tmp_path_factory)
+    sched = make_scheduler(
+        reuse_model=False,
+        model_path=d,
+        skip_tokenizer_init=True,
+        max_total_tokens=2048,
+        kt_method="BF16",
+        kt_num_gpu_experts=num_gpu_experts,
+        kt_gpu_prefill_token_threshold=16,
+        log_level="warning",
+    )
+    model = sched.model_runner.model
+    assert model.memory_reservations()["kt_full_gpu_prefill_slot"] > 0
+    assert [o.output_ids for o in run_scheduler(sched, prompts, greedy_params(NEW_TOKENS))] == ref
+    moe_layers = model.config.num_hidden_layers - model.config.first_k_dense_replace
+    assert len(model.kt_state.cpu_engine.layers) == moe_layers and model.kt_state.cpu_engine.stats().pairs > 0
 
 
 def test_engine_tp2_matches_transformers(tmp_path_factory):

@@ -8,8 +8,9 @@ Attention (transformers' DeepseekV2Attention / DeepseekV3Attention compute the s
 The latent row is what the pool keeps (MLATokenToKVPool); layers/attention/mla_torch.py attends over it.
 
 MoE (layers from first_k_dense_replace on): a router (`mlp.gate`, fp32, V3 with e_score_correction_bias),
-routed experts (FusedMoE) chosen by layers/moe/topk.select_experts_grouped, plus shared experts (one dense MLP
-of moe_intermediate_size x n_shared_experts) for every token. The V3 multi-token-prediction layer that
+routed experts (FusedMoE, or with the KT flags KTEPWrapperMethod: some on the model's device, the rest in the
+CPU kernels) chosen by layers/moe/topk.select_experts_grouped, plus shared experts (one dense MLP of
+moe_intermediate_size x n_shared_experts, always on the model's device) for every token. The V3 multi-token-prediction layer that
 checkpoints append (layer num_hidden_layers) is not part of the forward: skipped at load.
 
 Tensor parallelism splits the heads (uneven splits too) and every expert's intermediate dimension; the
@@ -37,8 +38,13 @@ from sglang.srt.distributed.partition import shard_range
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from sglang.srt.layers.mla_attention import MLAAttention
-from sglang.srt.layers.moe.kt_ep_wrapper import KTConfig
-from sglang.srt.layers.moe.layer import FusedMoE
+from sglang.srt.layers.moe.kt_ep_wrapper import (
+    KTConfig,
+    KTEPWrapperMethod,
+    KTState,
+    build_moe_experts,
+    full_gpu_prefill_reservations,
+)
 from sglang.srt.layers.moe.topk import GroupedTopKConfig, select_experts_grouped
 from sglang.srt.layers.rotary_embedding import _rope_parameters, get_rope
 from sglang.srt.model_loader.weight_loading import load_stacked_weights
@@ -187,30 +193,38 @@ def routing_config(config: PretrainedConfig) -> GroupedTopKConfig:
 
 
 class DeepseekV2MoE(nn.Module):
-    def __init__(self, config: PretrainedConfig, layer_id: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self, config: PretrainedConfig, layer_id: int, dtype: torch.dtype, kt_state: Optional[KTState] = None
+    ) -> None:
+        """`kt_state`: the model's KT hybrid state (routed experts split between the model's device and the CPU
+        kernels, kt_ep_wrapper.py); the shared experts always stay on the model's device."""
         super().__init__()
         self.routing = routing_config(config)
         self.gate = MoEGate(config.hidden_size, config.n_routed_experts, self.routing.topk_method == "noaux_tc")
-        self.experts = FusedMoE(
-            config.n_routed_experts,
-            config.num_experts_per_tok,
-            config.hidden_size,
-            config.moe_intermediate_size,
-            dtype,
-            "BF16",
+        self.experts = build_moe_experts(
+            num_experts=config.n_routed_experts,
+            top_k=config.num_experts_per_tok,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.moe_intermediate_size,
+            params_dtype=dtype,
             renormalize=False,  # the routing is computed here (topk_output)
-            prefix=f"layers.{layer_id}.mlp.experts",
+            layer_id=layer_id,
+            kt_state=kt_state,
         )
         shared = config.n_shared_experts or 0
         self.shared_experts = (
             LlamaMLP(config.hidden_size, config.moe_intermediate_size * shared, dtype) if shared else None
         )
 
-    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, hidden_states: torch.Tensor, is_prefill: bool = False, num_real_tokens: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        """`is_prefill`, `num_real_tokens`: what the KT wrapper reads (the full-GPU prefill path, graph padding)."""
         logits = self.gate(hidden_states)
         topk = select_experts_grouped(logits, self.routing, self.gate.e_score_correction_bias)
         # Each rank holds a slice of every expert's intermediate dimension: partial sums, then all-reduce.
-        out = tensor_model_parallel_all_reduce(self.experts(hidden_states, logits, topk_output=topk))
+        experts = self.experts(hidden_states, logits, is_prefill, num_real_tokens, topk_output=topk)
+        out = tensor_model_parallel_all_reduce(experts)
         if self.shared_experts is not None:
             shared = self.shared_experts
             out = out + shared.down_proj(shared.gate_up_proj.silu_and_mul(hidden_states))
@@ -221,17 +235,23 @@ class DeepseekV2DecoderLayer(LlamaDecoderLayer):
     attention_cls = DeepseekV2Attention
 
     def make_mlp(
-        self, config: PretrainedConfig, layer_id: int, dtype: torch.dtype, quantization: Optional[str]
+        self,
+        config: PretrainedConfig,
+        layer_id: int,
+        dtype: torch.dtype,
+        quantization: Optional[str],
+        kt_state: Optional[KTState] = None,
     ) -> nn.Module:
         if layer_id >= (config.first_k_dense_replace or 0) and config.n_routed_experts:
-            return DeepseekV2MoE(config, layer_id, dtype)
+            return DeepseekV2MoE(config, layer_id, dtype, kt_state)
         return LlamaMLP(config.hidden_size, config.intermediate_size, dtype)
 
     def mlp_forward_add_norm(
         self, hidden_states: torch.Tensor, residual: torch.Tensor, next_norm: RMSNorm, forward_batch
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         if isinstance(self.mlp, DeepseekV2MoE):
-            return next_norm(self.mlp(hidden_states), residual)
+            fb = forward_batch
+            return next_norm(self.mlp(hidden_states, fb.forward_mode.is_extend(), fb.num_real_tokens), residual)
         return super().mlp_forward_add_norm(hidden_states, residual, next_norm, forward_batch)
 
 
@@ -257,12 +277,9 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
         check_deepseek_config(config)  # the refusals ModelConfig applies, for a model built directly
         if quantization is not None:
             raise ValueError(f"--quantization {quantization}: not supported for {type(self).__name__} (a MoE model)")
-        if kt is not None:
-            raise ValueError(
-                f"--kt-* (KT hybrid CPU/GPU experts) is not supported for {type(self).__name__} yet: DeepSeekMoE's "
-                "grouped routing does not go through the KT wrapper"
-            )
-        super().__init__(config, dtype, max_position)
+        kt_state = KTState(kt) if kt is not None else None  # one per model, handed to every MoE layer
+        super().__init__(config, dtype, max_position, kt_state=kt_state)
+        self.kt_state = kt_state
 
     def _load_expert(self, name: str, tensor: torch.Tensor, params: dict) -> Optional[str]:
         if ".mlp.experts." not in name:
@@ -293,6 +310,8 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
             )
 
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> Set[str]:
+        if self.kt_state is not None and self.kt_state.config.weight_path:
+            weights = self._with_kt_experts(weights, self.kt_state.config.weight_path)
         skip = ("rotary_emb.inv_freq",)
         if getattr(self.config, "tie_word_embeddings", False):
             skip += ("lm_head.weight",)
@@ -304,6 +323,33 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
             extra_loader=self._load_expert,
             ignore_param=lambda n: ".mlp.experts." in n,
         )
+
+    @staticmethod
+    def _with_kt_experts(weights, kt_weight_path: str):
+        """Routed experts from --kt-weight-path (HF-named safetensors, full precision), the rest from the model."""
+        from sglang.srt.model_loader.weight_utils import safetensors_weights_iterator
+
+        for name, tensor in weights:
+            if ".mlp.experts." not in name:
+                yield name, tensor
+        for name, tensor in safetensors_weights_iterator(kt_weight_path):
+            if ".mlp.experts." in name:
+                yield name, tensor
+
+    # ---- KT hybrid experts (the same contract as Qwen3-MoE's; see LlamaForCausalLM for the defaults)
+    def memory_reservations(self) -> dict:
+        return full_gpu_prefill_reservations(self)
+
+    def prefill_slot_state(self) -> Optional[KTState]:
+        return self.kt_state
+
+    def release_reserved_buffers(self) -> int:
+        return 0 if self.kt_state is None else self.kt_state.release_full_gpu_slot()
+
+    def finish_loading(self) -> None:
+        for module in self.modules():
+            if isinstance(module, KTEPWrapperMethod):
+                module.finish_loading()
 
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
