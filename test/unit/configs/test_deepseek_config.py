@@ -4,7 +4,7 @@ checkpoint's code, with or without --trust-remote-code; --kt-num-gpu-experts see
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=15, suite="per-commit-cpu")
+register_cpu_ci(est_time=8, suite="per-commit-cpu")
 
 import json
 import os

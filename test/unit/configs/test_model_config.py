@@ -2,7 +2,7 @@
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=3, suite="per-commit-cpu")
+register_cpu_ci(est_time=4, suite="per-commit-cpu")
 
 import pytest
 from transformers import DeepseekV2Config, LlamaConfig, MixtralConfig, Qwen3MoeConfig

@@ -3,7 +3,7 @@ CPU under TRITON_INTERPRET=1 (fp32, tiny shapes); on a GPU bf16 and a CUDA-graph
 
 from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
 
-register_cpu_ci(est_time=20, suite="per-commit-cpu")
+register_cpu_ci(est_time=5, suite="per-commit-cpu")
 register_cuda_ci(est_time=30, suite="per-commit-cuda")
 
 import pytest

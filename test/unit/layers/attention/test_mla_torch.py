@@ -4,7 +4,7 @@ values (padding rows holding NaN change nothing), DeepSeek's interleaved rotary 
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=4, suite="per-commit-cpu")
+register_cpu_ci(est_time=8, suite="per-commit-cpu")
 
 import math
 

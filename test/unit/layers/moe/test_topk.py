@@ -3,7 +3,7 @@ V2 greedy and group_limited_greedy (softmax), V3 noaux_tc (sigmoid + correction 
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=4, suite="per-commit-cpu")
+register_cpu_ci(est_time=7, suite="per-commit-cpu")
 
 import pytest
 import torch
