@@ -88,6 +88,27 @@ def test_chunked_prefill_and_cached_prefixes_match(tiny):
     assert again[-1].cached_tokens > 0, "the second round should have reused the cached prefix"
 
 
+def test_fp8_latent_cache(tmp_path_factory):
+    """--kv-cache-dtype fp8_e4m3 for MLA: one byte per latent value (half the fp16/bf16 cell), and the model
+    stays close to transformers' fp32 (3 mantissa bits: first-token logprobs within 0.1)."""
+    _, d, hf, prompts, ref = _build("v3", tmp_path_factory)
+    sched = make_scheduler(
+        model_path=d, skip_tokenizer_init=True, max_total_tokens=2048, kv_cache_dtype="fp8_e4m3", log_level="warning"
+    )
+    pool, cfg = sched.model_runner.token_to_kv_pool, hf.config
+    row = cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    assert all(b.dtype == torch.uint8 and b.shape[-1] == row for b in pool.buffers())
+    assert pool.get_key_buffer(0).dtype == torch.float8_e4m3fn
+    assert sched.model_runner.kv_geometry.cell_size_bytes == cfg.num_hidden_layers * row
+    outs = run_scheduler(sched, prompts, greedy_params(2), return_logprob=True)
+    for prompt, out in zip(prompts, outs):
+        expected = _hf_logprobs(hf, prompt, out.output_ids[:1])[0].item()
+        assert abs(out.logprobs[0] - expected) < 0.1
+    assert any(
+        abs(o.logprobs[0] - _hf_logprobs(hf, p, o.output_ids[:1])[0].item()) > 1e-4 for p, o in zip(prompts, outs)
+    )
+
+
 def test_triton_backend_decodes_through_the_latent_kernel(tmp_path_factory, monkeypatch):
     """The triton backend's forward_mla (decode: triton_ops/mla_decode.py, here in the interpreter on CPU
     tensors; extend: the torch path) gives the same greedy tokens."""
