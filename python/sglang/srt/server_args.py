@@ -381,15 +381,7 @@ class ServerArgs:
             chunked_prefill_size=self.chunked_prefill_size,
             attention_backend=self.attention_backend,
             vmm_problem=vmm_problem,
-            attention_kind=self._model_attention_kind,
         )
-
-    def _model_attention_kind(self) -> str:
-        """ "mha" or "mla", from the model's config (asked only when post-capture sizing is requested)."""
-        from sglang.srt.configs.model_config import attention_kind, load_hf_config
-        from sglang.srt.model_loader.model_source import resolve_model_source
-
-        return attention_kind(load_hf_config(resolve_model_source(self.model_path, self.load_format)))
 
     def _default_mem_fraction_static(self, reserved_mb: float) -> float:
         capacity = self.device_memory_capacity_mib()

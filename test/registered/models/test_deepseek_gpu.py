@@ -3,7 +3,8 @@
 - tiny transformers-written checkpoints (python/sglang/test/tiny_deepseek.py): greedy tokens vs transformers in
   bf16 (each token transformers' top-1 or within BF16_TOL of it, >= 90% exact), and CUDA graphs == eager;
 - DeepSeek-V2-Lite whole (dummy weights of the real shapes): starts on the static path with the latent cell
-  (27 x 576 x 2 = 31,104 bytes per token) and generates.
+  (27 x 576 x 2 = 31,104 bytes per token) and generates;
+- post-capture sizing with the latent buffers as VMM ranges gives the static path's tokens.
 """
 
 from sglang.test.ci.ci_register import register_cuda_ci
@@ -78,3 +79,22 @@ def test_deepseek_v2_lite_whole_with_dummy_weights():
     assert all(len(o["output_ids"]) == NEW_TOKENS for o in outs)
     assert plan["cell_size_bytes"] == 27 * 576 * 2 and plan["path"] == "static"
     print(f"DeepSeek-V2-Lite: {plan['max_total_num_tokens']} tokens of latent KV, weights {plan['weights_gb']:.2f} GiB")
+
+
+def test_post_capture_sizing_with_latent_buffers(monkeypatch):
+    """SGLANG_ENABLE_POST_CAPTURE_KV_SIZING=1 on an MLA model: the latent buffers are VMM ranges, the graphs are
+    captured on them, the pool is sized after capture, and the tokens equal the static path's."""
+    d, hf = make_tiny_deepseek("v2", tempfile.mkdtemp(prefix="tiny-deepseek-pc-"), seed=3)
+    prompts = _prompts(hf.config.vocab_size)
+    static = _generate(d, prompts)
+    monkeypatch.setenv("SGLANG_ENABLE_POST_CAPTURE_KV_SIZING", "1")
+    engine = _engine(d)
+    try:
+        plan = engine.get_server_info()["memory_plan"]
+        outs = [o["output_ids"] for o in engine.generate(input_ids=prompts, sampling_params=GREEDY)]
+    finally:
+        engine.shutdown()
+    assert plan["path"] == "post-capture", plan["path_reason"]
+    cfg = hf.config
+    assert plan["cell_size_bytes"] == cfg.num_hidden_layers * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 2  # bf16
+    assert outs == static

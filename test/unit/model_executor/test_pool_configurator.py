@@ -147,22 +147,6 @@ def test_path_is_decided_once_with_its_reason(kw, post_capture, reason, vmm_aske
     assert asked == vmm_asked  # the driver is asked only when nothing else rules post-capture out
 
 
-def test_mla_keeps_the_static_path_with_its_reason():
-    asked = []
-
-    def kind() -> str:
-        asked.append(True)
-        return "mla"
-
-    path, vmm_asked = _path(attention_kind=kind)
-    assert not path.post_capture and "MLA attention" in path.reason
-    assert asked and not vmm_asked  # the model is asked before the driver
-    asked.clear()
-    path, _ = _path(flag_on=False, attention_kind=kind)
-    assert not asked and path.reason == "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING is off"  # flag off: not read
-    assert _path(attention_kind=lambda: "mha")[0].post_capture
-
-
 def test_every_blocker_is_named():
     path, _ = _path(flag_on=False, cuda_graphs=False, chunked_prefill_size=-1)
     assert path.reason.split("; ") == [
@@ -416,3 +400,21 @@ def test_reservations_stay_permanent_when_they_cannot_be_lent():
     with pytest.raises(NotEnoughMemoryError, match="reservations"):
         over = post_readings(free_after_capture_gib=20.0, peak=GiB, kv=QWEN3_30B_12L, reservations={"kt": 40 * GiB})
         post_capture_pool_size(over, dataclasses.replace(args(mfs=0.988), lend_reservations=True))
+
+
+@pytest.mark.parametrize("page", [1, 64])
+def test_post_capture_with_the_latent_buffers(page):
+    """MLA on the post-capture path: one VMM range per layer (61 for DeepSeek-V3), whole granules of each, and a
+    KT reservation lent from the tail of all of them (every latent buffer has the same slot width)."""
+    reserved = 11_277_041_664  # DeepSeek-V3's FP8 full-GPU prefill slot
+    r = post_readings(peak=GiB, page=page, kv=DEEPSEEK_V3, reservations={"kt": reserved})
+    assert r.backed_before_capture_bytes == 61 * GRANULE  # the first granule of each latent range
+    lent = post_capture_pool_size(r, dataclasses.replace(args(mfs=0.988), lend_reservations=True))
+    kept = post_capture_pool_size(r, args(mfs=0.988))
+    slot = DEEPSEEK_V3.widest_slot_bytes  # 1152-byte rows: the pool's end falls on a granule of every range
+    assert (lent.tokens + page) * slot % GRANULE == 0 and lent.reservation_rule.startswith("lent")
+    tail = lent.lendable_tail
+    assert tail.bytes_per_buffer * 61 >= reserved and tail.bytes_per_buffer == tail.tokens * slot
+    assert kept.reservation_rule.startswith("permanent") and kept.tokens < lent.tokens
+    # Kept out, the reservation leaves the budget's latent rows, in whole granules of the 61 buffers.
+    assert kept.tokens * DEEPSEEK_V3.cell_size_bytes <= kept.budget_bytes - reserved

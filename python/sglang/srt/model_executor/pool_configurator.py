@@ -69,13 +69,12 @@ def decide_sizing_path(
     chunked_prefill_size: int,
     attention_backend: str,
     vmm_problem: Callable[[], Optional[str]],
-    attention_kind: Optional[Callable[[], str]] = None,
 ) -> SizingPath:
     """Post-capture sizing needs the flag, CUDA, decode graphs, chunked prefill, a backend that can be
-    captured, MHA-style KV and CUDA VMM. `attention_kind` (the model's, "mha" when not given) and
-    `vmm_problem` (None when VMM works) are asked only when all else allows it, so a server with the
-    flag off never reads more of the model or touches the driver. Nothing else claims the KV memory
-    (no hybrid SWA/mamba pools, no disaggregation)."""
+    captured and CUDA VMM. `vmm_problem` (None when VMM works) is asked only when all else allows it,
+    so a server with the flag off never touches the driver. MHA and MLA pools are both one VMM range
+    per buffer (KVGeometry.num_buffers); nothing else claims the KV memory (no hybrid SWA/mamba pools,
+    no disaggregation)."""
     blockers = []
     if not flag_on:
         blockers.append("SGLANG_ENABLE_POST_CAPTURE_KV_SIZING is off")
@@ -89,9 +88,6 @@ def decide_sizing_path(
         blockers.append(f"the {attention_backend} attention backend has no CUDA graphs")
     if blockers:
         return SizingPath(False, "; ".join(blockers))
-    if attention_kind is not None and attention_kind() == "mla":
-        # The latent buffers as VMM ranges, graphs captured on them: not built yet (issue 32, step 4).
-        return SizingPath(False, "MLA attention: post-capture sizing of the latent KV buffers is not built yet")
     problem = vmm_problem()
     if problem:
         return SizingPath(False, f"CUDA VMM unavailable: {problem}")
@@ -402,10 +398,10 @@ def whole_granule_tokens(readings: MemoryReadings) -> int:
 
 
 def can_lend_reservations(readings: MemoryReadings, args: PoolArgs) -> bool:
-    """Lending needs a reservation, one tail size for every buffer (K and V slots of one width) and the flag."""
-    return (
-        args.lend_reservations and readings.reserved_bytes > 0 and readings.kv.k_slot_bytes == readings.kv.v_slot_bytes
-    )
+    """Lending needs a reservation, one tail size for every buffer (K and V slots of one width, or MLA's
+    latent buffers, all alike) and the flag."""
+    kv = readings.kv
+    return args.lend_reservations and readings.reserved_bytes > 0 and (kv.is_mla or kv.k_slot_bytes == kv.v_slot_bytes)
 
 
 def lendable_tail(readings: MemoryReadings) -> LendableTail:

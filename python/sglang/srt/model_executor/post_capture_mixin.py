@@ -40,24 +40,26 @@ class PostCaptureKVSizingMixin:
     def reserve_virtual_kv_pool(self: "ModelRunner") -> None:
         from sglang.srt.mem_cache.vmm import VirtualKVArena
 
-        kv, page = self.kv_geometry, self.server_args.page_size
-        if kv.is_mla:  # decide_sizing_path keeps MLA models on the static path until this is built
-            raise NotImplementedError("post-capture KV sizing of MLA latent buffers is not built yet")
         pool = virtual_pool(self.readings, self.pool_args)
+        kv, page = self.kv_geometry, self.server_args.page_size
         self.kv_arena = VirtualKVArena(kv.num_buffers, pool.reserve_bytes_per_buffer, self.gpu_id)
         self.readings = dataclasses.replace(self.readings, vmm_granularity_bytes=self.kv_arena.granularity)
         store = kv_storage_dtype(self.model_config.kv_cache_dtype)
         slots = pool.max_tokens + page
         buffers = []
         for layer in range(kv.num_layers):
+            if kv.is_mla:  # one latent range per layer
+                buffers.append(self.kv_arena.tensor(layer, store, (slots, 1, kv.head_dim)))
+                continue
             buffers.append(self.kv_arena.tensor(2 * layer, store, (slots, kv.kv_heads, kv.head_dim)))
             buffers.append(self.kv_arena.tensor(2 * layer + 1, store, (slots, kv.kv_heads, kv.v_head_dim)))
         initial = tokens_backed_before_capture(self.readings, pool)
         self.create_kv_pools(initial, pool.max_running_requests, kv_buffers=buffers)
         logger.info(
-            "Post-capture KV sizing: reserved %d layers x 2 ranges of %.2f GB of address space (<= %d tokens); "
+            "Post-capture KV sizing: reserved %d layers x %d ranges of %.2f GB of address space (<= %d tokens); "
             "%d tokens backed until capture",
             kv.num_layers,
+            kv.num_buffers // kv.num_layers,
             self.kv_arena.reserved_bytes_per_buffer / GiB,
             pool.max_tokens,
             initial,
