@@ -110,8 +110,8 @@ def test_fp8_latent_cache(tmp_path_factory):
 
 
 def test_triton_backend_decodes_through_the_latent_kernel(tmp_path_factory, monkeypatch):
-    """The triton backend's forward_mla (decode: triton_ops/mla_decode.py, here in the interpreter on CPU
-    tensors; extend: the torch path) gives the same greedy tokens."""
+    """The triton backend's forward_mla (decode: triton_ops/mla_decode.py; extend: decompressed into the extend
+    kernel, over cached prefixes too: 16-token chunks), here in the interpreter on CPU tensors: the same tokens."""
     import os
 
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
@@ -119,7 +119,9 @@ def test_triton_backend_decodes_through_the_latent_kernel(tmp_path_factory, monk
     if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
         pytest.skip("triton kernels need TRITON_INTERPRET=1 or a GPU")
     _, d, _, prompts, ref = _build("v3", tmp_path_factory)
-    sched = make_scheduler(model_path=d, skip_tokenizer_init=True, max_total_tokens=2048, log_level="warning")
+    sched = make_scheduler(
+        model_path=d, skip_tokenizer_init=True, max_total_tokens=2048, chunked_prefill_size=16, log_level="warning"
+    )
     mr = sched.model_runner
     mr.attn_backend = TritonAttnBackend(mr)
     decodes = []
@@ -130,9 +132,11 @@ def test_triton_backend_decodes_through_the_latent_kernel(tmp_path_factory, monk
         return kernel_path(self, q_nope, q_rope, latent, k_rope, w_kv_b, layer, fb)
 
     monkeypatch.setattr(TritonAttnBackend, "forward_mla", counted)
-    outs = run_scheduler(sched, prompts[:2], greedy_params(4))
-    assert [o.output_ids for o in outs] == [r[:4] for r in ref[:2]]
-    assert sum(decodes) >= 3 * mr.model_config.num_hidden_layers  # the decode steps went through the kernel
+    picked = [1, 3]  # 6 tokens, and 41 in chunks of 16 (extends over a cached prefix)
+    outs = run_scheduler(sched, [prompts[i] for i in picked], greedy_params(4))
+    assert [o.output_ids for o in outs] == [ref[i][:4] for i in picked]
+    layers = mr.model_config.num_hidden_layers
+    assert sum(decodes) >= 3 * layers and len(decodes) - sum(decodes) >= 3 * layers  # both kernels ran
 
 
 def test_kt_hybrid_experts_match_transformers(tmp_path_factory):
