@@ -38,6 +38,7 @@ class ServerArgs:
     tokenizer_path: Optional[str] = None
     load_format: str = "auto"
     skip_tokenizer_init: bool = False
+    trust_remote_code: bool = False  # tokenizers only: models never run checkpoint code (see --trust-remote-code)
     dtype: str = "auto"
     kv_cache_dtype: str = "auto"
     quantization: Optional[str] = None

@@ -319,7 +319,7 @@ def make_scheduler(reuse_model: bool = True, poison_kv: bool = True, **server_ar
         sched = build_scheduler(config, output_sink=collector)
     if poison_kv:
         pool = sched.model_runner.token_to_kv_pool
-        for buf in pool.k_buffer + pool.v_buffer:
+        for buf in pool.buffers():
             if buf.is_floating_point():
                 buf.fill_(float("nan"))
     sched.collector = collector

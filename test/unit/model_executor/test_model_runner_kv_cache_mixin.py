@@ -122,3 +122,34 @@ def test_measured_peak_sets_the_headroom(tiny_model_dir, monkeypatch):
     assert size.tokens > size.sglang_rule_tokens  # the measurement beats the 6+ GiB activation reserve
     assert mr.memory_plan.activation_peak_gb == peak / GiB
     mr.shutdown()
+
+
+def test_mla_reserves_one_latent_range_per_layer(monkeypatch, tmp_path):
+    """A DeepSeek-V2 (MLA) model: one range per layer of [slots, 1, kv_lora_rank + qk_rope_head_dim], sized and
+    resized by the same planner with the latent cell."""
+    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+    from sglang.test.tiny_deepseek import tiny_deepseek_config
+
+    config = tiny_deepseek_config("v2")
+    config.architectures = ["DeepseekV2ForCausalLM"]
+    config.save_pretrained(tmp_path)
+    mr, _ = _post_capture_runner(
+        str(tmp_path),
+        monkeypatch,
+        [10 * GiB, 9 * GiB, 8 * GiB, 1 * GiB],
+        mem_fraction_static=0.9,
+        max_running_requests=8,
+    )
+    kv, arena, pool = mr.kv_geometry, mr.kv_arena, mr.token_to_kv_pool
+    row = config.kv_lora_rank + config.qk_rope_head_dim
+    assert kv.is_mla and arena.num_buffers == config.num_hidden_layers  # not 2 per layer
+    assert isinstance(pool, MLATokenToKVPool) and len(pool.buffers()) == config.num_hidden_layers
+    assert all(b.shape[1:] == (1, row) for b in pool.buffers())
+    size = post_capture_pool_size(mr.readings, mr.capture_readings, mr.pool_args)
+    assert mr.max_total_num_tokens == size.tokens > 0
+    assert arena.mapped_bytes_per_buffer == backed_bytes_per_buffer(size.tokens, row * 4, 1, FakeArena.granularity)
+    assert (
+        mr.memory_plan.path == "post-capture" and mr.memory_plan.cell_size_bytes == config.num_hidden_layers * row * 4
+    )
+    mr.shutdown()
+    assert arena.released and pool.buffers() == []

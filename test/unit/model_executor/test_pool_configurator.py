@@ -80,6 +80,40 @@ def test_kv_geometry_is_the_one_cell_size():
     assert mla_like.widest_slot_bytes == 192 and mla_like.cell_size_bytes == (192 + 128) * 2
     assert mla_like.num_buffers == 4
 
+    assert mla_like.attention == "mha"  # a K/V pair of unequal widths is still MHA's two buffers per layer
+
+
+# DeepSeek-V3 (61 layers, kv_lora_rank 512, qk_rope_head_dim 64): one latent row of 576 values per token and layer.
+DEEPSEEK_V3 = KVGeometry.latent(num_layers=61, kv_lora_rank=512, qk_rope_head_dim=64, dtype_bytes=2)
+
+
+def test_mla_geometry_is_one_latent_buffer_per_layer():
+    assert DEEPSEEK_V3.is_mla and DEEPSEEK_V3.attention == "mla"
+    assert DEEPSEEK_V3.cell_size_bytes == 61 * 576 * 2 == 70272  # vs 98,304 for Qwen3-30B-A3B's GQA
+    assert DEEPSEEK_V3.k_slot_bytes == DEEPSEEK_V3.widest_slot_bytes == 576 * 2 and DEEPSEEK_V3.v_slot_bytes == 0
+    assert DEEPSEEK_V3.num_buffers == 61  # one per layer, not a K and a V
+    fp8 = KVGeometry.latent(num_layers=61, kv_lora_rank=512, qk_rope_head_dim=64, dtype_bytes=1)
+    assert fp8.cell_size_bytes == 70272 // 2
+    lite = KVGeometry.latent(num_layers=27, kv_lora_rank=512, qk_rope_head_dim=64, dtype_bytes=2)  # V2-Lite
+    assert lite.cell_size_bytes == 27 * 576 * 2 == 31104
+    with pytest.raises(ValueError, match="one latent row"):
+        KVGeometry(num_layers=2, kv_heads=2, head_dim=576, v_head_dim=0, dtype_bytes=2, attention="mla")
+    with pytest.raises(ValueError, match="attention kind"):
+        KVGeometry(num_layers=2, kv_heads=1, head_dim=8, v_head_dim=8, dtype_bytes=2, attention="gqa")
+
+
+def test_static_pool_size_with_the_deepseek_v3_cell():
+    """The same static rule, the latent cell: (budget - reservation) // 70,272 bytes."""
+    r = readings(kv=DEEPSEEK_V3, page=64)
+    pool = static_pool_size(r, args())
+    budget = int(124.25 * GiB - 139.25 * GiB / 8)
+    assert pool.budget_bytes == budget
+    assert pool.tokens == budget // 70272 // 64 * 64
+    # The MHA cell of the same model decompressed (128 heads x (192 + 128) values) would hold 71x fewer tokens.
+    mha = KVGeometry(num_layers=61, kv_heads=128, head_dim=192, v_head_dim=128, dtype_bytes=2)
+    assert static_pool_size(readings(kv=mha, page=64), args()).tokens == budget // mha.cell_size_bytes // 64 * 64
+    assert mha.cell_size_bytes == 61 * 128 * 320 * 2
+
 
 # ------------------------------------------------------------------------ the path
 def _path(vmm: Optional[str] = None, **kw):
@@ -371,3 +405,21 @@ def test_reservations_stay_permanent_when_they_cannot_be_lent():
             free_after_capture_gib=20.0, peak=GiB, kv=QWEN3_30B_12L, reservations={"kt": 40 * GiB}
         )
         post_capture_pool_size(over, over_cap, dataclasses.replace(args(mfs=0.988), lend_reservations=True))
+
+
+@pytest.mark.parametrize("page", [1, 64])
+def test_post_capture_with_the_latent_buffers(page):
+    """MLA on the post-capture path: one VMM range per layer (61 for DeepSeek-V3), whole granules of each, and a
+    KT reservation lent from the tail of all of them (every latent buffer has the same slot width)."""
+    reserved = 11_277_041_664  # DeepSeek-V3's FP8 full-GPU prefill slot
+    r, r_cap = post_readings(peak=GiB, page=page, kv=DEEPSEEK_V3, reservations={"kt": reserved})
+    assert r.backed_before_capture_bytes == 61 * GRANULE  # the first granule of each latent range
+    lent = post_capture_pool_size(r, r_cap, dataclasses.replace(args(mfs=0.988), lend_reservations=True))
+    kept = post_capture_pool_size(r, r_cap, args(mfs=0.988))
+    slot = DEEPSEEK_V3.widest_slot_bytes  # 1152-byte rows: the pool's end falls on a granule of every range
+    assert (lent.tokens + page) * slot % GRANULE == 0 and lent.reservation_rule.startswith("lent")
+    tail = lent.prefill_slot_tail
+    assert tail.bytes_per_buffer * 61 >= reserved and tail.bytes_per_buffer == tail.tokens * slot
+    assert kept.reservation_rule.startswith("permanent") and kept.tokens < lent.tokens
+    # Kept out, the reservation leaves the budget's latent rows, in whole granules of the 61 buffers.
+    assert kept.tokens * DEEPSEEK_V3.cell_size_bytes <= kept.budget_bytes - reserved

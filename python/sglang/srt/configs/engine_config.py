@@ -18,10 +18,11 @@ import logging
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
+from sglang.srt.configs.deepseek import UnsupportedModelError
 from sglang.srt.configs.device_config import DeviceConfig, probe_device
 from sglang.srt.configs.errors import ServerArgsError
 from sglang.srt.configs.kt_config import MIN_STEP_CAPACITY_TOKENS, KTConfig
-from sglang.srt.configs.model_config import ModelConfig, load_hf_config, num_routed_experts
+from sglang.srt.configs.model_config import ModelConfig, check_model_supported, load_hf_config, num_routed_experts
 from sglang.srt.environ import envs
 from sglang.srt.model_executor.pool_configurator import (
     MiB,
@@ -124,11 +125,17 @@ def _kt_config(args: ServerArgs, device: DeviceConfig, experts: int, graph_max_b
 
 
 def _model_config(args: ServerArgs, model_path: str, device: str) -> ModelConfig:
-    """The model's facts, its config read once (a missing or unloadable model names --model-path)."""
+    """The model's facts, its config read once (a missing or unloadable model names --model-path; a config we
+    cannot run exactly, e.g. another DeepSeek topk_method, names the field)."""
     source = resolve_model_source(model_path, args.load_format)
+    hf_config = load_hf_config(source)
+    try:
+        check_model_supported(hf_config)
+    except UnsupportedModelError as e:
+        raise ServerArgsError(f"--model-path {model_path}: {e}") from e
     try:
         return ModelConfig.from_hf_config(
-            load_hf_config(source),
+            hf_config,
             source=source,
             dtype=args.dtype,
             kv_cache_dtype=args.kv_cache_dtype,

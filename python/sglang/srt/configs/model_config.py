@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
 from typing import Optional, Tuple
 
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
+from sglang.srt.configs.deepseek import DEEPSEEK_V3_CONFIG_ALIASES, check_deepseek_config, uses_mla
 from sglang.srt.distributed.partition import HeadPartition
 from sglang.srt.model_executor.pool_configurator import KVGeometry
 from sglang.srt.model_loader.model_source import ModelSource
@@ -82,17 +85,51 @@ def total_num_kv_heads(config: PretrainedConfig) -> int:
     return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
 
 
+# What families call their routed experts per MoE layer: Qwen-MoE `num_experts`, DeepSeek/GLM/Kimi
+# `n_routed_experts`, Mixtral `num_local_experts` (transformers maps some of them onto each other).
+ROUTED_EXPERT_FIELDS = ("num_experts", "n_routed_experts", "num_local_experts")
+
+
 def num_routed_experts(config: PretrainedConfig) -> int:
-    """Routed experts per MoE layer (0 for a dense model)."""
+    """Routed experts per MoE layer (0 for a dense model), whichever name the config uses."""
     text = getattr(config, "text_config", None) or config
-    return int(getattr(text, "num_experts", 0) or 0)
+    for name in ROUTED_EXPERT_FIELDS:
+        value = getattr(text, name, None)
+        if value:
+            return int(value)
+    return 0
+
+
+def attention_kind(config: PretrainedConfig) -> str:
+    """ "mla" for multi-head latent attention (DeepSeek-V2/V3, Kimi-K2: the config has kv_lora_rank), else "mha"."""
+    text = getattr(config, "text_config", None) or config
+    return "mla" if uses_mla(text) else "mha"
+
+
+def check_model_supported(config: PretrainedConfig) -> None:
+    """Refuse, naming the field, a config we cannot run exactly (before any weight loads)."""
+    check_deepseek_config(getattr(config, "text_config", None) or config)
 
 
 def load_hf_config(source: ModelSource) -> PretrainedConfig:
+    """The HF config of a model directory or GGUF file. Never runs a checkpoint's own Python code: a
+    model_type transformers does not know but whose config class it has under another name (Kimi-K2's
+    `kimi_k2` is DeepSeek-V3's config) is read with that class."""
     if source.kind == "gguf":
         from sglang.srt.model_loader.gguf_config import config_from_gguf
 
         return config_from_gguf(source.path)
+    config_file = os.path.join(source.path, "config.json")
+    raw = {}
+    if os.path.isfile(config_file):
+        with open(config_file) as f:
+            raw = json.load(f)
+    alias = DEEPSEEK_V3_CONFIG_ALIASES.get(raw.get("model_type"))
+    if alias is not None:
+        from transformers import CONFIG_MAPPING
+
+        raw = {k: v for k, v in raw.items() if k not in ("model_type", "auto_map")}
+        return CONFIG_MAPPING[alias].from_dict(raw)
     return AutoConfig.from_pretrained(source.path)
 
 
@@ -113,6 +150,12 @@ class ModelConfig:
     vocab_size: int
     eos_token_ids: Tuple[int, ...]
     quantization: Optional[str] = None  # --quantization: the dense linear layers' weight format
+    # "mha" (K and V per KV head) or "mla" (one latent row per token; head_dim / v_head_dim are then the
+    # query-key width qk_nope + qk_rope and the value width of each head after decompression).
+    attention: str = "mha"
+    kv_lora_rank: int = 0  # MLA only: the latent width (512 for DeepSeek-V2/V3)
+    qk_nope_head_dim: int = 0  # MLA only: the part of each head's query/key without rotary
+    qk_rope_head_dim: int = 0  # MLA only: the rotary part, its key shared by all heads
 
     @classmethod
     def from_hf_config(
@@ -125,8 +168,21 @@ class ModelConfig:
         context_length: Optional[int] = None,
         quantization: Optional[str] = None,
     ) -> "ModelConfig":
+        check_model_supported(hf_config)
         text = getattr(hf_config, "text_config", None) or hf_config
-        head_dim = attention_head_dim(text)
+        kind = attention_kind(hf_config)
+        if kind == "mla":
+            mla = dict(
+                kv_lora_rank=text.kv_lora_rank,
+                qk_nope_head_dim=text.qk_nope_head_dim,
+                qk_rope_head_dim=text.qk_rope_head_dim,
+            )
+            head_dim, v_head_dim = text.qk_nope_head_dim + text.qk_rope_head_dim, text.v_head_dim
+            kv_heads = text.num_attention_heads  # every head has its own K/V (decompressed from the latent)
+        else:
+            mla = {}
+            head_dim = v_head_dim = attention_head_dim(text)
+            kv_heads = total_num_kv_heads(text)
         derived_ctx = getattr(text, "max_position_embeddings", None) or 4096
         if context_length is not None and context_length > derived_ctx:
             raise ValueError(
@@ -147,12 +203,14 @@ class ModelConfig:
             num_hidden_layers=text.num_hidden_layers,
             hidden_size=text.hidden_size,
             num_attention_heads=text.num_attention_heads,
-            num_key_value_heads=total_num_kv_heads(text),
+            num_key_value_heads=kv_heads,
             head_dim=head_dim,
-            v_head_dim=head_dim,
+            v_head_dim=v_head_dim,
             vocab_size=text.vocab_size,
             eos_token_ids=eos_ids,
             quantization=quantization,
+            attention=kind,
+            **mla,
         )
 
     def head_partition(self, tp_size: int = 1, tp_rank: int = 0) -> HeadPartition:
@@ -163,7 +221,12 @@ class ModelConfig:
         return self.head_partition(tp_size, tp_rank).num_kv_heads
 
     def kv_geometry(self, tp_size: int = 1, tp_rank: int = 0) -> KVGeometry:
-        """One rank's KV layout: what its pool allocates and its cell size."""
+        """One rank's KV layout: what its pool allocates and its cell size. MLA: the latent rows, the same on
+        every rank (all heads read them)."""
+        if self.is_mla:
+            return KVGeometry.latent(
+                self.num_hidden_layers, self.kv_lora_rank, self.qk_rope_head_dim, self.kv_cache_dtype.itemsize
+            )
         return KVGeometry(
             num_layers=self.num_hidden_layers,
             kv_heads=self.get_num_kv_heads(tp_size, tp_rank),
@@ -176,6 +239,10 @@ class ModelConfig:
         """The layout of the rank holding the most KV heads (uneven splits): it binds the token count
         every rank must share, so the planner sizes from it."""
         return max((self.kv_geometry(tp_size, rank) for rank in range(tp_size)), key=lambda g: g.kv_heads)
+
+    @property
+    def is_mla(self) -> bool:
+        return self.attention == "mla"
 
     @property
     def is_moe(self) -> bool:

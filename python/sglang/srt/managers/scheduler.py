@@ -60,7 +60,7 @@ def build_scheduler(
     if not config.args.skip_tokenizer_init:
         from sglang.srt.utils.hf_tokenizer import get_tokenizer
 
-        tokenizer = get_tokenizer(config.args.tokenizer_path)
+        tokenizer = get_tokenizer(config.args.tokenizer_path, config.args.trust_remote_code)
     return Scheduler(
         config,
         model_runner,

@@ -126,7 +126,7 @@ class TokenizerManager:
         if not server_args.skip_tokenizer_init:
             from sglang.srt.utils.hf_tokenizer import get_tokenizer
 
-            self.tokenizer = get_tokenizer(server_args.tokenizer_path)
+            self.tokenizer = get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code)
             self.max_prompt_bytes = self.context_len * max_token_bytes(self.tokenizer) * NORMALIZATION_SLACK
         self.port_args = port_args
         self.rid_to_state: Dict[str, ReqState] = {}

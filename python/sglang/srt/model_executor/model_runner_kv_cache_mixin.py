@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import torch
 
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool, kv_storage_dtype
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool, kv_storage_dtype
 from sglang.srt.model_executor import activation_probe
 from sglang.srt.model_executor.pool_configurator import (
     CaptureReadings,
@@ -64,14 +64,18 @@ class ModelRunnerKVCacheMixin:
         slots = pool.max_tokens + page
         buffers = []
         for layer in range(kv.num_layers):
+            if kv.is_mla:  # one latent range per layer
+                buffers.append(self.kv_arena.tensor(layer, store, (slots, 1, kv.head_dim)))
+                continue
             buffers.append(self.kv_arena.tensor(2 * layer, store, (slots, kv.kv_heads, kv.head_dim)))
             buffers.append(self.kv_arena.tensor(2 * layer + 1, store, (slots, kv.kv_heads, kv.v_head_dim)))
         initial = tokens_backed_before_capture(self.readings, pool)
         self.create_kv_pools(initial, pool.max_running_requests, kv_buffers=buffers)
         logger.info(
-            "Post-capture KV sizing: reserved %d layers x 2 ranges of %.2f GB of address space (<= %d tokens); "
+            "Post-capture KV sizing: reserved %d layers x %d ranges of %.2f GB of address space (<= %d tokens); "
             "%d tokens backed until capture",
             kv.num_layers,
+            kv.num_buffers // kv.num_layers,
             self.kv_arena.reserved_bytes_per_buffer / GiB,
             pool.max_tokens,
             initial,
@@ -83,17 +87,29 @@ class ModelRunnerKVCacheMixin:
         """The request table, the KV buffers (allocated here unless given) and the allocator over them."""
         mc, page, kv = self.model_config, self.config.args.page_size, self.kv_geometry
         self.req_to_token_pool = ReqToTokenPool(max_running_requests, mc.context_len, self.device)
-        self.token_to_kv_pool = MHATokenToKVPool(
-            tokens,
-            page_size=page,
-            dtype=mc.kv_cache_dtype,
-            head_num=kv.kv_heads,
-            head_dim=kv.head_dim,
-            v_head_dim=kv.v_head_dim,
-            layer_num=kv.num_layers,
-            device=self.device,
-            buffers=kv_buffers,
-        )
+        if kv.is_mla:  # one latent row (kv_lora_rank + qk_rope_head_dim) per token and layer
+            self.token_to_kv_pool = MLATokenToKVPool(
+                tokens,
+                page_size=page,
+                dtype=mc.kv_cache_dtype,
+                kv_lora_rank=mc.kv_lora_rank,
+                qk_rope_head_dim=mc.qk_rope_head_dim,
+                layer_num=kv.num_layers,
+                device=self.device,
+                buffers=kv_buffers,
+            )
+        else:
+            self.token_to_kv_pool = MHATokenToKVPool(
+                tokens,
+                page_size=page,
+                dtype=mc.kv_cache_dtype,
+                head_num=kv.kv_heads,
+                head_dim=kv.head_dim,
+                v_head_dim=kv.v_head_dim,
+                layer_num=kv.num_layers,
+                device=self.device,
+                buffers=kv_buffers,
+            )
         self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(tokens, page, self.device)
         slots = tokens + page
         logger.info(

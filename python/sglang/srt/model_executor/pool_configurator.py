@@ -149,8 +149,9 @@ def decide_sizing_path(
 ) -> SizingPath:
     """Post-capture sizing needs the flag, CUDA, decode graphs, chunked prefill, a backend that can be
     captured and CUDA VMM. `vmm_problem` (None when VMM works) is asked only when all else allows it,
-    so a server with the flag off never touches the driver. Every model here uses MHA-style KV and
-    nothing else claims the KV memory (no MLA, no hybrid SWA/mamba pools, no disaggregation)."""
+    so a server with the flag off never touches the driver. MHA and MLA pools are both one VMM range
+    per buffer (KVGeometry.num_buffers); nothing else claims the KV memory (no hybrid SWA/mamba pools,
+    no disaggregation)."""
     blockers = []
     if not flag_on:
         blockers.append("SGLANG_ENABLE_POST_CAPTURE_KV_SIZING is off")
@@ -171,22 +172,50 @@ def decide_sizing_path(
 
 
 # ------------------------------------------------------------------------- the inputs
+ATTENTION_KINDS = ("mha", "mla")
+
+
 @dataclass(frozen=True)
 class KVGeometry:
-    """One rank's KV layout: per layer one K and one V buffer of [slots, kv_heads, head_dim]."""
+    """One rank's KV layout.
+
+    MHA (and GQA): per layer one K and one V buffer of [slots, kv_heads, head_dim] / [.., v_head_dim].
+    MLA (multi-head latent attention, DeepSeek-V2/V3): per layer ONE buffer of [slots, 1, kv_lora_rank +
+    qk_rope_head_dim], the latent row every head's K and V are computed from; described here as one
+    "head" of that width and no V buffer (`KVGeometry.latent`), so the cell-size rule below is the same
+    for both: (K slot + V slot) x layers."""
 
     num_layers: int
     kv_heads: int
     head_dim: int
     v_head_dim: int
     dtype_bytes: int
+    attention: str = "mha"  # one of ATTENTION_KINDS
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_KINDS:
+            raise ValueError(f"attention kind must be one of {ATTENTION_KINDS}, got {self.attention!r}")
+        if self.attention == "mla" and (self.kv_heads != 1 or self.v_head_dim != 0):
+            raise ValueError("an MLA layout is one latent row per token and layer (kv_heads 1, no V buffer)")
+
+    @classmethod
+    def latent(cls, num_layers: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype_bytes: int) -> "KVGeometry":
+        """MLA's layout: kv_lora_rank + qk_rope_head_dim values per token and layer (576 for DeepSeek-V3),
+        the same on every tensor-parallel rank (the latent is shared by all heads)."""
+        return cls(num_layers, 1, kv_lora_rank + qk_rope_head_dim, 0, dtype_bytes, attention="mla")
+
+    @property
+    def is_mla(self) -> bool:
+        return self.attention == "mla"
 
     @property
     def k_slot_bytes(self) -> int:
+        """Bytes per token of one layer's K buffer (MLA: of its latent row)."""
         return self.kv_heads * self.head_dim * self.dtype_bytes
 
     @property
     def v_slot_bytes(self) -> int:
+        """Bytes per token of one layer's V buffer (MLA: 0, there is none)."""
         return self.kv_heads * self.v_head_dim * self.dtype_bytes
 
     @property
@@ -196,12 +225,13 @@ class KVGeometry:
 
     @property
     def cell_size_bytes(self) -> int:
-        """KV bytes per token over all layers: kv_heads * (head_dim + v_head_dim) * layers * dtype bytes."""
+        """KV bytes per token over all layers: MHA kv_heads * (head_dim + v_head_dim) * layers * dtype bytes;
+        MLA (kv_lora_rank + qk_rope_head_dim) * layers * dtype bytes."""
         return (self.k_slot_bytes + self.v_slot_bytes) * self.num_layers
 
     @property
     def num_buffers(self) -> int:
-        return 2 * self.num_layers
+        return self.num_layers if self.is_mla else 2 * self.num_layers
 
 
 @dataclass(frozen=True)
@@ -437,11 +467,10 @@ def whole_granule_tokens(readings: MemoryReadings) -> int:
 
 
 def can_lend_reservations(readings: MemoryReadings, args: PoolArgs) -> bool:
-    """Lending needs a reservation, one tail size for every buffer (K and V slots of one width) and every rank
-    holding the same KV heads (PoolArgs.lend_reservations)."""
-    return (
-        args.lend_reservations and readings.reserved_bytes > 0 and readings.kv.k_slot_bytes == readings.kv.v_slot_bytes
-    )
+    """Lending needs a reservation, one tail size for every buffer (K and V slots of one width, or MLA's latent
+    buffers, all alike) and every rank holding the same KV heads (PoolArgs.lend_reservations)."""
+    kv = readings.kv
+    return args.lend_reservations and readings.reserved_bytes > 0 and (kv.is_mla or kv.k_slot_bytes == kv.v_slot_bytes)
 
 
 def smallest_prefill_slot_tail(readings: MemoryReadings) -> PrefillSlotTail:

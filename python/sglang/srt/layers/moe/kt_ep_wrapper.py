@@ -166,9 +166,14 @@ class KTEPWrapperMethod(nn.Module):
         router_logits: torch.Tensor,
         is_prefill: bool = False,
         num_real_tokens: Optional[torch.Tensor] = None,
+        topk_output: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
     ) -> torch.Tensor:
-        """num_real_tokens: [1] int32 on the device, the rows of a padded CUDA-graph batch that are real."""
-        topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
+        """num_real_tokens: [1] int32 on the device, the rows of a padded CUDA-graph batch that are real.
+        topk_output: (weights, ids) the model routed itself (DeepSeek), as FusedMoE.forward takes it."""
+        if topk_output is not None:
+            topk_weights, topk_ids = topk_output
+        else:
+            topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
         slot = self.kt_state.prefill_slot
         if slot is not None and is_prefill and hidden_states.shape[0] >= self.kt.gpu_prefill_token_threshold:
             layer = slot.acquire()

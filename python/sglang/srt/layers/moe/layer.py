@@ -111,9 +111,15 @@ class FusedMoE(torch.nn.Module):
         router_logits: torch.Tensor,
         is_prefill: bool = False,
         num_real_tokens: Optional[torch.Tensor] = None,
+        topk_output: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
     ) -> torch.Tensor:
-        """`is_prefill` and `num_real_tokens` only matter to the KT wrapper (same signature)."""
-        topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
+        """`is_prefill` and `num_real_tokens` only matter to the KT wrapper (same signature). `topk_output`
+        (weights, ids): a routing the model computed itself (DeepSeek's grouped top-k), else softmax top-k
+        of `router_logits`."""
+        if topk_output is not None:
+            topk_weights, topk_ids = topk_output
+        else:
+            topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
         return self.quant_method.apply(self, hidden_states, topk_weights, topk_ids)
 
     def extra_repr(self) -> str:
