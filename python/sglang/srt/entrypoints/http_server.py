@@ -84,7 +84,9 @@ def create_app(tm: TokenizerManager, server_args: ServerArgs) -> FastAPI:
     )
     model_name = server_args.served_model_name
     completions = OpenAIServingCompletion(tm, model_name)
-    chat = OpenAIServingChat(tm, model_name, server_args.chat_template)
+    chat = OpenAIServingChat(
+        tm, model_name, server_args.chat_template, server_args.tool_call_parser, server_args.reasoning_parser
+    )
 
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(raw: Request):

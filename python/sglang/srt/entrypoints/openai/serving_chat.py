@@ -9,12 +9,20 @@ tokens at its position, computed in the same forward.
 from __future__ import annotations
 
 import os
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from sglang.srt.entrypoints.http_utils import sse_stream, start_generation
+from sglang.srt.entrypoints.openai.chat_prompt import (
+    ToolPlan,
+    message_text,
+    resolve_tools,
+    template_kwargs,
+    template_messages,
+)
+from sglang.srt.entrypoints.openai.field_policy import check_extra_fields, check_modalities
 from sglang.srt.entrypoints.openai.protocol import (
     ChatChoice,
     ChatCompletionChunk,
@@ -22,17 +30,18 @@ from sglang.srt.entrypoints.openai.protocol import (
     ChatCompletionResponse,
     ChatLogProbs,
     ChatLogProbToken,
-    ChatMessage,
     ChatMessageOut,
     ChatStreamChoice,
     DeltaMessage,
 )
 from sglang.srt.entrypoints.openai.utils import (
     build_sampling_params,
+    check_sampling_params,
     entry_text,
     finish_reason,
     new_request_id,
     output_logprob_entries,
+    response_format_constraint,
     stream_options_usage,
     usage_of,
 )
@@ -56,63 +65,90 @@ def load_chat_template(path_or_template: Optional[str]) -> Optional[str]:
 
 class OpenAIServingChat:
     def __init__(
-        self, tokenizer_manager: TokenizerManager, served_model_name: str, chat_template: Optional[str]
+        self,
+        tokenizer_manager: TokenizerManager,
+        served_model_name: str,
+        chat_template: Optional[str],
+        tool_call_parser: Optional[str] = None,
+        reasoning_parser: Optional[str] = None,
     ) -> None:
         self.tm = tokenizer_manager
         self.served_model_name = served_model_name
         self.chat_template = load_chat_template(chat_template)
+        self.tool_call_parser = tool_call_parser
+        self.reasoning_parser = reasoning_parser
+        self._template_renders_tools: Optional[bool] = None
 
     # ------------------------------------------------------------ request
-    @staticmethod
-    def _content(msg: ChatMessage, index: int) -> str:
-        if msg.content is None or isinstance(msg.content, str):
-            return msg.content or ""
-        texts = []
-        for part in msg.content:
-            if part.type != "text" or part.text is None:
-                raise RequestError(f"messages.{index}.content: only text parts are supported, got type {part.type!r}")
-            texts.append(part.text)
-        return "".join(texts)
+    def _renders_tools(self) -> bool:
+        """Whether the chat template shows tools to the model at all (many small models' templates do not):
+        tools it would drop are refused rather than silently ignored. Probed once per server."""
+        if self._template_renders_tools is None:
+            probe = [{"role": "user", "content": "x"}]
+            tool = {"type": "function", "function": {"name": "probe_tool_name", "parameters": {"type": "object"}}}
+            render = lambda **kw: self.tm.tokenizer.apply_chat_template(  # noqa: E731
+                probe, tokenize=False, add_generation_prompt=True, chat_template=self.chat_template, **kw
+            )
+            try:
+                self._template_renders_tools = render(tools=[tool]) != render()
+            except Exception:  # noqa: BLE001 - a template that fails on tools does not render them
+                self._template_renders_tools = False
+        return self._template_renders_tools
 
-    def prompt_ids(self, req: ChatCompletionRequest) -> List[int]:
+    def prompt_ids(self, req: ChatCompletionRequest, plan: ToolPlan) -> List[int]:
         tok = self.tm.tokenizer
         if tok is None:
             raise RequestError("chat completions need a tokenizer; this server runs with --skip-tokenizer-init")
-        if not req.messages:
-            raise RequestError("messages must not be empty")
-        messages = []
-        for i, m in enumerate(req.messages):
-            entry = {"role": m.role, "content": self._content(m, i)}
-            if m.name:
-                entry["name"] = m.name
-            messages.append(entry)
+        messages = template_messages(req)
+        kwargs = template_kwargs(req)
+        if plan.tools is not None:
+            if not self._renders_tools():
+                raise RequestError(
+                    f"{plan.field}: this model's chat template does not render tools, so the model would never "
+                    "see them (start the server with a --chat-template that does)"
+                )
+            kwargs["tools"] = list(plan.tools)
         try:
-            text = tok.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True, chat_template=self.chat_template
-            )
+            text = tok.apply_chat_template(messages, tokenize=False, chat_template=self.chat_template, **kwargs)
         except Exception as e:  # noqa: BLE001 - a template error is the request's (or config's) problem, not a crash
-            raise RequestError(f"could not apply the chat template: {e}") from None
+            raise RequestError(f"could not apply the chat template: {type(e).__name__}: {e}") from None
         return tok.encode(text, add_special_tokens=False)
 
     def _check(self, req: ChatCompletionRequest) -> None:
-        if req.tools and req.tool_choice != "none":
-            raise RequestError("tools (function calling) are not supported by this server")
-        if req.response_format and req.response_format.get("type", "text") != "text":
-            raise RequestError("response_format other than {'type': 'text'} is not supported by this server")
+        check_extra_fields(req)
+        check_modalities(req.modalities)
+        if not req.messages:
+            raise RequestError("messages must not be empty")
         if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
             raise RequestError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {req.top_logprobs}")
         if req.top_logprobs and not req.logprobs:
             raise RequestError("top_logprobs needs logprobs: true")
 
+    def _sampling_params(self, req: ChatCompletionRequest, max_tokens: Optional[int]) -> dict:
+        params = build_sampling_params(req, max_tokens)
+        origin: Dict[str, str] = {}
+        constraint = response_format_constraint(req.response_format)
+        if constraint is not None:
+            key, value = constraint
+            clash = [k for k in ("regex", "ebnf", "json_schema", "structural_tag") if params.get(k) is not None]
+            if clash:
+                raise RequestError(f"response_format: give either response_format or {clash[0]}, not both")
+            params[key] = value
+            origin[key] = "response_format"
+        check_sampling_params(params, origin)
+        return params
+
     async def handle(self, req: ChatCompletionRequest, raw: Request):
         self._check(req)
+        plan = resolve_tools(req, self.tool_call_parser)
         rid = new_request_id(req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        sampling_params = self._sampling_params(req, max_tokens)
         for i, m in enumerate(req.messages):  # before any template or tokenizer work
-            self.tm.check_text_size(self._content(m, i), f"messages.{i}.content")
+            self.tm.check_text_size(message_text(m, i), f"messages.{i}.content")
         obj = GenerateReqInput(
-            input_ids=await self.tm.run_cpu(self.prompt_ids, req),
-            sampling_params=build_sampling_params(req, max_tokens),
+            input_ids=await self.tm.run_cpu(self.prompt_ids, req, plan),
+            sampling_params=sampling_params,
             rid=rid,
             return_logprob=req.logprobs,
             top_logprobs_num=req.top_logprobs or 0,

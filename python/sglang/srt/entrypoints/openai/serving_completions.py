@@ -14,6 +14,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from sglang.srt.entrypoints.http_utils import sse_stream, start_generation
+from sglang.srt.entrypoints.openai.field_policy import check_extra_fields
 from sglang.srt.entrypoints.openai.protocol import (
     CompletionChoice,
     CompletionLogProbs,
@@ -22,6 +23,7 @@ from sglang.srt.entrypoints.openai.protocol import (
 )
 from sglang.srt.entrypoints.openai.utils import (
     build_sampling_params,
+    check_sampling_params,
     entry_text,
     finish_reason,
     new_request_id,
@@ -56,6 +58,7 @@ class OpenAIServingCompletion:
         return True, None, [list(p) for p in prompt]
 
     def _check(self, req: CompletionRequest) -> None:
+        check_extra_fields(req)
         if req.suffix:
             raise RequestError("suffix is not supported by this server")
         if req.best_of not in (None, 1):
@@ -67,12 +70,14 @@ class OpenAIServingCompletion:
         self._check(req)
         is_batch, texts, ids = self._split_prompt(req.prompt)
         prompts: List[Any] = texts if texts is not None else ids
+        sampling_params = build_sampling_params(req, req.max_tokens)
+        check_sampling_params(sampling_params, {})
         base_rid = new_request_id(req)
         rids = [f"{base_rid}-{i}" for i in range(len(prompts))] if is_batch else [base_rid]
         obj = GenerateReqInput(
             text=(texts if is_batch else texts[0]) if texts is not None else None,
             input_ids=(ids if is_batch else ids[0]) if ids is not None else None,
-            sampling_params=build_sampling_params(req, req.max_tokens),
+            sampling_params=sampling_params,
             rid=rids if is_batch else rids[0],
             return_logprob=req.logprobs is not None,
             top_logprobs_num=req.logprobs or 0,
