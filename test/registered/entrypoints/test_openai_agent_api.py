@@ -169,3 +169,101 @@ def test_continue_final_message_continues_the_assistant_text(base_url, client):
     assert native.status_code == 200, native.text
     assert r.choices[0].message.content == native.json()["text"]
     assert r.usage.prompt_tokens == native.json()["meta_info"]["prompt_tokens"]
+
+
+@pytest.mark.parametrize("max_tokens", [1, 0])
+def test_echo_logprobs_as_lm_eval_sends_them(base_url, max_tokens):
+    """lm-eval 0.4.x local-completions (loglikelihood): token-id prompts in a batch, echo, logprobs 1,
+    max_tokens 1 (or 0). Every prompt token has an entry (null first), the logprobs equal /generate's
+    prompt logprobs, and the top alternative at each position is at least the token's own logprob."""
+    prompts = [[504, 3575, 282, 4649, 314], [1203, 9096, 17, 28]]  # token ids, as lm-eval sends them
+    body = {
+        "model": "default",
+        "prompt": prompts,
+        "echo": True,
+        "logprobs": 1,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "seed": 1234,
+    }
+    r = requests.post(f"{base_url}/v1/completions", json=body, timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    choices = sorted(r.json()["choices"], key=lambda c: c["index"])
+    for ids, choice in zip(prompts, choices):
+        lp = choice["logprobs"]
+        assert len(lp["tokens"]) == len(ids) + max_tokens == len(lp["token_logprobs"]) == len(lp["text_offset"])
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        native = generate(
+            base_url,
+            input_ids=ids,
+            return_logprob=True,
+            logprob_start_len=0,
+            sampling_params={"max_new_tokens": 1, "temperature": 0},
+        )
+        assert native.status_code == 200, native.text
+        expected = [e[0] for e in native.json()["meta_info"]["input_token_logprobs"]]
+        assert lp["token_logprobs"][: len(ids)] == pytest.approx(expected, abs=1e-4)
+        for value, top in zip(lp["token_logprobs"][1:], lp["top_logprobs"][1:]):
+            assert len(top) == 1 and max(top.values()) >= value - 1e-4
+        assert lp["text_offset"] == sorted(lp["text_offset"]) and lp["text_offset"][0] == 0
+        assert choice["text"].startswith(
+            requests.post(f"{base_url}/detokenize", json={"tokens": ids}, timeout=TIMEOUT).json()["text"]
+        )
+
+
+def test_echo_logprobs_streamed_equal_non_streamed(client):
+    kw = dict(model="default", prompt="The capital of France is", echo=True, logprobs=2, max_tokens=3, temperature=0)
+    whole = client.completions.create(**kw).choices[0]
+    chunks = list(client.completions.create(stream=True, **kw))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    tokens = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    logprobs = [v for c in chunks if c.choices and c.choices[0].logprobs for v in c.choices[0].logprobs.token_logprobs]
+    offsets = [v for c in chunks if c.choices and c.choices[0].logprobs for v in c.choices[0].logprobs.text_offset]
+    assert text == whole.text and tokens == whole.logprobs.tokens and offsets == whole.logprobs.text_offset
+    assert logprobs[0] is None and logprobs[1:] == pytest.approx(whole.logprobs.token_logprobs[1:], abs=1e-4)
+
+
+def test_tokenize_and_detokenize_round_trip(base_url):
+    r = requests.post(
+        f"{base_url}/tokenize", json={"prompt": "Hello world", "add_special_tokens": False}, timeout=TIMEOUT
+    )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["count"] == len(body["tokens"]) > 0 and body["max_model_len"] == 8192
+    native = generate(base_url, text="Hello world", return_prompt_token_ids=True, sampling_params={"max_new_tokens": 1})
+    assert native.json()["meta_info"]["prompt_token_ids"] == body["tokens"]  # the engine's own tokenization
+    batch = requests.post(f"{base_url}/v1/tokenize", json={"prompt": ["a b", "c"]}, timeout=TIMEOUT).json()
+    assert batch["count"] == [len(t) for t in batch["tokens"]]
+    back = requests.post(f"{base_url}/detokenize", json={"tokens": body["tokens"]}, timeout=TIMEOUT)
+    assert back.json() == {"text": "Hello world"}
+    both = requests.post(f"{base_url}/v1/detokenize", json={"tokens": batch["tokens"]}, timeout=TIMEOUT).json()
+    assert both == {"text": ["a b", "c"]}
+    bad = requests.post(f"{base_url}/detokenize", json={"tokens": [10**9]}, timeout=TIMEOUT)
+    assert bad.status_code == 400 and "tokens" in bad.json()["error"]["message"]
+    typo = requests.post(f"{base_url}/tokenize", json={"prompt": "x", "add_bos": True}, timeout=TIMEOUT)
+    assert typo.status_code == 400 and "add_bos" in typo.json()["error"]["message"]
+
+
+def test_router_worker_contract(base_url, client):
+    info = requests.get(f"{base_url}/server_info", timeout=TIMEOUT).json()
+    assert (info["dp_size"], info["tp_size"], info["load_balance_method"], info["disaggregation_mode"]) == (
+        1,
+        1,
+        "round_robin",
+        "null",
+    )
+    model_info = requests.get(f"{base_url}/get_model_info", timeout=TIMEOUT).json()
+    assert model_info["is_generation"] is True and model_info["model_path"] == info["model_path"]
+    idle = requests.get(f"{base_url}/get_load", timeout=TIMEOUT).json()
+    assert [(e["dp_rank"], e["num_reqs"], e["num_waiting_reqs"], e["num_tokens"]) for e in idle] == [(0, 0, 0, 0)]
+    # while a streamed request is in flight, its tokens are the load
+    stream = client.completions.create(
+        model="default", prompt="Count: 1, 2, 3,", max_tokens=40, stream=True, extra_body={"ignore_eos": True}
+    )
+    next(iter(stream))
+    busy = requests.get(f"{base_url}/get_load", timeout=TIMEOUT).json()[0]
+    stream.close()
+    assert busy["num_reqs"] == 1 and busy["num_tokens"] > 8
+    assert client.models.retrieve("default").id == info["served_model_name"]
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("gpt-9")

@@ -250,3 +250,33 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: str = "list"
     data: List[ModelCard]
+
+
+class TokenizeRequest(BaseModel):
+    """/tokenize (alias /v1/tokenize), SGLang's shape."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Optional[str] = None
+    prompt: Union[str, List[str]]
+    add_special_tokens: bool = True
+
+
+class TokenizeResponse(BaseModel):
+    tokens: Union[List[int], List[List[int]]]
+    count: Union[int, List[int]]
+    max_model_len: int
+
+
+class DetokenizeRequest(BaseModel):
+    """/detokenize (alias /v1/detokenize), SGLang's shape."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Optional[str] = None
+    tokens: Union[List[int], List[List[int]]]
+    skip_special_tokens: bool = True
+
+
+class DetokenizeResponse(BaseModel):
+    text: Union[str, List[str]]
