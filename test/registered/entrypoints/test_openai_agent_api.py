@@ -267,3 +267,42 @@ def test_router_worker_contract(base_url, client):
     assert client.models.retrieve("default").id == info["served_model_name"]
     with pytest.raises(openai.NotFoundError):
         client.models.retrieve("gpt-9")
+
+
+def test_tools_are_rendered_and_tool_choice_none_answers_in_text(client):
+    plain = chat(client, max_tokens=8)
+    none = chat(client, max_tokens=8, tools=[WEATHER], tool_choice="none")
+    # the template lists the tool in a system block: the prompt grows by the tool's JSON and the instructions
+    assert none.usage.prompt_tokens > plain.usage.prompt_tokens + 30
+    message = none.choices[0].message
+    assert message.tool_calls is None and isinstance(message.content, str)
+    assert none.choices[0].finish_reason in ("stop", "length")
+    # auto goes through the qwen25 parser: SmolLM2 writes no call, so the answer is text (streamed the same)
+    auto = chat(client, max_tokens=8, tools=[WEATHER])
+    chunks = list(chat(client, max_tokens=8, tools=[WEATHER], stream=True))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert auto.choices[0].message.tool_calls is None and streamed == auto.choices[0].message.content
+
+
+@pytest.mark.parametrize(
+    "kw,field",
+    [
+        ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "send_mail"}}}, "tool_choice"),
+        (
+            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}]},
+            "tools.0.function.parameters",
+        ),
+        ({"tool_choice": "auto"}, "tool_choice"),
+    ],
+)
+def test_tool_errors_are_400s_naming_the_field(client, kw, field):
+    with pytest.raises(openai.BadRequestError) as e:
+        chat(client, **kw)
+    assert e.value.message.startswith(field) or f"'{field}" in e.value.message or field in e.value.message
+
+
+def test_reasoning_parser_leaves_a_thinkless_answer_as_content(client):
+    r = chat(client, max_tokens=8)
+    assert getattr(r.choices[0].message, "reasoning_content", None) is None and r.choices[0].message.content

@@ -245,3 +245,14 @@ def test_long_answers_stream_in_linear_time(fmt):
     start = time.perf_counter()
     normal, calls = streamed(fmt, [text[i : i + 4] for i in range(0, len(text), 4)])
     assert time.perf_counter() - start < 2.0 and calls == [] and normal == text
+
+
+@pytest.mark.parametrize("flag", ["--tool-call-parser", "--reasoning-parser"])
+def test_unknown_parser_is_a_cli_error_listing_the_names(flag, capsys):
+    from sglang.srt.server_args import prepare_server_args
+
+    with pytest.raises(SystemExit):
+        prepare_server_args([flag, "no_such_format"])
+    err = capsys.readouterr().err
+    names = TOOL_CALL_PARSERS if flag == "--tool-call-parser" else ("qwen3", "deepseek-r1", "glm45", "kimi_k2")
+    assert flag in err and "no_such_format" in err and all(n in err for n in names)

@@ -197,6 +197,7 @@ class ChatMessageOut(BaseModel):
     content: Optional[str] = None
     reasoning_content: Optional[str] = None
     tool_calls: Optional[List[ToolCallOut]] = None
+    function_call: Optional[FunctionCallOut] = None  # the legacy functions API's form of one call
 
 
 class ChatChoice(BaseModel):
@@ -220,6 +221,7 @@ class DeltaMessage(BaseModel):
     content: Optional[str] = None
     reasoning_content: Optional[str] = None
     tool_calls: Optional[List[ToolCallOut]] = None
+    function_call: Optional[FunctionCallOut] = None  # the legacy functions API's form of one call
 
 
 class ChatStreamChoice(BaseModel):
