@@ -306,3 +306,58 @@ def test_tool_errors_are_400s_naming_the_field(client, kw, field):
 def test_reasoning_parser_leaves_a_thinkless_answer_as_content(client):
     r = chat(client, max_tokens=8)
     assert getattr(r.choices[0].message, "reasoning_content", None) is None and r.choices[0].message.content
+
+
+def test_responses_create_text_streamed_and_not(client):
+    kw = dict(model="default", input="Name a color.", instructions=SYSTEM, max_output_tokens=6, temperature=0)
+    r = client.responses.create(**kw)
+    assert r.object == "response" and r.status == "incomplete" and r.incomplete_details.reason == "max_output_tokens"
+    assert r.output_text and r.usage.output_tokens == 6 and r.usage.input_tokens > 0
+    events = list(client.responses.create(stream=True, **kw))
+    kinds = [e.type for e in events]
+    assert kinds[:2] == ["response.created", "response.in_progress"] and kinds[-1] == "response.incomplete"
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    streamed = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert streamed == r.output_text == events[-1].response.output_text
+    # the same prompt through chat completions gives the same text
+    same = chat(client, max_tokens=6)
+    assert same.choices[0].message.content == r.output_text
+
+
+def test_responses_with_a_function_tool_and_previous_response_id(base_url, client):
+    tool = {"type": "function", "name": "get_weather", "parameters": WEATHER["function"]["parameters"]}
+    first = client.responses.create(
+        model="default", input="Weather in Paris?", tools=[tool], max_output_tokens=6, temperature=0
+    )
+    assert first.status in ("completed", "incomplete") and all(
+        o.type in ("message", "function_call") for o in first.output
+    )
+    # a function call and its output fed back as items, continuing the stored conversation
+    follow = client.responses.create(
+        model="default",
+        previous_response_id=first.id,
+        input=[
+            {"type": "function_call", "call_id": "call_1", "name": "get_weather", "arguments": '{"city": "Paris"}'},
+            {"type": "function_call_output", "call_id": "call_1", "output": "18C and sunny"},
+        ],
+        tools=[tool],
+        max_output_tokens=4,
+        temperature=0,
+    )
+    assert follow.previous_response_id == first.id
+    assert follow.usage.input_tokens > first.usage.input_tokens + 10  # the earlier turn is part of the prompt
+    stored = requests.get(f"{base_url}/v1/responses/{follow.id}", timeout=TIMEOUT).json()
+    assert stored["id"] == follow.id and stored["output"][0]["content"][0]["text"] == follow.output_text
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(model="default", input="x", previous_response_id="resp_nope", max_output_tokens=1)
+    assert "previous_response_id" in e.value.message
+
+
+def test_responses_json_schema_is_enforced_or_refused_by_name(client):
+    fmt = {"format": {"type": "json_schema", "name": "color", "schema": {"type": "object"}, "strict": True}}
+    try:
+        r = client.responses.create(model="default", input="A color as JSON.", text=fmt, max_output_tokens=16)
+    except openai.BadRequestError as e:
+        assert "- text.format" in e.message
+    else:
+        json.loads(r.output_text)

@@ -3,7 +3,7 @@
     python -m sglang.launch_server [flags]   ->   launch_server(server_args) here
 
 Routes: /generate (SGLang native), /v1/completions, /v1/chat/completions, /v1/models, /v1/models/{id},
-/server_info (+ /get_server_info), /model_info (+ /get_model_info), /get_load, /tokenize and /detokenize
+/v1/responses (+ GET /v1/responses/{id}), /server_info (+ /get_server_info), /model_info (+ /get_model_info), /get_load, /tokenize and /detokenize
 (+ /v1/ aliases), /health, /health_generate, /flush_cache, /metrics.
 The process layout is SGLang's: this process runs uvicorn and the TokenizerManager on one event loop;
 the scheduler rank(s) and the detokenizer are child processes (see engine.launch_subprocesses).
@@ -53,8 +53,10 @@ from sglang.srt.entrypoints.openai.protocol import (
     ModelList,
     TokenizeRequest,
 )
+from sglang.srt.entrypoints.openai.responses_input import ResponsesRequest
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat, load_chat_template
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from sglang.srt.entrypoints.openai.serving_responses import OpenAIServingResponses
 from sglang.srt.entrypoints.openai.serving_tokenize import OpenAIServingTokenize
 from sglang.srt.entrypoints.server_info import build_load, build_model_info, build_server_info
 from sglang.srt.entrypoints.startup_watch import LaunchError
@@ -97,6 +99,7 @@ def create_app(tm: TokenizerManager, server_args: ServerArgs) -> FastAPI:
     chat = OpenAIServingChat(
         tm, model_name, server_args.chat_template, server_args.tool_call_parser, server_args.reasoning_parser
     )
+    responses = OpenAIServingResponses(tm, chat, model_name)
 
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(raw: Request):
@@ -131,6 +134,14 @@ def create_app(tm: TokenizerManager, server_args: ServerArgs) -> FastAPI:
                 404,
             )
         return card.model_dump()
+
+    @app.post("/v1/responses")
+    async def v1_responses(raw: Request):
+        return await responses.handle(await parse_body(raw, ResponsesRequest), raw)
+
+    @app.get("/v1/responses/{response_id}")
+    async def v1_response(response_id: str):
+        return responses.retrieve(response_id)
 
     @app.post("/tokenize")
     @app.post("/v1/tokenize")
