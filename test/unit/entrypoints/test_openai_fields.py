@@ -216,3 +216,28 @@ def test_template_kwargs_and_continue_final_message():
     )
     assert template_kwargs(cont) == {"add_generation_prompt": False, "continue_final_message": True}
     assert "continue_final_message" in refused(template_kwargs, chat(continue_final_message=True))
+
+
+def test_a_returned_message_appended_to_the_conversation_is_accepted():
+    """The openai client's usual loop: append the assistant message it got back (with annotations / refusal
+    / audio null and tool calls with their index) and send the tool's result."""
+    from openai.types.chat import ChatCompletionMessage
+
+    returned = ChatCompletionMessage.model_validate(
+        {
+            "role": "assistant",
+            "content": None,
+            "refusal": None,
+            "annotations": [],
+            "audio": None,
+            "tool_calls": [
+                {"id": "call_1", "index": 0, "type": "function", "function": {"name": "f", "arguments": '{"a": 1}'}}
+            ],
+        }
+    )
+    body = {"messages": MSG + [returned.model_dump(), {"role": "tool", "tool_call_id": "call_1", "content": "2"}]}
+    msgs = template_messages(ChatCompletionRequest.model_validate(body))
+    assert msgs[1]["tool_calls"][0]["function"] == {"name": "f", "arguments": {"a": 1}}
+    assert msgs[2] == {"role": "tool", "content": "2", "tool_call_id": "call_1"}
+    body["messages"][1]["audio"] = {"id": "audio_1"}
+    assert "messages.1.audio" in refused(template_messages, ChatCompletionRequest.model_validate(body))

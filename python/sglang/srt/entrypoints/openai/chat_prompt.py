@@ -82,6 +82,8 @@ def template_messages(req: ChatCompletionRequest) -> List[Dict[str, Any]]:
     for i, m in enumerate(req.messages):
         if m.tool_calls and m.role != "assistant":
             raise RequestError(f"messages.{i}.tool_calls: only assistant messages carry tool calls")
+        if m.audio is not None:
+            raise RequestError(f"messages.{i}.audio: audio is not supported by this server")
         if m.function_call is not None and m.role != "assistant":
             raise RequestError(f"messages.{i}.function_call: only assistant messages carry function calls")
         role = "tool" if m.role == "function" else m.role  # the legacy functions API's result message

@@ -101,6 +101,10 @@ class ChatMessage(BaseModel):
     function_call: Optional[FunctionCallIn] = None  # assistant, OpenAI's legacy functions API
     reasoning_content: Optional[str] = None  # assistant: its earlier thinking (SGLang's field)
     refusal: Optional[str] = None  # assistant: a refusal OpenAI returned earlier, shown as its text
+    # What the openai client sends back when a returned message is appended to the conversation:
+    # citations of an earlier answer (its text already holds them) and audio (refused by name when set).
+    annotations: Optional[List[Dict[str, Any]]] = None
+    audio: Optional[Dict[str, Any]] = None
 
 
 class FunctionDefinition(BaseModel):
