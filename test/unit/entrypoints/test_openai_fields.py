@@ -241,3 +241,41 @@ def test_a_returned_message_appended_to_the_conversation_is_accepted():
     assert msgs[2] == {"role": "tool", "content": "2", "tool_call_id": "call_1"}
     body["messages"][1]["audio"] = {"id": "audio_1"}
     assert "messages.1.audio" in refused(template_messages, ChatCompletionRequest.model_validate(body))
+
+
+def test_random_chat_request_shapes_are_400s_never_crashes():
+    import random
+
+    def value(rng, depth=0):
+        kind = rng.choice(["str", "int", "none", "list", "dict"] if depth < 3 else ["str", "none"])
+        if kind == "list":
+            return [value(rng, depth + 1) for _ in range(rng.randrange(3))]
+        if kind == "dict":
+            keys = ["type", "function", "name", "parameters", "role", "content", "arguments", "tool_calls", "id"]
+            return {rng.choice(keys): value(rng, depth + 1) for _ in range(rng.randrange(4))}
+        return {"str": "function", "int": 7, "none": None}[kind]
+
+    rng = random.Random(35)
+    fields = [
+        "tools",
+        "tool_choice",
+        "functions",
+        "function_call",
+        "messages",
+        "response_format",
+        "chat_template_kwargs",
+        "continue_final_message",
+    ]
+    for _ in range(3000):
+        body = {"messages": [{"role": "user", "content": "hi"}]}
+        for _ in range(rng.randrange(1, 4)):
+            body[rng.choice(fields)] = value(rng)
+        try:
+            req = ChatCompletionRequest.model_validate(body)
+            check_extra_fields(req)
+            resolve_tools(req, "qwen25")
+            template_messages(req)
+            template_kwargs(req)
+            response_format_constraint(req.response_format)
+        except (ValidationError, RequestError):
+            pass

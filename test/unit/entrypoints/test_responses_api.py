@@ -11,7 +11,7 @@ import random
 
 import pytest
 from openai.types.responses import Response, ResponseStreamEvent
-from pydantic import TypeAdapter
+from pydantic import TypeAdapter, ValidationError
 
 from sglang.srt.entrypoints.openai.chat_output import ChatOutputParser, OutputPlan
 from sglang.srt.entrypoints.openai.chat_prompt import resolve_tools
@@ -153,3 +153,46 @@ def test_streamed_events_join_to_the_output_items(seed):
     assert [args[2], args[3]] == [items[2]["arguments"], items[3]["arguments"]]
     done = [e.item.model_dump(exclude_none=True) for e in parsed if e.type == "response.output_item.done"]
     assert strip(done) == strip([{k: v for k, v in i.items()} for i in items])
+
+
+def _random_value(rng: random.Random, depth: int = 0):
+    kinds = ["str", "int", "none", "bool", "list", "dict"] if depth < 3 else ["str", "int", "none"]
+    kind = rng.choice(kinds)
+    if kind == "list":
+        return [_random_value(rng, depth + 1) for _ in range(rng.randrange(3))]
+    if kind == "dict":
+        keys = [
+            "type",
+            "role",
+            "content",
+            "name",
+            "arguments",
+            "call_id",
+            "output",
+            "text",
+            "format",
+            "schema",
+            "function",
+            "parameters",
+            "json_schema",
+        ]
+        return {rng.choice(keys): _random_value(rng, depth + 1) for _ in range(rng.randrange(4))}
+    return {"str": "function", "int": 3, "none": None, "bool": True}[kind]
+
+
+def test_random_request_shapes_are_400s_never_crashes():
+    """Responses and chat requests of random shapes: a validation error or a RequestError, nothing else."""
+    rng = random.Random(35)
+    fields = ["input", "tools", "tool_choice", "text", "instructions", "reasoning", "truncation", "include"]
+    for _ in range(3000):
+        body = {"input": [{"role": "user", "content": "hi"}]}
+        for _ in range(rng.randrange(1, 4)):
+            body[rng.choice(fields)] = _random_value(rng)
+        try:
+            req = ResponsesRequest.model_validate(body)
+            check_responses_fields(req)
+            chat = to_chat_request(req, [])
+            resolve_tools(chat, "qwen25")
+            response_format_constraint(chat.response_format)
+        except (ValidationError, RequestError):
+            pass

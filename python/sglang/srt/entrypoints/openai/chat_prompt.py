@@ -123,10 +123,11 @@ def template_kwargs(req: ChatCompletionRequest) -> Dict[str, Any]:
                 "(tools, continue_final_message, ...)"
             )
     if req.continue_final_message:
-        if req.messages[-1].role != "assistant":
+        last = req.messages[-1].role if req.messages else None
+        if last != "assistant":
             raise RequestError(
                 "continue_final_message: the last message must be an assistant message (the text to continue), "
-                f"got role {req.messages[-1].role!r}"
+                f"got {'no message' if last is None else f'role {last!r}'}"
             )
         return {**extra, "add_generation_prompt": False, "continue_final_message": True}
     return {**extra, "add_generation_prompt": True}

@@ -158,6 +158,8 @@ def _response_format(text: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]
     fmt = (text or {}).get("format")
     if fmt is None:
         return None
+    if not isinstance(fmt, dict):
+        raise RequestError('text.format: must be an object such as {"type": "json_schema", "schema": ...}')
     if fmt.get("type") == "json_schema":
         return {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
     return fmt
