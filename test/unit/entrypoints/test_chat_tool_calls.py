@@ -166,3 +166,11 @@ def test_a_call_cut_off_by_max_tokens_finishes_with_length():
     assert whole["finish"] == "length" and whole["calls"][0]["arguments"] == '{"city": "Pa'
     got = streamed(text, request(), [10, 50, 120, 150], reason="length")
     assert [{"name": c["name"], "arguments": c["arguments"]} for c in got["calls"]] == whole["calls"]
+
+
+def test_special_token_markers_are_kept_only_for_formats_that_need_them():
+    from sglang.srt.entrypoints.openai.chat_output import OutputPlan
+
+    assert not OutputPlan("qwen3", "qwen25").needs_special_tokens  # <think>, <tool_call>: ordinary added tokens
+    assert OutputPlan(None, "deepseekv3").needs_special_tokens and OutputPlan(None, "kimi_k2").needs_special_tokens
+    assert OutputPlan("kimi_k2", None).needs_special_tokens and not OutputPlan(None, None).needs_special_tokens

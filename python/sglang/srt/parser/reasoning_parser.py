@@ -27,13 +27,14 @@ class ReasoningFormat:
     end: str
     force_reasoning: bool  # reasoning from the first character, with or without the start tag
     implicit_ends: Tuple[str, ...] = ()  # text that ends the reasoning and stays in the answer
+    needs_special_tokens: bool = False  # its tags are special tokens: the detokenizer must keep them
 
 
 FORMATS: Dict[str, ReasoningFormat] = {
     "qwen3": ReasoningFormat("<think>", "</think>", False),
     "deepseek-r1": ReasoningFormat("<think>", "</think>", True),
     "glm45": ReasoningFormat("<think>", "</think>", False),
-    "kimi_k2": ReasoningFormat("<think>", "</think>", False, ("<|tool_calls_section_begin|>",)),
+    "kimi_k2": ReasoningFormat("<think>", "</think>", False, ("<|tool_calls_section_begin|>",), True),
 }
 
 

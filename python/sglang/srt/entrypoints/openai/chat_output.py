@@ -13,7 +13,7 @@ from typing import List, Optional, Sequence
 
 from sglang.srt.function_call.core_types import StreamingParseResult, ToolCallItem
 from sglang.srt.function_call.function_call_parser import DETECTORS, FunctionCallParser
-from sglang.srt.parser.reasoning_parser import ReasoningParser
+from sglang.srt.parser.reasoning_parser import FORMATS, ReasoningParser
 
 
 @dataclass
@@ -34,8 +34,10 @@ class OutputPlan:
 
     @property
     def needs_special_tokens(self) -> bool:
-        """Whether the call markers are special tokens the detokenizer must keep in the text."""
-        return self.tool_call_parser is not None and DETECTORS[self.tool_call_parser].needs_special_tokens
+        """Whether the call markers or reasoning tags are special tokens the detokenizer must keep."""
+        calls = self.tool_call_parser is not None and DETECTORS[self.tool_call_parser].needs_special_tokens
+        thinking = self.reasoning_parser is not None and FORMATS[self.reasoning_parser].needs_special_tokens
+        return calls or thinking
 
 
 def new_call_id() -> str:
