@@ -22,7 +22,7 @@ from sglang.srt.entrypoints.openai.responses_input import (
     responses_error,
     to_chat_request,
 )
-from sglang.srt.entrypoints.openai.serving_responses import ResponseBuilder, ResponseStore
+from sglang.srt.entrypoints.openai.responses_output import ResponseBuilder, ResponseStore
 from sglang.srt.entrypoints.openai.utils import response_format_constraint
 from sglang.srt.managers.tokenizer_manager import RequestError
 

@@ -2,9 +2,10 @@
 
     python -m sglang.launch_server [flags]   ->   launch_server(server_args) here
 
-Routes: /generate (SGLang native), /v1/completions, /v1/chat/completions, /v1/models, /v1/models/{id},
-/v1/responses (+ GET /v1/responses/{id}), /server_info (+ /get_server_info), /model_info (+ /get_model_info), /get_load, /tokenize and /detokenize
-(+ /v1/ aliases), /health, /health_generate, /flush_cache, /metrics.
+Routes: /generate (SGLang native), /v1/completions, /v1/chat/completions, /v1/responses (+ GET
+/v1/responses/{id}), /v1/models, /v1/models/{id}, /server_info (+ /get_server_info), /model_info
+(+ /get_model_info), /get_load, /tokenize and /detokenize (+ /v1/ aliases), /health, /health_generate,
+/flush_cache, /metrics.
 The process layout is SGLang's: this process runs uvicorn and the TokenizerManager on one event loop;
 the scheduler rank(s) and the detokenizer are child processes (see engine.launch_subprocesses).
 """
