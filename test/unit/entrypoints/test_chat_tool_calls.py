@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=4, suite="per-commit-cpu")
+register_cpu_ci(est_time=6, suite="per-commit-cpu")
 
 # The chat serving layer's output path on a fake token stream (SmolLM2 never calls tools by itself, so the
 # model's text is given here): reasoning_content, content and tool_calls, streamed and not, as the `openai`

@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=3, suite="per-commit-cpu")
+register_cpu_ci(est_time=5, suite="per-commit-cpu")
 
 # No field is silently ignored on the OpenAI endpoints: SGLang's extension fields go where /generate
 # takes them (the sampling parameters) or are refused by name, OpenAI's label fields are accepted,

@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=3, suite="per-commit-cpu")
+register_cpu_ci(est_time=7, suite="per-commit-cpu")
 
 # The Responses API's pure parts: input items -> chat messages (function calls and their outputs, reasoning,
 # instructions), errors naming the Responses field, the bounded store, and the output items built from a

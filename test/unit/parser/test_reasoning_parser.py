@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=3, suite="per-commit-cpu")
+register_cpu_ci(est_time=4, suite="per-commit-cpu")
 
 # Every --reasoning-parser on outputs written the way its model family writes them: the split into
 # reasoning and answer is right, and streaming is exact for every way of cutting the text (seeded random
