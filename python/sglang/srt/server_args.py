@@ -21,6 +21,8 @@ from sglang.srt.server_args_cli import (
     KV_CACHE_DTYPES,
     LOAD_FORMATS,
     QUANTIZATIONS,
+    REASONING_PARSERS,
+    TOOL_CALL_PARSERS,
     add_cli_args,
 )
 
@@ -46,6 +48,8 @@ class ServerArgs:
     served_model_name: Optional[str] = None
     chat_template: Optional[str] = None
     random_seed: int = 0
+    tool_call_parser: Optional[str] = None
+    reasoning_parser: Optional[str] = None
 
     # HTTP server
     host: str = "127.0.0.1"
@@ -148,6 +152,14 @@ class ServerArgs:
         if self.attention_backend not in (None, *ATTENTION_BACKENDS):
             raise ServerArgsError(
                 f"--attention-backend must be one of {', '.join(ATTENTION_BACKENDS)}, got {self.attention_backend!r}"
+            )
+        if self.tool_call_parser not in (None, *TOOL_CALL_PARSERS):
+            raise ServerArgsError(
+                f"--tool-call-parser must be one of {', '.join(TOOL_CALL_PARSERS)}, got {self.tool_call_parser!r}"
+            )
+        if self.reasoning_parser not in (None, *REASONING_PARSERS):
+            raise ServerArgsError(
+                f"--reasoning-parser must be one of {', '.join(REASONING_PARSERS)}, got {self.reasoning_parser!r}"
             )
         if self.schedule_policy not in ("fcfs", "lpm"):
             raise ServerArgsError(f"--schedule-policy must be fcfs or lpm, got {self.schedule_policy!r}")

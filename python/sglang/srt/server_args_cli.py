@@ -15,6 +15,9 @@ KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5
 QUANTIZATIONS = ("fp8",)  # online: a full-precision checkpoint's dense linear layers, quantized while loading
 ATTENTION_BACKENDS = ("torch_native", "triton")
 KT_METHODS = ("BF16", "FP8", "INT8", "INT4", "MXFP4", "AMXINT4", "AMXINT8")
+# Upstream's names; function_call_parser.py / reasoning_parser.py hold the parsers (a unit test keeps them equal).
+TOOL_CALL_PARSERS = ("qwen25", "llama3", "mistral", "pythonic", "deepseekv3", "glm45", "kimi_k2", "qwen3_coder")
+REASONING_PARSERS = ("qwen3", "deepseek-r1", "glm45", "kimi_k2")
 
 
 def add_cli_args(parser: argparse.ArgumentParser, defaults: Mapping[str, Any]) -> None:
@@ -56,6 +59,20 @@ def add_cli_args(parser: argparse.ArgumentParser, defaults: Mapping[str, Any]) -
         "--chat-template", type=str, default=None, help="A Jinja chat template file, overriding the tokenizer's."
     )
     g.add_argument("--random-seed", type=int, default=_default("random_seed"))
+    g.add_argument(
+        "--tool-call-parser",
+        type=str,
+        default=None,
+        choices=TOOL_CALL_PARSERS,
+        help="The model's tool-call format: /v1/chat/completions returns its calls as tool_calls.",
+    )
+    g.add_argument(
+        "--reasoning-parser",
+        type=str,
+        default=None,
+        choices=REASONING_PARSERS,
+        help="The model's thinking format: /v1/chat/completions returns it as reasoning_content.",
+    )
 
     g = parser.add_argument_group("http")
     g.add_argument("--host", type=str, default=_default("host"))

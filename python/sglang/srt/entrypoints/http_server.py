@@ -2,8 +2,9 @@
 
     python -m sglang.launch_server [flags]   ->   launch_server(config) here
 
-Routes: /generate (SGLang native), /v1/completions, /v1/chat/completions, /v1/models, /v1/models/{id},
-/server_info (+ /get_server_info), /model_info (+ /get_model_info), /health, /health_generate,
+Routes: /generate (SGLang native), /v1/completions, /v1/chat/completions, /v1/responses (+ GET
+/v1/responses/{id}), /v1/models, /v1/models/{id}, /server_info (+ /get_server_info), /model_info
+(+ /get_model_info), /get_load, /tokenize and /detokenize (+ /v1/ aliases), /health, /health_generate,
 /flush_cache, /metrics.
 The process layout is SGLang's: this process runs uvicorn and the TokenizerManager on one event loop;
 the scheduler rank(s) and the detokenizer are child processes (see engine.launch_subprocesses).
@@ -45,10 +46,20 @@ from sglang.srt.entrypoints.launch_utils import (
     restore_signals,
 )
 from sglang.srt.entrypoints.native_protocol import GenerateRequest, to_generate_input
-from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest, ModelCard, ModelList
+from sglang.srt.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+)
+from sglang.srt.entrypoints.openai.responses_input import ResponsesRequest
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat, load_chat_template
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
-from sglang.srt.entrypoints.server_info import build_model_info, build_server_info
+from sglang.srt.entrypoints.openai.serving_responses import OpenAIServingResponses
+from sglang.srt.entrypoints.openai.serving_tokenize import OpenAIServingTokenize
+from sglang.srt.entrypoints.server_info import build_load, build_model_info, build_server_info
 from sglang.srt.entrypoints.startup_watch import LaunchError
 from sglang.srt.environ import envs
 from sglang.srt.managers.io_struct import GenerateReqInput
@@ -64,6 +75,7 @@ logger = logging.getLogger(__name__)
 SHUTDOWN_FLUSH_S = 3.0  # after the drain answered every request, their responses get this long to be written
 WARMUP_TIMEOUT_S = 300.0
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+DEFAULT_MODEL_ALIAS = "default"  # the model name the README's examples send; /v1/models/default answers too
 
 
 @dataclass
@@ -87,7 +99,11 @@ def create_app(tm: TokenizerManager, server_args: ServerArgs) -> FastAPI:
     )
     model_name = server_args.served_model_name
     completions = OpenAIServingCompletion(tm, model_name)
-    chat = OpenAIServingChat(tm, model_name, server_args.chat_template)
+    tokenizing = OpenAIServingTokenize(tm)
+    chat = OpenAIServingChat(
+        tm, model_name, server_args.chat_template, server_args.tool_call_parser, server_args.reasoning_parser
+    )
+    responses = OpenAIServingResponses(tm, chat, model_name)
 
     @app.api_route("/generate", methods=["POST", "PUT"])
     async def generate(raw: Request):
@@ -116,9 +132,34 @@ def create_app(tm: TokenizerManager, server_args: ServerArgs) -> FastAPI:
 
     @app.get("/v1/models/{model_id:path}")
     async def v1_model(model_id: str):
-        if model_id != model_name:
-            return error_response(f"model {model_id!r} not found; this server serves {model_name!r}", 404)
+        if model_id not in (model_name, DEFAULT_MODEL_ALIAS):
+            return error_response(
+                f"model {model_id!r} not found; this server serves {model_name!r} (also as {DEFAULT_MODEL_ALIAS!r})",
+                404,
+            )
         return card.model_dump()
+
+    @app.post("/v1/responses")
+    async def v1_responses(raw: Request):
+        return await responses.handle(await parse_body(raw, ResponsesRequest), raw)
+
+    @app.get("/v1/responses/{response_id}")
+    async def v1_response(response_id: str):
+        return responses.retrieve(response_id)
+
+    @app.post("/tokenize")
+    @app.post("/v1/tokenize")
+    async def tokenize(raw: Request):
+        return await tokenizing.tokenize(await parse_body(raw, TokenizeRequest))
+
+    @app.post("/detokenize")
+    @app.post("/v1/detokenize")
+    async def detokenize(raw: Request):
+        return await tokenizing.detokenize(await parse_body(raw, DetokenizeRequest))
+
+    @app.get("/get_load")
+    async def get_load():
+        return build_load(tm)
 
     @app.get("/model_info")
     @app.get("/get_model_info")

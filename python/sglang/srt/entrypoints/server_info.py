@@ -9,7 +9,8 @@ each internal state), `ranks` and `scheduler_stats`. The Engine's get_server_inf
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, Dict
+import time
+from typing import TYPE_CHECKING, Any, Dict, List
 
 from sglang import __version__
 
@@ -53,7 +54,28 @@ def build_server_info(server_args: "ServerArgs", tm: "TokenizerManager", startup
         "child_processes": [{"name": p.name, "pid": p.pid} for p in tm.child_processes],
         "version": __version__,
         "startup_time": startup_time,
+        # What SGLang's router reads of a worker (one data-parallel rank, no prefill/decode split).
+        "dp_size": 1,
+        "load_balance_method": "round_robin",
+        "disaggregation_mode": "null",
     }
+
+
+def build_load(tm: "TokenizerManager") -> List[Dict[str, Any]]:
+    """/get_load in upstream's shape, one entry per data-parallel rank: requests in flight, those the
+    scheduler still queues, and the tokens they hold or will hold (prompt + generated so far). Counted
+    from this process's own requests, so the router's poll always sees the load of this moment."""
+    states = [s for s in tm.rid_to_state.values() if s.req is not None]
+    num_reqs = len(states)
+    return [
+        {
+            "dp_rank": 0,
+            "num_reqs": num_reqs,
+            "num_waiting_reqs": min(tm.stats.num_queued_reqs, num_reqs),
+            "num_tokens": sum(len(s.req.input_ids) + len(s.output_ids) for s in states),
+            "ts_tic": time.perf_counter(),
+        }
+    ]
 
 
 def build_model_info(server_args: "ServerArgs", tm: "TokenizerManager") -> Dict[str, Any]:

@@ -1,8 +1,9 @@
 """Pydantic models of the OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models).
 
-Field names and defaults follow OpenAI's API reference; SGLang's extra sampling fields (top_k, min_p,
-repetition_penalty, ...) are accepted too. Unknown fields are ignored, as OpenAI clients send many
-optional ones; fields whose meaning we cannot honour are rejected by the serving classes instead.
+Field names and defaults follow OpenAI's API reference; SGLang's extension fields (top_k, min_p, regex,
+json_schema, chat_template_kwargs, separate_reasoning, ...) are typed here too. No key is silently ignored:
+keys not declared here are kept aside (extra="allow") and judged by field_policy.check_extra_fields, which
+accepts OpenAI's label-only fields (user, metadata, ...) and answers every other one with a 400 naming it.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ class StreamOptions(BaseModel):
 class _SamplingRequest(BaseModel):
     """Fields shared by completions and chat completions."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="allow")  # undeclared keys: see field_policy.check_extra_fields
 
     model: Optional[str] = None  # any name is accepted (one model per server, as in SGLang)
     temperature: Optional[float] = None
@@ -43,7 +44,16 @@ class _SamplingRequest(BaseModel):
     min_tokens: int = 0
     skip_special_tokens: bool = True
     no_stop_trim: bool = False
+    spaces_between_special_tokens: bool = True
     rid: Optional[str] = None
+    # SGLang's constraint and stop keys: handed to the sampling parameters, so they do exactly what they do
+    # in /generate's sampling_params (constrained decoding; a 400 naming the key while the engine lacks it).
+    regex: Optional[str] = None
+    ebnf: Optional[str] = None
+    json_schema: Optional[str] = None
+    structural_tag: Optional[str] = None
+    stop_regex: Optional[Union[str, List[str]]] = None
+    custom_params: Optional[Dict[str, Any]] = None
 
 
 class CompletionRequest(_SamplingRequest):
@@ -62,12 +72,55 @@ class ChatContentPart(BaseModel):
     text: Optional[str] = None
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+class FunctionCallIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
 
-    role: Literal["system", "developer", "user", "assistant", "tool"]
+    name: str
+    arguments: str = ""  # a JSON text, as OpenAI sends it
+
+
+class ToolCallIn(BaseModel):
+    """An assistant message's earlier tool call, sent back in the conversation history."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: Optional[str] = None
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+    index: Optional[int] = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt message key is a 400 naming it
+
+    role: Literal["system", "developer", "user", "assistant", "tool", "function"]
     content: Optional[Union[str, List[ChatContentPart]]] = None
     name: Optional[str] = None
+    tool_calls: Optional[List[ToolCallIn]] = None  # assistant
+    tool_call_id: Optional[str] = None  # tool
+    function_call: Optional[FunctionCallIn] = None  # assistant, OpenAI's legacy functions API
+    reasoning_content: Optional[str] = None  # assistant: its earlier thinking (SGLang's field)
+    refusal: Optional[str] = None  # assistant: a refusal OpenAI returned earlier, shown as its text
+    # What the openai client sends back when a returned message is appended to the conversation:
+    # citations of an earlier answer (its text already holds them) and audio (refused by name when set).
+    annotations: Optional[List[Dict[str, Any]]] = None
+    audio: Optional[Dict[str, Any]] = None
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    description: Optional[str] = None
+    parameters: Optional[Dict[str, Any]] = None
+    strict: Optional[bool] = None
+
+
+class Tool(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
 
 
 class ChatCompletionRequest(_SamplingRequest):
@@ -76,9 +129,18 @@ class ChatCompletionRequest(_SamplingRequest):
     max_completion_tokens: Optional[int] = None
     logprobs: bool = False
     top_logprobs: Optional[int] = None
-    tools: Optional[List[Dict[str, Any]]] = None
-    tool_choice: Optional[Any] = None
+    tools: Optional[List[Tool]] = None
+    tool_choice: Optional[Union[str, Dict[str, Any]]] = None
+    parallel_tool_calls: bool = True
+    functions: Optional[List[FunctionDefinition]] = None  # OpenAI's legacy form of tools
+    function_call: Optional[Union[str, Dict[str, Any]]] = None  # ... and of tool_choice
     response_format: Optional[Dict[str, Any]] = None
+    modalities: Optional[List[str]] = None
+    # SGLang's chat extensions
+    chat_template_kwargs: Optional[Dict[str, Any]] = None  # extra variables for the template (enable_thinking)
+    continue_final_message: bool = False  # the last (assistant) message is continued, not answered
+    separate_reasoning: bool = True  # with --reasoning-parser: thinking in reasoning_content
+    stream_reasoning: bool = True  # stream reasoning_content as it comes (false: in the last chunk)
 
 
 # ------------------------------------------------------------------ responses
@@ -90,8 +152,8 @@ class UsageInfo(BaseModel):
 
 class CompletionLogProbs(BaseModel):
     tokens: List[str] = Field(default_factory=list)
-    token_logprobs: List[float] = Field(default_factory=list)
-    top_logprobs: Optional[List[Dict[str, float]]] = None
+    token_logprobs: List[Optional[float]] = Field(default_factory=list)  # null for the first prompt token
+    top_logprobs: Optional[List[Optional[Dict[str, float]]]] = None
     text_offset: List[int] = Field(default_factory=list)
 
 
@@ -122,9 +184,24 @@ class ChatLogProbs(BaseModel):
     content: List[ChatLogProbToken] = Field(default_factory=list)
 
 
+class FunctionCallOut(BaseModel):
+    name: Optional[str] = None
+    arguments: Optional[str] = None
+
+
+class ToolCallOut(BaseModel):
+    id: Optional[str] = None
+    index: Optional[int] = None
+    type: Optional[Literal["function"]] = "function"
+    function: FunctionCallOut
+
+
 class ChatMessageOut(BaseModel):
     role: str = "assistant"
     content: Optional[str] = None
+    reasoning_content: Optional[str] = None
+    tool_calls: Optional[List[ToolCallOut]] = None
+    function_call: Optional[FunctionCallOut] = None  # the legacy functions API's form of one call
 
 
 class ChatChoice(BaseModel):
@@ -146,6 +223,9 @@ class ChatCompletionResponse(BaseModel):
 class DeltaMessage(BaseModel):
     role: Optional[str] = None
     content: Optional[str] = None
+    reasoning_content: Optional[str] = None
+    tool_calls: Optional[List[ToolCallOut]] = None
+    function_call: Optional[FunctionCallOut] = None  # the legacy functions API's form of one call
 
 
 class ChatStreamChoice(BaseModel):
@@ -176,3 +256,33 @@ class ModelCard(BaseModel):
 class ModelList(BaseModel):
     object: str = "list"
     data: List[ModelCard]
+
+
+class TokenizeRequest(BaseModel):
+    """/tokenize (alias /v1/tokenize), SGLang's shape."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Optional[str] = None
+    prompt: Union[str, List[str]]
+    add_special_tokens: bool = True
+
+
+class TokenizeResponse(BaseModel):
+    tokens: Union[List[int], List[List[int]]]
+    count: Union[int, List[int]]
+    max_model_len: int
+
+
+class DetokenizeRequest(BaseModel):
+    """/detokenize (alias /v1/detokenize), SGLang's shape."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: Optional[str] = None
+    tokens: Union[List[int], List[List[int]]]
+    skip_special_tokens: bool = True
+
+
+class DetokenizeResponse(BaseModel):
+    text: Union[str, List[str]]

@@ -9,12 +9,21 @@ tokens at its position, computed in the same forward.
 from __future__ import annotations
 
 import os
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from sglang.srt.entrypoints.http_utils import sse_stream, start_generation
+from sglang.srt.entrypoints.openai.chat_output import ChatDelta, ChatOutputParser, OutputPlan
+from sglang.srt.entrypoints.openai.chat_prompt import (
+    ToolPlan,
+    message_text,
+    resolve_tools,
+    template_kwargs,
+    template_messages,
+)
+from sglang.srt.entrypoints.openai.field_policy import check_extra_fields, check_modalities
 from sglang.srt.entrypoints.openai.protocol import (
     ChatChoice,
     ChatCompletionChunk,
@@ -22,17 +31,20 @@ from sglang.srt.entrypoints.openai.protocol import (
     ChatCompletionResponse,
     ChatLogProbs,
     ChatLogProbToken,
-    ChatMessage,
     ChatMessageOut,
     ChatStreamChoice,
     DeltaMessage,
+    FunctionCallOut,
+    ToolCallOut,
 )
 from sglang.srt.entrypoints.openai.utils import (
     build_sampling_params,
+    check_sampling_params,
     entry_text,
     finish_reason,
     new_request_id,
     output_logprob_entries,
+    response_format_constraint,
     stream_options_usage,
     usage_of,
 )
@@ -56,63 +68,101 @@ def load_chat_template(path_or_template: Optional[str]) -> Optional[str]:
 
 class OpenAIServingChat:
     def __init__(
-        self, tokenizer_manager: TokenizerManager, served_model_name: str, chat_template: Optional[str]
+        self,
+        tokenizer_manager: TokenizerManager,
+        served_model_name: str,
+        chat_template: Optional[str],
+        tool_call_parser: Optional[str] = None,
+        reasoning_parser: Optional[str] = None,
     ) -> None:
         self.tm = tokenizer_manager
         self.served_model_name = served_model_name
         self.chat_template = load_chat_template(chat_template)
+        self.tool_call_parser = tool_call_parser
+        self.reasoning_parser = reasoning_parser
+        self._template_renders_tools: Optional[bool] = None
 
     # ------------------------------------------------------------ request
-    @staticmethod
-    def _content(msg: ChatMessage, index: int) -> str:
-        if msg.content is None or isinstance(msg.content, str):
-            return msg.content or ""
-        texts = []
-        for part in msg.content:
-            if part.type != "text" or part.text is None:
-                raise RequestError(f"messages.{index}.content: only text parts are supported, got type {part.type!r}")
-            texts.append(part.text)
-        return "".join(texts)
+    def _renders_tools(self) -> bool:
+        """Whether the chat template shows tools to the model at all (many small models' templates do not):
+        tools it would drop are refused rather than silently ignored. Probed once per server."""
+        if self._template_renders_tools is None:
+            probe = [{"role": "user", "content": "x"}]
+            tool = {"type": "function", "function": {"name": "probe_tool_name", "parameters": {"type": "object"}}}
+            render = lambda **kw: self.tm.tokenizer.apply_chat_template(  # noqa: E731
+                probe, tokenize=False, add_generation_prompt=True, chat_template=self.chat_template, **kw
+            )
+            try:
+                self._template_renders_tools = render(tools=[tool]) != render()
+            except Exception:  # noqa: BLE001 - a template that fails on tools does not render them
+                self._template_renders_tools = False
+        return self._template_renders_tools
 
-    def prompt_ids(self, req: ChatCompletionRequest) -> List[int]:
+    def prompt_ids(self, req: ChatCompletionRequest, plan: ToolPlan) -> List[int]:
         tok = self.tm.tokenizer
         if tok is None:
             raise RequestError("chat completions need a tokenizer; this server runs with --skip-tokenizer-init")
-        if not req.messages:
-            raise RequestError("messages must not be empty")
-        messages = []
-        for i, m in enumerate(req.messages):
-            entry = {"role": m.role, "content": self._content(m, i)}
-            if m.name:
-                entry["name"] = m.name
-            messages.append(entry)
+        messages = template_messages(req)
+        kwargs = template_kwargs(req)
+        if plan.tools is not None:
+            if not self._renders_tools():
+                raise RequestError(
+                    f"{plan.field}: this model's chat template does not render tools, so the model would never "
+                    "see them (start the server with a --chat-template that does)"
+                )
+            kwargs["tools"] = list(plan.tools)
         try:
-            text = tok.apply_chat_template(
-                messages, tokenize=False, add_generation_prompt=True, chat_template=self.chat_template
-            )
+            text = tok.apply_chat_template(messages, tokenize=False, chat_template=self.chat_template, **kwargs)
         except Exception as e:  # noqa: BLE001 - a template error is the request's (or config's) problem, not a crash
-            raise RequestError(f"could not apply the chat template: {e}") from None
+            raise RequestError(f"could not apply the chat template: {type(e).__name__}: {e}") from None
         return tok.encode(text, add_special_tokens=False)
 
     def _check(self, req: ChatCompletionRequest) -> None:
-        if req.tools and req.tool_choice != "none":
-            raise RequestError("tools (function calling) are not supported by this server")
-        if req.response_format and req.response_format.get("type", "text") != "text":
-            raise RequestError("response_format other than {'type': 'text'} is not supported by this server")
+        check_extra_fields(req)
+        check_modalities(req.modalities)
+        if not req.messages:
+            raise RequestError("messages must not be empty")
         if req.top_logprobs is not None and not 0 <= req.top_logprobs <= MAX_TOP_LOGPROBS:
             raise RequestError(f"top_logprobs must be in [0, {MAX_TOP_LOGPROBS}], got {req.top_logprobs}")
         if req.top_logprobs and not req.logprobs:
             raise RequestError("top_logprobs needs logprobs: true")
 
+    def _sampling_params(self, req: ChatCompletionRequest, max_tokens: Optional[int]) -> dict:
+        params = build_sampling_params(req, max_tokens)
+        origin: Dict[str, str] = {}
+        constraint = response_format_constraint(req.response_format)
+        if constraint is not None:
+            key, value = constraint
+            clash = [k for k in ("regex", "ebnf", "json_schema", "structural_tag") if params.get(k) is not None]
+            if clash:
+                raise RequestError(f"response_format: give either response_format or {clash[0]}, not both")
+            params[key] = value
+            origin[key] = "response_format"
+        check_sampling_params(params, origin)
+        return params
+
+    def _output_plan(self, req: ChatCompletionRequest, plan: ToolPlan) -> OutputPlan:
+        return OutputPlan(
+            reasoning_parser=self.reasoning_parser if req.separate_reasoning else None,
+            tool_call_parser=self.tool_call_parser if plan.parse_calls else None,
+            tools=plan.tools or (),
+            parallel_tool_calls=req.parallel_tool_calls,
+        )
+
     async def handle(self, req: ChatCompletionRequest, raw: Request):
         self._check(req)
+        plan = resolve_tools(req, self.tool_call_parser)
+        output_plan = self._output_plan(req, plan)
         rid = new_request_id(req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+        sampling_params = self._sampling_params(req, max_tokens)
+        if output_plan.needs_special_tokens and "skip_special_tokens" not in req.model_fields_set:
+            sampling_params["skip_special_tokens"] = False  # the call markers are special tokens
         for i, m in enumerate(req.messages):  # before any template or tokenizer work
-            self.tm.check_text_size(self._content(m, i), f"messages.{i}.content")
+            self.tm.check_text_size(message_text(m, i), f"messages.{i}.content")
         obj = GenerateReqInput(
-            input_ids=await self.tm.run_cpu(self.prompt_ids, req),
-            sampling_params=build_sampling_params(req, max_tokens),
+            input_ids=await self.tm.run_cpu(self.prompt_ids, req, plan),
+            sampling_params=sampling_params,
             rid=rid,
             return_logprob=req.logprobs,
             top_logprobs_num=req.top_logprobs or 0,
@@ -123,23 +173,44 @@ class OpenAIServingChat:
         model = req.model or self.served_model_name
         if not req.stream:
             outs = first if isinstance(first, list) else [first]  # n choices
-            choices = [
-                ChatChoice(
-                    index=i,
-                    message=ChatMessageOut(content=out.get("text", "")),
-                    logprobs=self._logprobs(out, 0) if req.logprobs else None,
-                    finish_reason=finish_reason(out["meta_info"]),
-                )
-                for i, out in enumerate(outs)
-            ]
+            choices = [self._choice(i, out, req, plan, output_plan) for i, out in enumerate(outs)]
             resp = ChatCompletionResponse(
                 id=f"chatcmpl-{rid}", model=model, choices=choices, usage=usage_of(outs, len(outs))
             )
-            return JSONResponse(resp.model_dump())
+            body = resp.model_dump()
+            for choice in body["choices"]:  # unset message fields are omitted (content stays, null or not)
+                choice["message"] = {k: v for k, v in choice["message"].items() if v is not None or k == "content"}
+            return JSONResponse(body)
         return StreamingResponse(
-            sse_stream(self.tm, [rid], first, agen, *self._stream_events(req, rid, model)),
+            sse_stream(self.tm, [rid], first, agen, *self._stream_events(req, rid, model, plan, output_plan)),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
+        )
+
+    def _choice(self, index: int, out: dict, req: ChatCompletionRequest, plan: ToolPlan, output_plan: OutputPlan):
+        parser = ChatOutputParser(output_plan)
+        parsed = parser.whole(out.get("text", ""))
+        calls = [
+            ToolCallOut(
+                id=parser.call_id(c.tool_index),
+                index=c.tool_index,
+                function=FunctionCallOut(name=c.name, arguments=c.parameters),
+            )
+            for c in parsed.tool_calls
+        ]
+        message = ChatMessageOut(
+            content=parsed.content if parsed.content or not calls else None,
+            reasoning_content=parsed.reasoning or None,
+        )
+        if calls and plan.legacy:
+            message.function_call = calls[0].function  # the legacy functions API: one call, no id
+        elif calls:
+            message.tool_calls = calls
+        return ChatChoice(
+            index=index,
+            message=message,
+            logprobs=self._logprobs(out, 0) if req.logprobs else None,
+            finish_reason=_finish_reason(finish_reason(out["meta_info"]), bool(calls), plan.legacy),
         )
 
     # ------------------------------------------------------------ output
@@ -162,9 +233,12 @@ class OpenAIServingChat:
             ]
         )
 
-    def _stream_events(self, req: ChatCompletionRequest, rid: str, model: str):
-        """Callbacks: the first chunk carries the role, then content deltas, the last the finish reason."""
-        sent = {"chars": 0, "tokens": 0, "role": False}
+    def _stream_events(self, req: ChatCompletionRequest, rid: str, model: str, plan: ToolPlan, output_plan: OutputPlan):
+        """Callbacks: the first chunk carries the role, then reasoning / content / tool-call deltas, the last
+        the finish reason. Text a parser still holds back (a marker that may be opening) waits."""
+        sent = {"chars": 0, "tokens": 0, "role": False, "calls": False}
+        parser = ChatOutputParser(output_plan)
+        held_reasoning: List[str] = []  # stream_reasoning false: the reasoning goes out in one piece
         # The chunk's fields as the protocol models dump them, built once per stream: validating the models
         # for every token is a large share of a chunk's cost at hundreds of streams.
         head = ChatCompletionChunk(id=f"chatcmpl-{rid}", model=model, choices=[]).model_dump()
@@ -179,18 +253,66 @@ class OpenAIServingChat:
             )
             return dict(head, choices=[choice])
 
+        def call_pieces(items) -> tuple:
+            calls, legacy = [], None
+            for c in items:
+                function = FunctionCallOut(name=c.name, arguments=c.parameters)
+                if plan.legacy:
+                    if c.tool_index == 0:
+                        legacy = (
+                            function
+                            if legacy is None
+                            else FunctionCallOut(
+                                name=legacy.name or c.name, arguments=(legacy.arguments or "") + c.parameters
+                            )
+                        )
+                    continue
+                first = c.name is not None
+                calls.append(
+                    ToolCallOut(
+                        id=parser.call_id(c.tool_index) if first else None,
+                        index=c.tool_index,
+                        type="function" if first else None,
+                        function=function,
+                    )
+                )
+            return calls or None, legacy
+
         def events_for(out: dict) -> List[dict]:
             events = []
             if not sent["role"]:
                 sent["role"] = True
                 events.append(chunk(DeltaMessage(role="assistant", content=""), None, None))
             text = out.get("text", "")
-            delta = text[sent["chars"] :]
             lp = self._logprobs(out, sent["tokens"]) if req.logprobs else None
             fr = finish_reason(out["meta_info"])
+            parsed = parser.feed(text[sent["chars"] :]) if len(text) > sent["chars"] else ChatDelta()
+            if fr is not None:
+                last = parser.finish()
+                parsed = ChatDelta(
+                    parsed.reasoning + last.reasoning,
+                    parsed.content + last.content,
+                    parsed.tool_calls + last.tool_calls,
+                )
             sent["chars"], sent["tokens"] = max(sent["chars"], len(text)), len(out["output_ids"])
-            if delta or fr is not None or (lp and lp.content):
-                events.append(chunk(DeltaMessage(content=delta or None), lp, fr))
+            reasoning = parsed.reasoning
+            if not req.stream_reasoning:
+                held_reasoning.append(reasoning)
+                done = fr is not None or parsed.content or parsed.tool_calls
+                reasoning = "".join(held_reasoning) if done else ""
+                if done:
+                    held_reasoning.clear()
+            calls, legacy = call_pieces(parsed.tool_calls)
+            sent["calls"] = sent["calls"] or bool(parsed.tool_calls)
+            delta = DeltaMessage(
+                content=parsed.content or None,
+                reasoning_content=reasoning or None,
+                tool_calls=calls,
+                function_call=legacy,
+            )
+            final = _finish_reason(fr, sent["calls"], plan.legacy) if fr is not None else None
+            if delta.content or reasoning or calls or legacy or fr is not None or (lp and lp.content):
+                events.append(chunk(delta, lp, final))
             return events
 
         def closing_events(last: dict) -> List[dict]:
@@ -201,3 +323,10 @@ class OpenAIServingChat:
             ]
 
         return events_for, closing_events
+
+
+def _finish_reason(reason: Optional[str], called: bool, legacy: bool) -> Optional[str]:
+    """OpenAI's finish reason when the model called tools: tool_calls (function_call for the legacy API)."""
+    if called and reason == "stop":
+        return "function_call" if legacy else "tool_calls"
+    return reason

@@ -14,6 +14,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from sglang.srt.entrypoints.http_utils import sse_stream, start_generation
+from sglang.srt.entrypoints.openai.field_policy import check_extra_fields
 from sglang.srt.entrypoints.openai.protocol import (
     CompletionChoice,
     CompletionLogProbs,
@@ -22,6 +23,7 @@ from sglang.srt.entrypoints.openai.protocol import (
 )
 from sglang.srt.entrypoints.openai.utils import (
     build_sampling_params,
+    check_sampling_params,
     entry_text,
     finish_reason,
     new_request_id,
@@ -56,6 +58,7 @@ class OpenAIServingCompletion:
         return True, None, [list(p) for p in prompt]
 
     def _check(self, req: CompletionRequest) -> None:
+        check_extra_fields(req)
         if req.suffix:
             raise RequestError("suffix is not supported by this server")
         if req.best_of not in (None, 1):
@@ -67,12 +70,14 @@ class OpenAIServingCompletion:
         self._check(req)
         is_batch, texts, ids = self._split_prompt(req.prompt)
         prompts: List[Any] = texts if texts is not None else ids
+        sampling_params = build_sampling_params(req, req.max_tokens)
+        check_sampling_params(sampling_params, {})
         base_rid = new_request_id(req)
         rids = [f"{base_rid}-{i}" for i in range(len(prompts))] if is_batch else [base_rid]
         obj = GenerateReqInput(
             text=(texts if is_batch else texts[0]) if texts is not None else None,
             input_ids=(ids if is_batch else ids[0]) if ids is not None else None,
-            sampling_params=build_sampling_params(req, req.max_tokens),
+            sampling_params=sampling_params,
             rid=rids if is_batch else rids[0],
             return_logprob=req.logprobs is not None,
             top_logprobs_num=req.logprobs or 0,
@@ -115,18 +120,25 @@ class OpenAIServingCompletion:
     def _logprobs(
         self, out: dict, k: Optional[int], start: int, text_offset: int, echo: bool = False
     ) -> Optional[CompletionLogProbs]:
+        """OpenAI's completion logprobs from output token `start` on; with `echo` the prompt's tokens come
+        first, the first of them with null logprob and null alternatives (nothing predicts it), as OpenAI
+        returns them. text_offset counts characters from `text_offset` on."""
         if k is None:
             return None
         entries, tops = output_logprob_entries(out, start)
-        if echo:  # the prompt's entries first (its first token has no logprob: OpenAI shows null)
+        alternatives: List[Optional[list]] = list(tops)
+        if echo:
             prompt, prompt_tops = prompt_logprob_entries(out)
-            entries, tops = prompt + entries, [t or [] for t in prompt_tops] + tops
+            entries = prompt + entries
+            alternatives = list(prompt_tops) + alternatives  # None (null) where nothing predicts the token
         tokens = [entry_text(e) for e in entries]
         offsets = []
         for t in tokens:
             offsets.append(text_offset)
             text_offset += len(t)
-        top = [{entry_text(t): t[0] for t in alternatives} for alternatives in tops] if k > 0 else None
+        top = None
+        if k > 0:
+            top = [None if alts is None else {entry_text(t): t[0] for t in alts} for alts in alternatives]
         return CompletionLogProbs(
             tokens=tokens, token_logprobs=[e[0] for e in entries], top_logprobs=top, text_offset=offsets
         )
@@ -142,9 +154,12 @@ class OpenAIServingCompletion:
         def events_for(out: dict) -> List[dict]:
             text = out.get("text", "")
             delta = text[sent["chars"] :]
-            lp = self._logprobs(out, req.logprobs, sent["tokens"], sent["chars"])
+            first = not sent["echoed"]
+            # The first chunk carries the echoed prompt and, with logprobs, the prompt tokens' entries.
+            offset = 0 if first else len(echo) + sent["chars"]
+            lp = self._logprobs(out, req.logprobs, sent["tokens"], offset, echo=first and req.echo)
             fr = finish_reason(out["meta_info"])
-            if not sent["echoed"]:
+            if first:
                 delta, sent["echoed"] = echo + delta, True
             sent["chars"], sent["tokens"] = max(sent["chars"], len(text)), len(out["output_ids"])
             if not delta and fr is None and not (lp and lp.tokens):

@@ -3,10 +3,13 @@ usage and token strings."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from sglang.srt.entrypoints.openai.protocol import UsageInfo, _SamplingRequest
+from sglang.srt.managers.tokenizer_manager import RequestError
+from sglang.srt.sampling.sampling_params import SamplingParams, SamplingParamsError
 
 
 def new_request_id(req: _SamplingRequest) -> str:
@@ -32,9 +35,30 @@ def build_sampling_params(req: _SamplingRequest, max_new_tokens: Optional[int]) 
         "ignore_eos": req.ignore_eos,
         "skip_special_tokens": req.skip_special_tokens,
         "no_stop_trim": req.no_stop_trim,
+        "spaces_between_special_tokens": req.spaces_between_special_tokens,
         "logit_bias": req.logit_bias,
+        "regex": req.regex,
+        "ebnf": req.ebnf,
+        "json_schema": req.json_schema,
+        "structural_tag": req.structural_tag,
+        "stop_regex": req.stop_regex,
+        "custom_params": req.custom_params,
     }
     return {k: v for k, v in params.items() if v is not None}
+
+
+def check_sampling_params(params: Dict[str, Any], origin: Dict[str, str]) -> None:
+    """Validate the sampling parameters now, so that an error names the OpenAI field a key came from
+    (`origin`: sampling key -> request field, e.g. json_schema -> response_format)."""
+    try:
+        SamplingParams.from_dict(params)
+    except SamplingParamsError as e:
+        message = str(e)
+        for key, field in origin.items():
+            if message.startswith(f"{key}:") or message.startswith(f"{key} "):
+                message = f"{field} (as sampling parameter {key}){message[len(key) :]}"
+                break
+        raise RequestError(message) from None
 
 
 def finish_reason(meta: dict) -> Optional[str]:
@@ -77,3 +101,28 @@ def prompt_logprob_entries(out: dict) -> Tuple[List[Entry], List[Optional[List[E
 
 def stream_options_usage(req: _SamplingRequest) -> bool:
     return bool(req.stream_options and req.stream_options.include_usage)
+
+
+def response_format_constraint(response_format: Optional[Dict[str, Any]]) -> Optional[Tuple[str, str]]:
+    """OpenAI's response_format -> the SGLang sampling key that enforces it and its value, as upstream
+    maps it: json_object -> a JSON-object schema, json_schema -> its schema, structural_tag -> itself."""
+    if response_format is None:
+        return None
+    kind = response_format.get("type")
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return "json_schema", json.dumps({"type": "object"})
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict):
+            raise RequestError("response_format.json_schema: must be an object with the schema under `schema`")
+        schema = spec.get("schema", spec.get("schema_"))
+        if not isinstance(schema, dict):
+            raise RequestError("response_format.json_schema.schema: must be a JSON schema object")
+        return "json_schema", json.dumps(schema)
+    if kind == "structural_tag":
+        return "structural_tag", json.dumps({k: v for k, v in response_format.items() if k != "type"})
+    raise RequestError(
+        f"response_format.type: must be one of text, json_object, json_schema, structural_tag, got {kind!r}"
+    )
