@@ -236,6 +236,24 @@ class ServerArgs:
         except ValueError as e:
             raise ServerArgsError(str(e)) from e
 
+    def _check_checkpoint_quantization(self) -> None:
+        """The checkpoint's own quantization_config must be a format we run: refused here, before any weight
+        is read, naming the method (config.json's own dict: a GGUF carries its formats per tensor and has none)."""
+        import json
+        import os
+
+        from sglang.srt.configs.quantization_config import checkpoint_quantization
+
+        config_path = os.path.join(self.model_path, "config.json")
+        if not os.path.isfile(config_path):
+            return
+        with open(config_path) as f:
+            config = json.load(f)
+        try:
+            checkpoint_quantization(config)
+        except ValueError as e:
+            raise ServerArgsError(f"--model-path {self.model_path}: {e}") from e
+
     def _resolve_device(self, assume_device: Optional[AssumedDevice]) -> None:
         if assume_device is not None:
             cuda_visible = assume_device.kind == "cuda"
@@ -275,6 +293,7 @@ class ServerArgs:
             self.served_model_name = self.model_path
         self._check_kt_against_model()
         self._check_quantization_against_model()
+        self._check_checkpoint_quantization()
 
     # ------------------------------------------------------------ memory heuristics
     def device_memory_capacity_mib(self) -> float:

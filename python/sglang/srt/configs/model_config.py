@@ -8,6 +8,7 @@ from typing import List, Optional
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
+from sglang.srt.configs.quantization_config import CheckpointQuantization, checkpoint_quantization
 from sglang.srt.distributed.partition import HeadPartition
 from sglang.srt.model_executor.pool_configurator import KVGeometry
 from sglang.srt.model_loader.model_source import ModelSource, resolve_model_source
@@ -113,6 +114,7 @@ class ModelConfig:
     vocab_size: int
     eos_token_ids: List[int]
     quantization: Optional[str] = None  # --quantization: the dense linear layers' weight format
+    checkpoint_quantization: Optional[CheckpointQuantization] = None  # the checkpoint's own format
 
     @classmethod
     def from_server_args(cls, server_args) -> "ModelConfig":
@@ -150,6 +152,7 @@ class ModelConfig:
         model_dtype = resolve_dtype(dtype, hf_config, device)
         if quantization is not None:
             check_online_quantization(quantization, hf_config, model_dtype, device)
+        checkpoint_format = checkpoint_quantization(hf_config)  # refuses a format we do not run
         return cls(
             hf_config=hf_config,
             source=source,
@@ -166,6 +169,7 @@ class ModelConfig:
             vocab_size=text.vocab_size,
             eos_token_ids=eos_ids,
             quantization=quantization,
+            checkpoint_quantization=checkpoint_format,
         )
 
     def head_partition(self, tp_size: int = 1, tp_rank: int = 0) -> HeadPartition:
