@@ -11,7 +11,6 @@ import torch
 from safetensors import safe_open
 from tqdm.auto import tqdm
 
-
 INDEX_FILE = "model.safetensors.index.json"
 
 
