@@ -8,7 +8,11 @@ from typing import List, Optional
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
-from sglang.srt.configs.quantization_config import CheckpointQuantization, checkpoint_quantization
+from sglang.srt.configs.quantization_config import (
+    CheckpointQuantization,
+    checkpoint_quantization,
+    linear_weight_format,
+)
 from sglang.srt.distributed.partition import HeadPartition
 from sglang.srt.model_executor.pool_configurator import KVGeometry
 from sglang.srt.model_loader.model_source import ModelSource, resolve_model_source
@@ -153,6 +157,8 @@ class ModelConfig:
         if quantization is not None:
             check_online_quantization(quantization, hf_config, model_dtype, device)
         checkpoint_format = checkpoint_quantization(hf_config)  # refuses a format we do not run
+        is_moe = num_routed_experts(hf_config) > 0
+        quantization = quantization or linear_weight_format(checkpoint_format, device, is_moe, model_dtype)
         return cls(
             hf_config=hf_config,
             source=source,

@@ -50,6 +50,11 @@ class CheckpointQuantization:
     ignored: Tuple[str, ...] = ()  # module names (or "re:" patterns) kept in full precision
 
     @property
+    def param_scale_name(self) -> str:
+        """The scale's name on our layers: weight_scale_inv for blocks (layers/linear.py), else weight_scale."""
+        return "weight_scale_inv" if self.strategy == "block" else "weight_scale"
+
+    @property
     def block_size(self) -> Optional[int]:
         return BLOCK if self.strategy == "block" else None
 
@@ -140,10 +145,6 @@ def parse_checkpoint_quantization(quantization_config: Optional[Mapping[str, Any
     raise _refuse(f"quant_method {cfg.get('quant_method')!r} is not supported")
 
 
-# Formats parsed above that the loader and layers run today; the rest are refused by name until they do.
-LOADABLE_METHODS: Tuple[str, ...] = ()
-
-
 def checkpoint_quantization(config: Any) -> Optional[CheckpointQuantization]:
     """The checkpoint format declared by `config` (a transformers PretrainedConfig, or config.json's dict as
     read from disk), looking into its text_config for multimodal wrappers; None for full precision;
@@ -153,7 +154,19 @@ def checkpoint_quantization(config: Any) -> Optional[CheckpointQuantization]:
         return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
 
     text = field(config, "text_config") or {}
-    parsed = parse_checkpoint_quantization(field(config, "quantization_config") or field(text, "quantization_config"))
-    if parsed is not None and parsed.method not in LOADABLE_METHODS:
-        raise _refuse(f"quant_method {parsed.method!r} ({parsed.strategy} scales) is not loaded yet")
-    return parsed
+    return parse_checkpoint_quantization(field(config, "quantization_config") or field(text, "quantization_config"))
+
+
+def linear_weight_format(
+    quant: Optional[CheckpointQuantization], device: str, is_moe: bool, dtype: Any
+) -> Optional[str]:
+    """The dense linear layers' weight format for this checkpoint (layers/linear.py): on the GPU a dense model
+    keeps the checkpoint's fp8 ("fp8_block", or "fp8_channel" for per-channel/per-tensor scales); the CPU, and
+    for now MoE models on the GPU, dequantize at load (None: full-precision layers)."""
+    if quant is None or device != "cuda" or is_moe:
+        return None
+    if quant.strategy == "block":
+        return "fp8_block"
+    if str(dtype) != "torch.bfloat16":  # torch._scaled_mm's row-wise scales produce bf16 only
+        raise ValueError(f"a {quant.method} per-{quant.strategy} fp8 checkpoint on the GPU needs --dtype bfloat16")
+    return "fp8_channel"

@@ -33,6 +33,20 @@ def get_model(model_config: ModelConfig, load_format: str, device: str, seed: in
     cls = get_model_class(model_config.architecture)
     with torch.device(device):
         model = cls(model_config.hf_config, model_config.dtype, max_position=model_config.context_len, **model_kwargs)
-    model.load_weights(_weights(model_config, load_format, device, seed))
+    weights = _weights(model_config, load_format, device, seed)
+    quant = model_config.checkpoint_quantization
+    if quant is not None:  # a native FP8 checkpoint: fp8 layers take its weights as they are, others dequantized
+        from sglang.srt.model_loader.fp8_checkpoint import (
+            checkpoint_fp8_weights,
+            fp8_parameter_filter,
+            quantized_dummy_weights,
+        )
+
+        keep = fp8_parameter_filter(model, model.stacked_params_mapping)
+        if load_format == "dummy":
+            weights = quantized_dummy_weights(weights, quant, keep)
+        else:
+            weights = checkpoint_fp8_weights(weights, quant, model_config.dtype, keep)
+    model.load_weights(weights)
     model.finish_loading()
     return model.eval()
