@@ -13,7 +13,7 @@ import random
 import pytest
 import torch
 
-from sglang.test.fp8_checkpoints import dense_bf16, moe_bf16, write_fp8_checkpoint
+from sglang.test.fp8_checkpoints import dense_bf16, fake_quantized, moe_bf16, write_fp8_checkpoint
 from sglang.test.runners import greedy_params, hf_greedy, load_hf_model, make_scheduler, run_scheduler
 
 NEW_TOKENS = 16
@@ -49,28 +49,6 @@ def test_fp8_checkpoint_equals_transformers_on_dequantized_weights(arch, strateg
     assert [o.output_ids for o in outs] == ref
 
 
-class FakeQuantLinear(torch.nn.Module):
-    """transformers' Linear computing as our fp8 layer does: the checkpoint's dequantized weight, the input
-    rounded through e4m3 per token and 128-column group (block) or per token (channel / tensor)."""
-
-    def __init__(self, linear: torch.nn.Linear, strategy: str) -> None:
-        super().__init__()
-        self.weight, self.bias, self.strategy = linear.weight, linear.bias, strategy
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from sglang.srt.layers.quantization.fp8_block_linear import quantize_groups_reference
-        from sglang.srt.layers.quantization.fp8_linear import quantize_rows
-
-        x2 = x.reshape(-1, x.shape[-1])
-        if self.strategy == "block":
-            q, s = quantize_groups_reference(x2)
-            xq = q.float() * s.repeat_interleave(128, 1)[:, : x2.shape[1]]
-        else:
-            q, s = quantize_rows(x2)
-            xq = q.float() * s
-        return torch.nn.functional.linear(xq.view(x.shape), self.weight, self.bias)
-
-
 @pytest.mark.parametrize("strategy", ["block", "channel"])
 def test_layers_keeping_the_checkpoints_fp8(strategy, tmp_path, monkeypatch):
     """The GPU's format (the linear layers keep the checkpoint's fp8 weights and scales, activations quantized at
@@ -98,13 +76,7 @@ def test_layers_keeping_the_checkpoints_fp8(strategy, tmp_path, monkeypatch):
     else:
         assert torch.equal(attn.qkv_proj.weight_scale, torch.cat([ckpt[p + "weight_scale"] for p in parts]))
 
-    ref_model = load_hf_model(d + "-dequantized")
-    for layer in ref_model.model.layers:
-        for parent in (layer.self_attn, layer.mlp):
-            for name, child in list(parent.named_children()):
-                if isinstance(child, torch.nn.Linear):
-                    setattr(parent, name, FakeQuantLinear(child, strategy))
-    ref = hf_greedy(ref_model, prompts(512), NEW_TOKENS)
+    ref = hf_greedy(fake_quantized(load_hf_model(d + "-dequantized"), strategy), prompts(512), NEW_TOKENS)
     outs = run_scheduler(sched, prompts(512), greedy_params(NEW_TOKENS))
     assert [o.output_ids for o in outs] == ref
 
@@ -123,3 +95,29 @@ def test_dummy_weights_in_the_checkpoints_format(tmp_path, monkeypatch):
     assert scale.shape == (2, 3) and bool((scale != 1).all())  # filled from the random weights, not left at 1
     out = run_scheduler(sched, prompts(512)[:1], greedy_params(4))[0]
     assert len(out.output_ids) == 4
+
+
+def test_moe_experts_keep_the_checkpoints_fp8(tmp_path, monkeypatch):
+    """The GPU's format for a block-fp8 Qwen3-MoE, run on the CPU: the experts hold the checkpoint's e4m3 codes
+    and 128x128 scales as they are (the fused-MoE FP8 layout, weight-only), the attention projections the
+    block-fp8 linear format; greedy tokens equal transformers' with the same quantization."""
+    from safetensors.torch import load_file
+
+    import sglang.srt.configs.model_config as model_config
+
+    monkeypatch.setattr(model_config, "linear_weight_format", lambda *a: "fp8_block")  # as on the GPU
+    d = write_fp8_checkpoint(moe_bf16(str(tmp_path / "bf16")), str(tmp_path / "fp8"), "block")
+    sched = make_scheduler(reuse_model=False, model_path=d, skip_tokenizer_init=True, max_total_tokens=1024)
+    experts = sched.model_runner.model.model.layers[1].mlp.experts
+    assert experts.quant_method.name == "FP8" and experts.w13_weight.dtype == torch.float8_e4m3fn
+    ckpt = load_file(f"{d}/model.safetensors")
+    e = "model.layers.1.mlp.experts.2."
+    gate_up = torch.cat([ckpt[e + "gate_proj.weight"], ckpt[e + "up_proj.weight"]])
+    assert torch.equal(experts.w13_weight[2].view(torch.uint8), gate_up.view(torch.uint8))
+    assert torch.equal(experts.w2_weight_scale_inv[2], ckpt[e + "down_proj.weight_scale_inv"])
+
+    # Experts weight-only (the dequantized weights), the router in full precision: only attention fake-quantized.
+    ref_model = fake_quantized(load_hf_model(d + "-dequantized"), "block", attention_only=True)
+    ref = hf_greedy(ref_model, prompts(256), NEW_TOKENS)
+    outs = run_scheduler(sched, prompts(256), greedy_params(NEW_TOKENS))
+    assert [o.output_ids for o in outs] == ref

@@ -157,8 +157,7 @@ class ModelConfig:
         if quantization is not None:
             check_online_quantization(quantization, hf_config, model_dtype, device)
         checkpoint_format = checkpoint_quantization(hf_config)  # refuses a format we do not run
-        is_moe = num_routed_experts(hf_config) > 0
-        quantization = quantization or linear_weight_format(checkpoint_format, device, is_moe, model_dtype)
+        quantization = quantization or linear_weight_format(checkpoint_format, device, model_dtype)
         return cls(
             hf_config=hf_config,
             source=source,

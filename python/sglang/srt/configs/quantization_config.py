@@ -158,12 +158,12 @@ def checkpoint_quantization(config: Any) -> Optional[CheckpointQuantization]:
 
 
 def linear_weight_format(
-    quant: Optional[CheckpointQuantization], device: str, is_moe: bool, dtype: Any
+    quant: Optional[CheckpointQuantization], device: str, dtype: Any
 ) -> Optional[str]:
-    """The dense linear layers' weight format for this checkpoint (layers/linear.py): on the GPU a dense model
-    keeps the checkpoint's fp8 ("fp8_block", or "fp8_channel" for per-channel/per-tensor scales); the CPU, and
-    for now MoE models on the GPU, dequantize at load (None: full-precision layers)."""
-    if quant is None or device != "cuda" or is_moe:
+    """The linear layers' weight format for this checkpoint (layers/linear.py): on the GPU they keep the
+    checkpoint's fp8 ("fp8_block", or "fp8_channel" for per-channel/per-tensor scales; a MoE model's block-fp8
+    experts too, per-channel experts are dequantized); the CPU dequantizes at load (None)."""
+    if quant is None or device != "cuda":
         return None
     if quant.strategy == "block":
         return "fp8_block"

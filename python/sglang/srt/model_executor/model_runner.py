@@ -40,8 +40,8 @@ logger = logging.getLogger(__name__)
 def model_extra_kwargs(model_config: ModelConfig, server_args: ServerArgs) -> dict:
     """Keyword arguments only some model classes take (the KT settings for MoE models, the linear layers'
     quantization for dense ones)."""
-    if model_config.is_moe:
-        return {"server_args": server_args}
+    if model_config.is_moe:  # and a native FP8 checkpoint's linear format (model_config.quantization) on the GPU
+        return {"server_args": server_args, "quantization": model_config.quantization}
     return {"quantization": model_config.quantization} if model_config.quantization else {}
 
 

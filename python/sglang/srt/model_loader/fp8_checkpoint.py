@@ -10,6 +10,7 @@ activation scales (``input_scale``) are not weights: activations are quantized p
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Dict, Iterable, Iterator, Tuple
 
 import torch
@@ -17,6 +18,9 @@ import torch
 from sglang.srt.configs.quantization_config import BLOCK, CheckpointQuantization
 
 FP8_DTYPES = (torch.float8_e4m3fn,)
+# "model.layers.3.mlp.experts.17.gate_proj.weight" -> "model.layers.3.mlp.experts" (a FusedMoE's parameters:
+# w13_weight, w2_weight and their scales). A KT wrapper's GPU experts sit one level deeper and never match.
+_EXPERT = re.compile(r"^(.*\.experts)\.\d+\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
 def dequantize_fp8(qweight: torch.Tensor, scale: torch.Tensor, strategy: str, dtype: torch.dtype) -> torch.Tensor:
@@ -85,8 +89,11 @@ def fp8_parameter_filter(model: torch.nn.Module, stacked_params_mapping) -> Call
     """keep_fp8 for `model`: whether a checkpoint weight's target parameter (through the model's stacked
     projections, q_proj -> qkv_proj ...) is stored in fp8, i.e. the layer runs the checkpoint's format."""
     fp8 = {name for name, p in model.named_parameters() if p.dtype in FP8_DTYPES}
-
+    
     def keep(name: str) -> bool:
+        m = _EXPERT.match(name)
+        if m is not None:  # an expert's matrix: kept where its layer stores block fp8 (FusedMoE with "FP8")
+            return f"{m.group(1)}.w13_weight" in fp8
         for param_suffix, ckpt_suffix, _ in stacked_params_mapping:
             if ckpt_suffix in name:
                 return name.replace(ckpt_suffix, param_suffix) in fp8

@@ -398,7 +398,10 @@ def build_moe_experts(
     renormalize: bool,
     layer_id: int,
     kt_state: Optional[KTState],
+    quant_method: str = "BF16",
 ) -> nn.Module:
+    """`quant_method`: the GPU experts' format without KT (a native block-FP8 checkpoint's: "FP8"); with KT,
+    --kt-method decides."""
     if kt_state is None:
         return FusedMoE(
             num_experts,
@@ -406,7 +409,7 @@ def build_moe_experts(
             hidden_size,
             intermediate_size,
             params_dtype,
-            "BF16",
+            quant_method,
             renormalize,
             prefix=f"layers.{layer_id}.mlp.experts",
         )

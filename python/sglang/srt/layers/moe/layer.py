@@ -80,7 +80,19 @@ class FusedMoE(torch.nn.Module):
         shard_id: str,
         expert_id: int,
     ) -> None:
-        """Load one checkpoint matrix (w1/w3: [I, H], w2: [H, I]); the method picks the target params."""
+        """Load one checkpoint matrix (w1/w3: [I, H], w2: [H, I]); the method picks the target params.
+        ``param_name_or_param`` "weight_scale_inv" (or an e4m3 ``loaded_weight``): a native FP8 checkpoint's
+        block scale (or codes), held as they are by a format with that layout (FP8)."""
+        is_scale = param_name_or_param == "weight_scale_inv"
+        if is_scale or loaded_weight.dtype == torch.float8_e4m3fn:
+            block = self.quant_method.scale_row_block
+            start, end = self.inter_range
+            if start % block:  # the method's check_sizes keeps each partition's width a multiple of the block
+                raise ValueError(f"expert partition {self.inter_range} does not fall on {block}-wide scale blocks")
+            cut = (start // block, -(-end // block)) if is_scale else self.inter_range
+            sliced = shard_expert_weight(loaded_weight, shard_id, cut)
+            self.quant_method.load_expert_checkpoint_fp8(self, expert_id, shard_id, sliced, is_scale)
+            return
         self.quant_method.load_expert(
             self, expert_id, shard_id, shard_expert_weight(loaded_weight, shard_id, self.inter_range)
         )
