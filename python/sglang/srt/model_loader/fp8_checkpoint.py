@@ -89,7 +89,7 @@ def fp8_parameter_filter(model: torch.nn.Module, stacked_params_mapping) -> Call
     """keep_fp8 for `model`: whether a checkpoint weight's target parameter (through the model's stacked
     projections, q_proj -> qkv_proj ...) is stored in fp8, i.e. the layer runs the checkpoint's format."""
     fp8 = {name for name, p in model.named_parameters() if p.dtype in FP8_DTYPES}
-    
+
     def keep(name: str) -> bool:
         m = _EXPERT.match(name)
         if m is not None:  # an expert's matrix: kept where its layer stores block fp8 (FusedMoE with "FP8")
