@@ -18,8 +18,7 @@ import torch
 from sglang.srt.configs.quantization_config import BLOCK, CheckpointQuantization
 
 FP8_DTYPES = (torch.float8_e4m3fn,)
-# "model.layers.3.mlp.experts.17.gate_proj.weight" -> "model.layers.3.mlp.experts" (a FusedMoE's parameters:
-# w13_weight, w2_weight and their scales). A KT wrapper's GPU experts sit one level deeper and never match.
+# "model.layers.3.mlp.experts.17.gate_proj.weight" -> "model.layers.3.mlp.experts" (a FusedMoE or a KT wrapper).
 _EXPERT = re.compile(r"^(.*\.experts)\.\d+\.(gate_proj|up_proj|down_proj)\.weight$")
 
 
@@ -85,15 +84,17 @@ def checkpoint_fp8_weights(
         )
 
 
-def fp8_parameter_filter(model: torch.nn.Module, stacked_params_mapping) -> Callable[[str], bool]:
+def fp8_parameter_filter(
+    model: torch.nn.Module, stacked_params_mapping, quant: CheckpointQuantization
+) -> Callable[[str], bool]:
     """keep_fp8 for `model`: whether a checkpoint weight's target parameter (through the model's stacked
     projections, q_proj -> qkv_proj ...) is stored in fp8, i.e. the layer runs the checkpoint's format."""
     fp8 = {name for name, p in model.named_parameters() if p.dtype in FP8_DTYPES}
 
     def keep(name: str) -> bool:
         m = _EXPERT.match(name)
-        if m is not None:  # an expert's matrix: kept where its layer stores block fp8 (FusedMoE with "FP8")
-            return f"{m.group(1)}.w13_weight" in fp8
+        if m is not None:  # an expert's matrix: kept where the experts hold block fp8 (FP8 FusedMoE, KT FP8)
+            return quant.strategy == "block" and model.get_submodule(m.group(1)).takes_checkpoint_fp8()
         for param_suffix, ckpt_suffix, _ in stacked_params_mapping:
             if ckpt_suffix in name:
                 return name.replace(ckpt_suffix, param_suffix) in fp8

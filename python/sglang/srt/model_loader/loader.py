@@ -42,7 +42,7 @@ def get_model(model_config: ModelConfig, load_format: str, device: str, seed: in
             quantized_dummy_weights,
         )
 
-        keep = fp8_parameter_filter(model, model.stacked_params_mapping)
+        keep = fp8_parameter_filter(model, model.stacked_params_mapping, quant)
         if load_format == "dummy":
             weights = quantized_dummy_weights(weights, quant, keep)
         else:

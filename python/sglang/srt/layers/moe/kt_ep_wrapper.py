@@ -31,7 +31,7 @@ from torch import nn
 
 from sglang.srt.environ import envs
 from sglang.srt.layers.moe.cpu_experts import CpuExpertsEngine, CpuExpertsLayer
-from sglang.srt.layers.moe.layer import FusedMoE, moe_intermediate_partition, shard_expert_weight
+from sglang.srt.layers.moe.layer import FusedMoE, load_expert_from_checkpoint, moe_intermediate_partition
 from sglang.srt.layers.moe.topk import select_experts
 from sglang.srt.layers.quantization import get_moe_method
 
@@ -309,9 +309,12 @@ class KTEPWrapperMethod(nn.Module):
             self.gpu_experts.weight_loader(param, loaded_weight, shard_id, expert_id)  # slices itself
             return
         layer, idx = self.expert_home(expert_id)
-        layer.quant_method.load_expert(
-            layer, idx, shard_id, shard_expert_weight(loaded_weight, shard_id, self.inter_range)
-        )
+        load_expert_from_checkpoint(layer, layer.quant_method, self.inter_range, idx, shard_id, loaded_weight, param)
+
+    def takes_checkpoint_fp8(self) -> bool:
+        """--kt-method FP8 holds a native block-FP8 checkpoint's experts as they are, GPU and CPU ones alike:
+        the CPU kernel reads the checkpoint's own codes and scales, no BF16 round trip."""
+        return self.kt.method == "FP8"
 
     def finish_loading(self) -> None:
         """Pin the host experts when the full-GPU slot will copy them in (DMA), then hand them to the CPU
