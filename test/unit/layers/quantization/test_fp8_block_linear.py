@@ -11,12 +11,11 @@ import torch
 import torch.nn.functional as F
 
 from sglang.srt.layers.quantization.fp8 import FP8_DTYPE, FP8_MAX, Fp8FusedMoEMethod
+from sglang.srt.layers.quantization.fp8_block_kernels import block_fp8_gemm, quantize_groups
 from sglang.srt.layers.quantization.fp8_block_linear import (
-    block_fp8_gemm,
     block_fp8_matmul_reference,
     dequantize_blocks,
     fp8_block_linear,
-    quantize_groups,
     quantize_groups_reference,
 )
 from sglang.test.gpu_utils import REQUIRES_GPU_REASON, triton_test_devices
