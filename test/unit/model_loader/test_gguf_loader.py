@@ -296,3 +296,17 @@ def test_llama31_gguf_generates_like_transformers_llama3(llama31_gguf):
     sched = make_scheduler(reuse_model=False, model_path=path, skip_tokenizer_init=True, max_total_tokens=2048)
     outs = run_scheduler(sched, prompts, greedy_params(12))
     assert [o.output_ids for o in outs] == ref
+
+
+def test_rotary_tables_are_not_shared_across_frequency_factors(llama31_gguf):
+    """get_rope shares one table per geometry: a GGUF's factors are part of it (a plain config of the same
+    rope_theta and head size built first must not hand its table to the Llama-3.1 one)."""
+    from sglang.srt.layers.rotary_embedding import get_rope
+
+    _, path = llama31_gguf
+    config = config_from_gguf(path)
+    plain = config_from_gguf(path)
+    plain.rope_freq_factors = None
+    first = get_rope(plain, 16, 64, torch.float32)
+    scaled = get_rope(config, 16, 64, torch.float32)
+    assert scaled is not first and not torch.equal(scaled.cos_cache, first.cos_cache)

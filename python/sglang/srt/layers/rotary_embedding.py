@@ -118,7 +118,9 @@ _ROPE_CACHE: dict = {}
 def get_rope(config: PretrainedConfig, head_dim: int, max_position: int, dtype: torch.dtype) -> RotaryEmbedding:
     """One RotaryEmbedding per distinct geometry: its cos/sin tables (MBs at 128k context) are shared by all layers."""
     device = torch.empty(0).device  # honours the caller's `with torch.device(...)`
-    key = (head_dim, max_position, dtype, str(device), repr(sorted(_rope_parameters(config).items())))
+    # Everything compute_inv_freq reads: the rope parameters and a GGUF's per-pair frequency factors.
+    rope = (repr(sorted(_rope_parameters(config).items())), getattr(config, "rope_freq_factors", None))
+    key = (head_dim, max_position, dtype, str(device), rope)
     if key not in _ROPE_CACHE:
         _ROPE_CACHE[key] = RotaryEmbedding(config, head_dim, max_position, dtype)
     return _ROPE_CACHE[key]
