@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=25, suite="per-commit-cpu")
+register_cpu_ci(est_time=15, suite="per-commit-cpu")
 
 # A checkpoint whose config.json declares a quantization we do not run (AWQ, GPTQ, a made-up method) is
 # refused at start-up by name, with the supported list, before any weight is read: the directory's

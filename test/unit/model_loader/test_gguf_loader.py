@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=12, suite="per-commit-cpu")
+register_cpu_ci(est_time=30, suite="per-commit-cpu")
 
 # GGUF loading: the Q/K un-permutation is the exact inverse of llama.cpp's convert-time permute,
 # names map to Hugging Face's, and a synthetic GGUF written the way llama.cpp writes one (permuted

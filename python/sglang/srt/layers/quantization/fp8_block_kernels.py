@@ -61,8 +61,21 @@ def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 @triton.jit
-def _block_step(acc, a_rows, b_rows, a_scale_ptr, b_scale_row, offs_m, offs_k, mask_m, mask_n, K, stride_asm, kb,
-                BLOCK_K: tl.constexpr):  # fmt: skip
+def _block_step(
+    acc,
+    a_rows,
+    b_rows,
+    a_scale_ptr,
+    b_scale_row,
+    offs_m,
+    offs_k,
+    mask_m,
+    mask_n,
+    K,
+    stride_asm,
+    kb,
+    BLOCK_K: tl.constexpr,
+):
     """One 128-wide K block: the fp8 dot in fp32, times its activation scales (per row) and weight scale."""
     cols = kb * BLOCK_K + offs_k
     mask_k = cols < K
@@ -120,13 +133,39 @@ def _block_fp8_gemm_kernel(
     if WHILE_LOOPS:  # the interpreter (see triton_loops.use_while_loops)
         kb = 0
         while kb < tl.cdiv(K, BLOCK_K):
-            acc = _block_step(acc, a_rows, b_rows, a_scale_ptr, b_scale_row, offs_m, offs_k, mask_m, mask_n, K,
-                              stride_asm, kb, BLOCK_K)  # fmt: skip
+            acc = _block_step(
+                acc,
+                a_rows,
+                b_rows,
+                a_scale_ptr,
+                b_scale_row,
+                offs_m,
+                offs_k,
+                mask_m,
+                mask_n,
+                K,
+                stride_asm,
+                kb,
+                BLOCK_K,
+            )
             kb += 1
     else:
         for kb in range(0, tl.cdiv(K, BLOCK_K)):
-            acc = _block_step(acc, a_rows, b_rows, a_scale_ptr, b_scale_row, offs_m, offs_k, mask_m, mask_n, K,
-                              stride_asm, kb, BLOCK_K)  # fmt: skip
+            acc = _block_step(
+                acc,
+                a_rows,
+                b_rows,
+                a_scale_ptr,
+                b_scale_row,
+                offs_m,
+                offs_k,
+                mask_m,
+                mask_n,
+                K,
+                stride_asm,
+                kb,
+                BLOCK_K,
+            )
     if HAS_BIAS:
         acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
     c = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :]
