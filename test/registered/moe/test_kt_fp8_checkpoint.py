@@ -66,3 +66,25 @@ def test_other_kt_methods_take_the_dequantized_experts(fp8_moe):
     )  # fmt: skip
     assert sched.model_runner.model.model.layers[0].mlp.experts.cpu_layer.w13_weight.dtype == torch.int8
     assert len(run_scheduler(sched, prompts[:1], greedy_params(4))[0].output_ids) == 4
+
+
+def test_kt_weight_path_may_be_an_fp8_checkpoint(fp8_moe):
+    """--kt-weight-path at the FP8 checkpoint, the model from its dequantized full-precision twin: the experts
+    (GPU and CPU) still hold the FP8 checkpoint's own codes and scales, and the tokens are transformers'."""
+    d, prompts, ref = fp8_moe
+    sched = make_scheduler(
+        reuse_model=False,
+        model_path=d + "-dequantized",
+        skip_tokenizer_init=True,
+        max_total_tokens=1024,
+        kt_method="FP8",
+        kt_num_gpu_experts=1,
+        kt_weight_path=d,
+    )
+    cpu, idx = sched.model_runner.model.model.layers[1].mlp.experts.expert_home(2)
+    ckpt = load_file(f"{d}/model.safetensors")
+    assert torch.equal(
+        cpu.w2_weight[idx].view(torch.uint8), ckpt["model.layers.1.mlp.experts.2.down_proj.weight"].view(torch.uint8)
+    )
+    outs = run_scheduler(sched, prompts, greedy_params(NEW_TOKENS))
+    assert [o.output_ids for o in outs] == ref
