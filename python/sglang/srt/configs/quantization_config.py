@@ -157,9 +157,7 @@ def checkpoint_quantization(config: Any) -> Optional[CheckpointQuantization]:
     return parse_checkpoint_quantization(field(config, "quantization_config") or field(text, "quantization_config"))
 
 
-def linear_weight_format(
-    quant: Optional[CheckpointQuantization], device: str, dtype: Any
-) -> Optional[str]:
+def linear_weight_format(quant: Optional[CheckpointQuantization], device: str, dtype: Any) -> Optional[str]:
     """The linear layers' weight format for this checkpoint (layers/linear.py): on the GPU they keep the
     checkpoint's fp8 ("fp8_block", or "fp8_channel" for per-channel/per-tensor scales; a MoE model's block-fp8
     experts too, per-channel experts are dequantized); the CPU dequantizes at load (None)."""

@@ -76,7 +76,9 @@ class Fp8FusedMoEMethod(FusedMoEMethodBase):
                 raise ValueError(f"{shard} of expert {expert_id}: expected float8_e4m3fn codes, got {tensor.dtype}")
         if tuple(target.shape) != tuple(tensor.shape):
             what = "scale" if is_scale else "weight"
-            raise ValueError(f"{shard} {what} of expert {expert_id}: expected {tuple(target.shape)}, got {tuple(tensor.shape)}")
+            raise ValueError(
+                f"{shard} {what} of expert {expert_id}: expected {tuple(target.shape)}, got {tuple(tensor.shape)}"
+            )
         target.copy_(tensor)
 
     def kernel_quant(self) -> tuple[WeightQuant, int, int]:
