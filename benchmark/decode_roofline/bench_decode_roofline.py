@@ -79,7 +79,7 @@ def hf_decode_step_ms(config_dir: str, batches, ctx: int) -> dict:
 
 
 def our_runner(config_dir: str, quantization=None):
-    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.configs.engine_config import resolve_engine_config
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.server_args import ServerArgs
 
@@ -91,7 +91,7 @@ def our_runner(config_dir: str, quantization=None):
         log_level="warning",
         quantization=quantization,
     )
-    return ModelRunner(ModelConfig.from_server_args(args), args)
+    return ModelRunner(resolve_engine_config(args))
 
 
 def apply_decode_config(mr, overrides: dict) -> None:
@@ -209,7 +209,7 @@ def main() -> None:
         "kv_cell_bytes": cell,
         "decode": rows,
         "prefill_8k_tokens_per_s": round(prefill, 1),
-        "cuda_graph_max_bs": mr.server_args.cuda_graph_max_bs,
+        "cuda_graph_max_bs": mr.config.args.cuda_graph_max_bs,
         "decode_kernel_config": vars(mr.attn_backend.kernel_config),
         "min_block_tokens": mr.attn_backend.min_block_tokens,
     }

@@ -96,7 +96,7 @@ def measure(case: Case, config: DecodeKernelConfig, policy: dict, reference, rep
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning"))
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning_grid_order"))
     parser.add_argument("--focused", action="store_true", help="five configs near the default only")
     parser.add_argument("--replays", type=int, default=20)
     args = parser.parse_args()

@@ -19,6 +19,7 @@ Prints a table, writes results.json (`rows`) + results.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import os
 import statistics
@@ -30,7 +31,6 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
-from sglang.srt.environ import envs  # noqa: E402
 from sglang.test.bench_utils import write_results  # noqa: E402
 from sglang.test.gpu_utils import shape_config_dir  # noqa: E402
 
@@ -81,7 +81,7 @@ def host_bandwidth(threads: int, size_gb: float = 4.0) -> dict:
 
 # --------------------------------------------------------------------- model
 def runner(method: str, layers: int, max_batch: int, threads: int):
-    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.configs.engine_config import resolve_engine_config
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.server_args import ServerArgs
 
@@ -97,7 +97,7 @@ def runner(method: str, layers: int, max_batch: int, threads: int):
         max_total_tokens=max_batch * (CONTEXT + 64) + 1024,
         log_level="warning",
     )
-    return ModelRunner(ModelConfig.from_server_args(args), args)
+    return ModelRunner(resolve_engine_config(args))
 
 
 def decode_steps(mr, batch: int, graph: bool, steps: int = STEPS):
@@ -180,20 +180,23 @@ def empty_step_ms(mr) -> dict:
 
 
 def rebuild_engine(mr, threads: int, doorbell: bool) -> None:
-    """Rebuild the model's CPU expert engine with `threads` threads and the doorbell or host functions
-    (SGLANG_KT_CPU_DOORBELL), and capture the decode graphs again (they point at the engine's buffers).
+    """Rebuild the model's CPU expert engine with `threads` threads and the doorbell or host functions (as when
+    the doorbell's self-test fails), and capture the decode graphs again (they point at the engine's buffers).
     Benchmark only: the server builds the engine once."""
     import dataclasses
+    from unittest import mock
 
+    from sglang.srt.layers.moe.cpu_experts import engine as engine_module
     from sglang.srt.layers.moe.kt_ep_wrapper import KTEPWrapperMethod
     from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
 
     kt = mr.model.kt_state
-    kt.config = dataclasses.replace(kt.config, cpuinfer=threads)
+    kt.config = dataclasses.replace(kt.config, cpu_threads=threads)
     mr.cuda_graph_runner = None
     kt.cpu_engine = None
     gc.collect()
-    with envs.SGLANG_KT_CPU_DOORBELL.override(doorbell):
+    no_doorbell = mock.patch.object(engine_module, "_stream_memops_fail_reason", lambda lib: "host functions asked")
+    with contextlib.nullcontext() if doorbell else no_doorbell:
         for module in mr.model.modules():
             if isinstance(module, KTEPWrapperMethod) and module.cpu_layer is not None:
                 module.cpu_experts = kt.register_cpu_experts(module)
@@ -234,7 +237,7 @@ def bench_model(
                 "method": method,
                 "threads": count,
                 "zero_copy": mr.model.kt_state.cpu_engine.device_inputs is not None,
-                "host_wait": envs.SGLANG_KT_CPU_HOST_WAIT.get(),
+                "host_wait": "block",  # KT models on CUDA (ModelRunner.init_torch_distributed)
                 "int8_activations": any(layer.int8_dot for layer in mr.model.kt_state.cpu_engine.layers),
                 "batch": batch,
                 "layers": layers,

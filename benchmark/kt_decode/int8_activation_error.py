@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(ROOT, "python"))
 import torch  # noqa: E402
 
 from sglang.srt.layers.moe.cpu_experts import CpuExpertsEngine  # noqa: E402
-from sglang.srt.layers.moe.kt_ep_wrapper import make_moe_layer  # noqa: E402
+from sglang.srt.layers.moe.layer import make_moe_layer  # noqa: E402
 from sglang.test.bench_utils import write_results  # noqa: E402
 
 HIDDEN, INTER, TOP_K = 2048, 768, 8

@@ -11,7 +11,7 @@ token to compute, what is left is the hand-over itself. Each variant is captured
 - stream memops:   cuStreamWriteValue32 of a doorbell word in pinned memory, which a host thread polls and
                    answers by writing a done word, cuStreamWaitValue32 on it; without / with the kernels.
                    The answering thread here is Python: an upper bound;
-- doorbell:        the engine's own (SGLANG_KT_CPU_DOORBELL): its C++ pool threads answer, zero tokens.
+- doorbell:        the engine's own: its C++ pool threads answer, zero tokens.
 
 The memops variant also checks that every replay's read of the host's answer is fresh (a stale cached read
 would show as a wrong value). Prints a table; writes results.json / results.md to --out.
@@ -69,7 +69,7 @@ def main() -> None:
     sys.setswitchinterval(1e-5)  # the answering thread spins in Python; let the main thread in quickly
 
     from sglang.srt.layers.moe.cpu_experts import CpuExpertsEngine
-    from sglang.srt.layers.moe.kt_ep_wrapper import make_moe_layer
+    from sglang.srt.layers.moe.layer import make_moe_layer
 
     hidden, inter, top_k, experts = 2048, 768, 8, 8
     engine = CpuExpertsEngine(8, hidden, inter, top_k, experts, 0, 64, True, 2000)

@@ -35,8 +35,13 @@ SHORT_PROMPT, SHORT_REQUESTS = 32, 16  # 512 prompt tokens together: their prefi
 NEW_TOKENS = {"BF16": 24, "FP8": 8}  # FP8 experts decode slowly on the CPU (dequantized per call)
 
 
-def scheduler(method: str, threshold, max_total_tokens=None):
-    from sglang.srt.managers.scheduler import Scheduler
+def scheduler(method: str, threshold, max_total_tokens=None, lend: bool = True):
+    """The post-capture path; lend False keeps the slot's reservation out of the pool for good (as when the
+    KV heads do not split evenly over the ranks)."""
+    import dataclasses
+
+    from sglang.srt.configs.engine_config import resolve_engine_config
+    from sglang.srt.managers.scheduler import build_scheduler
     from sglang.srt.server_args import ServerArgs
     from sglang.test.gpu_utils import shape_config_dir
     from sglang.test.runners import OutputCollector
@@ -55,7 +60,10 @@ def scheduler(method: str, threshold, max_total_tokens=None):
         log_level="warning",
     )
     collector = OutputCollector()
-    return Scheduler(args, output_sink=collector), collector
+    config = resolve_engine_config(args, post_capture=True)
+    pool = dataclasses.replace(config.memory.pool, lend_reservations=lend)
+    config = dataclasses.replace(config, memory=dataclasses.replace(config.memory, pool=pool))
+    return build_scheduler(config, output_sink=collector), collector
 
 
 def submit(sched, rid: str, ids, new_tokens: int) -> None:
@@ -84,7 +92,7 @@ def workload(sched, collector, method: str, running_prompt_len: int, running: in
     for i in range(running):
         submit(sched, f"short-{i}", prompt(i, running_prompt_len), new)
     run_until(sched, lambda: sched.running_batch is not None and sched.running_batch.batch_size() == running)
-    before = dict(vars(sched.elastic_slot.stats)) if sched.elastic_slot is not None else None
+    before = dict(vars(sched.kt_slot_lender.stats)) if sched.kt_slot_lender is not None else None
     torch.cuda.synchronize()
     start = time.perf_counter()
     submit(sched, "long", prompt(999, LONG_PROMPT), 1)
@@ -93,9 +101,9 @@ def workload(sched, collector, method: str, running_prompt_len: int, running: in
     run_until(sched, lambda: not sched.has_work())
     results = collector.results
     failed = [rid for rid, r in results.items() if (r.finish_reason or {}).get("type") == "abort"]
-    after = dict(vars(sched.elastic_slot.stats)) if sched.elastic_slot is not None else None
+    after = dict(vars(sched.kt_slot_lender.stats)) if sched.kt_slot_lender is not None else None
     took_slot = after is not None and after["takes"] > before["takes"]
-    full_gpu = took_slot or (after is None and sched.model_runner.model.kt_state.full_gpu_slot is not None)
+    full_gpu = took_slot or (after is None and sched.model_runner.kt_prefill_slot.layer is not None)
     return {
         "long_prompt_s": long_s,
         "long_prompt_path": "full-gpu" if full_gpu else "hybrid",
@@ -107,14 +115,12 @@ def workload(sched, collector, method: str, running_prompt_len: int, running: in
 
 
 def worker(method: str, mode: str) -> dict:
-    os.environ["SGLANG_ENABLE_POST_CAPTURE_KV_SIZING"] = "1"
-    os.environ["SGLANG_KT_ELASTIC_SLOT"] = "0" if mode == "permanent" else "1"
     if mode == "none":
         sched, _ = scheduler(method, None)
         return {"tokens": sched.max_total_num_tokens}
     if mode == "pressure":
         probe, _ = scheduler(method, THRESHOLD)  # the tail's size on this machine, then a pool just above it
-        tail = probe.model_runner.pool_size.lendable_tail.tokens
+        tail = probe.model_runner.pool_size.prefill_slot_tail.tokens
         probe.model_runner.shutdown()
         del probe
         import gc
@@ -126,7 +132,7 @@ def worker(method: str, mode: str) -> dict:
         sched, collector = scheduler(method, THRESHOLD, max_total_tokens=tail + 16384)
         out = workload(sched, collector, method, running_prompt_len=2048, running=12)
     else:
-        sched, collector = scheduler(method, THRESHOLD)
+        sched, collector = scheduler(method, THRESHOLD, lend=mode != "permanent")
         out = workload(sched, collector, method, running_prompt_len=SHORT_PROMPT, running=SHORT_REQUESTS)
     mr = sched.model_runner
     from sglang.srt.model_executor.pool_configurator import whole_granule_tokens

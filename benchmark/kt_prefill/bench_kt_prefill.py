@@ -31,7 +31,7 @@ CHUNK = 8192
 
 
 def runner(method: str, threshold):
-    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.configs.engine_config import resolve_engine_config
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.server_args import ServerArgs
 
@@ -47,7 +47,7 @@ def runner(method: str, threshold):
         max_running_requests=64,
         log_level="warning",
     )
-    return ModelRunner(ModelConfig.from_server_args(args), args)
+    return ModelRunner(resolve_engine_config(args))
 
 
 def prefill_seconds(mr, n_tokens: int) -> float:

@@ -76,7 +76,7 @@ def worst_case_load(mr) -> dict:
 
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
 
-    sa, pool = mr.server_args, mr.token_to_kv_pool_allocator
+    sa, pool = mr.config.args, mr.token_to_kv_pool_allocator
     n = mr.req_to_token_pool.size
     tokens = mr.max_total_num_tokens
     rows = mr.req_to_token_pool.alloc(n)
@@ -132,12 +132,11 @@ def worst_case_load(mr) -> dict:
 def worker(shape: str, flags: list[str], tp_rank: int = 0, dist_init_method: str | None = None) -> dict:
     import torch
 
-    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.configs.engine_config import prepare_engine_config
     from sglang.srt.model_executor.model_runner import ModelRunner
-    from sglang.srt.server_args import prepare_server_args
     from sglang.test.gpu_utils import shape_config_dir
 
-    args = prepare_server_args(
+    config = prepare_engine_config(
         [
             "--model-path",
             shape_config_dir(shape),
@@ -151,14 +150,7 @@ def worker(shape: str, flags: list[str], tp_rank: int = 0, dist_init_method: str
     )
     torch.cuda.set_device(tp_rank)
     start = time.perf_counter()
-    mr = ModelRunner(
-        ModelConfig.from_server_args(args),
-        args,
-        gpu_id=tp_rank,
-        tp_rank=tp_rank,
-        tp_size=args.tp_size,
-        dist_init_method=dist_init_method,
-    )
+    mr = ModelRunner(config, gpu_id=tp_rank, tp_rank=tp_rank, dist_init_method=dist_init_method)
     startup = time.perf_counter() - start
     plan = mr.memory_plan
     load = worst_case_load(mr)
@@ -180,7 +172,7 @@ def worker(shape: str, flags: list[str], tp_rank: int = 0, dist_init_method: str
         "startup_s": startup,
         **load,
         "device": torch.cuda.get_device_name(),
-        "tp_size": args.tp_size,
+        "tp_size": config.args.tp_size,
     }
 
 

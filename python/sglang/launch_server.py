@@ -11,13 +11,17 @@ from typing import List, Optional
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from sglang.srt.server_args import prepare_server_args
+    from sglang.srt.server_args import cli_parser, parse_server_args
 
-    server_args = prepare_server_args(sys.argv[1:] if argv is None else argv)
-    # Imported after parsing, so `--help` and flag errors do not pay for FastAPI and uvicorn.
+    parser = cli_parser()
+    args = parse_server_args(sys.argv[1:] if argv is None else argv, parser)
+    # Imported after parsing, so `--help` and flag errors pay for neither torch nor FastAPI.
+    from sglang.srt.configs.engine_config import resolve_or_exit
+
+    config = resolve_or_exit(args, parser)
     from sglang.srt.entrypoints.http_server import launch_server
 
-    return launch_server(server_args)
+    return launch_server(config)
 
 
 if __name__ == "__main__":

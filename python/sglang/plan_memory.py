@@ -11,9 +11,10 @@ the server measures. Estimated, not measured:
 - free memory after capture: free after the weights, less the graphs, the request table and the first
   VMM granule (--vmm-granularity-mib) of every KV buffer;
 - the activation peak: not estimated; without --activation-peak-gib the post-capture headroom follows
-  SGLang's rule, as with SGLANG_POST_CAPTURE_MEASURE_ACTIVATION_PEAK=0.
-Exact, as the server computes them: mem_fraction_static, the KV cell size, the reservations (the KT
-full-GPU prefill slot), page and granule rounding, --max-total-tokens, the request-table size.
+  SGLang's rule (what the server keeps when it has no measurement).
+Exact, as the server computes them (the same code: the resolve step, the planner, the graph runner's
+capture sizes, the request table's size): mem_fraction_static, the KV cell size, the reservations (the KT
+prefill slot), page and granule rounding, --max-total-tokens, the request-table size.
 """
 
 from __future__ import annotations
@@ -24,19 +25,21 @@ import sys
 from contextlib import contextmanager
 from typing import Dict, Iterator, List, Optional, Union
 
-from sglang.srt.environ import envs
+from sglang.srt.configs.device_config import described_device
+from sglang.srt.configs.engine_config import EngineConfig, resolve_engine_config
+from sglang.srt.mem_cache.memory_pool import req_to_token_bytes
 from sglang.srt.model_executor.memory_plan import MemoryPlan
 from sglang.srt.model_executor.pool_configurator import (
+    CaptureReadings,
     GiB,
     MemoryReadings,
     MiB,
     NotEnoughMemoryError,
-    PoolArgs,
     post_capture_pool_size,
     static_pool_size,
     virtual_pool,
 )
-from sglang.srt.server_args import AssumedDevice, ServerArgs, ServerArgsError
+from sglang.srt.server_args import ServerArgs, ServerArgsError
 
 # Free memory before the weights on the H200 was 139.29 GiB of its 140.40 GiB (benchmark/kv_sizing, TP=1).
 DEFAULT_CUDA_CONTEXT_GIB = 1.1
@@ -100,95 +103,78 @@ class ModelFacts:
     reservations_bytes: Dict[str, int]
 
 
-def model_facts(sa: ServerArgs, model_config) -> ModelFacts:
+def model_facts(config: EngineConfig) -> ModelFacts:
     import torch
 
-    from sglang.srt.model_executor.model_runner import model_extra_kwargs
-    from sglang.srt.models.registry import get_model_class
+    from sglang.srt.layers.moe.kt_prefill_slot import RESERVATION_NAME
+    from sglang.srt.model_loader.loader import build_model
 
-    cls = get_model_class(model_config.architecture)
-    with _as_rank_zero(sa.tp_size), torch.device("meta"):
-        model = cls(
-            model_config.hf_config,
-            model_config.dtype,
-            max_position=model_config.context_len,
-            **model_extra_kwargs(model_config, sa),
-        )
-        reservations = {name: int(n) for name, n in model.memory_reservations().items()}
+    with _as_rank_zero(config.args.tp_size), torch.device("meta"):
+        model = build_model(config.model, config.kt)
+        slot = model.kt_prefill_slot()
+        reservations = {} if slot is None else {RESERVATION_NAME: slot.nbytes}
     tensors = list(model.parameters()) + list(model.buffers())
     return ModelFacts(sum(t.numel() * t.element_size() for t in tensors), reservations)
 
 
-def _captured_graph_max_bs(sa: ServerArgs, max_running_requests: int) -> int:
-    """What CudaGraphRunner would capture up to (0 without graphs)."""
-    if sa.disable_cuda_graph:
-        return 0
-    cap = min(sa.cuda_graph_max_bs, max_running_requests)
-    return max((bs for bs in (sa.cuda_graph_bs or [cap]) if bs <= cap), default=0)
-
-
 def plan_path(ns: argparse.Namespace, assumed: Assumptions, post_capture: bool) -> Union[MemoryPlan, str]:
     """One path's MemoryPlan, or the reason it cannot be planned."""
-    from sglang.srt.configs.model_config import ModelConfig
-
-    device = AssumedDevice(kind="cuda", memory_mib=assumed.gpu_memory_gib * 1024)
-    with envs.SGLANG_ENABLE_POST_CAPTURE_KV_SIZING.override(post_capture):
-        sa = ServerArgs.from_cli_args(ns, assume_device=device)
-    path = sa.kv_sizing_path
+    device = described_device("cuda", assumed.gpu_memory_gib * 1024)
+    config = resolve_engine_config(ServerArgs.from_cli_args(ns), device=device, post_capture=post_capture)
+    path, args, kernels = config.memory.path, config.memory.pool, config.kernels
     if path.post_capture != post_capture:
         return f"not planned: {path.reason}"
-    model_config = ModelConfig.from_server_args(sa)
-    args = PoolArgs.from_server_args(sa, model_config.context_len)
-    facts = model_facts(sa, model_config)
+    facts = model_facts(config)
     free_before = int((assumed.gpu_memory_gib - assumed.cuda_context_gib) * GiB)
     readings = MemoryReadings(
         device_capacity_bytes=int(assumed.gpu_memory_gib * GiB),
         free_before_weights_bytes=free_before,
         free_after_weights_bytes=free_before - facts.device_bytes,
-        kv=model_config.largest_kv_geometry(sa.tp_size),
-        page_size=sa.page_size,
+        kv=config.model.largest_kv_geometry(config.args.tp_size),
+        page_size=config.args.page_size,
         reservations_bytes=facts.reservations_bytes,
+        vmm_granularity_bytes=assumed.vmm_granularity_mib * MiB if post_capture else None,
     )
+
+    def graphs_for(request_rows: int) -> tuple[int, int]:
+        """(largest captured batch, estimated graph bytes) for a request table of `request_rows` rows."""
+        sizes = kernels.capture_batch_sizes(request_rows)
+        return (sizes[-1], config.memory.graph_reserve_bytes) if sizes else (0, 0)
+
     try:
         if post_capture:
-            vp = virtual_pool(readings, args)
-            graph_bs = _captured_graph_max_bs(sa, vp.max_running_requests)
-            graphs = int(sa.reserve_for_graph_mb() * MiB) if graph_bs else 0
-            readings = dataclasses.replace(
-                readings,
-                vmm_granularity_bytes=assumed.vmm_granularity_mib * MiB,
+            rows = virtual_pool(readings, args).max_running_requests
+            graph_bs, graphs = graphs_for(rows)
+            table = req_to_token_bytes(rows, config.model.context_len)
+            peak = None if assumed.activation_peak_gib is None else int(assumed.activation_peak_gib * GiB)
+            capture = CaptureReadings(
                 graph_bytes=graphs,
                 captured_graph_max_bs=graph_bs,
-            )
-            table = vp.max_running_requests * (model_config.context_len + 4) * 4  # int32 request table
-            peak = None if assumed.activation_peak_gib is None else int(assumed.activation_peak_gib * GiB)
-            readings = dataclasses.replace(
-                readings,
                 activation_peak_bytes=peak,
                 free_after_capture_bytes=readings.free_after_weights_bytes
                 - graphs
                 - table
                 - readings.backed_before_capture_bytes,
             )
-            pool = post_capture_pool_size(readings, args)
+            pool = post_capture_pool_size(readings, capture, args)
         else:
             pool = static_pool_size(readings, args)
-            graph_bs = _captured_graph_max_bs(sa, pool.max_running_requests)
-            graphs = int(sa.reserve_for_graph_mb() * MiB) if graph_bs else 0
-            readings = dataclasses.replace(readings, graph_bytes=graphs, captured_graph_max_bs=graph_bs)
+            graph_bs, graphs = graphs_for(pool.max_running_requests)
+            capture = CaptureReadings(graph_bytes=graphs, captured_graph_max_bs=graph_bs)
     except NotEnoughMemoryError as e:
         return f"no KV cache fits: {e}"
     return MemoryPlan.report(
         readings,
+        capture,
         pool,
         path,
         args,
         device="cuda",
-        tp_size=sa.tp_size,
+        tp_size=config.args.tp_size,
         weights_bytes=facts.device_bytes,
-        per_rank_free_after_weights_bytes=[readings.free_after_weights_bytes] * sa.tp_size,
-        req_to_token_bytes=pool.max_running_requests * (model_config.context_len + 4) * 4,
-        cuda_graph_max_bs=0 if sa.disable_cuda_graph else sa.cuda_graph_max_bs,
+        per_rank_free_after_weights_bytes=[readings.free_after_weights_bytes] * config.args.tp_size,
+        req_to_token_bytes=req_to_token_bytes(pool.max_running_requests, config.model.context_len),
+        cuda_graph_max_bs=kernels.cuda_graph_max_bs if kernels.cuda_graphs else 0,
         free_after_start_up_bytes=0,
         notes=list(pool.warnings),
     )

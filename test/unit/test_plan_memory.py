@@ -80,7 +80,7 @@ def test_kt_reservation_is_the_servers(tmp_path):
     reservation is rank 0's half of one full MoE layer; the CPU experts are not device weights."""
     import torch
 
-    from sglang.srt.layers.moe.kt_ep_wrapper import moe_layer_bytes
+    from sglang.srt.layers.moe.layer import moe_layer_bytes
 
     qwen = shape_config_dir("Qwen3-30B-A3B", root=str(tmp_path))
     kt = ["--kt-method", "BF16", "--kt-num-gpu-experts", "16", "--kt-gpu-prefill-token-threshold", "1024"]

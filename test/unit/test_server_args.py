@@ -2,14 +2,23 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=4, suite="per-commit-cpu")
 
-# ServerArgs: bad flags fail at start-up with a message naming the flag (both the dataclass and the
-# CLI, which exits with argparse's code 2), GPU-tier defaults, and the default mem_fraction_static
-# formula (DESIGN.md 3.1) on injected device capacities, checked against hand-computed numbers.
+# ServerArgs and the resolve step (configs/engine_config.py): bad flags fail at start-up with a message
+# naming the flag (both the dataclass + resolve and the CLI, which exits with argparse's code 2), GPU-tier
+# defaults, and the default mem_fraction_static formula (DESIGN.md 3.1) on injected device capacities,
+# checked against hand-computed numbers.
 
 import pytest
 
-from sglang.srt.server_args import ServerArgs, ServerArgsError, prepare_server_args
+from sglang.srt.configs.device_config import described_device
+from sglang.srt.configs.engine_config import EngineConfig, prepare_engine_config, resolve_engine_config
+from sglang.srt.model_executor import pool_configurator as planner
+from sglang.srt.server_args import ServerArgs, ServerArgsError
 from sglang.srt.utils import memory as memory_utils
+
+
+def resolve(**kwargs) -> EngineConfig:
+    return resolve_engine_config(ServerArgs(**kwargs))
+
 
 SMOL = "SmolLM2-135M-Instruct"
 
@@ -54,21 +63,37 @@ def test_bad_server_args_name_the_flag(kwargs, flag):
     if kwargs.get("device") == "tpu":
         kwargs.pop("model_path")
     with pytest.raises(ServerArgsError) as e:
-        ServerArgs(**kwargs)
+        resolve(**kwargs)
     assert flag in str(e.value)
+
+
+def test_building_server_args_touches_nothing(monkeypatch):
+    """Parsing and validation only: no device, disk or driver (those are the resolve step's)."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: pytest.fail("ServerArgs probed the device"))
+    monkeypatch.setattr(memory_utils, "get_device_memory_capacity", lambda *a: pytest.fail("read device memory"))
+    sa = ServerArgs(model_path="/no/such/model", kt_num_gpu_experts=4, kt_cpuinfer=10**6)
+    assert sa.model_path == "/no/such/model" and sa.device is None and sa.mem_fraction_static is None
 
 
 def test_model_path_errors_name_the_flag(tmp_path):
     (tmp_path / "weights.bin").write_bytes(b"x")
     with pytest.raises(ServerArgsError, match="--model-path"):
-        ServerArgs(model_path=str(tmp_path / "weights.bin"), device="cpu")  # a file, not a .gguf
+        resolve(model_path=str(tmp_path / "weights.bin"), device="cpu")  # a file, not a .gguf
     with pytest.raises(ServerArgsError, match="--model-path"):
-        ServerArgs(model_path=str(tmp_path), device="cpu")  # a directory without config.json
-    (tmp_path / "config.json").write_text("{}")
+        resolve(model_path=str(tmp_path), device="cpu")  # a directory without config.json
+    import json
+
+    from sglang.test.gpu_utils import shape_config_dir
+
+    with open(f"{shape_config_dir('Llama-1B-random', root=str(tmp_path / 'shape'))}/config.json") as f:
+        (tmp_path / "config.json").write_text(f.read())
     with pytest.raises(ServerArgsError, match="--model-path"):
-        ServerArgs(model_path=str(tmp_path), device="cpu")  # config but no safetensors
+        resolve(model_path=str(tmp_path), device="cpu")  # config but no safetensors
     # ... which is fine with random weights.
-    assert ServerArgs(model_path=str(tmp_path), device="cpu", load_format="dummy").load_format == "dummy"
+    assert resolve(model_path=str(tmp_path), device="cpu", load_format="dummy").args.load_format == "dummy"
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"]
 
 
 def test_quantization_is_refused_where_it_cannot_apply(tmp_path, capsys):
@@ -80,9 +105,9 @@ def test_quantization_is_refused_where_it_cannot_apply(tmp_path, capsys):
 
     qwen_moe = shape_config_dir("Qwen3-30B-A3B", root=str(tmp_path))
     with pytest.raises(ServerArgsError, match="--quantization fp8 quantizes dense models"):
-        ServerArgs(model_path=qwen_moe, device="cpu", load_format="dummy", quantization="fp8")
+        resolve(model_path=qwen_moe, device="cpu", load_format="dummy", quantization="fp8")
     with pytest.raises(SystemExit) as e:  # the CLI: argparse's exit 2 with the same message
-        prepare_server_args(
+        prepare_engine_config(
             ["--device", "cpu", "--model-path", qwen_moe, "--load-format", "dummy", "--quantization", "fp8"]
         )
     assert e.value.code == 2 and "--quantization fp8 quantizes dense models" in capsys.readouterr().err
@@ -91,13 +116,15 @@ def test_quantization_is_refused_where_it_cannot_apply(tmp_path, capsys):
         config = json.load(f)
     prequantized = tmp_path / "prequantized"
     prequantized.mkdir()
-    (prequantized / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "fp8"}}))
+    (prequantized / "config.json").write_text(
+        json.dumps({**config, "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}})
+    )
     with pytest.raises(ServerArgsError, match="--quantization fp8: the checkpoint is already quantized"):
-        ServerArgs(model_path=str(prequantized), device="cpu", load_format="dummy", quantization="fp8")
+        resolve(model_path=str(prequantized), device="cpu", load_format="dummy", quantization="fp8")
     # ModelConfig, built without ServerArgs (benchmarks, tests), makes the same checks.
     with pytest.raises(ValueError, match="--quantization fp8: the checkpoint is already quantized"):
         ModelConfig.from_hf_config(load_hf_config(resolve_model_source(str(prequantized), "dummy")), quantization="fp8")
-    hf_config = ModelConfig.from_server_args(ServerArgs(model_path=llama, device="cpu", load_format="dummy")).hf_config
+    hf_config = resolve(model_path=llama, device="cpu", load_format="dummy").model.hf_config
     with pytest.raises(ValueError, match="--quantization fp8 on the GPU needs --dtype bfloat16"):
         ModelConfig.from_hf_config(hf_config, dtype="float16", device="cuda", quantization="fp8")
     ok = ModelConfig.from_hf_config(hf_config, dtype="bfloat16", device="cuda", quantization="fp8")
@@ -128,7 +155,7 @@ CLI_BAD = [
 @pytest.mark.parametrize("argv,flag", CLI_BAD, ids=[f for _, f in CLI_BAD])
 def test_cli_bad_args_exit_2_and_name_the_flag(argv, flag, capsys):
     with pytest.raises(SystemExit) as e:
-        prepare_server_args(["--device", "cpu", *argv])
+        prepare_engine_config(["--device", "cpu", *argv])
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert flag in err
@@ -141,14 +168,14 @@ def test_cli_kt_num_gpu_experts_within_the_models_experts(tmp_path, capsys):
     qwen = shape_config_dir("Qwen3-30B-A3B", root=str(tmp_path))
     base = ["--device", "cpu", "--model-path", qwen, "--load-format", "dummy"]
     with pytest.raises(SystemExit) as e:
-        prepare_server_args([*base, "--kt-num-gpu-experts", "129"])
+        prepare_engine_config([*base, "--kt-num-gpu-experts", "129"])
     assert e.value.code == 2 and "--kt-num-gpu-experts 129 must be in [0, 128]" in capsys.readouterr().err
     for ok in ("0", "128"):
-        assert prepare_server_args([*base, "--kt-num-gpu-experts", ok]).kt_num_gpu_experts == int(ok)
+        assert prepare_engine_config([*base, "--kt-num-gpu-experts", ok]).kt.num_gpu_experts == int(ok)
 
 
 def test_cli_good_args_parse():
-    sa = prepare_server_args(
+    sa = prepare_engine_config(
         [
             "--device",
             "cpu",
@@ -165,18 +192,18 @@ def test_cli_good_args_parse():
             "0.5",
             "--disable-overlap-schedule",
         ]
-    )
+    ).args
     assert (sa.page_size, sa.max_total_tokens, sa.chunked_prefill_size) == (4, 1024, 64)
     assert sa.disable_radix_cache and sa.mem_fraction_static == 0.5
     assert sa.disable_overlap_schedule
-    assert not prepare_server_args(["--device", "cpu", "--model-path", SMOL]).disable_overlap_schedule  # on by default
+    assert not prepare_engine_config(["--device", "cpu", "--model-path", SMOL]).args.disable_overlap_schedule  # default
     assert sa.disable_cuda_graph and sa.attention_backend == "torch_native"
 
 
 # ------------------------------------------------------------------ memory heuristics
 @pytest.fixture
 def capacity(monkeypatch):
-    """Inject the device's total memory (MiB) seen by the ServerArgs heuristics."""
+    """Inject the device's total memory (MiB) the resolve step reads."""
 
     def set_capacity(mib):
         monkeypatch.setattr(memory_utils, "get_device_memory_capacity", lambda device, index=0: float(mib))
@@ -222,70 +249,80 @@ def _expected_fraction(total, tp, chunk, graph_bs, max_prefill=16384):
 @pytest.mark.parametrize("total,tp,extra,chunk,graph_bs,fraction", MEM_CASES)
 def test_default_mem_fraction_static(capacity, total, tp, extra, chunk, graph_bs, fraction):
     capacity(total)
-    sa = ServerArgs(model_path=SMOL, device="cpu", tp_size=tp, **extra)
+    config = resolve(model_path=SMOL, device="cpu", tp_size=tp, **extra)
+    sa = config.args
     assert sa.chunked_prefill_size == chunk
     assert sa.cuda_graph_max_bs == graph_bs
     assert sa.mem_fraction_static == fraction  # the hand-computed number in the table
     assert sa.mem_fraction_static == _expected_fraction(total, tp, chunk, graph_bs)
-    assert not sa.post_capture_kv_sizing_planned() and sa.static_path_mem_fraction_static() == fraction
+    assert not config.memory.post_capture and config.memory.pool.static_mem_fraction_static == fraction
 
 
 def test_chunking_off_uses_max_prefill_tokens(capacity):
     capacity(81559)
-    sa = ServerArgs(model_path=SMOL, device="cpu", chunked_prefill_size=-1)
+    sa = resolve(model_path=SMOL, device="cpu", chunked_prefill_size=-1).args
     # 512 + 16384 * 1.5 + 128 + 512 = 25728 -> (81559 - 25728) / 81559 = 0.68454
-    assert sa.static_reserved_mem_mb() == 25728
+    assert planner.static_reserved_mem_mb(planner.ReserveInputs(81559, -1, 16384, 1, 1, 256)) == 25728
     assert sa.mem_fraction_static == 0.685
 
 
 def test_explicit_mem_fraction_is_kept(capacity):
     capacity(81559)
-    assert ServerArgs(model_path=SMOL, device="cpu", mem_fraction_static=0.42).mem_fraction_static == 0.42
+    assert resolve(model_path=SMOL, device="cpu", mem_fraction_static=0.42).args.mem_fraction_static == 0.42
 
 
 def test_reserve_terms_and_post_capture_reserve(capacity):
     capacity(81559)
-    sa = ServerArgs(model_path=SMOL, device="cpu", tp_size=2)
-    assert sa.reserve_for_graph_mb() == 512
-    assert sa.activation_tokens() == 8192
-    assert sa.pre_capture_activation_reserve_mb() == 512 + 12288 + 256
-    assert sa.static_reserved_mem_mb() == 512 + 12288 + 256 + 512
-    assert sa.post_capture_reserved_mem_mb() == 1536 + 256
+    config = resolve(model_path=SMOL, device="cpu", tp_size=2)
+    r = planner.ReserveInputs(81559, config.args.chunked_prefill_size, 16384, 2, 1, config.args.cuda_graph_max_bs)
+    assert planner.reserve_for_graph_mb(r) == 512 and config.memory.graph_reserve_bytes == 512 << 20
+    assert r.activation_tokens == 8192
+    assert planner.pre_capture_activation_reserve_mb(r) == 512 + 12288 + 256
+    assert config.memory.pool.activation_reserve_bytes == (512 + 12288 + 256) << 20
+    assert planner.static_reserved_mem_mb(r) == 512 + 12288 + 256 + 512
+    assert planner.post_capture_reserved_mem_mb(r) == 1536 + 256
     # The CPU never plans post-capture sizing, and says why.
-    assert not sa.post_capture_kv_sizing_planned()
-    assert "device is not CUDA" in sa.kv_sizing_path.reason
+    assert not config.memory.post_capture
+    assert "device is not CUDA" in config.memory.path.reason
 
 
 def test_tiny_device_cannot_get_a_default_fraction(capacity):
     capacity(2048)  # 2 GiB: reserved 3728 MiB exceeds it
     with pytest.raises(ServerArgsError, match="--mem-fraction-static"):
-        ServerArgs(model_path=SMOL, device="cpu")
+        resolve(model_path=SMOL, device="cpu")
 
 
 # ------------------------------------------------------------------ the sizing path, decided once
 H200 = 143771.0  # MiB, as nvidia-smi reports it
 
 
-def _h200(flag: bool, vmm_problem=None, **kw) -> ServerArgs:
-    from sglang.srt.environ import envs
-    from sglang.srt.server_args import AssumedDevice
+def _h200(flag: bool, vmm_problem=None, **kw) -> EngineConfig:
+    device = described_device("cuda", H200, vmm_problem)
+    return resolve_engine_config(ServerArgs(model_path=SMOL, **kw), device=device, post_capture=flag)
 
-    with envs.SGLANG_ENABLE_POST_CAPTURE_KV_SIZING.override(flag):
-        return ServerArgs(model_path=SMOL, assume_device=AssumedDevice("cuda", H200, vmm_problem), **kw)
+
+def test_the_env_flag_is_read_by_the_resolve_step():
+    """SGLANG_ENABLE_POST_CAPTURE_KV_SIZING (SGLang's interface) decides the path when the caller does not."""
+    from sglang.srt.environ import envs
+
+    device = described_device("cuda", H200)
+    for flag in (False, True):
+        with envs.SGLANG_ENABLE_POST_CAPTURE_KV_SIZING.override(flag):
+            assert resolve_engine_config(ServerArgs(model_path=SMOL), device=device).memory.post_capture == flag
 
 
 def test_path_decides_the_default_fraction():
     off, on = _h200(False), _h200(True)
     # H200 tier: chunk 8192, graph bs 256 -> static reserve 512 + 12288 + 128 + 512 = 13440 MiB.
-    assert off.chunked_prefill_size == 8192 and off.cuda_graph_max_bs == 256
-    assert not off.post_capture_kv_sizing_planned()
-    assert off.kv_sizing_path.reason == "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING is off"
-    assert off.mem_fraction_static == round((H200 - 13440) / H200, 3) == 0.907
+    assert off.args.chunked_prefill_size == 8192 and off.args.cuda_graph_max_bs == 256
+    assert not off.memory.post_capture
+    assert off.memory.path.reason == "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING is off"
+    assert off.args.mem_fraction_static == round((H200 - 13440) / H200, 3) == 0.907
     # Planned: 1536 + tp*pp/8*1024 = 1664 MiB, no activation or graph guess.
-    assert on.post_capture_kv_sizing_planned() and on.kv_sizing_path.name == "post-capture"
-    assert on.mem_fraction_static == round((H200 - 1664) / H200, 3) == 0.988
-    assert on.static_path_mem_fraction_static() == off.mem_fraction_static
-    assert on.pre_capture_activation_reserve_mb() == max(512 + 8192 * 1.5 + 128, 10240)
+    assert on.memory.post_capture and on.memory.path.name == "post-capture"
+    assert on.args.mem_fraction_static == on.memory.pool.mem_fraction_static == round((H200 - 1664) / H200, 3) == 0.988
+    assert on.memory.pool.static_mem_fraction_static == off.args.mem_fraction_static
+    assert on.memory.pool.activation_reserve_bytes == int(max(512 + 8192 * 1.5 + 128, 10240) * (1 << 20))
 
 
 @pytest.mark.parametrize(
@@ -297,31 +334,32 @@ def test_path_decides_the_default_fraction():
     ],
 )
 def test_blocked_post_capture_keeps_the_static_default(kw, reason):
-    sa = _h200(True, **kw)
-    assert not sa.post_capture_kv_sizing_planned() and reason in sa.kv_sizing_path.reason
-    assert sa.mem_fraction_static == sa.static_path_mem_fraction_static()
+    config = _h200(True, **kw)
+    assert not config.memory.post_capture and reason in config.memory.path.reason
+    assert config.args.mem_fraction_static == config.memory.pool.static_mem_fraction_static
 
 
 def test_missing_vmm_decides_static_before_the_default_fraction(caplog):
-    sa = _h200(True, vmm_problem="cuda-bindings is not installed")
-    assert not sa.post_capture_kv_sizing_planned()
-    assert sa.kv_sizing_path.reason == "CUDA VMM unavailable: cuda-bindings is not installed"
-    assert sa.mem_fraction_static == _h200(False).mem_fraction_static == 0.907  # not the post-capture 0.988
+    config = _h200(True, vmm_problem="cuda-bindings is not installed")
+    assert not config.memory.post_capture
+    assert config.memory.path.reason == "CUDA VMM unavailable: cuda-bindings is not installed"
+    assert config.args.mem_fraction_static == _h200(False).args.mem_fraction_static == 0.907  # not post-capture's
     assert any("using static sizing" in r.message for r in caplog.records)
 
 
-def test_the_decision_travels_with_the_args():
-    """Scheduler processes get the pickled args: they never decide again (nor probe the driver)."""
+def test_the_decision_travels_with_the_config():
+    """Scheduler processes get the pickled configuration: they never decide again (nor probe the driver)."""
     import pickle
 
-    sa = pickle.loads(pickle.dumps(_h200(True)))
-    assert sa.post_capture_kv_sizing_planned() and sa.device_memory_capacity_mib() == H200
+    config = _h200(True)
+    again = pickle.loads(pickle.dumps(config))
+    assert again == config and again.memory.post_capture and again.device.memory_mib == H200
 
 
 def test_server_info_shows_flags_only():
-    out = _h200(True).to_public_dict()
-    assert "kv_sizing_path" not in out and "device_memory_mib" not in out and "user_mem_fraction_static" not in out
-    assert out["mem_fraction_static"] == 0.988 and out["cuda_graph_max_bs"] == 256
+    out = _h200(True).args.to_public_dict()
+    assert set(out) == {f.name for f in __import__("dataclasses").fields(ServerArgs)}
+    assert out["mem_fraction_static"] == 0.988 and out["cuda_graph_max_bs"] == 256 and out["device"] == "cuda"
 
 
 def test_cli_module_imports_nothing_of_ours():

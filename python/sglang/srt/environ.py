@@ -89,69 +89,13 @@ class EnvStr(EnvFlag[str]):
         return raw
 
 
-class EnvChoice(EnvFlag[str]):
-    """One of a fixed set of words (case-insensitive)."""
-
-    def __init__(self, default: str, choices: tuple[str, ...], doc: str) -> None:
-        super().__init__(default, doc)
-        self.choices = choices
-
-    def _parse(self, raw: str) -> str:
-        if raw.lower() not in self.choices:
-            raise ValueError(f"expected one of {', '.join(self.choices)}")
-        return raw.lower()
-
-
 class Envs:
     # Memory planning
     SGLANG_ENABLE_POST_CAPTURE_KV_SIZING = EnvBool(
         False, "Reserve the KV pool as CUDA virtual memory, capture graphs, then size it from measured free memory."
     )
-    SGLANG_POST_CAPTURE_MEASURE_ACTIVATION_PEAK = EnvBool(
-        True, "Post-capture sizing: run the worst-case eager forwards and keep at least their peak as headroom."
-    )
-    SGLANG_KT_ELASTIC_SLOT = EnvBool(
-        True,
-        "Post-capture path with --kt-gpu-prefill-token-threshold: size the KV pool as if the KT prefill slot "
-        "took nothing, and lend the pool's last tokens to the slot while a long prefill runs (0: keep the slot's "
-        "memory out of the pool for good, as the static path does).",
-    )
     SGLANG_CPU_MEMORY_BUDGET_GB = EnvFloat(
         0.0, "On --device cpu: host memory (GB) the memory plan treats as device capacity; 0 = host MemTotal."
-    )
-    SGLANG_KT_CPU_SPIN_US = EnvInt(
-        2000,
-        "KT CPU experts: microseconds the pool's threads spin after a layer before they sleep (the next "
-        "layer's work arrives within that during decode; a sleeping thread takes tens of microseconds to wake).",
-    )
-    SGLANG_KT_CPU_ZERO_COPY = EnvBool(
-        True,
-        "KT CPU experts on CUDA: the GPU reads and writes the pinned step buffers in place (mapped host memory) "
-        "instead of copying them (0: one copy each way per layer step).",
-    )
-    SGLANG_KT_CPU_DOORBELL = EnvBool(
-        True,
-        "KT CPU experts on CUDA: each layer's step is handed to the pool by a stream write to a pinned word that "
-        "an idle pool thread polls, and handed back by a stream wait on another (cuStreamWriteValue32 / "
-        "cuStreamWaitValue32), where a self-test at start-up passes (0: host functions, cuLaunchHostFunc: "
-        "25-40 us more per layer of a batch-1 decode step on the H200: benchmark/kt_decode/).",
-    )
-    SGLANG_KT_CPU_HOST_WAIT = EnvChoice(
-        "block",
-        ("block", "yield", "spin"),
-        "KT CPU experts on CUDA: how the scheduler's thread waits for the GPU while the expert threads compute "
-        "(the CUDA context's scheduling flag): block (sleeps until the GPU signals: CU_CTX_SCHED_BLOCKING_SYNC), "
-        "yield (polls, yielding its core: CU_CTX_SCHED_YIELD) or spin (the driver's busy wait). A polling "
-        "thread takes cores from the expert threads: on the H200 host block decodes BF16 at batch 64 in 12.6 "
-        "ms per layer, yield in 17.9 (benchmark/kt_decode/).",
-    )
-    SGLANG_KT_CPU_INT8_ACTIVATIONS = EnvBool(
-        True,
-        "KT CPU experts with --kt-method INT8: quantize activations to int8 too (one scale per token, and per "
-        "expert pair for down_proj) and use int8 dot products where the CPU has AVX512-VNNI: W8A8, as "
-        "KTransformers' AMXINT8 computes. 1.3-1.6x faster decode on the H200 host (benchmark/kt_decode/); the "
-        "activations' rounding moves the experts' output by 2.2-2.4% RMS on Gaussian Qwen3-30B-A3B-shaped "
-        "experts (benchmark/kt_decode/int8_activation_error.py). 0: fp32 activations (W8A16-like accuracy).",
     )
     SGLANG_KT_CPU_KERNEL_CACHE = EnvStr(
         "",
@@ -183,22 +127,11 @@ class Envs:
         "its 40 costliest functions (cumulative and own time) to this file when it stops.",
     )
     # Kernels
-    SGLANG_ENABLE_PDL = EnvBool(
-        True,
-        "Hopper+: the decode path's triton kernels launch with programmatic dependent launch, so each "
-        "starts while the one before drains (srt/layers/pdl.py); 0: plain stream order.",
-    )
-    SGLANG_DECODE_GEMM_TUNED = EnvBool(
-        True,
-        "CUDA: decode-size projections use the skinny triton GEMM where this GPU's tuned table "
-        "(srt/layers/decode_gemm/configs/) measured it faster than cuBLAS (0: cuBLAS everywhere).",
-    )
     SGLANG_DECODE_GEMM_CONFIG_DIR = EnvStr(
         "",
         "Directory of decode-GEMM tables (<GPU name>.json, written by benchmark/decode_roofline/"
         "tune_decode_gemms.py --model ...) to use instead of the shipped ones.",
     )
-    SGLANG_TRITON_DECODE_MAX_KV_SPLITS = EnvInt(16, "Upper bound on split-KV chunks in the triton decode kernel.")
     # Testing
     SGLANG_TEST_CPU_ELASTIC_SLOT_TAIL_TOKENS = EnvInt(
         0,

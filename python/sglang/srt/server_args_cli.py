@@ -34,6 +34,12 @@ def add_cli_args(parser: argparse.ArgumentParser, defaults: Mapping[str, Any]) -
     g.add_argument("--tokenizer-path", type=str, default=None)
     g.add_argument("--load-format", type=str, default=_default("load_format"), choices=LOAD_FORMATS)
     g.add_argument("--skip-tokenizer-init", action="store_true", help="Take and return token ids only.")
+    g.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="Let a tokenizer that ships its own Python code (Kimi-K2's) run it. Models and their configs never "
+        "run checkpoint code: our own classes serve them (a Kimi-K2 config loads as DeepSeek-V3's).",
+    )
     g.add_argument("--dtype", type=str, default=_default("dtype"), choices=DTYPES)
     g.add_argument("--kv-cache-dtype", type=str, default=_default("kv_cache_dtype"), choices=KV_CACHE_DTYPES)
     g.add_argument(

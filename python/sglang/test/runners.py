@@ -3,7 +3,7 @@ and an in-process driver for the Scheduler.
 
     d = make_tiny_hf_model("qwen3", tmp_dir)             # config.json + model.safetensors
     ref = hf_greedy(d, [[1, 2, 3]], max_new_tokens=8)     # transformers' generate(do_sample=False)
-    sched = Scheduler(ServerArgs(model_path=d, skip_tokenizer_init=True, device="cpu"))
+    sched = make_scheduler(model_path=d, skip_tokenizer_init=True)
     outs = run_scheduler(sched, [[1, 2, 3]], {"max_new_tokens": 8, "temperature": 0})
 
 Everything runs on the CPU in fp32, the dtype in which our engine and transformers agree bit for bit.
@@ -305,20 +305,21 @@ def make_scheduler(reuse_model: bool = True, poison_kv: bool = True, **server_ar
     With poison_kv, every KV slot starts as NaN, so reading a slot that was never written (a
     bookkeeping bug that uninitialised memory would usually hide) poisons the output at once.
     """
-    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.configs.engine_config import resolve_engine_config
+    from sglang.srt.managers.scheduler import build_scheduler
     from sglang.srt.server_args import ServerArgs
 
     server_args.setdefault("device", "cpu")
-    sa = ServerArgs(**server_args)
+    config = resolve_engine_config(ServerArgs(**server_args))
     collector = OutputCollector()
     if reuse_model:
-        with _reuse_loaded_model(sa):
-            sched = Scheduler(sa, output_sink=collector)
+        with _reuse_loaded_model(config.args):
+            sched = build_scheduler(config, output_sink=collector)
     else:
-        sched = Scheduler(sa, output_sink=collector)
+        sched = build_scheduler(config, output_sink=collector)
     if poison_kv:
         pool = sched.model_runner.token_to_kv_pool
-        for buf in pool.k_buffer + pool.v_buffer:
+        for buf in pool.buffers():
             if buf.is_floating_point():
                 buf.fill_(float("nan"))
     sched.collector = collector

@@ -129,7 +129,7 @@ def test_tp2_sizing_and_greedy(shape):
 def test_tp2_kt_reservation_per_rank(post_capture):
     import torch
 
-    from sglang.srt.layers.moe.kt_ep_wrapper import make_moe_layer, param_bytes
+    from sglang.srt.layers.moe.layer import make_moe_layer, param_bytes
 
     threshold = 1024
     kt = dict(

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.skipif(not has_gpu(), reason=REQUIRES_GPU_REASON)
 
 @pytest.fixture(scope="module")
 def runner():
-    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.configs.engine_config import resolve_engine_config
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.server_args import ServerArgs
 
@@ -27,7 +27,7 @@ def runner():
         cuda_graph_max_bs=32,
         mem_fraction_static=0.6,
     )
-    return ModelRunner(ModelConfig.from_server_args(args), args)
+    return ModelRunner(resolve_engine_config(args))
 
 
 @pytest.mark.parametrize("bs", [1, 3, 8, 13, 32])

@@ -24,7 +24,7 @@ def _tile(block_m: int, split_k: int) -> dict:
 def runner(tmp_path_factory):
     from transformers import AutoConfig
 
-    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.configs.engine_config import resolve_engine_config
     from sglang.srt.environ import envs
     from sglang.srt.layers.decode_gemm.shapes import projection_shapes
     from sglang.srt.layers.decode_gemm.table import device_table_path, shape_key, update_table_file
@@ -53,7 +53,7 @@ def runner(tmp_path_factory):
         mem_fraction_static=0.6,
     )
     with envs.SGLANG_DECODE_GEMM_CONFIG_DIR.override(tables):
-        return ModelRunner(ModelConfig.from_server_args(args), args)
+        return ModelRunner(resolve_engine_config(args))
 
 
 def _linears(mr):

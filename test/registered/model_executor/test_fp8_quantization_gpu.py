@@ -42,12 +42,12 @@ def _server_args(**kw):
 
 
 def _runner(args, tables: str):
-    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.configs.engine_config import resolve_engine_config
     from sglang.srt.environ import envs
     from sglang.srt.model_executor.model_runner import ModelRunner
 
     with envs.SGLANG_DECODE_GEMM_CONFIG_DIR.override(tables):
-        return ModelRunner(ModelConfig.from_server_args(args), args)
+        return ModelRunner(resolve_engine_config(args))
 
 
 @pytest.fixture(scope="module")

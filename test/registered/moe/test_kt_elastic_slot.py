@@ -17,8 +17,8 @@ register_cpu_ci(est_time=40, suite="per-commit-cpu")
 import pytest
 import torch
 
-from sglang.srt.managers.elastic_slot import ElasticKTSlot
 from sglang.srt.managers.io_struct import TokenizedGenerateReqInput
+from sglang.srt.managers.scheduler_components.kt_prefill_slot_lender import KTPrefillSlotLender
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.test.runners import make_tiny_qwen3_moe
 
@@ -58,7 +58,8 @@ def model_dir():
 
 def make(path: str, non_tail_tokens=None, chunk=None):
     """A scheduler whose pool's last pages are lendable (all but `non_tail_tokens`), or a permanent slot (None)."""
-    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.configs.engine_config import resolve_engine_config
+    from sglang.srt.managers.scheduler import build_scheduler
     from sglang.srt.server_args import ServerArgs
     from sglang.test.runners import OutputCollector
 
@@ -68,13 +69,13 @@ def make(path: str, non_tail_tokens=None, chunk=None):
         kt_num_gpu_experts=3, kt_gpu_prefill_token_threshold=THRESHOLD, **kw,
     )  # fmt: skip
     collector = OutputCollector()
-    sched = Scheduler(args, output_sink=collector)
+    sched = build_scheduler(resolve_engine_config(args), output_sink=collector)
     arena = None
     if non_tail_tokens is not None:
         sched.allocator.resize(sched.allocator.size, lendable_tail_pages=sched.allocator.size - non_tail_tokens)
         arena = LendingArena(sched.model_runner.memory_plan.reservations_bytes[SLOT])
-        kt_state = sched.model_runner.model.prefill_slot_state()
-        sched.elastic_slot = ElasticKTSlot(arena, sched.allocator, sched.tree_cache, kt_state, THRESHOLD)
+        slot = sched.model_runner.kt_prefill_slot
+        sched.kt_slot_lender = KTPrefillSlotLender(arena, sched.allocator, sched.tree_cache, slot, THRESHOLD)
     return sched, collector, arena
 
 
@@ -98,16 +99,16 @@ def test_long_prompt_takes_the_tail_keeps_it_over_its_chunks_and_gives_it_back(m
     submit(permanent, "long", LONG)
     finish(permanent)
     sched, out, arena = make(model_dir, non_tail_tokens=1024, chunk=8)
-    kt_state = sched.model_runner.model.prefill_slot_state()
+    slot = sched.model_runner.kt_prefill_slot
     submit(sched, "long", LONG)
     sched.step()  # the first of three 8-token chunks: the slot is taken, and kept for the next chunks
     assert arena.calls == ["lend"] and sched.allocator.tail_lent
     memory = arena.memory
-    for p in kt_state.full_gpu_slot.layer.parameters():  # built over the lent bytes, not allocated
+    for p in slot.layer.parameters():  # built over the lent bytes, not allocated
         assert memory.data_ptr() <= p.data_ptr() < memory.data_ptr() + memory.numel()
     finish(sched)
-    assert arena.calls == ["lend", "return"] and kt_state.full_gpu_slot is None
-    stats = sched.elastic_slot.stats
+    assert arena.calls == ["lend", "return"] and slot.layer is None
+    stats = sched.kt_slot_lender.stats
     assert (stats.takes, stats.returns, stats.refusals, stats.lent) == (1, 1, 0, False)
     assert out.results["long"].output_ids == out_p.results["long"].output_ids  # greedy: elastic == permanent
     assert no_slot_leaked(sched)
@@ -133,7 +134,7 @@ def test_cached_tail_pages_are_evicted_before_lending(model_dir, monkeypatch):
     submit(sched, "long", PROMPT)
     sched.step()  # its prefill: the cached tail pages are evicted, then the tail is lent
     assert evictions == [(True, evictions[0][1])] and evictions[0][1] >= cached_in_tail
-    assert arena.calls == ["lend", "return"] and sched.elastic_slot.stats.refusals == 0
+    assert arena.calls == ["lend", "return"] and sched.kt_slot_lender.stats.refusals == 0
     finish(sched)
     assert len(out.results["long"].output_ids) == NEW_TOKENS and no_slot_leaked(sched)
 
@@ -149,7 +150,7 @@ def test_held_tail_means_hybrid_and_no_failure(model_dir):
     assert sched.allocator.tail_pages_in_use() > 0 and arena.calls == []  # 18 + tokens > the 16 outside the tail
     submit(sched, "long", PROMPT)
     sched.step()  # the long prompt's prefill: the tail is held, so it runs hybrid
-    assert arena.calls == [] and sched.elastic_slot.stats.refusals == 1
+    assert arena.calls == [] and sched.kt_slot_lender.stats.refusals == 1
     finish(sched)
     assert all(len(r.output_ids) == (NEW_TOKENS if rid == "long" else 12) for rid, r in out.results.items())
     assert all(r.finish_reason["type"] == "length" for r in out.results.values())

@@ -14,6 +14,8 @@ from sglang.test.ci.ci_register import register_cuda_ci
 
 register_cuda_ci(est_time=120, suite="per-commit-cuda")
 
+import contextlib
+
 import pytest
 import torch
 
@@ -27,18 +29,23 @@ E_GPU, E_CPU, HIDDEN, INTER, TOP_K = 4, 24, 256, 128, 8
 
 
 def _engine_and_layer(method: str, capacity: int = 64, zero_copy: bool = True, doorbell: bool = True):
+    """zero_copy False: the pinned buffers are not mapped for the GPU (the engine's fallback: it copies them)."""
+    from unittest import mock
+
     from sglang.srt.layers.moe.cpu_experts import CpuExpertsEngine
-    from sglang.srt.layers.moe.kt_ep_wrapper import make_moe_layer
+    from sglang.srt.layers.moe.cpu_experts import engine as engine_module
+    from sglang.srt.layers.moe.layer import make_moe_layer
 
     gen = torch.Generator().manual_seed(0)
     layer = make_moe_layer(E_CPU, HIDDEN, INTER, torch.bfloat16, method)
     for e in range(E_CPU):
         for shard, shape in (("w1", (INTER, HIDDEN)), ("w3", (INTER, HIDDEN)), ("w2", (HIDDEN, INTER))):
             layer.quant_method.load_expert(layer, e, shard, 0.1 * torch.randn(shape, generator=gen))
-    engine = CpuExpertsEngine(
-        threads=8, hidden=HIDDEN, inter=INTER, top_k=TOP_K, num_cpu_experts=E_CPU, expert_offset=E_GPU,
-        capacity=capacity, pin_memory=True, spin_us=200, zero_copy=zero_copy, doorbell=doorbell,
-    )  # fmt: skip
+    with contextlib.nullcontext() if zero_copy else mock.patch.object(engine_module, "_mapped", lambda t: None):
+        engine = CpuExpertsEngine(
+            threads=8, hidden=HIDDEN, inter=INTER, top_k=TOP_K, num_cpu_experts=E_CPU, expert_offset=E_GPU,
+            capacity=capacity, pin_memory=True, spin_us=200, doorbell=doorbell,
+        )  # fmt: skip
     assert (engine.device_inputs is not None) == zero_copy  # the GPU writes the pinned block in place
     assert engine.handover == ("doorbell" if doorbell else "host functions")  # the self-test passes on CUDA
     return engine, engine.add_layer(layer, layer.quant_method), layer
@@ -108,8 +115,15 @@ def test_graph_replays_read_new_inputs_and_skip_padding(doorbell):
         assert done.experts_read == len(torch.unique(ids[:real][ids[:real] >= E_GPU]))
 
 
-def _scheduler(path: str, **kw):
-    from sglang.srt.managers.scheduler import Scheduler
+def _scheduler(path: str, int8_activations: bool = True, host_functions: bool = False, **kw):
+    """int8_activations: the KT record's cpu_int8_activations; host_functions: hand steps over through host
+    functions, as when the doorbell's self-test fails."""
+    import dataclasses
+    from unittest import mock
+
+    from sglang.srt.configs.engine_config import resolve_engine_config
+    from sglang.srt.layers.moe.cpu_experts import engine as engine_module
+    from sglang.srt.managers.scheduler import build_scheduler
     from sglang.srt.server_args import ServerArgs
     from sglang.test.runners import OutputCollector
 
@@ -119,7 +133,11 @@ def _scheduler(path: str, **kw):
         log_level="warning", **kw,
     )  # fmt: skip
     collector = OutputCollector()
-    return Scheduler(args, output_sink=collector), collector
+    config = resolve_engine_config(args)
+    config = dataclasses.replace(config, kt=dataclasses.replace(config.kt, cpu_int8_activations=int8_activations))
+    fail_self_test = mock.patch.object(engine_module, "_stream_memops_fail_reason", lambda lib: "forced by the test")
+    with fail_self_test if host_functions else contextlib.nullcontext():
+        return build_scheduler(config, output_sink=collector), collector
 
 
 def _generate(sched, collector):
@@ -152,7 +170,7 @@ def test_hybrid_decode_in_cuda_graphs(tiny_moe, method):
     graphs, collector = _scheduler(path, kt_method=method, kt_num_gpu_experts=3)
     assert graphs.model_runner.cuda_graph_runner is not None  # decode with CPU experts was captured
     engine = graphs.model_runner.model.kt_state.cpu_engine
-    assert engine.handover == "doorbell"  # SGLANG_KT_CPU_DOORBELL's default where the self-test passes
+    assert engine.handover == "doorbell"  # where the self-test passes
     before = engine.stats()
     with_graphs = _generate(graphs, collector)
     assert engine.stats().minus(before).steps >= 2 * NEW_TOKENS  # both MoE layers ran the CPU kernel each step
@@ -161,20 +179,15 @@ def test_hybrid_decode_in_cuda_graphs(tiny_moe, method):
     assert with_graphs == _generate(eager, collector)
     if method == "BF16":  # fp32 experts: the model's exact math
         assert with_graphs == refs
-        from sglang.srt.environ import envs
-
-        with envs.SGLANG_KT_CPU_DOORBELL.override(False):  # the other hand-over gives the same tokens
-            host_fns, collector = _scheduler(path, kt_method=method, kt_num_gpu_experts=3)
+        # The other hand-over gives the same tokens.
+        host_fns, collector = _scheduler(path, host_functions=True, kt_method=method, kt_num_gpu_experts=3)
         assert host_fns.model_runner.model.kt_state.cpu_engine.handover == "host functions"
         assert _generate(host_fns, collector) == refs
     else:  # int8 experts with int8 activations (W8A8, the default): graphs equal eager, checked above
         assert graphs.model_runner.model.kt_state.cpu_engine.layers[0].int8_dot
-        from sglang.srt.environ import envs
-
         # With fp32 activations: the same tokens as the all-GPU engine running the same int8 experts.
-        with envs.SGLANG_KT_CPU_INT8_ACTIVATIONS.override(False):
-            w8a16, collector = _scheduler(path, kt_method=method, kt_num_gpu_experts=3)
-            w8a16_tokens = _generate(w8a16, collector)
+        w8a16, collector = _scheduler(path, int8_activations=False, kt_method=method, kt_num_gpu_experts=3)
+        w8a16_tokens = _generate(w8a16, collector)
         gpu_only, collector = _scheduler(path, kt_method=method, kt_num_gpu_experts=8)
         assert w8a16_tokens == _generate(gpu_only, collector)
 
@@ -188,7 +201,7 @@ def test_post_capture_sizing_measures_graphs_with_cpu_experts(tiny_moe):
     runner = sched.model_runner
     try:
         assert runner.sizing_path.post_capture
-        assert runner.readings.captured_graph_max_bs == 4
+        assert runner.capture_readings.captured_graph_max_bs == 4
         assert not any("eagerly" in note for note in runner.memory_plan.notes)
         assert _generate(sched, collector) == refs
     finally:

@@ -33,8 +33,12 @@ def model_dir():
     return path, ref
 
 
-def _scheduler(path: str, **kt):
-    from sglang.srt.managers.scheduler import Scheduler
+def _scheduler(path: str, int8_activations: bool = True, **kt):
+    """`int8_activations`: the KT record's cpu_int8_activations (False: fp32 activations for INT8 experts)."""
+    import dataclasses
+
+    from sglang.srt.configs.engine_config import resolve_engine_config
+    from sglang.srt.managers.scheduler import build_scheduler
     from sglang.srt.server_args import ServerArgs
 
     outputs = {}
@@ -46,7 +50,10 @@ def _scheduler(path: str, **kt):
     args = ServerArgs(
         model_path=path, device="cpu", skip_tokenizer_init=True, max_total_tokens=2048, log_level="warning", **kt
     )
-    return Scheduler(args, output_sink=sink), outputs
+    config = resolve_engine_config(args)
+    if config.kt is not None:
+        config = dataclasses.replace(config, kt=dataclasses.replace(config.kt, cpu_int8_activations=int8_activations))
+    return build_scheduler(config, output_sink=sink), outputs
 
 
 def _generate(sched, outputs, prompts):
@@ -82,25 +89,26 @@ def _wrappers(sched):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_reservation_exact_and_paths_agree(model_dir, method):
-    from sglang.srt.layers.moe.kt_ep_wrapper import param_bytes
+    from sglang.srt.layers.moe.layer import param_bytes
     from sglang.srt.layers.moe.topk import select_experts
 
     path, _ = model_dir
     # fp32 activations for INT8 too, so that both paths compute the same math (the int8-activation path's
     # error is bounded by the kernel tests' int8 reference).
-    with envs.SGLANG_KT_CPU_INT8_ACTIVATIONS.override(False):
-        sched, _ = _scheduler(path, kt_method=method, kt_num_gpu_experts=3, kt_gpu_prefill_token_threshold=8)
+    sched, _ = _scheduler(
+        path, int8_activations=False, kt_method=method, kt_num_gpu_experts=3, kt_gpu_prefill_token_threshold=8
+    )
     reservation = sched.model_runner.memory_plan.reservations_bytes["kt_full_gpu_prefill_slot"]
     wrapper = _wrappers(sched)[0]
-    ctx = wrapper.kt_state.full_gpu_context(wrapper)
-    assert param_bytes(ctx.layer) == reservation  # the real slot, byte for byte
+    slot = wrapper.kt_state.prefill_slot
+    assert param_bytes(slot.acquire()) == reservation == slot.nbytes  # the real slot, byte for byte
     # Hybrid (3 experts local + 5 on the CPU backend) vs the full layer streamed into the slot.
     gen = torch.Generator().manual_seed(1)
     x = torch.randn(16, 128, generator=gen)
     router = torch.randn(16, 8, generator=gen)
     hybrid = wrapper(x, router, is_prefill=False)
     full = wrapper(x, router, is_prefill=True)
-    assert ctx.loaded_layer_id == wrapper.layer_id
+    assert slot.loaded_layer_id == wrapper.layer_id
     # Both equal the dense mixture of the same (de)quantized experts.
     weights, ids = select_experts(router, 2, wrapper.renormalize)
     dense = torch.zeros_like(x)
@@ -121,8 +129,8 @@ def test_fallback_when_the_slot_does_not_fit(model_dir, caplog):
     # A host "device" budget below what the process already holds: nothing is free for the slot.
     with envs.SGLANG_CPU_MEMORY_BUDGET_GB.override(0.01), caplog.at_level(logging.ERROR):
         results = _generate(sched, outputs, [PROMPT, PROMPT[:6], PROMPT[::-1]])
-    kt_state = sched.model_runner.model.kt_state
-    assert kt_state.full_gpu_disabled and kt_state.full_gpu_slot is None
+    slot = sched.model_runner.kt_prefill_slot
+    assert slot.disabled and slot.layer is None
     assert any(
         "--mem-fraction-static" in r.message and "--kt-gpu-prefill-token-threshold 0" in r.message
         for r in caplog.records
@@ -141,14 +149,13 @@ def test_kt_state_is_one_per_model(model_dir):
     assert states[0] is not states[1]
     for sched, state in zip((first, second), states):
         assert all(w.kt_state is state for w in _wrappers(sched)) and len(_wrappers(sched)) == 2
-    states[0].full_gpu_disabled = True
+    slots = [state.prefill_slot for state in states]
+    slots[0].disabled = True
     x, router = torch.randn(8, 128), torch.randn(8, 8)
-    assert not _wrappers(first)[0]._wants_full_gpu(8, is_prefill=True)
-    assert _wrappers(second)[0]._wants_full_gpu(8, is_prefill=True)
-    wrapper = _wrappers(second)[0]
-    wrapper(x, router, is_prefill=True)  # builds the second model's slot only
-    assert states[1].full_gpu_slot is not None and states[0].full_gpu_slot is None
-    assert states[1].release_full_gpu_slot() > 0 and states[1].full_gpu_slot is None
+    _wrappers(first)[0](x, router, is_prefill=True)  # the first model's path is off: hybrid, nothing built
+    _wrappers(second)[0](x, router, is_prefill=True)  # builds the second model's slot only
+    assert slots[1].layer is not None and slots[0].layer is None
+    assert slots[1].release() > 0 and slots[1].layer is None
     assert None not in (states[0].cpu_engine, states[1].cpu_engine)
     assert states[0].cpu_engine is not states[1].cpu_engine
 
@@ -158,28 +165,29 @@ def test_cpu_threads_default_shares_the_cpus_out_over_ranks(model_dir):
     rank, each spinning between layers, must not oversubscribe the host); with it, the flag's count."""
     import os
 
-    from sglang.srt.layers.moe.kt_ep_wrapper import KTConfig
+    from sglang.srt.configs.engine_config import resolve_engine_config
     from sglang.srt.server_args import ServerArgs
 
     path, _ = model_dir
     cores = len(os.sched_getaffinity(0))
     for tp in (1, 2):
         sa = ServerArgs(model_path=path, device="cpu", tp_size=tp, kt_method="BF16", kt_num_gpu_experts=3)
-        assert KTConfig.from_server_args(sa).cpu_threads() == max(1, cores // tp)
+        assert resolve_engine_config(sa).kt.cpu_threads == max(1, cores // tp)
     sa = ServerArgs(model_path=path, device="cpu", tp_size=2, kt_method="BF16", kt_num_gpu_experts=3, kt_cpuinfer=1)
-    assert KTConfig.from_server_args(sa).cpu_threads() == 1
+    assert resolve_engine_config(sa).kt.cpu_threads == 1
 
 
 @pytest.mark.parametrize("int8_activations", [True, False])
-def test_int8_activations_flag_reaches_the_kernel(model_dir, int8_activations):
-    """SGLANG_KT_CPU_INT8_ACTIVATIONS (default on): INT8 CPU experts take the kernel's int8 path where the CPU
-    has AVX512-VNNI, or fp32 activations when it is 0, and the model generates either way (the activations'
+def test_int8_activations_reach_the_kernel(model_dir, int8_activations):
+    """The KT record's cpu_int8_activations (default on): INT8 CPU experts take the kernel's int8 path where the
+    CPU has AVX512-VNNI, or fp32 activations when off, and the model generates either way (the activations'
     rounding may change tokens: the mixture's error is bounded by the kernel tests' int8 reference)."""
+    from sglang.srt.configs.kt_config import KTConfig
+
     path, _ = model_dir
     flags = set(open("/proc/cpuinfo").read().split())
-    assert envs.SGLANG_KT_CPU_INT8_ACTIVATIONS.get()  # the default
-    with envs.SGLANG_KT_CPU_INT8_ACTIVATIONS.override(int8_activations):
-        sched, outputs = _scheduler(path, kt_method="INT8", kt_num_gpu_experts=3)
+    assert KTConfig("INT8", None, 1, 3, None).cpu_int8_activations  # the default
+    sched, outputs = _scheduler(path, int8_activations=int8_activations, kt_method="INT8", kt_num_gpu_experts=3)
     engine = sched.model_runner.model.kt_state.cpu_engine
     assert engine.int8_activations == int8_activations and len(engine.layers) == 2
     vnni = {"avx512_vnni", "avx512bw"} <= flags

@@ -24,8 +24,12 @@ GiB = 1 << 30
 THRESHOLD = 1024
 
 
-def _runner(method: str, threshold, max_running_requests: int = 64):
-    from sglang.srt.configs.model_config import ModelConfig
+def _runner(method: str, threshold, max_running_requests: int = 64, post_capture: bool = False):
+    """post_capture: that sizing path with the reservation kept out of the pool for good, as when it cannot
+    be lent (uneven KV heads over TP ranks); lending it has its own test, test_kt_elastic_slot_gpu.py."""
+    import dataclasses
+
+    from sglang.srt.configs.engine_config import resolve_engine_config
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.server_args import ServerArgs
 
@@ -40,7 +44,9 @@ def _runner(method: str, threshold, max_running_requests: int = 64):
         max_running_requests=max_running_requests,
         log_level="warning",
     )
-    return ModelRunner(ModelConfig.from_server_args(args), args)
+    config = resolve_engine_config(args, post_capture=post_capture)
+    pool = dataclasses.replace(config.memory.pool, lend_reservations=False)
+    return ModelRunner(dataclasses.replace(config, memory=dataclasses.replace(config.memory, pool=pool)))
 
 
 def _tokens_without_threshold(method: str) -> int:
@@ -58,7 +64,8 @@ def _tokens_without_threshold(method: str) -> int:
 
 @pytest.mark.parametrize("method", ["BF16", "FP8"])
 def test_reservation_is_exact_and_honoured(method):
-    from sglang.srt.layers.moe.kt_ep_wrapper import KTEPWrapperMethod, param_bytes
+    from sglang.srt.layers.moe.kt_ep_wrapper import KTEPWrapperMethod
+    from sglang.srt.layers.moe.layer import param_bytes
 
     tokens_without = _tokens_without_threshold(method)
 
@@ -82,17 +89,18 @@ def test_reservation_is_exact_and_honoured(method):
     wrapper = next(m for m in mr.model.modules() if isinstance(m, KTEPWrapperMethod))
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
-    ctx = wrapper.kt_state.full_gpu_context(wrapper)
+    slot = mr.kt_prefill_slot
+    layer = slot.acquire()
     after = torch.cuda.memory_allocated()
-    assert ctx is not None
-    assert param_bytes(ctx.layer) == reservation
-    n_params = len(list(ctx.layer.parameters()))
+    assert layer is not None and slot is wrapper.kt_state.prefill_slot
+    assert param_bytes(layer) == reservation == slot.nbytes
+    n_params = len(list(layer.parameters()))
     assert 0 <= (after - before) - reservation <= 512 * n_params  # the caching allocator's 512-byte rounding
 
     # The first prompt over the threshold: full-GPU path, no OOM, finite logits.
     logits = _long_prompt(mr, 2 * THRESHOLD)
     assert torch.isfinite(logits).all()
-    assert ctx.loaded_layer_id == max(m.layer_id for m in mr.model.modules() if isinstance(m, KTEPWrapperMethod))
+    assert slot.loaded_layer_id == max(m.layer_id for m in mr.model.modules() if isinstance(m, KTEPWrapperMethod))
     mr.shutdown()
 
 
@@ -109,17 +117,13 @@ def _long_prompt(mr, n: int):
 
 
 @pytest.mark.parametrize("method", ["BF16", "FP8"])
-def test_reservation_honoured_post_capture(method, monkeypatch):
+def test_reservation_honoured_post_capture(method):
     import dataclasses
 
     from sglang.srt.layers.moe.kt_ep_wrapper import KTEPWrapperMethod
     from sglang.srt.model_executor.pool_configurator import post_capture_pool_size
 
-    monkeypatch.setenv("SGLANG_ENABLE_POST_CAPTURE_KV_SIZING", "1")
-    # The permanent reservation (the elastic slot, on by default, lends it from the pool instead and has its
-    # own test: test_kt_elastic_slot_gpu.py).
-    monkeypatch.setenv("SGLANG_KT_ELASTIC_SLOT", "0")
-    mr = _runner(method, THRESHOLD, max_running_requests=32)
+    mr = _runner(method, THRESHOLD, max_running_requests=32, post_capture=True)
     try:
         plan = mr.memory_plan
         assert plan.path == "post-capture", plan.path_reason
@@ -127,15 +131,18 @@ def test_reservation_honoured_post_capture(method, monkeypatch):
         reservation = plan.reservations_bytes["kt_full_gpu_prefill_slot"]
         cell, budget = plan.cell_size_bytes, plan.post_capture_budget_bytes
         assert budget == mr.pool_size.budget_bytes
-        assert mr.max_total_num_tokens == post_capture_pool_size(mr.readings, mr.pool_args).tokens  # applied as decided
+        cap = mr.capture_readings
+        assert mr.max_total_num_tokens == post_capture_pool_size(mr.readings, cap, mr.pool_args).tokens  # as decided
         # The planner's decision from the same readings without the reservation.
-        without = post_capture_pool_size(dataclasses.replace(mr.readings, reservations_bytes={}), mr.pool_args).tokens
+        without = post_capture_pool_size(
+            dataclasses.replace(mr.readings, reservations_bytes={}), cap, mr.pool_args
+        ).tokens
         # Token counts are whole VMM granules per buffer: the drop is reservation / cell up to one granule.
         granule_tokens = mr.kv_arena.granularity // mr.kv_geometry.widest_slot_bytes + plan.page_size
         drop = without - mr.max_total_num_tokens
         assert abs(drop - reservation / cell) <= granule_tokens, (drop, reservation / cell, granule_tokens)
         # The activation probe (a chunk over the threshold) built the slot and released it: nothing is left.
-        assert mr.model.kt_state.full_gpu_slot is None and mr.model.release_reserved_buffers() == 0
+        assert mr.kt_prefill_slot.layer is None and mr.kt_prefill_slot.release() == 0
         wrapper = next(m for m in mr.model.modules() if isinstance(m, KTEPWrapperMethod))
         print(
             f"{method} post-capture: reservation {reservation} bytes, cell {cell}, tokens {mr.max_total_num_tokens}, "
@@ -145,8 +152,8 @@ def test_reservation_honoured_post_capture(method, monkeypatch):
         free_before = torch.cuda.mem_get_info()[0]
         logits = _long_prompt(mr, 2 * THRESHOLD)  # first long prompt after the resize: builds the slot
         assert torch.isfinite(logits).all()
-        ctx = wrapper.kt_state.full_gpu_slot
-        assert ctx is not None and ctx.loaded_layer_id is not None
+        slot = wrapper.kt_state.prefill_slot
+        assert slot.layer is not None and slot.loaded_layer_id is not None
         assert free_before >= reservation, "the resize left less than the reservation free"
     finally:
         mr.shutdown()

@@ -1,10 +1,9 @@
-"""pdl_available: off for CPU tensors and with SGLANG_ENABLE_PDL=0; on CUDA it follows the device's compute
-capability, asked once per device (it was asked before every triton launch of the decode path)."""
+"""pdl_available: off for CPU tensors; on CUDA it follows the device's compute capability, asked once per device
+(it was asked before every triton launch of the decode path)."""
 
 import pytest
 import torch
 
-from sglang.srt.environ import envs
 from sglang.srt.layers import pdl
 from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
 from sglang.test.gpu_utils import REQUIRES_GPU_REASON, has_gpu
@@ -18,7 +17,7 @@ def test_cpu_tensors_never_use_pdl():
 
 
 @pytest.mark.skipif(not has_gpu(), reason=REQUIRES_GPU_REASON)
-def test_cuda_follows_capability_and_the_flag_and_asks_once(monkeypatch):
+def test_cuda_follows_capability_and_asks_once(monkeypatch):
     x = torch.zeros(1, device="cuda")
     expected = torch.cuda.get_device_capability()[0] >= 9
     pdl._device_supports_pdl.cache_clear()
@@ -32,5 +31,3 @@ def test_cuda_follows_capability_and_the_flag_and_asks_once(monkeypatch):
     monkeypatch.setattr(torch.cuda, "get_device_capability", counted)
     assert [pdl.pdl_available(x) for _ in range(5)] == [expected] * 5
     assert len(calls) == 1
-    with envs.SGLANG_ENABLE_PDL.override(False):
-        assert pdl.pdl_available(x) is False

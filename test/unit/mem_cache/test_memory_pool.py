@@ -1,4 +1,5 @@
-"""MHATokenToKVPool holds memory only (the allocator counts tokens); fp8 KV is stored as bytes by one rule."""
+"""MHATokenToKVPool and MLATokenToKVPool hold memory only (the allocator counts tokens); fp8 KV is stored as
+bytes by one rule."""
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -7,7 +8,7 @@ register_cpu_ci(est_time=2, suite="per-commit-cpu")
 import pytest
 import torch
 
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, kv_storage_dtype
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, kv_storage_dtype
 
 
 @pytest.mark.parametrize(
@@ -60,3 +61,37 @@ def test_given_buffers_must_hold_the_tokens_and_the_dummy_page():
         pool(7)
     with pytest.raises(ValueError, match="expected 4 KV buffers"):
         pool(4, layers=2)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32, torch.float8_e4m3fn])
+def test_mla_pool_is_one_latent_row_per_token_and_layer(dtype):
+    pool = MLATokenToKVPool(
+        16, page_size=4, dtype=dtype, kv_lora_rank=32, qk_rope_head_dim=8, layer_num=3, device="cpu"
+    )
+    assert len(pool.buffers()) == 3  # one buffer per layer: no separate V
+    assert all(b.shape == (16 + 4, 1, 40) and b.dtype == kv_storage_dtype(dtype) for b in pool.buffers())
+    nbytes = sum(b.numel() * b.element_size() for b in pool.buffers())
+    assert nbytes == (16 + 4) * 3 * 40 * dtype.itemsize  # slots x layers x (kv_lora + rope) x dtype bytes
+    latent = torch.tensor([[0.5, -1.0] * 16, [2.0, 0.25] * 16])
+    rope = torch.tensor([[1.5] * 8, [-0.5] * 8])
+    pool.set_mla_kv_buffer(1, torch.tensor([5, 9]), latent, rope)
+    k = pool.get_key_buffer(1)
+    assert k.dtype == dtype and k.shape == (20, 1, 40)
+    assert torch.equal(k[[5, 9], 0].float(), torch.cat([latent, rope], -1))
+    v = pool.get_value_buffer(1)  # the latent part of the same rows, a view
+    assert v.shape == (20, 1, 32) and v.data_ptr() == k.data_ptr() and torch.equal(v[[5, 9], 0].float(), latent)
+    assert pool.fused_store_buffers(1, latent, latent) is None
+    pool.set_kv_buffer(2, torch.tensor([3]), torch.cat([latent, rope], -1)[:1].view(1, 1, 40))  # whole rows
+    assert torch.equal(pool.get_key_buffer(2)[3, 0].float(), torch.cat([latent[0], rope[0]]))
+    pool.release_buffers()
+    assert pool.buffers() == []
+
+
+def test_mla_pool_takes_given_buffers():
+    bufs = [torch.empty(10, 1, 40) for _ in range(2)]
+    pool = MLATokenToKVPool(6, 4, torch.float32, 32, 8, layer_num=2, device="cpu", buffers=bufs)
+    assert pool.get_key_buffer(1).data_ptr() == bufs[1].data_ptr()
+    with pytest.raises(ValueError, match="do not fit"):
+        MLATokenToKVPool(7, 4, torch.float32, 32, 8, layer_num=2, device="cpu", buffers=bufs)
+    with pytest.raises(ValueError, match="expected 3"):
+        MLATokenToKVPool(6, 4, torch.float32, 32, 8, layer_num=3, device="cpu", buffers=bufs)

@@ -127,6 +127,7 @@ SERVER_INFO_KEYS = {
 
 def _report(post_capture: bool):
     from sglang.srt.model_executor.pool_configurator import (
+        CaptureReadings,
         KVGeometry,
         MemoryReadings,
         PoolArgs,
@@ -143,11 +144,10 @@ def _report(post_capture: bool):
         kv=kv,
         page_size=16,
         reservations_bytes={"kt_full_gpu_prefill_slot": GiB // 2},
-        graph_bytes=GiB // 4,
-        captured_graph_max_bs=256,
         vmm_granularity_bytes=2 << 20,
-        free_after_capture_bytes=60 * GiB,
-        activation_peak_bytes=GiB,
+    )
+    capture = CaptureReadings(
+        graph_bytes=GiB // 4, captured_graph_max_bs=256, free_after_capture_bytes=60 * GiB, activation_peak_bytes=GiB
     )
     args = PoolArgs(
         mem_fraction_static=0.875,
@@ -157,10 +157,11 @@ def _report(post_capture: bool):
         context_len=8192,
         activation_reserve_bytes=10 * GiB,
     )
-    pool = post_capture_pool_size(readings, args) if post_capture else static_pool_size(readings, args)
+    pool = post_capture_pool_size(readings, capture, args) if post_capture else static_pool_size(readings, args)
     path = SizingPath(post_capture, "why")
     plan = MemoryPlan.report(
         readings,
+        capture,
         pool,
         path,
         args,

@@ -21,12 +21,18 @@ def _args(model: str, **kw) -> ServerArgs:
 def _runner(args: ServerArgs, readings: list, monkeypatch):
     """A ModelRunner whose free-memory readings are `readings` (bytes), in order; returns it and the
     readings it did not take."""
-    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.configs.engine_config import resolve_engine_config
     from sglang.srt.model_executor.model_runner import ModelRunner
 
     left = list(readings)
     monkeypatch.setattr(ModelRunner, "read_free_memory_bytes", lambda self: left.pop(0))
-    return ModelRunner(ModelConfig.from_server_args(args), args), left
+    return ModelRunner(resolve_engine_config(args)), left
+
+
+class _FakeSlot:
+    """A model's KT prefill slot as the runner sees it: its bytes."""
+
+    nbytes = 5000
 
 
 def test_static_start_up_reads_each_term_once(tiny_model_dir, monkeypatch):
@@ -62,8 +68,7 @@ def test_flag_off_plan_equals_flag_on_where_post_capture_cannot_run(tiny_model_d
     plans = []
     for flag in (False, True):
         with envs.SGLANG_ENABLE_POST_CAPTURE_KV_SIZING.override(flag):
-            args = _args(tiny_model_dir, mem_fraction_static=0.8)
-        mr, _ = _runner(args, [8 * GiB, 7 * GiB, 6 * GiB], monkeypatch)
+            mr, _ = _runner(_args(tiny_model_dir, mem_fraction_static=0.8), [8 * GiB, 7 * GiB, 6 * GiB], monkeypatch)
         plans.append(mr.memory_plan.to_dict())
     off, on = plans
     assert off["path"] == on["path"] == "static"
@@ -85,10 +90,10 @@ def test_readings_agree_over_ranks(tiny_model_dir, monkeypatch):
 
     monkeypatch.setattr(parallel_state, "initialize_model_parallel", lambda tp: None)
     monkeypatch.setattr(parallel_state, "_TP", TwoRanks(0, 2))
-    monkeypatch.setattr(LlamaForCausalLM, "memory_reservations", lambda self: {"slot": 5000})
+    monkeypatch.setattr(LlamaForCausalLM, "kt_prefill_slot", lambda self: _FakeSlot())
     mr, _ = _runner(_args(tiny_model_dir, mem_fraction_static=0.9), [8 * GiB, 6 * GiB, 5 * GiB], monkeypatch)
     r = mr.readings
     assert r.free_before_weights_bytes == 7 * GiB and r.free_after_weights_bytes == 5 * GiB
-    assert r.reservations_bytes == {"slot": 6000}
+    assert r.reservations_bytes == {"kt_full_gpu_prefill_slot": 6000}
     assert mr.memory_plan.per_rank_available_gb == [6.0, 5.0]
     assert mr.max_total_num_tokens == (int(5 * GiB - 7 * GiB * (1 - 0.9)) - 6000) // r.kv.cell_size_bytes

@@ -16,6 +16,7 @@ import pytest
 from sglang.srt.model_executor.pool_configurator import (
     MEASURED_HEADROOM_RULE,
     STATIC_HEADROOM_RULE,
+    CaptureReadings,
     KVGeometry,
     MemoryReadings,
     NotEnoughMemoryError,
@@ -58,7 +59,7 @@ def args(mfs=0.875, max_total_tokens=None, max_running_requests=None, context_le
 
 
 def test_the_planner_is_pure():
-    """No torch, no CUDA, no I/O: the module imports only the standard library (ServerArgs for typing)."""
+    """No torch, no CUDA, no I/O: the module imports only the standard library."""
     import ast
     import inspect
 
@@ -69,7 +70,7 @@ def test_the_planner_is_pure():
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.level == 0}
     assert imported <= {"__future__", "dataclasses", "math", "typing", "sglang"}, imported
     runtime_sglang = [n.module for n in tree.body if isinstance(n, ast.ImportFrom) and n.module.startswith("sglang")]
-    assert runtime_sglang == []  # ServerArgs is imported under TYPE_CHECKING only
+    assert runtime_sglang == []
 
 
 def test_kv_geometry_is_the_one_cell_size():
@@ -78,6 +79,40 @@ def test_kv_geometry_is_the_one_cell_size():
     mla_like = KVGeometry(num_layers=2, kv_heads=1, head_dim=192, v_head_dim=128, dtype_bytes=1)
     assert mla_like.widest_slot_bytes == 192 and mla_like.cell_size_bytes == (192 + 128) * 2
     assert mla_like.num_buffers == 4
+
+    assert mla_like.attention == "mha"  # a K/V pair of unequal widths is still MHA's two buffers per layer
+
+
+# DeepSeek-V3 (61 layers, kv_lora_rank 512, qk_rope_head_dim 64): one latent row of 576 values per token and layer.
+DEEPSEEK_V3 = KVGeometry.latent(num_layers=61, kv_lora_rank=512, qk_rope_head_dim=64, dtype_bytes=2)
+
+
+def test_mla_geometry_is_one_latent_buffer_per_layer():
+    assert DEEPSEEK_V3.is_mla and DEEPSEEK_V3.attention == "mla"
+    assert DEEPSEEK_V3.cell_size_bytes == 61 * 576 * 2 == 70272  # vs 98,304 for Qwen3-30B-A3B's GQA
+    assert DEEPSEEK_V3.k_slot_bytes == DEEPSEEK_V3.widest_slot_bytes == 576 * 2 and DEEPSEEK_V3.v_slot_bytes == 0
+    assert DEEPSEEK_V3.num_buffers == 61  # one per layer, not a K and a V
+    fp8 = KVGeometry.latent(num_layers=61, kv_lora_rank=512, qk_rope_head_dim=64, dtype_bytes=1)
+    assert fp8.cell_size_bytes == 70272 // 2
+    lite = KVGeometry.latent(num_layers=27, kv_lora_rank=512, qk_rope_head_dim=64, dtype_bytes=2)  # V2-Lite
+    assert lite.cell_size_bytes == 27 * 576 * 2 == 31104
+    with pytest.raises(ValueError, match="one latent row"):
+        KVGeometry(num_layers=2, kv_heads=2, head_dim=576, v_head_dim=0, dtype_bytes=2, attention="mla")
+    with pytest.raises(ValueError, match="attention kind"):
+        KVGeometry(num_layers=2, kv_heads=1, head_dim=8, v_head_dim=8, dtype_bytes=2, attention="gqa")
+
+
+def test_static_pool_size_with_the_deepseek_v3_cell():
+    """The same static rule, the latent cell: (budget - reservation) // 70,272 bytes."""
+    r = readings(kv=DEEPSEEK_V3, page=64)
+    pool = static_pool_size(r, args())
+    budget = int(124.25 * GiB - 139.25 * GiB / 8)
+    assert pool.budget_bytes == budget
+    assert pool.tokens == budget // 70272 // 64 * 64
+    # The MHA cell of the same model decompressed (128 heads x (192 + 128) values) would hold 71x fewer tokens.
+    mha = KVGeometry(num_layers=61, kv_heads=128, head_dim=192, v_head_dim=128, dtype_bytes=2)
+    assert static_pool_size(readings(kv=mha, page=64), args()).tokens == budget // mha.cell_size_bytes // 64 * 64
+    assert mha.cell_size_bytes == 61 * 128 * 320 * 2
 
 
 # ------------------------------------------------------------------------ the path
@@ -218,11 +253,8 @@ GRANULE = 2 * MiB
 
 
 def post_readings(free_after_capture_gib=122.25, peak=None, graph_bs=256, page=1, reservations=None, kv=LLAMA_8B):
-    return readings(
-        page=page,
-        kv=kv,
-        reservations=reservations,
-        vmm_granularity_bytes=GRANULE,
+    """(MemoryReadings, CaptureReadings) of a post-capture start."""
+    return readings(page=page, kv=kv, reservations=reservations, vmm_granularity_bytes=GRANULE), CaptureReadings(
         graph_bytes=int(1.46 * GiB),
         captured_graph_max_bs=graph_bs,
         free_after_capture_bytes=int(free_after_capture_gib * GiB),
@@ -231,13 +263,13 @@ def post_readings(free_after_capture_gib=122.25, peak=None, graph_bs=256, page=1
 
 
 def test_virtual_pool_bounds_the_pool_and_sizes_the_request_table_once():
-    r = post_readings()
+    r, r_cap = post_readings()
     pool = virtual_pool(r, args(mfs=0.988))
     # every byte free after the weights as KV: 124.25 GiB / 128 KiB = 1017856 tokens
     assert pool.max_tokens == pool.memory_bound_tokens == 124.25 * 8192
     assert pool.reserve_bytes_per_buffer == (pool.max_tokens + 1) * 2048
     assert pool.max_running_requests == 3976  # 1017856 / 131072 * 512 = 3976.0
-    size = post_capture_pool_size(r, args(mfs=0.988))
+    size = post_capture_pool_size(r, r_cap, args(mfs=0.988))
     assert size.max_running_requests == pool.max_running_requests  # decided once, before capture
     capped = virtual_pool(readings(page=16), args(max_total_tokens=100001))
     assert capped.max_tokens == 100000 and capped.memory_bound_tokens == 1017856
@@ -245,7 +277,7 @@ def test_virtual_pool_bounds_the_pool_and_sizes_the_request_table_once():
 
 
 def test_before_capture_only_the_first_granule_is_backed():
-    r = post_readings(page=16)
+    r, r_cap = post_readings(page=16)
     pool = virtual_pool(r, args())
     # 2 MiB / 2048 bytes = 1024 slots -> 1024 - one dummy page of 16 = 1008 tokens
     assert tokens_in_backed_bytes(GRANULE, r) == 1008
@@ -257,8 +289,8 @@ def test_before_capture_only_the_first_granule_is_backed():
 @pytest.mark.parametrize("reserved", [0, GiB // 2 + 1000])
 def test_measured_headroom_and_granule_rounding(page, reserved):
     peak = 2 * GiB
-    r = post_readings(peak=peak, page=page, reservations={"kt": reserved} if reserved else None)
-    size = post_capture_pool_size(r, args(mfs=0.988))
+    r, r_cap = post_readings(peak=peak, page=page, reservations={"kt": reserved} if reserved else None)
+    size = post_capture_pool_size(r, r_cap, args(mfs=0.988))
     headroom = int(peak * 1.1 + 256 * MiB)  # measured peak + 10% + 256 MiB
     assert size.headroom_bytes == headroom and size.headroom_rule == MEASURED_HEADROOM_RULE
     backed = 64 * GRANULE
@@ -275,8 +307,8 @@ def test_measured_headroom_and_granule_rounding(page, reserved):
 
 
 def test_sglang_rule_floors_to_the_activation_reserve_when_decode_runs_eagerly():
-    r = post_readings(graph_bs=32)  # no measurement: SGLang's rule
-    size = post_capture_pool_size(r, args(mfs=0.988, max_running_requests=64, reserve_mib=10240))
+    r, r_cap = post_readings(graph_bs=32)  # no measurement: SGLang's rule
+    size = post_capture_pool_size(r, r_cap, args(mfs=0.988, max_running_requests=64, reserve_mib=10240))
     minimal = int(int(139.25 * GiB) * (1 - 0.988))
     assert minimal < 10240 * MiB
     assert size.headroom_bytes == 10240 * MiB  # floored
@@ -284,42 +316,42 @@ def test_sglang_rule_floors_to_the_activation_reserve_when_decode_runs_eagerly()
     assert "cuda_graph_max_bs=32 < max_running_requests=64" in size.warnings[0]
     assert size.sglang_rule_tokens == size.tokens
     # Decode never eager: the minimal headroom, no warning.
-    fits = post_capture_pool_size(post_readings(graph_bs=64), args(mfs=0.988, max_running_requests=64))
+    fits = post_capture_pool_size(*post_readings(graph_bs=64), args(mfs=0.988, max_running_requests=64))
     assert fits.headroom_bytes == minimal and fits.headroom_rule == STATIC_HEADROOM_RULE and fits.warnings == ()
     assert fits.tokens > size.tokens
     # With a measurement the warning names both, and SGLang's count is still reported for comparison.
-    measured = post_capture_pool_size(post_readings(graph_bs=32, peak=GiB), args(mfs=0.988, max_running_requests=64))
+    measured = post_capture_pool_size(*post_readings(graph_bs=32, peak=GiB), args(mfs=0.988, max_running_requests=64))
     assert "the measured worst case needs 1024 MiB" in measured.warnings[0]
     assert measured.sglang_rule_tokens == size.tokens < measured.tokens
 
 
 def test_post_capture_reports_the_static_equivalent():
-    r = post_readings(peak=GiB)
-    size = post_capture_pool_size(r, args(mfs=0.988))
+    r, r_cap = post_readings(peak=GiB)
+    size = post_capture_pool_size(r, r_cap, args(mfs=0.988))
     static_args = dataclasses.replace(args(), mem_fraction_static=0.907)
     assert size.static_equivalent_tokens == static_pool_size(r, static_args).tokens
 
 
 def test_post_capture_honours_max_total_tokens_exactly():
     """A cap far below memory: exactly that many tokens (whole pages), backed in whole granules."""
-    r = post_readings(peak=GiB, page=16)
-    size = post_capture_pool_size(r, args(max_total_tokens=1000))
+    r, r_cap = post_readings(peak=GiB, page=16)
+    size = post_capture_pool_size(r, r_cap, args(max_total_tokens=1000))
     assert size.tokens == 992 and size.cap_reason.startswith("--max-total-tokens 1000 (memory allows ")
     assert backed_bytes_per_buffer(992, 2048, 16, GRANULE) == GRANULE  # (992 + 16) * 2 KiB fits one granule
-    above = post_capture_pool_size(r, args(max_total_tokens=10**8))
+    above = post_capture_pool_size(r, r_cap, args(max_total_tokens=10**8))
     assert above.cap_reason == "" and "is larger than the memory allows" in above.warnings[-1]
 
 
 def test_post_capture_no_room_names_the_knobs():
     with pytest.raises(NotEnoughMemoryError, match="--max-running-requests or --chunked-prefill-size"):
-        post_capture_pool_size(post_readings(free_after_capture_gib=1.0, peak=2 * GiB), args())
+        post_capture_pool_size(*post_readings(free_after_capture_gib=1.0, peak=2 * GiB), args())
 
 
 def test_post_capture_needs_its_readings():
     with pytest.raises(ValueError, match="free memory after capture"):
-        post_capture_pool_size(readings(vmm_granularity_bytes=GRANULE), args())
+        post_capture_pool_size(readings(vmm_granularity_bytes=GRANULE), CaptureReadings(), args())
     with pytest.raises(ValueError, match="granularity"):
-        post_capture_pool_size(readings(free_after_capture_bytes=GiB), args())
+        post_capture_pool_size(readings(), CaptureReadings(free_after_capture_bytes=GiB), args())
 
 
 # ----------------------------------------------------------------- the lendable tail (elastic KT slot)
@@ -330,10 +362,10 @@ KT_BF16_SLOT = 1207959552  # measured on the H200: the Qwen3-30B-A3B shape's ful
 @pytest.mark.parametrize("page", [1, 16])
 @pytest.mark.parametrize("reserved", [KT_BF16_SLOT, 604127232, 3 * MiB + 5])  # BF16, FP8, tiny and odd
 def test_lent_reservation_keeps_the_pool_whole_and_the_tail_on_granules(page, reserved):
-    r = post_readings(peak=GiB, page=page, kv=QWEN3_30B_12L, reservations={"kt": reserved})
-    lent = post_capture_pool_size(r, dataclasses.replace(args(mfs=0.988), lend_reservations=True))
-    kept = post_capture_pool_size(r, args(mfs=0.988))
-    none = post_capture_pool_size(post_readings(peak=GiB, page=page, kv=QWEN3_30B_12L), args(mfs=0.988))
+    r, r_cap = post_readings(peak=GiB, page=page, kv=QWEN3_30B_12L, reservations={"kt": reserved})
+    lent = post_capture_pool_size(r, r_cap, dataclasses.replace(args(mfs=0.988), lend_reservations=True))
+    kept = post_capture_pool_size(r, r_cap, args(mfs=0.988))
+    none = post_capture_pool_size(*post_readings(peak=GiB, page=page, kv=QWEN3_30B_12L), args(mfs=0.988))
     slot, buffers = QWEN3_30B_12L.widest_slot_bytes, QWEN3_30B_12L.num_buffers
     unit = GRANULE // slot  # 2048 tokens fill one granule of every buffer (1 KiB slots), page 1 and 16 alike
     assert lent.reservation_rule.startswith("lent") and kept.reservation_rule.startswith("permanent")
@@ -341,7 +373,7 @@ def test_lent_reservation_keeps_the_pool_whole_and_the_tail_on_granules(page, re
     assert 0 <= none.tokens - lent.tokens < unit
     assert kept.tokens <= lent.tokens and (reserved < unit * slot * buffers or kept.tokens < lent.tokens)
     # ... its end and its tail's start lie on granules of every buffer, in whole pages ...
-    tail = lent.lendable_tail
+    tail = lent.prefill_slot_tail
     assert (lent.tokens + page) * slot % GRANULE == 0 and tail.tokens % unit == 0 and tail.tokens % page == 0
     assert tail.bytes_per_buffer == tail.tokens * slot
     # ... and the tail holds the reservation with less than one granule per buffer to spare.
@@ -351,18 +383,43 @@ def test_lent_reservation_keeps_the_pool_whole_and_the_tail_on_granules(page, re
 
 
 def test_reservations_stay_permanent_when_they_cannot_be_lent():
-    r = post_readings(peak=GiB, kv=QWEN3_30B_12L, reservations={"kt": KT_BF16_SLOT})
-    assert post_capture_pool_size(r, args(mfs=0.988)).lendable_tail is None  # the flag is off
+    r, r_cap = post_readings(peak=GiB, kv=QWEN3_30B_12L, reservations={"kt": KT_BF16_SLOT})
+    assert post_capture_pool_size(r, r_cap, args(mfs=0.988)).prefill_slot_tail is None  # the flag is off
     mla_like = dataclasses.replace(QWEN3_30B_12L, v_head_dim=64)  # K and V slots differ: no single tail size
-    r = post_readings(peak=GiB, kv=mla_like, reservations={"kt": KT_BF16_SLOT})
-    assert post_capture_pool_size(r, dataclasses.replace(args(mfs=0.988), lend_reservations=True)).lendable_tail is None
+    r, r_cap = post_readings(peak=GiB, kv=mla_like, reservations={"kt": KT_BF16_SLOT})
+    assert (
+        post_capture_pool_size(r, r_cap, dataclasses.replace(args(mfs=0.988), lend_reservations=True)).prefill_slot_tail
+        is None
+    )
     # Lending never does worse than keeping the memory out: a reservation that leaves the pool almost
     # nothing else is lent (the pool has its whole size while no long prefill runs) ...
-    tight = post_readings(free_after_capture_gib=20.0, peak=GiB, kv=QWEN3_30B_12L, reservations={"kt": 17 * GiB})
-    lent = post_capture_pool_size(tight, dataclasses.replace(args(mfs=0.988), lend_reservations=True))
-    kept = post_capture_pool_size(tight, args(mfs=0.988))
-    assert lent.tokens - lent.lendable_tail.tokens >= kept.tokens - 2048  # as much KV as kept while lent
+    tight, tight_cap = post_readings(
+        free_after_capture_gib=20.0, peak=GiB, kv=QWEN3_30B_12L, reservations={"kt": 17 * GiB}
+    )
+    lent = post_capture_pool_size(tight, tight_cap, dataclasses.replace(args(mfs=0.988), lend_reservations=True))
+    kept = post_capture_pool_size(tight, tight_cap, args(mfs=0.988))
+    assert lent.tokens - lent.prefill_slot_tail.tokens >= kept.tokens - 2048  # as much KV as kept while lent
     # ... and one larger than the pool cannot be lent at all: the permanent path's error names the knobs.
     with pytest.raises(NotEnoughMemoryError, match="reservations"):
-        over = post_readings(free_after_capture_gib=20.0, peak=GiB, kv=QWEN3_30B_12L, reservations={"kt": 40 * GiB})
-        post_capture_pool_size(over, dataclasses.replace(args(mfs=0.988), lend_reservations=True))
+        over, over_cap = post_readings(
+            free_after_capture_gib=20.0, peak=GiB, kv=QWEN3_30B_12L, reservations={"kt": 40 * GiB}
+        )
+        post_capture_pool_size(over, over_cap, dataclasses.replace(args(mfs=0.988), lend_reservations=True))
+
+
+@pytest.mark.parametrize("page", [1, 64])
+def test_post_capture_with_the_latent_buffers(page):
+    """MLA on the post-capture path: one VMM range per layer (61 for DeepSeek-V3), whole granules of each, and a
+    KT reservation lent from the tail of all of them (every latent buffer has the same slot width)."""
+    reserved = 11_277_041_664  # DeepSeek-V3's FP8 full-GPU prefill slot
+    r, r_cap = post_readings(peak=GiB, page=page, kv=DEEPSEEK_V3, reservations={"kt": reserved})
+    assert r.backed_before_capture_bytes == 61 * GRANULE  # the first granule of each latent range
+    lent = post_capture_pool_size(r, r_cap, dataclasses.replace(args(mfs=0.988), lend_reservations=True))
+    kept = post_capture_pool_size(r, r_cap, args(mfs=0.988))
+    slot = DEEPSEEK_V3.widest_slot_bytes  # 1152-byte rows: the pool's end falls on a granule of every range
+    assert (lent.tokens + page) * slot % GRANULE == 0 and lent.reservation_rule.startswith("lent")
+    tail = lent.prefill_slot_tail
+    assert tail.bytes_per_buffer * 61 >= reserved and tail.bytes_per_buffer == tail.tokens * slot
+    assert kept.reservation_rule.startswith("permanent") and kept.tokens < lent.tokens
+    # Kept out, the reservation leaves the budget's latent rows, in whole granules of the 61 buffers.
+    assert kept.tokens * DEEPSEEK_V3.cell_size_bytes <= kept.budget_bytes - reserved

@@ -1,4 +1,5 @@
-"""SGLANG_KT_CPU_HOST_WAIT: its words, the driver flags they name, and a clear error for any other word."""
+"""set_host_wait: its words name the driver's scheduling flags; KT models on CUDA block (a polling wait took the
+expert threads' cores: benchmark/kt_decode/)."""
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -8,13 +9,15 @@ import importlib.util
 
 import pytest
 
-from sglang.srt.environ import envs
 from sglang.srt.utils.cuda_context import HOST_WAIT_FLAGS
 
 
 def test_every_host_wait_word_names_a_flag():
-    assert set(HOST_WAIT_FLAGS) == set(envs.SGLANG_KT_CPU_HOST_WAIT.choices)
-    assert envs.SGLANG_KT_CPU_HOST_WAIT.get() in HOST_WAIT_FLAGS  # the default
+    assert HOST_WAIT_FLAGS == {
+        "block": "CU_CTX_SCHED_BLOCKING_SYNC",
+        "yield": "CU_CTX_SCHED_YIELD",
+        "spin": "CU_CTX_SCHED_SPIN",
+    }
 
 
 @pytest.mark.skipif(importlib.util.find_spec("cuda") is None, reason="cuda-bindings is not installed here")
@@ -25,9 +28,22 @@ def test_flags_exist_in_the_driver_bindings():
     assert len(set(flags.values())) == 3
 
 
-def test_host_wait_accepts_its_words_and_rejects_others():
-    with envs.SGLANG_KT_CPU_HOST_WAIT.override("Block"):
-        assert envs.SGLANG_KT_CPU_HOST_WAIT.get() == "block"
-    with envs.SGLANG_KT_CPU_HOST_WAIT.override("sleep"), pytest.raises(ValueError) as info:
-        envs.SGLANG_KT_CPU_HOST_WAIT.get()
-    assert "SGLANG_KT_CPU_HOST_WAIT" in str(info.value) and "block, yield, spin" in str(info.value)
+def test_kt_models_on_cuda_block_while_waiting(monkeypatch):
+    """The runner asks for blocking waits exactly when KT experts share the CPU (read from the KT record)."""
+    from sglang.srt.model_executor import model_runner
+
+    asked = []
+    monkeypatch.setattr(model_runner, "set_host_wait", lambda gpu, mode: asked.append((gpu, mode)))
+    monkeypatch.setattr(model_runner.torch.cuda, "set_device", lambda gpu: None)
+    monkeypatch.setattr(model_runner.torch.cuda, "init", lambda: None)
+    monkeypatch.setattr(model_runner.parallel_state, "initialize_model_parallel", lambda tp: None)
+
+    class Runner(model_runner.ModelRunner):
+        def __init__(self, kt) -> None:  # only what init_torch_distributed reads
+            self.device, self.gpu_id, self.tp_size = "cuda", 3, 1
+            self.config = type("Config", (), {"kt": kt})()
+
+    Runner(kt=None).init_torch_distributed()
+    assert asked == []
+    Runner(kt=object()).init_torch_distributed()
+    assert asked == [(3, "block")]

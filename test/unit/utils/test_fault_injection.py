@@ -8,7 +8,7 @@ register_cpu_ci(est_time=2, suite="per-commit-cpu")
 import pytest
 import torch
 
-from sglang.srt.managers.scheduler_faults import is_device_fault, is_device_oom
+from sglang.srt.managers.scheduler_components.failure_policy import is_device_fault, is_device_oom
 from sglang.srt.utils.fault_injection import FaultPlan
 
 

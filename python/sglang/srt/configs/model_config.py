@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import json
+import os
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Optional, Tuple
 
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
+from sglang.srt.configs.deepseek import (
+    DEEPSEEK_V3_CONFIG_ALIASES,
+    UnsupportedModelError,
+    check_deepseek_config,
+    uses_mla,
+)
 from sglang.srt.configs.quantization_config import (
     CheckpointQuantization,
+    UnsupportedQuantization,
     checkpoint_quantization,
     linear_weight_format,
 )
 from sglang.srt.distributed.partition import HeadPartition
 from sglang.srt.model_executor.pool_configurator import KVGeometry
-from sglang.srt.model_loader.model_source import ModelSource, resolve_model_source
+from sglang.srt.model_loader.model_source import ModelSource
 
 _DTYPE_NAMES = {
     "float32": torch.float32,
@@ -87,21 +96,59 @@ def total_num_kv_heads(config: PretrainedConfig) -> int:
     return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
 
 
+# What families call their routed experts per MoE layer: Qwen-MoE `num_experts`, DeepSeek/GLM/Kimi
+# `n_routed_experts`, Mixtral `num_local_experts` (transformers maps some of them onto each other).
+ROUTED_EXPERT_FIELDS = ("num_experts", "n_routed_experts", "num_local_experts")
+
+
 def num_routed_experts(config: PretrainedConfig) -> int:
-    """Routed experts per MoE layer (0 for a dense model)."""
+    """Routed experts per MoE layer (0 for a dense model), whichever name the config uses."""
     text = getattr(config, "text_config", None) or config
-    return int(getattr(text, "num_experts", 0) or 0)
+    for name in ROUTED_EXPERT_FIELDS:
+        value = getattr(text, name, None)
+        if value:
+            return int(value)
+    return 0
+
+
+def attention_kind(config: PretrainedConfig) -> str:
+    """ "mla" for multi-head latent attention (DeepSeek-V2/V3, Kimi-K2: the config has kv_lora_rank), else "mha"."""
+    text = getattr(config, "text_config", None) or config
+    return "mla" if uses_mla(text) else "mha"
+
+
+def check_model_supported(config: PretrainedConfig) -> None:
+    """Refuse, naming the field, a config we cannot run exactly (before any weight loads)."""
+    check_deepseek_config(getattr(config, "text_config", None) or config)
+    try:  # the checkpoint's quantization_config: a format we run, or refused by name before any weight is read
+        checkpoint_quantization(config)
+    except UnsupportedQuantization as e:
+        raise UnsupportedModelError(str(e)) from e
 
 
 def load_hf_config(source: ModelSource) -> PretrainedConfig:
+    """The HF config of a model directory or GGUF file. Never runs a checkpoint's own Python code: a
+    model_type transformers does not know but whose config class it has under another name (Kimi-K2's
+    `kimi_k2` is DeepSeek-V3's config) is read with that class."""
     if source.kind == "gguf":
         from sglang.srt.model_loader.gguf_config import config_from_gguf
 
         return config_from_gguf(source.path)
+    config_file = os.path.join(source.path, "config.json")
+    raw = {}
+    if os.path.isfile(config_file):
+        with open(config_file) as f:
+            raw = json.load(f)
+    alias = DEEPSEEK_V3_CONFIG_ALIASES.get(raw.get("model_type"))
+    if alias is not None:
+        from transformers import CONFIG_MAPPING
+
+        raw = {k: v for k, v in raw.items() if k not in ("model_type", "auto_map")}
+        return CONFIG_MAPPING[alias].from_dict(raw)
     return AutoConfig.from_pretrained(source.path)
 
 
-@dataclass
+@dataclass(frozen=True)
 class ModelConfig:
     hf_config: PretrainedConfig
     source: Optional[ModelSource]
@@ -116,22 +163,15 @@ class ModelConfig:
     head_dim: int
     v_head_dim: int
     vocab_size: int
-    eos_token_ids: List[int]
+    eos_token_ids: Tuple[int, ...]
     quantization: Optional[str] = None  # --quantization: the dense linear layers' weight format
     checkpoint_quantization: Optional[CheckpointQuantization] = None  # the checkpoint's own format
-
-    @classmethod
-    def from_server_args(cls, server_args) -> "ModelConfig":
-        source = resolve_model_source(server_args.model_path, server_args.load_format)
-        return cls.from_hf_config(
-            load_hf_config(source),
-            source=source,
-            dtype=server_args.dtype,
-            kv_cache_dtype=server_args.kv_cache_dtype,
-            device=server_args.device,
-            context_length=server_args.context_length,
-            quantization=server_args.quantization,
-        )
+    # "mha" (K and V per KV head) or "mla" (one latent row per token; head_dim / v_head_dim are then the
+    # query-key width qk_nope + qk_rope and the value width of each head after decompression).
+    attention: str = "mha"
+    kv_lora_rank: int = 0  # MLA only: the latent width (512 for DeepSeek-V2/V3)
+    qk_nope_head_dim: int = 0  # MLA only: the part of each head's query/key without rotary
+    qk_rope_head_dim: int = 0  # MLA only: the rotary part, its key shared by all heads
 
     @classmethod
     def from_hf_config(
@@ -144,37 +184,53 @@ class ModelConfig:
         context_length: Optional[int] = None,
         quantization: Optional[str] = None,
     ) -> "ModelConfig":
+        check_model_supported(hf_config)
         text = getattr(hf_config, "text_config", None) or hf_config
-        head_dim = attention_head_dim(text)
+        kind = attention_kind(hf_config)
+        if kind == "mla":
+            mla = dict(
+                kv_lora_rank=text.kv_lora_rank,
+                qk_nope_head_dim=text.qk_nope_head_dim,
+                qk_rope_head_dim=text.qk_rope_head_dim,
+            )
+            head_dim, v_head_dim = text.qk_nope_head_dim + text.qk_rope_head_dim, text.v_head_dim
+            kv_heads = text.num_attention_heads  # every head has its own K/V (decompressed from the latent)
+        else:
+            mla = {}
+            head_dim = v_head_dim = attention_head_dim(text)
+            kv_heads = total_num_kv_heads(text)
         derived_ctx = getattr(text, "max_position_embeddings", None) or 4096
         if context_length is not None and context_length > derived_ctx:
             raise ValueError(
                 f"--context-length {context_length} is longer than the model's max_position_embeddings {derived_ctx}"
             )
         eos = hf_config.eos_token_id
-        eos_ids = [] if eos is None else ([eos] if isinstance(eos, int) else list(eos))
+        eos_ids = () if eos is None else ((eos,) if isinstance(eos, int) else tuple(eos))
         model_dtype = resolve_dtype(dtype, hf_config, device)
         if quantization is not None:
             check_online_quantization(quantization, hf_config, model_dtype, device)
         checkpoint_format = checkpoint_quantization(hf_config)  # refuses a format we do not run
-        quantization = quantization or linear_weight_format(checkpoint_format, device, model_dtype)
+        architecture = (hf_config.architectures or ["LlamaForCausalLM"])[0]
+        quantization = quantization or linear_weight_format(checkpoint_format, device, model_dtype, architecture)
         return cls(
             hf_config=hf_config,
             source=source,
             dtype=model_dtype,
             kv_cache_dtype=resolve_kv_dtype(kv_cache_dtype, model_dtype),
             context_len=context_length or derived_ctx,
-            architecture=(hf_config.architectures or ["LlamaForCausalLM"])[0],
+            architecture=architecture,
             num_hidden_layers=text.num_hidden_layers,
             hidden_size=text.hidden_size,
             num_attention_heads=text.num_attention_heads,
-            num_key_value_heads=total_num_kv_heads(text),
+            num_key_value_heads=kv_heads,
             head_dim=head_dim,
-            v_head_dim=head_dim,
+            v_head_dim=v_head_dim,
             vocab_size=text.vocab_size,
             eos_token_ids=eos_ids,
             quantization=quantization,
             checkpoint_quantization=checkpoint_format,
+            attention=kind,
+            **mla,
         )
 
     def head_partition(self, tp_size: int = 1, tp_rank: int = 0) -> HeadPartition:
@@ -185,7 +241,12 @@ class ModelConfig:
         return self.head_partition(tp_size, tp_rank).num_kv_heads
 
     def kv_geometry(self, tp_size: int = 1, tp_rank: int = 0) -> KVGeometry:
-        """One rank's KV layout: what its pool allocates and its cell size."""
+        """One rank's KV layout: what its pool allocates and its cell size. MLA: the latent rows, the same on
+        every rank (all heads read them)."""
+        if self.is_mla:
+            return KVGeometry.latent(
+                self.num_hidden_layers, self.kv_lora_rank, self.qk_rope_head_dim, self.kv_cache_dtype.itemsize
+            )
         return KVGeometry(
             num_layers=self.num_hidden_layers,
             kv_heads=self.get_num_kv_heads(tp_size, tp_rank),
@@ -198,6 +259,10 @@ class ModelConfig:
         """The layout of the rank holding the most KV heads (uneven splits): it binds the token count
         every rank must share, so the planner sizes from it."""
         return max((self.kv_geometry(tp_size, rank) for rank in range(tp_size)), key=lambda g: g.kv_heads)
+
+    @property
+    def is_mla(self) -> bool:
+        return self.attention == "mla"
 
     @property
     def is_moe(self) -> bool:

@@ -157,11 +157,24 @@ def checkpoint_quantization(config: Any) -> Optional[CheckpointQuantization]:
     return parse_checkpoint_quantization(field(config, "quantization_config") or field(text, "quantization_config"))
 
 
-def linear_weight_format(quant: Optional[CheckpointQuantization], device: str, dtype: Any) -> Optional[str]:
+# The architectures whose model code builds its linear layers (and experts) in a native FP8 checkpoint's format;
+# the others' checkpoints are dequantized at load on every device.
+CHECKPOINT_FP8_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+)
+
+
+def linear_weight_format(
+    quant: Optional[CheckpointQuantization], device: str, dtype: Any, architecture: str
+) -> Optional[str]:
     """The linear layers' weight format for this checkpoint (layers/linear.py): on the GPU they keep the
     checkpoint's fp8 ("fp8_block", or "fp8_channel" for per-channel/per-tensor scales; a MoE model's block-fp8
     experts too, per-channel experts are dequantized); the CPU dequantizes at load (None)."""
-    if quant is None or device != "cuda":
+    if quant is None or device != "cuda" or architecture not in CHECKPOINT_FP8_ARCHITECTURES:
         return None
     if quant.strategy == "block":
         return "fp8_block"

@@ -20,6 +20,7 @@ import threading
 import time
 from typing import Any, Dict, Iterator, List, Optional, Tuple, Union
 
+from sglang.srt.configs.engine_config import EngineConfig, resolve_engine_config
 from sglang.srt.entrypoints.server_info import build_server_info
 from sglang.srt.entrypoints.startup_watch import LaunchError, StartingChild, wait_until_ready
 from sglang.srt.environ import envs
@@ -59,9 +60,11 @@ def _start_child(ctx, target, args: tuple, name: str) -> StartingChild:
     return StartingChild(p, reader)
 
 
-def launch_subprocesses(server_args: ServerArgs) -> Tuple[Optional[TokenizerManager], dict, List[mp.Process]]:
-    """Start the scheduler rank(s) of this node and the detokenizer; wait until every one is ready.
-    Raises LaunchError (and leaves no child behind) when one fails, dies or times out."""
+def launch_subprocesses(config: EngineConfig) -> Tuple[Optional[TokenizerManager], dict, List[mp.Process]]:
+    """Start the scheduler rank(s) of this node and the detokenizer, each with the resolved configuration;
+    wait until every one is ready. Raises LaunchError (and leaves no child behind) when one fails, dies or
+    times out."""
+    server_args = config.args
     port_args = PortArgs.init_new(server_args.dist_init_addr)
     ctx = mp.get_context("spawn")  # CUDA cannot be used in forked children
     ranks_per_node = server_args.tp_size // server_args.nnodes
@@ -74,7 +77,7 @@ def launch_subprocesses(server_args: ServerArgs) -> Tuple[Optional[TokenizerMana
     try:
         for local in range(ranks_per_node):
             rank = first_rank + local
-            args = (server_args, port_args, server_args.base_gpu_id + local, rank)
+            args = (config, port_args, server_args.base_gpu_id + local, rank)
             children.append(_start_child(ctx, run_scheduler_process, args, f"sglang-scheduler-{rank}"))
         if server_args.node_rank == 0:
             children.append(_start_child(ctx, run_detokenizer_process, (server_args, port_args), "sglang-detokenizer"))
@@ -106,9 +109,12 @@ def launch_subprocesses(server_args: ServerArgs) -> Tuple[Optional[TokenizerMana
 
 class Engine:
     def __init__(self, server_args: Optional[ServerArgs] = None, **kwargs: Any) -> None:
-        self.server_args = server_args or ServerArgs(**kwargs)
+        """`server_args`, or its fields as keyword arguments (SGLang's Engine(**kwargs)); a bad value raises
+        ServerArgsError naming the flag before any process starts."""
+        self.config = resolve_engine_config(server_args or ServerArgs(**kwargs))
+        self.server_args = self.config.args  # resolved
         configure_logger(self.server_args.log_level)
-        self.tokenizer_manager, self.scheduler_info, self.processes = launch_subprocesses(self.server_args)
+        self.tokenizer_manager, self.scheduler_info, self.processes = launch_subprocesses(self.config)
         self.loop = asyncio.new_event_loop()
         self.startup_time = time.time()
         atexit.register(self.shutdown)

@@ -1,6 +1,6 @@
 """The HTTP server: FastAPI routes over the TokenizerManager, and the launcher's serve loop.
 
-    python -m sglang.launch_server [flags]   ->   launch_server(server_args) here
+    python -m sglang.launch_server [flags]   ->   launch_server(config) here
 
 Routes: /generate (SGLang native), /v1/completions, /v1/chat/completions, /v1/models, /v1/models/{id},
 /server_info (+ /get_server_info), /model_info (+ /get_model_info), /health, /health_generate,
@@ -18,7 +18,7 @@ import socket
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import TYPE_CHECKING, Callable, Optional
 
 import uvicorn
 from fastapi import FastAPI, Request
@@ -54,6 +54,9 @@ from sglang.srt.environ import envs
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
 from sglang.srt.server_args import ServerArgs
+
+if TYPE_CHECKING:
+    from sglang.srt.configs.engine_config import EngineConfig
 from sglang.srt.utils.process import configure_logger, kill_process_tree
 
 logger = logging.getLogger(__name__)
@@ -270,9 +273,10 @@ async def _serve(server_args: ServerArgs, tm: TokenizerManager, sock: socket.soc
     return state.exit_code
 
 
-def launch_server(server_args: ServerArgs) -> int:
+def launch_server(config: EngineConfig) -> int:
     """Start the scheduler and detokenizer processes, serve HTTP until a signal or a fatal error.
     Returns the process exit code: 0 after a requested shutdown, 1 when start-up or serving failed."""
+    server_args = config.args
     configure_logger(server_args.log_level)
     try:  # checked now, not after the model has loaded
         load_chat_template(server_args.chat_template)
@@ -293,7 +297,7 @@ def launch_server(server_args: ServerArgs) -> int:
     previous = interrupt_on_signals()
     procs: list = []
     try:
-        tm, _, procs = launch_subprocesses(server_args)
+        tm, _, procs = launch_subprocesses(config)
         if tm is None:
             return _wait_for_children(procs)
         restore_signals(previous)

@@ -10,8 +10,7 @@ starts only after the one before has drained (a few microseconds per kernel, ~10
 Our triton kernels on the decode path release at their top and, when launched with PDL, wait right after
 (``pdl_prologue``). The skinny decode GEMM does better: its weights are never written during a forward, so
 it streams its first weight tile before it waits (``decode_gemm/kernel.py``). A kernel launched without
-PDL (torch's, cuBLAS's) waits for the whole kernel before it, as always. ``SGLANG_ENABLE_PDL=0`` turns
-all of it off.
+PDL (torch's, cuBLAS's) waits for the whole kernel before it, as always.
 """
 
 from __future__ import annotations
@@ -22,8 +21,6 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang.srt.environ import envs
-
 
 @functools.lru_cache(maxsize=None)
 def _device_supports_pdl(device_index: int) -> bool:
@@ -32,8 +29,8 @@ def _device_supports_pdl(device_index: int) -> bool:
 
 
 def pdl_available(t: torch.Tensor) -> bool:
-    """Launch kernels working on ``t`` with PDL: a CUDA tensor on compute capability 9.0+, not switched off."""
-    if not t.is_cuda or not envs.SGLANG_ENABLE_PDL.get():
+    """Launch kernels working on ``t`` with PDL: a CUDA tensor on compute capability 9.0+."""
+    if not t.is_cuda:
         return False
     index = t.device.index if t.device.index is not None else torch.cuda.current_device()
     return _device_supports_pdl(index)

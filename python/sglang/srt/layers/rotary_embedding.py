@@ -64,9 +64,13 @@ class FusedSetKVBufferArg:
 
 
 class RotaryEmbedding(nn.Module):
-    def __init__(self, config: PretrainedConfig, head_dim: int, max_position: int, dtype: torch.dtype) -> None:
+    def __init__(
+        self, config: PretrainedConfig, head_dim: int, max_position: int, dtype: torch.dtype, interleaved: bool = False
+    ) -> None:
+        """`interleaved`: rotate the pairs (x0, x1), (x2, x3), ... (DeepSeek's layout) instead of (x_i, x_{i+D/2})."""
         super().__init__()
         self.head_dim = head_dim
+        self.interleaved = interleaved
         device = torch.empty(0).device  # the caller's `with torch.device(...)`; the math runs on the CPU
         with torch.device("cpu"):
             inv_freq, scaling = compute_inv_freq(config, head_dim)
@@ -86,7 +90,7 @@ class RotaryEmbedding(nn.Module):
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """q: [T, Hq * D], k: [T, Hkv * D]; returns rotated q, k (on the GPU rotated in place).
         With ``fused_set_kv_buffer_arg`` the rotated K and the given V are also written to the pool."""
-        if q.is_cuda:
+        if q.is_cuda and not self.interleaved:
             from sglang.srt.layers.fused_elementwise import apply_rotary_inplace
 
             apply_rotary_inplace(
@@ -105,22 +109,37 @@ class RotaryEmbedding(nn.Module):
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         cos = self.cos_cache[positions].unsqueeze(1)
         sin = self.sin_cache[positions].unsqueeze(1)
-        qs = q.view(q.shape[0], -1, self.head_dim)
-        ks = k.view(k.shape[0], -1, self.head_dim)
+        qs = q.reshape(q.shape[0], -1, self.head_dim)
+        ks = k.reshape(k.shape[0], -1, self.head_dim)
+        if self.interleaved:
+            return rotate_pairs(qs, cos, sin).view(q.shape), rotate_pairs(ks, cos, sin).view(k.shape)
         q_out = qs * cos + rotate_half(qs) * sin
         k_out = ks * cos + rotate_half(ks) * sin
-        return q_out.view_as(q), k_out.view_as(k)
+        return q_out.view(q.shape), k_out.view(k.shape)
+
+
+def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary on interleaved pairs (x_2i, x_2i+1) by angle i, as transformers' DeepSeek-V3
+    (`apply_rotary_pos_emb_interleave`) computes it; the result is laid out de-interleaved (all first
+    coordinates, then all second ones). Queries and keys get the same layout, so their dot products are those
+    of the pairs rotated in place (DeepSeek-V2's complex-number form)."""
+    half = x.shape[-1] // 2
+    cos, sin = cos[..., :half], sin[..., :half]  # the cache holds cat(freqs, freqs)
+    x1, x2 = x[..., 0::2], x[..., 1::2]
+    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
 _ROPE_CACHE: dict = {}
 
 
-def get_rope(config: PretrainedConfig, head_dim: int, max_position: int, dtype: torch.dtype) -> RotaryEmbedding:
+def get_rope(
+    config: PretrainedConfig, head_dim: int, max_position: int, dtype: torch.dtype, interleaved: bool = False
+) -> RotaryEmbedding:
     """One RotaryEmbedding per distinct geometry: its cos/sin tables (MBs at 128k context) are shared by all layers."""
     device = torch.empty(0).device  # honours the caller's `with torch.device(...)`
     # Everything compute_inv_freq reads: the rope parameters and a GGUF's per-pair frequency factors.
     rope = (repr(sorted(_rope_parameters(config).items())), getattr(config, "rope_freq_factors", None))
-    key = (head_dim, max_position, dtype, str(device), rope)
+    key = (head_dim, max_position, dtype, str(device), rope, interleaved)
     if key not in _ROPE_CACHE:
-        _ROPE_CACHE[key] = RotaryEmbedding(config, head_dim, max_position, dtype)
+        _ROPE_CACHE[key] = RotaryEmbedding(config, head_dim, max_position, dtype, interleaved)
     return _ROPE_CACHE[key]

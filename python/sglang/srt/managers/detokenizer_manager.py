@@ -135,7 +135,7 @@ def run_detokenizer_process(server_args: ServerArgs, port_args: PortArgs, pipe) 
         if not server_args.skip_tokenizer_init:
             from sglang.srt.utils.hf_tokenizer import get_tokenizer
 
-            tokenizer = get_tokenizer(server_args.tokenizer_path)
+            tokenizer = get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code)
         ctx = zmq.Context(2)
         recv = ctx.socket(zmq.PULL)
         recv.bind(port_args.detokenizer_ipc_name)

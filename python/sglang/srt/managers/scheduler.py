@@ -4,10 +4,14 @@ Each step either runs a prefill batch (new requests, or the next chunk of a chun
 decode step of every running request. When the KV pool cannot hold the next decode step, requests
 are retracted to the waiting queue (their KV goes to the radix tree, where it may still be reused);
 none is ever dropped. With overlap scheduling (the default) a step launches its batch before it
-processes the previous batch's result, so the host prepares step N + 1 while the device runs step N
-(`step`, `drain`); with --enable-mixed-chunk the running requests' decode rides along in prefill batches.
-The same class runs in-process (tests, benchmarks) or inside the scheduler process (scheduler_process.py),
-which adds the ZeroMQ plumbing and tensor-parallel broadcast.
+processes the previous batch's result, so the host prepares step N + 1 while the device runs step N;
+`step` is that loop, and every wait for the batch in flight (`drain`) is in it. With
+--enable-mixed-chunk the running requests' decode rides along in prefill batches.
+
+The scheduler is composed of parts with named dependencies (scheduler_components/): the output
+processor and streamer, the failure policy, and the KT prefill slot's lender. `build_scheduler` wires
+them over a new ModelRunner; the scheduler process (scheduler_process.py) adds ZeroMQ and the
+tensor-parallel broadcast; tests build it in-process and replace parts with their stand-ins.
 """
 
 from __future__ import annotations
@@ -17,22 +21,21 @@ import logging
 import random
 import time
 from collections import deque
-from typing import Callable, Deque, List, Optional
+from typing import Any, Callable, Deque, List, Optional
 
-from sglang.srt.configs.model_config import ModelConfig
-from sglang.srt.environ import envs
+from sglang.srt.configs.engine_config import EngineConfig
 from sglang.srt.managers.device_timeline import DeviceMark, DeviceTimeline
-from sglang.srt.managers.elastic_slot import ElasticKTSlot, HostTailArena
 from sglang.srt.managers.io_struct import AbortReq, SchedulerStats, TokenizedGenerateReqInput
 from sglang.srt.managers.schedule_batch import FinishReason, Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import PrefillAdder, estimated_future_tokens, sort_waiting_queue
-from sglang.srt.managers.scheduler_faults import SchedulerFaultMixin
-from sglang.srt.managers.scheduler_output import LaunchedBatch, PendingResult, SchedulerOutputMixin
+from sglang.srt.managers.scheduler_components.batch_result import BatchResult, LaunchedBatch, PendingResult
+from sglang.srt.managers.scheduler_components.failure_policy import BatchFailurePolicy
+from sglang.srt.managers.scheduler_components.kt_prefill_slot_lender import HostSlotMemory, KTPrefillSlotLender
+from sglang.srt.managers.scheduler_components.output_processor import OutputProcessor, OutputStreamer
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.sampling.sampling_params import SamplingParams, to_int64
-from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.fault_injection import FaultPlan
 
 logger = logging.getLogger(__name__)
@@ -42,69 +45,98 @@ MIN_NEW_TOKEN_RATIO = 0.14
 NEW_TOKEN_RATIO_DECAY = 0.001
 
 
-class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
+def build_scheduler(
+    config: EngineConfig,
+    gpu_id: int = 0,
+    tp_rank: int = 0,
+    dist_init_method: Optional[str] = None,
+    output_sink: Optional[Callable] = None,
+    faults: Optional[FaultPlan] = None,
+    host_slot_tail_tokens: int = 0,
+) -> "Scheduler":
+    """A Scheduler over a new ModelRunner for this rank (the composition root)."""
+    model_runner = ModelRunner(config, gpu_id, tp_rank, dist_init_method)
+    tokenizer = None
+    if not config.args.skip_tokenizer_init:
+        from sglang.srt.utils.hf_tokenizer import get_tokenizer
+
+        tokenizer = get_tokenizer(config.args.tokenizer_path, config.args.trust_remote_code)
+    return Scheduler(
+        config,
+        model_runner,
+        tokenizer=tokenizer,
+        output_sink=output_sink,
+        faults=faults,
+        host_slot_tail_tokens=host_slot_tail_tokens,
+    )
+
+
+class Scheduler:
     def __init__(
         self,
-        server_args: ServerArgs,
-        gpu_id: int = 0,
-        tp_rank: int = 0,
-        dist_init_method: Optional[str] = None,
+        config: EngineConfig,
+        model_runner: ModelRunner,
+        *,
+        tokenizer: Optional[Any] = None,
         output_sink: Optional[Callable] = None,
         faults: Optional[FaultPlan] = None,
+        host_slot_tail_tokens: int = 0,
     ) -> None:
-        self.server_args = server_args
+        """`host_slot_tail_tokens` (tests, --device cpu): lend the KT prefill slot from the pool's last N tokens
+        through host memory (HostSlotMemory), where there is no VMM arena to lend it from."""
+        args = config.args
+        self.config = config
+        self.args = args
         self.faults = faults or FaultPlan()
-        self.tp_rank = tp_rank
-        self.model_config = ModelConfig.from_server_args(server_args)
-        self.model_runner = ModelRunner(
-            self.model_config, server_args, gpu_id, tp_rank, server_args.tp_size, dist_init_method
-        )
-        self.device = server_args.device
-        self.tokenizer = None
-        if not server_args.skip_tokenizer_init:
-            from sglang.srt.utils.hf_tokenizer import get_tokenizer
-
-            self.tokenizer = get_tokenizer(server_args.tokenizer_path)
+        self.tp_rank = model_runner.tp_rank
+        self.model_config = config.model
+        self.model_runner = model_runner
+        self.device = config.device.kind
+        self.tokenizer = tokenizer
         self.eos_token_ids = sorted(set(self.model_config.eos_token_ids) | self._tokenizer_eos())
-        self.req_to_token_pool = self.model_runner.req_to_token_pool
-        self.allocator = self.model_runner.token_to_kv_pool_allocator
+        self.req_to_token_pool = model_runner.req_to_token_pool
+        self.allocator = model_runner.token_to_kv_pool_allocator
         self.tree_cache = RadixCache(
-            self.req_to_token_pool, self.allocator, server_args.page_size, disable=server_args.disable_radix_cache
+            self.req_to_token_pool, self.allocator, args.page_size, disable=args.disable_radix_cache
         )
         self.max_running_requests = self.req_to_token_pool.size  # the request table is sized once, by the planner
-        self.elastic_slot = self._elastic_kt_slot()
-        chunk = server_args.chunked_prefill_size
+        chunk = args.chunked_prefill_size
         self.chunked_prefill_size = chunk if chunk and chunk > 0 else None
         self.waiting_queue: Deque[Req] = deque()
         self.running_batch: Optional[ScheduleBatch] = None
         self.chunked_req: Optional[Req] = None
         # Overlap scheduling: the next batch is prepared and launched while this one runs on the device.
-        self.enable_overlap = not server_args.disable_overlap_schedule
+        self.enable_overlap = not args.disable_overlap_schedule
         self.in_flight: Optional[LaunchedBatch] = None  # launched; its result not processed yet
         self._last_decode_launch: Optional[float] = None  # perf_counter of the last launch, if it was a decode
         self.new_token_ratio = INIT_NEW_TOKEN_RATIO
         self.output_sink = output_sink or (lambda out: None)
-        self.stats = SchedulerStats(max_total_num_tokens=self.model_runner.max_total_num_tokens)
+        self.stats = SchedulerStats(max_total_num_tokens=model_runner.max_total_num_tokens)
         self.timeline = DeviceTimeline(self.stats)
         self._tokens_since = (time.monotonic(), 0)
         self.forward_ct = 0
-        self._finished_reqs: List[Req] = []  # finished outside process_batch_result, sent with the next output
-        self._oom_logged = False  # the memory summary is logged at the first out-of-memory error only
+        # The parts.
+        self.streamer = OutputStreamer(self.output_sink, args.stream_interval)
+        self.outputs = OutputProcessor(self.tree_cache, tokenizer, self.stats)
+        self.failures = BatchFailurePolicy(
+            args.tp_size, self.tp_rank, self.device, self.stats, lambda: model_runner.memory_plan.format_table()
+        )
+        self.kt_slot_lender = self._kt_slot_lender(host_slot_tail_tokens)
 
-    def _elastic_kt_slot(self) -> Optional[ElasticKTSlot]:
-        """The KT prefill slot lent from the pool's tail, when the planner made one (post-capture path)."""
-        mr = self.model_runner
-        tail, kt_state = mr.pool_size.lendable_tail, mr.model.prefill_slot_state()
-        threshold = self.server_args.kt_gpu_prefill_token_threshold
-        host_tail = envs.SGLANG_TEST_CPU_ELASTIC_SLOT_TAIL_TOKENS.get()
-        if kt_state is not None and threshold and self.device == "cpu" and host_tail:
-            page = self.server_args.page_size
-            self.allocator.resize(self.allocator.size, lendable_tail_pages=host_tail // page)
-            arena = HostTailArena(sum(mr.memory_plan.reservations_bytes.values()))
-            return ElasticKTSlot(arena, self.allocator, self.tree_cache, kt_state, threshold)
-        if tail is None or kt_state is None:
+    def _kt_slot_lender(self, host_tail_tokens: int) -> Optional[KTPrefillSlotLender]:
+        """The KT prefill slot's lender, when the planner lent the slot from the pool's tail (post-capture path),
+        or host memory stands in for the arena (CPU tests)."""
+        mr, threshold = self.model_runner, self.config.args.kt_gpu_prefill_token_threshold
+        slot = mr.kt_prefill_slot
+        if slot is None:
             return None
-        return ElasticKTSlot(mr.kv_arena, self.allocator, self.tree_cache, kt_state, threshold)
+        if self.device == "cpu" and host_tail_tokens:
+            self.allocator.resize(self.allocator.size, lendable_tail_pages=host_tail_tokens // self.args.page_size)
+            memory = HostSlotMemory(sum(mr.memory_plan.reservations_bytes.values()))
+            return KTPrefillSlotLender(memory, self.allocator, self.tree_cache, slot, threshold)
+        if mr.pool_size.prefill_slot_tail is None:
+            return None
+        return KTPrefillSlotLender(mr.kv_arena, self.allocator, self.tree_cache, slot, threshold)
 
     def _tokenizer_eos(self) -> set:
         tok = self.tokenizer
@@ -125,7 +157,7 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
             req.finished_reason = FinishReason(
                 "abort", message=f"the scheduler could not admit this request: {type(e).__name__}: {e}", status_code=400
             )
-            self.stream_output([req])
+            self.streamer.stream([req])
 
     def _add_request(self, recv: TokenizedGenerateReqInput) -> None:
         params = recv.sampling_params
@@ -171,7 +203,7 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
 
     def _abort_new(self, req: Req, message: str) -> None:
         req.finished_reason = FinishReason("abort", message=message, status_code=400)
-        self.stream_output([req])
+        self.streamer.stream([req])
 
     def abort_request(self, abort: AbortReq) -> None:
         for req in list(self.waiting_queue):
@@ -180,7 +212,7 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
                 req.finished_reason = FinishReason("abort", message=abort.message, status_code=abort.status_code)
                 if req.req_pool_idx is not None:  # a retracted request may still hold a row
                     self.tree_cache.cache_finished_req(req)
-                self.stream_output([req])
+                self.streamer.stream([req])
                 return
         running = self.running_batch.reqs if self.running_batch else []
         in_flight = list(self.in_flight.reqs) if self.in_flight else []  # e.g. a prefill not yet processed
@@ -203,24 +235,6 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
             reqs, self.req_to_token_pool, self.allocator, self.tree_cache, self.model_config.vocab_size, self.device
         )
 
-    def get_next_batch_to_run(self) -> Optional[ScheduleBatch]:
-        if self.prefill_in_flight() and not self.prefill_may_follow_unprocessed():
-            self.drain()
-        batch = self.get_new_batch_prefill()
-        if batch is not None:
-            if self.server_args.enable_mixed_chunk:
-                self.mix_running_into(batch)
-            return batch
-        if self.prefill_in_flight():
-            self.drain()  # a prefill's requests join the running batch once its result is in
-        running = self.running_batch
-        if running is not None and self.in_flight is not None and self.needs_outputs_before_decode(running):
-            self.drain()
-        if self.running_batch is None or self.running_batch.is_empty():
-            self.running_batch = None
-            return None
-        return self.update_running_batch()
-
     def prefill_in_flight(self) -> bool:
         return self.in_flight is not None and self.in_flight.forward_mode.is_extend()
 
@@ -229,13 +243,13 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
         SGLang's overlap loop: new requests do not need it (their admission counts the in-flight prefill's
         requests as running, `requests_joining`), so the device runs prefill chunks back to back instead of
         idling while the host processes each result and forms the next batch. A chunked prompt's next chunk
-        waits for it (its prefix is inserted into the radix tree there), and so does the elastic KT slot.
+        waits for it (its prefix is inserted into the radix tree there), and so does lending the KT prefill slot.
         Like SGLang, a waiting request then does not find the in-flight prompts in the radix tree."""
         return (
             self.enable_overlap
             and self.chunked_req is None
             and self.in_flight.chunked_req is None
-            and self.elastic_slot is None
+            and self.kt_slot_lender is None
             and bool(self.waiting_queue)
         )
 
@@ -273,25 +287,28 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
         room = self.allocator.available_size() + self.tree_cache.evictable_size()
         return room < batch.decode_tokens_needed() or any(r.sampling_params.has_penalties for r in batch.reqs)
 
+    def has_prefill_work(self) -> bool:
+        return bool(self.waiting_queue) or self.chunked_req is not None
+
+    def lend_kt_slot_if_needed(self) -> None:
+        """Before the next prefill batch takes KV pages: lend the pool's tail to the KT prefill slot when that
+        batch can reach the threshold. The batch must not land in the tail the slot needs (cached pages
+        elsewhere are evicted for it instead), and admission then counts the pool without the tail."""
+        a, lender = self.allocator, self.kt_slot_lender
+        tail_free_tokens = a.tail_tokens - a.tail_pages_in_use() * a.page_size
+        room = a.available_size() - tail_free_tokens + self.tree_cache.evictable_size()
+        if lender.should_take(self.chunked_req, self.waiting_queue, self.chunked_prefill_size, room):
+            lender.take(step=self.forward_ct + 1)
+
     def get_new_batch_prefill(self) -> Optional[ScheduleBatch]:
-        if not self.waiting_queue and self.chunked_req is None:
+        if not self.has_prefill_work():
             return None
-        slot = self.elastic_slot
-        if slot is not None:
-            self.drain()  # lending the tail reads the pool as the step in flight leaves it
-            # Before this batch takes KV pages: it must not land in the tail the slot needs (cached pages
-            # elsewhere are evicted for it instead), and admission then counts the pool without the tail.
-            a = self.allocator
-            tail_free_tokens = a.tail_tokens - a.tail_pages_in_use() * a.page_size
-            room = a.available_size() - tail_free_tokens + self.tree_cache.evictable_size()
-            if slot.should_take(self.chunked_req, self.waiting_queue, self.chunked_prefill_size, room):
-                slot.take(step=self.forward_ct + 1)
         running = (self.running_batch.reqs if self.running_batch else []) + self.requests_joining()
         reserved = sum(estimated_future_tokens(r, self.new_token_ratio) for r in running)
         adder = PrefillAdder(
-            page_size=self.server_args.page_size,
+            page_size=self.args.page_size,
             rem_total_tokens=self.allocator.available_size() + self.tree_cache.evictable_size() - reserved,
-            rem_input_tokens=self.server_args.max_prefill_tokens,
+            rem_input_tokens=self.args.max_prefill_tokens,
             rem_chunk_tokens=self.chunked_prefill_size,
             rem_requests=self.max_running_requests - len(running) - (1 if self.chunked_req else 0),
             has_running=bool(running) or self.chunked_req is not None,
@@ -300,7 +317,7 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
             self.chunked_req.init_chunk_continuation()
             self.chunked_req = adder.add_chunked_req(self.chunked_req)
         if self.chunked_req is None:
-            sort_waiting_queue(self.waiting_queue, self.server_args.schedule_policy, self.tree_cache)
+            sort_waiting_queue(self.waiting_queue, self.args.schedule_policy, self.tree_cache)
             while self.waiting_queue:
                 req = self.waiting_queue[0]
                 req.init_next_round_input(None if self.tree_cache.disable else self.tree_cache)
@@ -329,6 +346,9 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
         """Make room for the next decode step (retracting requests if the pool cannot hold it) and prepare
         it; returns the batch to run, or None."""
         batch = self.running_batch
+        if batch is None or batch.is_empty():
+            self.running_batch = None
+            return None
         while self.allocator.available_size() + self.tree_cache.evictable_size() < batch.decode_tokens_needed():
             if batch.batch_size() == 1:
                 req = batch.reqs[0]
@@ -339,7 +359,7 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
                 )
                 self.release_finished(batch)
                 self.running_batch = None
-                self.stream_output([])
+                self.streamer.stream([])
                 return None
             self.retract_one(batch)
         if batch.is_empty():
@@ -379,41 +399,58 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
         )
 
     def step(self) -> bool:
-        """Run at most one batch; returns False when there was nothing to do. With overlap scheduling the
-        batch is launched first and the previous batch's result processed while it runs (SGLang's overlap
-        scheduler); a decode step then goes out before the host has seen the tokens of the step before it,
-        so a request that finished there computes one more token, which is dropped."""
-        batch = self.get_next_batch_to_run()
+        """One turn of the overlap loop: run at most one batch; False when there was nothing to do.
+
+        With overlap scheduling the batch is launched first and the previous batch's result processed while
+        it runs (SGLang's overlap scheduler); a decode step then goes out before the host has seen the tokens
+        of the step before it, so a request that finished there computes one more token, which is dropped.
+        Every wait for the batch in flight (`drain`) is here, each with its reason."""
+        if self.prefill_in_flight() and not self.prefill_may_follow_unprocessed():
+            self.drain()  # the next batch needs that prefill's result (a chunk's prefix, the waiting queue)
+        lender = self.kt_slot_lender
+        if lender is not None and self.has_prefill_work():
+            self.drain()  # lending the pool's tail reads the pool as the step in flight leaves it
+            self.lend_kt_slot_if_needed()
+        batch = self.get_new_batch_prefill()
+        if batch is not None:
+            if self.args.enable_mixed_chunk:
+                self.mix_running_into(batch)
+        else:
+            if self.prefill_in_flight():
+                self.drain()  # a prefill's requests join the running batch once its result is in
+            running = self.running_batch
+            if running is not None and self.in_flight is not None and self.needs_outputs_before_decode(running):
+                self.drain()  # the pool may not hold the next step, or penalties count the tokens in flight
+            batch = self.update_running_batch()
         if batch is None:
-            drained = self.drain()
+            drained = self.drain()  # nothing to launch: finish what is in flight
             self.timeline.out_of_work()
             return drained
-        slot = self.elastic_slot  # taken, if it could be, before the batch was formed (get_new_batch_prefill)
-        launched = self.launch_batch(batch)
+        launched = LaunchedBatch.of(batch, self.chunked_req)
+        try:
+            launched = self.launch_batch(batch, launched)
+        except Exception as e:  # noqa: BLE001 - out of memory, or a bug in one batch: fail it, keep serving
+            self.drain()  # the step in flight first: its requests are in this batch too
+            self.handle_batch_failure(launched, e)
+            launched = None
         previous, self.in_flight = self.in_flight, launched
         if previous is not None:
-            self.finish_batch(previous)
+            self.finish_batch(previous)  # the previous step's result, processed while this one runs
         if not self.enable_overlap:
-            self.drain()
-        if slot is not None and slot.stats.lent and self.chunked_req is None:
-            slot.give_back(step=self.forward_ct)  # lent per long prefill: the pool has its whole size between them
+            self.drain()  # overlap off: each batch's result before the next batch is formed
+        if lender is not None and lender.stats.lent and self.chunked_req is None:
+            lender.give_back(step=self.forward_ct)  # lent per long prefill: the pool has its whole size between them
         return True
 
-    def launch_batch(self, batch: ScheduleBatch) -> Optional[LaunchedBatch]:
-        """Launch `batch`; None if it failed at once (its requests are then answered with the error)."""
-        launched = LaunchedBatch.of(batch, self.chunked_req)
+    def launch_batch(self, batch: ScheduleBatch, launched: LaunchedBatch) -> LaunchedBatch:
+        """Launch `batch` (`launched`: how it was launched); raises if the launch failed at once."""
         now, last = time.perf_counter(), self._last_decode_launch
         decode = batch.forward_mode.is_decode()
         if decode and last is not None:
             self.stats.decode_periods += 1
             self.stats.decode_period_seconds += now - last
         self._last_decode_launch = now if decode else None
-        try:
-            pending = self.run_batch(batch)
-        except Exception as e:  # noqa: BLE001 - out of memory, or a bug in one batch: fail it, keep serving
-            self.drain()  # the step in flight first: its requests are in this batch too
-            self.handle_batch_failure(launched, e)
-            return None
+        pending = self.run_batch(batch)
         for req in launched.reqs:
             req.tokens_in_flight += 1
         return dataclasses.replace(launched, result=pending)
@@ -446,3 +483,88 @@ class Scheduler(SchedulerOutputMixin, SchedulerFaultMixin):
             or self.chunked_req is not None
             or self.in_flight is not None
         )
+
+    # ------------------------------------------------------------- results
+    def process_batch_result(self, batch: LaunchedBatch, result: BatchResult) -> None:
+        """Hand the result to its requests (OutputProcessor), then move them: finished ones leave with their
+        KV cached, a prefill's others join the running batch; stream what is due."""
+        applied = self.outputs.apply(batch, result)
+        if applied.decoded and self.running_batch is not None:
+            self.release_finished(self.running_batch)
+            if self.running_batch.is_empty():
+                self.running_batch = None
+        done_with_prefill = []
+        if batch.forward_mode.is_extend():
+            done_with_prefill = [r for r in applied.prefilled if r is not batch.chunked_req]
+            for req in done_with_prefill:
+                if not req.finished():
+                    # Make the prompt shareable at once, not only when the request finishes.
+                    self.tree_cache.cache_unfinished_req(req)
+            new = self.new_batch(done_with_prefill)
+            self.release_finished(new)
+            if not new.is_empty():
+                if self.running_batch is None:
+                    self.running_batch = new
+                else:
+                    self.running_batch.merge(new)
+        self.streamer.stream(done_with_prefill + applied.decoded)
+        self.update_stats()
+
+    def release_finished(self, batch: ScheduleBatch) -> None:
+        """Return finished requests' KV to the radix tree / pool and drop them from the batch."""
+        keep = []
+        for req in batch.reqs:
+            if req.finished():
+                if req.req_pool_idx is not None:
+                    self.tree_cache.cache_finished_req(req)
+                self.streamer.finish_later(req)
+            else:
+                keep.append(req)
+        batch.filter(keep)
+
+    def update_stats(self) -> None:
+        s = self.stats
+        s.num_running_reqs = self.running_batch.batch_size() if self.running_batch else 0
+        s.num_queued_reqs = len(self.waiting_queue)
+        s.num_retracted_waiting = sum(1 for r in self.waiting_queue if r.retractions)
+        # A tail lent to the KT prefill slot is out of the pool, not used by requests.
+        lent = self.allocator.lent_tokens
+        used = self.max_total_num_tokens - lent - self.allocator.available_size() - self.tree_cache.evictable_size()
+        s.num_used_tokens = used
+        s.forward_ct = self.forward_ct
+        if self.kt_slot_lender is not None:
+            s.kt_slot = dataclasses.asdict(self.kt_slot_lender.stats)
+        s.max_total_num_tokens = self.max_total_num_tokens
+        s.token_usage = used / max(self.max_total_num_tokens, 1)
+        now = time.monotonic()
+        since, count = self._tokens_since
+        if now - since >= 1.0:
+            s.gen_throughput = (s.generation_tokens_total - count) / (now - since)
+            self._tokens_since = (now, s.generation_tokens_total)
+
+    # ------------------------------------------------------------- failures
+    def handle_batch_failure(self, batch: LaunchedBatch, exc: Exception) -> None:
+        """Answer a failed batch's requests as the failure policy says (or stop, when it raises)."""
+        self.fail_batch(batch, self.failures.finish_reason(batch, exc))
+
+    def fail_batch(self, batch: LaunchedBatch, reason: FinishReason) -> None:
+        """Finish every request of `batch` with `reason` and free the KV it holds. Only the K/V written
+        before this batch (the prefix for a prefill, all but the new token for a decode) may be cached."""
+        extend = batch.forward_mode.is_extend()
+        failed = [r for r in batch.reqs if r.req_pool_idx is not None]  # the others finished before it
+        for i, req in enumerate(batch.reqs):
+            if req.req_pool_idx is None:
+                continue
+            if not req.finished():
+                req.finished_reason = reason
+            req.kv_committed_len = batch.prefix_lens[i] if extend else batch.seq_lens[i] - 1
+            self.tree_cache.cache_finished_req(req)  # the slots this batch allocated go back to the pool
+            if req is self.chunked_req:
+                self.chunked_req = None
+        running = self.running_batch
+        if running is not None:  # a failed decode (or a mixed prefill's decodes) leaves the running batch
+            running.filter([r for r in running.reqs if r.req_pool_idx is not None])
+            if running.is_empty():
+                self.running_batch = None
+        self.streamer.stream(failed)
+        self.update_stats()

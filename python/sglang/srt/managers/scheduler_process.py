@@ -18,7 +18,9 @@ from typing import List
 import torch
 import zmq
 
+from sglang.srt.configs.engine_config import EngineConfig
 from sglang.srt.distributed import get_tp_group
+from sglang.srt.environ import envs
 from sglang.srt.managers.io_struct import (
     AbortReq,
     FlushCacheReq,
@@ -26,8 +28,7 @@ from sglang.srt.managers.io_struct import (
     SchedulerFailed,
     TokenizedGenerateReqInput,
 )
-from sglang.srt.managers.scheduler import Scheduler
-from sglang.srt.server_args import ServerArgs
+from sglang.srt.managers.scheduler import build_scheduler
 from sglang.srt.utils.fault_injection import FaultPlan
 from sglang.srt.utils.process import (
     STARTUP_READY,
@@ -65,9 +66,7 @@ def broadcast_pyobj(objs: List, src_is_me: bool) -> List:
 
 
 class SchedulerProcess:
-    def __init__(
-        self, server_args: ServerArgs, port_args: PortArgs, gpu_id: int, tp_rank: int, faults: FaultPlan
-    ) -> None:
+    def __init__(self, config: EngineConfig, port_args: PortArgs, gpu_id: int, tp_rank: int, faults: FaultPlan) -> None:
         self.tp_rank = tp_rank
         self.is_entry_rank = tp_rank == 0
         ctx = zmq.Context(2)
@@ -78,8 +77,14 @@ class SchedulerProcess:
             self.send_to_detokenizer.connect(port_args.detokenizer_ipc_name)
             self.send_to_tokenizer = ctx.socket(zmq.PUSH)
             self.send_to_tokenizer.connect(port_args.tokenizer_ipc_name)
-        self.scheduler = Scheduler(
-            server_args, gpu_id, tp_rank, port_args.dist_init_method, output_sink=self._send_tokens, faults=faults
+        self.scheduler = build_scheduler(
+            config,
+            gpu_id,
+            tp_rank,
+            port_args.dist_init_method,
+            output_sink=self._send_tokens,
+            faults=faults,
+            host_slot_tail_tokens=envs.SGLANG_TEST_CPU_ELASTIC_SLOT_TAIL_TOKENS.get(),
         )
         self._last_stats = 0.0
 
@@ -147,17 +152,18 @@ class SchedulerProcess:
             time.sleep(0.2)  # let ZeroMQ flush before the process exits
 
 
-def run_scheduler_process(server_args: ServerArgs, port_args: PortArgs, gpu_id: int, tp_rank: int, pipe) -> None:
+def run_scheduler_process(config: EngineConfig, port_args: PortArgs, gpu_id: int, tp_rank: int, pipe) -> None:
     die_with_parent()
     raise_on_sigterm()
-    if server_args.device == "cpu" and server_args.tp_size > 1:
+    args = config.args
+    if args.device == "cpu" and args.tp_size > 1:
         # CPU ranks of one node share its cores: each takes its share of intra-op threads.
-        ranks_here = server_args.tp_size // server_args.nnodes
+        ranks_here = args.tp_size // args.nnodes
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks_here))
-    configure_logger(server_args.log_level, prefix=f"TP{tp_rank}" if server_args.tp_size > 1 else "")
+    configure_logger(args.log_level, prefix=f"TP{tp_rank}" if args.tp_size > 1 else "")
     with reporting_startup(pipe, "Scheduler"):
         faults = FaultPlan.from_env()
-        proc = SchedulerProcess(server_args, port_args, gpu_id, tp_rank, faults)
+        proc = SchedulerProcess(config, port_args, gpu_id, tp_rank, faults)
         faults.at_startup("scheduler")
         pipe.send(proc.ready_info())
     try:

@@ -72,7 +72,7 @@ class ReqState:
     last_chunk_time: Optional[float] = None  # arrival of the latest new tokens (inter-token latency)
     error: Optional[RequestError] = None
     req: Optional[TokenizedGenerateReqInput] = None  # what was asked (logprob options, output format)
-    # Logprobs beyond the sampled tokens' (see scheduler_output._logprob_extras): lists of (logprob, id).
+    # Logprobs beyond the sampled tokens' (see scheduler_components/output_processor._logprob_extras): lists of (logprob, id).
     output_top: List[list] = field(default_factory=list)
     output_chosen: List[list] = field(default_factory=list)
     prompt: Dict[str, list] = field(default_factory=dict)
@@ -126,7 +126,7 @@ class TokenizerManager:
         if not server_args.skip_tokenizer_init:
             from sglang.srt.utils.hf_tokenizer import get_tokenizer
 
-            self.tokenizer = get_tokenizer(server_args.tokenizer_path)
+            self.tokenizer = get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code)
             self.max_prompt_bytes = self.context_len * max_token_bytes(self.tokenizer) * NORMALIZATION_SLACK
         self.port_args = port_args
         self.rid_to_state: Dict[str, ReqState] = {}

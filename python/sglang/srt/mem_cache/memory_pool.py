@@ -1,7 +1,9 @@
 """The two pools a request's KV lives in.
 
 ReqToTokenPool maps (request slot, position) -> KV slot index. MHATokenToKVPool holds, per layer, one
-K and one V buffer of shape [slots, kv_heads, head_dim] (token-major: each layer's tokens contiguous).
+K and one V buffer of shape [slots, kv_heads, head_dim] (token-major: each layer's tokens contiguous);
+MLATokenToKVPool (multi-head latent attention, DeepSeek-V2/V3) one buffer per layer of [slots, 1,
+kv_lora_rank + qk_rope_head_dim]: the compressed latent and the rotated shared key of each token.
 Slot 0 (the whole first page) is the dummy slot: padded CUDA-graph entries write there, it is never
 handed to a request. The buffers may be ordinary tensors or tensors over CUDA virtual memory whose
 backed size grows after graph capture. How many tokens are usable is the allocator's to say
@@ -33,6 +35,15 @@ def _fused_store_module(device: str) -> Optional[ModuleType]:
     return kv_store_kernel
 
 
+REQ_TO_TOKEN_DTYPE = torch.int32
+REQ_TO_TOKEN_SPARE_POSITIONS = 4  # a row holds the context plus a few positions of slack
+
+
+def req_to_token_bytes(rows: int, context_len: int) -> int:
+    """Device bytes of a request table of `rows` rows for `context_len` (the runner's and plan_memory's one rule)."""
+    return rows * (context_len + REQ_TO_TOKEN_SPARE_POSITIONS) * REQ_TO_TOKEN_DTYPE.itemsize
+
+
 class ReqToTokenPool:
     """The request table, on the device (attention reads it) with a host copy (the scheduler reads it).
 
@@ -42,13 +53,14 @@ class ReqToTokenPool:
     copy is allocated uninitialised (the OS backs only the pages written: running requests' slots).
     """
 
-    def __init__(self, size: int, max_context_len: int, device: str) -> None:
+    def __init__(self, size: int, context_len: int, device: str) -> None:
         self.size = size
-        self.max_context_len = max_context_len
+        self.max_context_len = context_len + REQ_TO_TOKEN_SPARE_POSITIONS
         self.device = device
-        self.req_to_token = torch.zeros((size, max_context_len), dtype=torch.int32, device=device)
+        shape = (size, self.max_context_len)
+        self.req_to_token = torch.zeros(shape, dtype=REQ_TO_TOKEN_DTYPE, device=device)
         on_host = torch.device(device).type == "cpu"
-        self.host = self.req_to_token if on_host else torch.empty((size, max_context_len), dtype=torch.int32)
+        self.host = self.req_to_token if on_host else torch.empty(shape, dtype=REQ_TO_TOKEN_DTYPE)
         self.free_slots: List[int] = list(range(size))
 
     def write(self, row: int, start: int, slots: torch.Tensor) -> None:
@@ -179,7 +191,92 @@ class MHATokenToKVPool:
             return None
         return k_buf, v_buf
 
+    def buffers(self) -> List[torch.Tensor]:
+        """Every tensor of the pool (as stored)."""
+        return self.k_buffer + self.v_buffer
+
     def release_buffers(self) -> None:
         """Drop the tensors (a VMM arena may only be unmapped after this)."""
         self.k_buffer = []
         self.v_buffer = []
+
+
+class MLATokenToKVPool:
+    """Multi-head latent attention's cache: per layer and token one row of ``kv_lora_rank`` latent values
+    (c_kv, after kv_a_layernorm) followed by ``qk_rope_head_dim`` values of the rotated key shared by all
+    heads. Keys and values of every head are linear maps of that row (kv_b_proj), so nothing else is kept:
+    576 values per token and layer for DeepSeek-V3 instead of 128 heads x (192 + 128).
+
+    The interface the attention backends use is the MHA pool's: ``get_key_buffer`` is the whole row
+    [slots, 1, kv_lora + rope], ``get_value_buffer`` its first kv_lora columns (a strided view: the
+    absorbed attention's values are the latent itself), ``set_kv_buffer`` stores a whole row.
+    """
+
+    def __init__(
+        self,
+        size: int,
+        page_size: int,
+        dtype: torch.dtype,
+        kv_lora_rank: int,
+        qk_rope_head_dim: int,
+        layer_num: int,
+        device: str,
+        buffers: Optional[Sequence[torch.Tensor]] = None,
+    ) -> None:
+        """Room for `size` usable tokens plus the dummy page; `buffers`, when given, are layer_num tensors
+        already shaped [>= size + page_size, 1, kv_lora_rank + qk_rope_head_dim]."""
+        self.page_size = page_size
+        self.dtype = dtype
+        self.store_dtype = kv_storage_dtype(dtype)
+        self.kv_lora_rank = kv_lora_rank
+        self.qk_rope_head_dim = qk_rope_head_dim
+        self.row_dim = kv_lora_rank + qk_rope_head_dim
+        self.layer_num = layer_num
+        self.device = device
+        if buffers is None:
+            slots = size + page_size
+            self.kv_buffer = [
+                torch.empty((slots, 1, self.row_dim), dtype=self.store_dtype, device=device) for _ in range(layer_num)
+            ]
+        else:
+            if len(buffers) != layer_num:
+                raise ValueError(f"expected {layer_num} latent KV buffers, got {len(buffers)}")
+            self.kv_buffer = list(buffers)
+            if size + page_size > self.kv_buffer[0].shape[0]:
+                raise ValueError(f"{size} tokens do not fit in buffers of {self.kv_buffer[0].shape[0]} slots")
+
+    def _view(self, buf: torch.Tensor) -> torch.Tensor:
+        return buf.view(self.dtype) if self.store_dtype != self.dtype else buf
+
+    def get_key_buffer(self, layer_id: int) -> torch.Tensor:
+        """[slots, 1, kv_lora_rank + qk_rope_head_dim]: latent then rotated key, in the KV dtype."""
+        return self._view(self.kv_buffer[layer_id])
+
+    def get_value_buffer(self, layer_id: int) -> torch.Tensor:
+        """[slots, 1, kv_lora_rank]: the latent part of each row (a view)."""
+        return self.get_key_buffer(layer_id)[..., : self.kv_lora_rank]
+
+    def set_kv_buffer(
+        self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: Optional[torch.Tensor] = None
+    ) -> None:
+        """Store whole rows: `cache_k` [T, 1, kv_lora + rope] (`cache_v` is part of it and ignored)."""
+        self.kv_buffer[layer_id][loc] = self._stored(cache_k.reshape(-1, 1, self.row_dim))
+
+    def set_mla_kv_buffer(self, layer_id: int, loc: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor) -> None:
+        """Store `latent` [T, kv_lora] and `k_rope` [T, rope] as the rows at `loc`."""
+        self.set_kv_buffer(layer_id, loc, torch.cat([latent, k_rope], dim=-1))
+
+    def _stored(self, rows: torch.Tensor) -> torch.Tensor:
+        if rows.dtype != self.dtype:
+            rows = rows.to(self.dtype)
+        return rows.view(self.store_dtype) if self.store_dtype != self.dtype else rows
+
+    def fused_store_buffers(self, layer_id: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """No fused rotary + store for latent rows (the MHA pool's hook; always None here)."""
+        return None
+
+    def buffers(self) -> List[torch.Tensor]:
+        return list(self.kv_buffer)
+
+    def release_buffers(self) -> None:
+        self.kv_buffer = []

@@ -86,6 +86,26 @@ def vmm_supported(device_index: int, driver: Any = None) -> tuple[bool, str]:
     return True, ""
 
 
+def _device_allocation_prop(drv: Any, device_index: int) -> Any:
+    prop = drv.CUmemAllocationProp()
+    prop.type = drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
+    prop.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
+    prop.location.id = device_index
+    return prop
+
+
+def allocation_granularity(device_index: int, driver: Any = None) -> int:
+    """The physical granularity (bytes) VMM maps device memory in: a fact of the device, read once at start-up
+    so the planner has it before the arena exists."""
+    if driver is None:
+        from cuda.bindings import driver
+    drv = driver
+    _check(drv, "cuInit", drv.cuInit(0))
+    minimum = drv.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
+    prop = _device_allocation_prop(drv, device_index)
+    return int(_check(drv, "cuMemGetAllocationGranularity", drv.cuMemGetAllocationGranularity(prop, minimum)))
+
+
 @dataclass
 class _PhysicalHandle:
     """One cuMemCreate allocation and its slices mapped into buffers."""
@@ -143,10 +163,7 @@ class VirtualKVArena:
         self._sync()  # creates torch's primary context on the device before any driver call
         with self._device_scope():
             _check(drv, "cuInit", drv.cuInit(0))
-            self._prop = prop = drv.CUmemAllocationProp()
-            prop.type = drv.CUmemAllocationType.CU_MEM_ALLOCATION_TYPE_PINNED
-            prop.location.type = drv.CUmemLocationType.CU_MEM_LOCATION_TYPE_DEVICE
-            prop.location.id = device_index
+            self._prop = prop = _device_allocation_prop(drv, device_index)
             minimum = drv.CUmemAllocationGranularity_flags.CU_MEM_ALLOC_GRANULARITY_MINIMUM
             self.granularity: int = int(
                 _check(drv, "cuMemGetAllocationGranularity", drv.cuMemGetAllocationGranularity(prop, minimum))

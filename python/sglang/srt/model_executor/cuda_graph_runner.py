@@ -17,12 +17,6 @@ from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
 
-def default_capture_batch_sizes(max_bs: int) -> List[int]:
-    """SGLang's list: 1, 2, 4, 8, 12, 16..256 step 8, 272..<512 step 16, 512.. step 32, up to max_bs."""
-    sizes = [1, 2, 4, 8, 12] + list(range(16, 257, 8)) + list(range(272, 512, 16)) + list(range(512, max_bs + 1, 32))
-    return sorted({bs for bs in sizes if bs <= max_bs} | {max_bs})
-
-
 class CudaGraphRunner:
     def __init__(
         self,
@@ -30,17 +24,17 @@ class CudaGraphRunner:
         capture_bs: Optional[List[int]] = None,
         capture_stream: Optional[torch.cuda.Stream] = None,
     ) -> None:
-        """``capture_bs``: the batch sizes to capture (default: ``--cuda-graph-bs``, else SGLang's list up to
-        ``--cuda-graph-max-bs``). ``capture_stream``: the stream to capture on (default a new one); a green
+        """``capture_bs``: the batch sizes to capture (default: the kernel config's, ``--cuda-graph-bs`` or SGLang's
+        list up to ``--cuda-graph-max-bs``, within the request table). ``capture_stream``: the stream to capture on (default a new one); a green
         context's stream confines the graphs' kernels to its SMs (benchmark/serving/bench_prefill_decode_overlap.py).
         The attention backend's graph buffers are made anew: graphs of an earlier runner must not replay after."""
         self.model_runner = model_runner
-        sa = model_runner.server_args
-        max_bs = min(sa.cuda_graph_max_bs, model_runner.req_to_token_pool.size)
-        sizes = capture_bs or (
-            sorted(set(sa.cuda_graph_bs)) if sa.cuda_graph_bs else default_capture_batch_sizes(max_bs)
-        )
-        self.capture_bs = [bs for bs in sizes if bs <= max_bs]
+        rows = model_runner.req_to_token_pool.size
+        if capture_bs is None:
+            self.capture_bs = model_runner.config.kernels.capture_batch_sizes(rows)
+        else:
+            max_bs = min(model_runner.config.kernels.cuda_graph_max_bs, rows)
+            self.capture_bs = [bs for bs in capture_bs if bs <= max_bs]
         self.max_bs = self.capture_bs[-1]
         dev = model_runner.device
         self.input_ids = torch.zeros(self.max_bs, dtype=torch.int64, device=dev)

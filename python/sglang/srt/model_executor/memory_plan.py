@@ -11,7 +11,14 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence
 
-from sglang.srt.model_executor.pool_configurator import GiB, MemoryReadings, PoolArgs, PoolSize, SizingPath
+from sglang.srt.model_executor.pool_configurator import (
+    CaptureReadings,
+    GiB,
+    MemoryReadings,
+    PoolArgs,
+    PoolSize,
+    SizingPath,
+)
 
 
 def _reservation_rule(readings: MemoryReadings, pool: PoolSize, path: SizingPath) -> str:
@@ -61,6 +68,7 @@ class MemoryPlan:
     def report(
         cls,
         readings: MemoryReadings,
+        capture: CaptureReadings,
         pool: PoolSize,
         path: SizingPath,
         args: PoolArgs,
@@ -88,16 +96,16 @@ class MemoryPlan:
             headroom_rule=pool.headroom_rule,
             reservations_bytes=dict(readings.reservations_bytes),
             reservation_rule=_reservation_rule(readings, pool, path),
-            lendable_tail_tokens=0 if pool.lendable_tail is None else pool.lendable_tail.tokens,
+            lendable_tail_tokens=0 if pool.prefill_slot_tail is None else pool.prefill_slot_tail.tokens,
             cell_size_bytes=readings.kv.cell_size_bytes,
             page_size=readings.page_size,
             max_total_num_tokens=pool.tokens,
             kv_pool_gb=pool.tokens * readings.kv.cell_size_bytes / GiB,
             max_running_requests=pool.max_running_requests,
             req_to_token_gb=req_to_token_bytes / GiB,
-            cuda_graph_gb=readings.graph_bytes / GiB,
+            cuda_graph_gb=capture.graph_bytes / GiB,
             cuda_graph_max_bs=cuda_graph_max_bs,
-            activation_peak_gb=(readings.activation_peak_bytes or 0) / GiB,
+            activation_peak_gb=(capture.activation_peak_bytes or 0) / GiB,
             free_after_plan_gb=free_after_start_up_bytes / GiB,
             token_cap_reason=pool.cap_reason,
             per_rank_available_gb=[b / GiB for b in per_rank_free_after_weights_bytes],

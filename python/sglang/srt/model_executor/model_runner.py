@@ -1,74 +1,53 @@
 """ModelRunner: one rank's model, KV pools, attention backend, CUDA graphs, and the memory plan.
 
 Start-up order (each step reads the memory the previous one left; every sizing decision is a pure
-function of pool_configurator.py, the mixins only apply it):
-    distributed init -> free before weights -> load weights -> free after weights
+function of pool_configurator.py, the KV-cache mixin only applies it):
+    distributed init -> free before weights -> load weights -> free after weights -> MemoryReadings
     -> KV pools (static: sized now; post-capture: address space reserved, request table sized)
-    -> attention backend -> CUDA graphs -> (post-capture: measure, size, map, resize) -> MemoryPlan.
+    -> attention backend -> CUDA graphs -> CaptureReadings (post-capture: measure, size, map, resize)
+    -> MemoryPlan.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from typing import List, Optional
 
 import torch
 
-from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.configs.engine_config import EngineConfig
 from sglang.srt.distributed import parallel_state
-from sglang.srt.environ import envs
 from sglang.srt.layers.decode_gemm import load_device_table
 from sglang.srt.layers.linear import attach_gemm_plans
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
-from sglang.srt.layers.moe.kt_ep_wrapper import KTConfig
+from sglang.srt.layers.moe.kt_prefill_slot import RESERVATION_NAME, KTPrefillSlot
 from sglang.srt.layers.sampler import SampleOutput, Sampler
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.memory_plan import MemoryPlan
 from sglang.srt.model_executor.model_runner_kv_cache_mixin import ModelRunnerKVCacheMixin
-from sglang.srt.model_executor.pool_configurator import GiB, MemoryReadings, MiB, PoolArgs, PoolSize
-from sglang.srt.model_executor.post_capture_mixin import PostCaptureKVSizingMixin
+from sglang.srt.model_executor.pool_configurator import GiB, MemoryReadings
 from sglang.srt.model_loader.loader import get_model
-from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.cuda_context import set_host_wait
 from sglang.srt.utils.memory import get_available_memory_bytes
 
 logger = logging.getLogger(__name__)
 
 
-def model_extra_kwargs(model_config: ModelConfig, server_args: ServerArgs) -> dict:
-    """Keyword arguments only some model classes take (the KT settings for MoE models, the linear layers'
-    quantization for dense ones)."""
-    if model_config.is_moe:  # and a native FP8 checkpoint's linear format (model_config.quantization) on the GPU
-        return {"server_args": server_args, "quantization": model_config.quantization}
-    return {"quantization": model_config.quantization} if model_config.quantization else {}
-
-
-class ModelRunner(ModelRunnerKVCacheMixin, PostCaptureKVSizingMixin):
-    pool_size: PoolSize  # the planner's decision (static: at init_memory_pool; post-capture: after the resize)
-
+class ModelRunner(ModelRunnerKVCacheMixin):
     def __init__(
-        self,
-        model_config: ModelConfig,
-        server_args: ServerArgs,
-        gpu_id: int = 0,
-        tp_rank: int = 0,
-        tp_size: int = 1,
-        dist_init_method: Optional[str] = None,
+        self, config: EngineConfig, gpu_id: int = 0, tp_rank: int = 0, dist_init_method: Optional[str] = None
     ) -> None:
-        self.model_config = model_config
-        self.server_args = server_args
-        self.device = server_args.device
+        self.config = config
+        self.model_config = config.model
+        self.device = config.device.kind
         self.gpu_id = gpu_id
         self.tp_rank = tp_rank
-        self.tp_size = tp_size
+        self.tp_size = config.args.tp_size
         self.dist_init_method = dist_init_method
-        self.sizing_path = server_args.kv_sizing_path  # decided once, by ServerArgs
-        # Lending a reservation from the pool's tail needs one tail size on every rank (KV heads split evenly).
-        lend = envs.SGLANG_KT_ELASTIC_SLOT.get() and model_config.num_key_value_heads % tp_size == 0
-        self.pool_args = PoolArgs.from_server_args(server_args, model_config.context_len, lend_reservations=lend)
-        self.kv_geometry = model_config.kv_geometry(tp_size, tp_rank)  # this rank's pool layout
+        self.sizing_path = config.memory.path  # decided once, by the resolve step
+        self.pool_args = config.memory.pool
+        self.kv_geometry = config.model.kv_geometry(self.tp_size, tp_rank)  # this rank's pool layout
         self.cuda_graph_runner = None
         self.kv_arena = None  # the VMM arena of the post-capture path
         self.token_to_kv_pool = None  # pools exist once init_memory_pool ran
@@ -82,9 +61,8 @@ class ModelRunner(ModelRunnerKVCacheMixin, PostCaptureKVSizingMixin):
         self.last_sampled_tokens = torch.zeros(self.req_to_token_pool.size, dtype=torch.int64, device=self.device)
         self.sampler = Sampler()
         self.init_attention_backend()
-        self.init_cuda_graphs()
-        if self.sizing_path.post_capture:
-            self.post_capture_resize_kv_pool()
+        graph_bytes = self.init_cuda_graphs()
+        self.capture_readings = self.finish_memory_pool(graph_bytes)
         self.memory_plan = self.build_memory_plan(free_before_weights - free_after_weights)
         logger.info("%s", self.memory_plan.format_table())
 
@@ -93,32 +71,44 @@ class ModelRunner(ModelRunnerKVCacheMixin, PostCaptureKVSizingMixin):
         """Free device memory on this rank, torch's cache emptied first (the planner's one reading)."""
         return get_available_memory_bytes(self.device, self.gpu_id)
 
+    def read_vmm_granularity(self) -> int:
+        """CUDA VMM's physical granularity on this device (the post-capture path's rounding)."""
+        from sglang.srt.mem_cache.vmm import allocation_granularity
+
+        return allocation_granularity(self.gpu_id)
+
     def all_ranks(self, value: int) -> List[int]:
         """`value` as every tensor-parallel rank has it (this rank's alone without TP)."""
         return [int(v) for v in parallel_state.get_tp_group().all_gather_floats(float(value))]
+
+    @property
+    def kt_prefill_slot(self) -> Optional[KTPrefillSlot]:
+        """The model's KT prefill slot, when it has one (its bytes are the memory plan's reservation)."""
+        return self.model.kt_prefill_slot()
 
     def take_memory_readings(self, free_before_weights: int, free_after_weights: int) -> MemoryReadings:
         """Every rank must size the same pool: free memory is the MIN over ranks, the reservations
         the largest rank's (the KV geometry's largest rank needs no exchange: heads split by rule)."""
         self.per_rank_free_after_weights = self.all_ranks(free_after_weights)
-        reservations = {
-            name: max(self.all_ranks(int(nbytes))) for name, nbytes in self.model.memory_reservations().items()
-        }
+        slot = self.kt_prefill_slot
+        reservations = {} if slot is None else {RESERVATION_NAME: max(self.all_ranks(slot.nbytes))}
         return MemoryReadings(
-            device_capacity_bytes=int(self.server_args.device_memory_capacity_mib() * MiB),
+            device_capacity_bytes=self.config.memory.capacity_bytes,
             free_before_weights_bytes=min(self.all_ranks(free_before_weights)),
             free_after_weights_bytes=min(self.per_rank_free_after_weights),
             kv=self.model_config.largest_kv_geometry(self.tp_size),
-            page_size=self.server_args.page_size,
+            page_size=self.config.args.page_size,
             reservations_bytes=reservations,
+            vmm_granularity_bytes=self.read_vmm_granularity() if self.sizing_path.post_capture else None,
         )
 
     # ------------------------------------------------------------------ setup
     def init_torch_distributed(self) -> None:
         if self.device == "cuda":
-            if KTConfig.from_server_args(self.server_args) is not None:
-                # KT experts on the CPU: while this thread waits for the GPU, the expert threads need its core.
-                set_host_wait(self.gpu_id, envs.SGLANG_KT_CPU_HOST_WAIT.get())
+            if self.config.kt is not None:
+                # KT experts on the CPU: while this thread waits for the GPU, the expert threads need its core
+                # (a polling wait took cores from them: benchmark/kt_decode/).
+                set_host_wait(self.gpu_id, "block")
             torch.cuda.set_device(self.gpu_id)
             torch.cuda.init()
         if self.tp_size > 1:
@@ -131,18 +121,13 @@ class ModelRunner(ModelRunnerKVCacheMixin, PostCaptureKVSizingMixin):
     def load_model(self, free_before: int) -> int:
         """Build and fill the model; returns the free memory after it (this rank's reading)."""
         start = time.perf_counter()
+        args = self.config.args
         logger.info("Load weight begin. avail mem=%.2f GB", free_before / GiB)
-        torch.manual_seed(self.server_args.random_seed)
-        self.model = get_model(
-            self.model_config,
-            self.server_args.load_format,
-            self.device,
-            seed=self.server_args.random_seed,
-            **model_extra_kwargs(self.model_config, self.server_args),
-        )
-        if self.device == "cuda" and envs.SGLANG_DECODE_GEMM_TUNED.get():
+        torch.manual_seed(args.random_seed)
+        self.model = get_model(self.model_config, args.load_format, self.device, self.config.kt, args.random_seed)
+        if self.device == "cuda":
             device_name = torch.cuda.get_device_name(self.gpu_id)
-            plans = load_device_table(device_name, envs.SGLANG_DECODE_GEMM_CONFIG_DIR.get())
+            plans = load_device_table(device_name, self.config.kernels.decode_gemm_config_dir)
             tuned = attach_gemm_plans(self.model, plans)
             logger.info("Decode GEMMs: %d linear layers use the skinny kernel tuned for %s", tuned, device_name)
         free_after = self.read_free_memory_bytes()
@@ -157,8 +142,7 @@ class ModelRunner(ModelRunnerKVCacheMixin, PostCaptureKVSizingMixin):
         return free_after
 
     def init_attention_backend(self) -> None:
-        backend = self.server_args.attention_backend
-        if backend == "triton":
+        if self.config.kernels.attention_backend == "triton":
             from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
             self.attn_backend = TritonAttnBackend(self)
@@ -167,14 +151,16 @@ class ModelRunner(ModelRunnerKVCacheMixin, PostCaptureKVSizingMixin):
 
             self.attn_backend = TorchNativeAttnBackend(self)
 
-    def init_cuda_graphs(self) -> None:
-        if self.server_args.disable_cuda_graph or self.device != "cuda":
-            return
+    def init_cuda_graphs(self) -> int:
+        """Capture the decode graphs (CUDA); returns the device memory they took (0 without graphs)."""
+        kernels = self.config.kernels
+        if not kernels.cuda_graphs:
+            return 0
         if not self.attn_backend.supports_cuda_graph:
             logger.warning(
-                "CUDA graphs disabled: the %s attention backend cannot be captured", self.server_args.attention_backend
+                "CUDA graphs disabled: the %s attention backend cannot be captured", kernels.attention_backend
             )
-            return
+            return 0
         from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner
 
         start, before = time.perf_counter(), self.read_free_memory_bytes()
@@ -185,7 +171,7 @@ class ModelRunner(ModelRunnerKVCacheMixin, PostCaptureKVSizingMixin):
             logger.warning("CUDA graph capture failed, decode runs eagerly: %s", e)
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
-            return
+            return 0
         after = self.read_free_memory_bytes()
         logger.info(
             "Capture cuda graph end. Time elapsed: %.2f s. mem usage=%.2f GB. avail mem=%.2f GB. bs=%s",
@@ -194,21 +180,24 @@ class ModelRunner(ModelRunnerKVCacheMixin, PostCaptureKVSizingMixin):
             after / GiB,
             self.cuda_graph_runner.capture_bs,
         )
-        self.readings = dataclasses.replace(
-            self.readings, graph_bytes=max(before - after, 0), captured_graph_max_bs=self.cuda_graph_runner.max_bs
-        )
+        return max(before - after, 0)
+
+    @property
+    def captured_graph_max_bs(self) -> int:
+        return 0 if self.cuda_graph_runner is None else self.cuda_graph_runner.max_bs
 
     def build_memory_plan(self, weights_bytes: int) -> MemoryPlan:
         """The report, once everything is allocated."""
-        sa = self.server_args
         notes = []
         if self.sizing_path.post_capture and self.device == "cuda" and self.cuda_graph_runner is None:
             notes.append(
                 "decode runs eagerly (no CUDA graphs); the measured eager decode at max_running_requests "
                 "sets the headroom"
             )
+        kernels = self.config.kernels
         return MemoryPlan.report(
             self.readings,
+            self.capture_readings,
             self.pool_size,
             self.sizing_path,
             self.pool_args,
@@ -217,7 +206,7 @@ class ModelRunner(ModelRunnerKVCacheMixin, PostCaptureKVSizingMixin):
             weights_bytes=weights_bytes,
             per_rank_free_after_weights_bytes=self.per_rank_free_after_weights,
             req_to_token_bytes=self.req_to_token_pool.nbytes(),
-            cuda_graph_max_bs=0 if sa.disable_cuda_graph else sa.cuda_graph_max_bs,
+            cuda_graph_max_bs=kernels.cuda_graph_max_bs if kernels.cuda_graphs else 0,
             free_after_start_up_bytes=self.read_free_memory_bytes(),
             notes=notes,
         )

@@ -1,7 +1,11 @@
-"""KV pools for ModelRunner: apply what the planner (pool_configurator.py) decided.
+"""KV pools for ModelRunner: both sizing paths applied here, as the planner (pool_configurator.py) decided.
 
-Static path: size the pool from the readings now and allocate it. Post-capture path: reserve
-address space now (post_capture_mixin.py), size after capture. Either way the request table is
+Static path: size the pool from the readings now and allocate it. Post-capture path
+(SGLANG_ENABLE_POST_CAPTURE_KV_SIZING=1): before graph capture, reserve the KV pool as CUDA virtual
+memory (one range per layer's K and V, sized for every token free memory could hold) and back only the
+first granule of each range, the dummy slot that padded graph rows write to; after capture, measure
+the worst-case activation peak and what is really free, let post_capture_pool_size decide, and back
+exactly that much with physical memory behind the same addresses. Either way the request table is
 created once, and the allocator owns the token count (the runner and the scheduler ask it).
 """
 
@@ -13,8 +17,18 @@ from typing import TYPE_CHECKING, Optional, Sequence
 import torch
 
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-from sglang.srt.model_executor.pool_configurator import GiB, static_pool_size
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool, kv_storage_dtype
+from sglang.srt.model_executor import activation_probe
+from sglang.srt.model_executor.pool_configurator import (
+    CaptureReadings,
+    GiB,
+    PoolSize,
+    backed_bytes_per_buffer,
+    post_capture_pool_size,
+    static_pool_size,
+    tokens_backed_before_capture,
+    virtual_pool,
+)
 
 if TYPE_CHECKING:
     from sglang.srt.model_executor.model_runner import ModelRunner
@@ -23,10 +37,13 @@ logger = logging.getLogger(__name__)
 
 
 class ModelRunnerKVCacheMixin:
+    pool_size: PoolSize  # the planner's decision (static: at init_memory_pool; post-capture: after the resize)
+
     @property
     def max_total_num_tokens(self: "ModelRunner") -> int:
         return self.token_to_kv_pool_allocator.size
 
+    # ------------------------------------------------------------ before capture
     def init_memory_pool(self: "ModelRunner") -> None:
         if self.sizing_path.post_capture:
             self.reserve_virtual_kv_pool()
@@ -36,28 +53,114 @@ class ModelRunnerKVCacheMixin:
             logger.warning("%s", warning)
         self.create_kv_pools(self.pool_size.tokens, self.pool_size.max_running_requests)
 
+    def reserve_virtual_kv_pool(self: "ModelRunner") -> None:
+        """Post-capture: reserve address space for the pool's upper bound, back only the first granule."""
+        from sglang.srt.mem_cache.vmm import VirtualKVArena
+
+        pool = virtual_pool(self.readings, self.pool_args)
+        kv, page = self.kv_geometry, self.config.args.page_size
+        self.kv_arena = VirtualKVArena(kv.num_buffers, pool.reserve_bytes_per_buffer, self.gpu_id)
+        store = kv_storage_dtype(self.model_config.kv_cache_dtype)
+        slots = pool.max_tokens + page
+        buffers = []
+        for layer in range(kv.num_layers):
+            if kv.is_mla:  # one latent range per layer
+                buffers.append(self.kv_arena.tensor(layer, store, (slots, 1, kv.head_dim)))
+                continue
+            buffers.append(self.kv_arena.tensor(2 * layer, store, (slots, kv.kv_heads, kv.head_dim)))
+            buffers.append(self.kv_arena.tensor(2 * layer + 1, store, (slots, kv.kv_heads, kv.v_head_dim)))
+        initial = tokens_backed_before_capture(self.readings, pool)
+        self.create_kv_pools(initial, pool.max_running_requests, kv_buffers=buffers)
+        logger.info(
+            "Post-capture KV sizing: reserved %d layers x %d ranges of %.2f GB of address space (<= %d tokens); "
+            "%d tokens backed until capture",
+            kv.num_layers,
+            kv.num_buffers // kv.num_layers,
+            self.kv_arena.reserved_bytes_per_buffer / GiB,
+            pool.max_tokens,
+            initial,
+        )
+
     def create_kv_pools(
         self: "ModelRunner", tokens: int, max_running_requests: int, kv_buffers: Optional[Sequence[torch.Tensor]] = None
     ) -> None:
         """The request table, the KV buffers (allocated here unless given) and the allocator over them."""
-        mc, sa, kv = self.model_config, self.server_args, self.kv_geometry
-        self.req_to_token_pool = ReqToTokenPool(max_running_requests, mc.context_len + 4, self.device)
-        self.token_to_kv_pool = MHATokenToKVPool(
-            tokens,
-            page_size=sa.page_size,
-            dtype=mc.kv_cache_dtype,
-            head_num=kv.kv_heads,
-            head_dim=kv.head_dim,
-            v_head_dim=kv.v_head_dim,
-            layer_num=kv.num_layers,
-            device=self.device,
-            buffers=kv_buffers,
-        )
-        self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(tokens, sa.page_size, self.device)
-        slots = tokens + sa.page_size
+        mc, page, kv = self.model_config, self.config.args.page_size, self.kv_geometry
+        self.req_to_token_pool = ReqToTokenPool(max_running_requests, mc.context_len, self.device)
+        if kv.is_mla:  # one latent row (kv_lora_rank + qk_rope_head_dim) per token and layer
+            self.token_to_kv_pool = MLATokenToKVPool(
+                tokens,
+                page_size=page,
+                dtype=mc.kv_cache_dtype,
+                kv_lora_rank=mc.kv_lora_rank,
+                qk_rope_head_dim=mc.qk_rope_head_dim,
+                layer_num=kv.num_layers,
+                device=self.device,
+                buffers=kv_buffers,
+            )
+        else:
+            self.token_to_kv_pool = MHATokenToKVPool(
+                tokens,
+                page_size=page,
+                dtype=mc.kv_cache_dtype,
+                head_num=kv.kv_heads,
+                head_dim=kv.head_dim,
+                v_head_dim=kv.v_head_dim,
+                layer_num=kv.num_layers,
+                device=self.device,
+                buffers=kv_buffers,
+            )
+        self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(tokens, page, self.device)
+        slots = tokens + page
         logger.info(
             "KV Cache is allocated. #tokens: %d, K size: %.2f GB, V size: %.2f GB",
             tokens,
             slots * kv.k_slot_bytes * kv.num_layers / GiB,
             slots * kv.v_slot_bytes * kv.num_layers / GiB,
         )
+
+    # ------------------------------------------------------------- after capture
+    def finish_memory_pool(self: "ModelRunner", graph_bytes: int) -> CaptureReadings:
+        """What capture measured; on the post-capture path also the probe's peak and the free memory, then the
+        pool is sized, backed and resized."""
+        if not self.sizing_path.post_capture:
+            return CaptureReadings(graph_bytes=graph_bytes, captured_graph_max_bs=self.captured_graph_max_bs)
+        capture = CaptureReadings(
+            graph_bytes=graph_bytes,
+            captured_graph_max_bs=self.captured_graph_max_bs,
+            activation_peak_bytes=self.measure_activation_peak_bytes(),
+            free_after_capture_bytes=min(self.all_ranks(self.read_free_memory_bytes())),
+        )
+        self.pool_size = pool = post_capture_pool_size(self.readings, capture, self.pool_args)
+        for warning in pool.warnings:
+            logger.warning("%s", warning)
+        page, gran = self.config.args.page_size, self.kv_arena.granularity
+        backed = backed_bytes_per_buffer(pool.tokens, self.kv_geometry.widest_slot_bytes, page, gran)
+        tail = pool.prefill_slot_tail
+        self.kv_arena.map_to(backed, tail_bytes_per_buffer=0 if tail is None else tail.bytes_per_buffer)
+        self.token_to_kv_pool_allocator.resize(
+            pool.tokens, lendable_tail_pages=0 if tail is None else tail.tokens // page
+        )
+        logger.info("Post-capture KV sizing: max_total_num_tokens=%d", pool.tokens)
+        if tail is not None:
+            logger.info(
+                "KT prefill slot: lent from the pool's last %d tokens (%.3f GiB) while a long prefill runs",
+                tail.tokens,
+                tail.bytes_per_buffer * self.kv_arena.num_buffers / GiB,
+            )
+        return capture
+
+    def measure_activation_peak_bytes(self: "ModelRunner") -> Optional[int]:
+        """The worst-case eager forwards' peak (activation_probe.py)."""
+        return activation_probe.measure_activation_peak_bytes(self)
+
+    # --------------------------------------------------------------- teardown
+    def release_kv_memory(self: "ModelRunner") -> None:
+        """Safe teardown of either path: graphs and pool tensors go first, then the arena unmaps and frees."""
+        self.cuda_graph_runner = None
+        if self.token_to_kv_pool is not None:
+            self.token_to_kv_pool.release_buffers()
+        if self.kv_arena is not None:
+            self.attn_backend = None
+            self.kv_arena.release()
+            self.kv_arena = None

@@ -25,10 +25,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Mapping, Optional
-
-if TYPE_CHECKING:
-    from sglang.srt.server_args import ServerArgs
+from typing import Callable, Mapping, Optional
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -46,6 +43,86 @@ POST_CAPTURE_REASON = "SGLANG_ENABLE_POST_CAPTURE_KV_SIZING=1"
 
 class NotEnoughMemoryError(RuntimeError):
     """No room for a KV cache; the message names the knob to turn."""
+
+
+# ------------------------------------------------------- defaults from the flags (SGLang's heuristics)
+@dataclass(frozen=True)
+class TierDefaults:
+    """What the device's memory tier sets when the flags do not: chunk size and the largest captured batch."""
+
+    chunked_prefill_size: int
+    cuda_graph_max_bs: int
+
+
+def gpu_tier_defaults(memory_mib: float, tp_size: int) -> TierDefaults:
+    """SGLang's tiers: chunked prefill size and the largest captured decode batch follow the device's memory."""
+    gib = memory_mib / 1024
+    big_tp = tp_size >= 4
+    if gib < 20:
+        return TierDefaults(2048, 8)
+    if gib < 35:
+        return TierDefaults(4096, 160 if big_tp else 48)
+    if gib < 60:
+        return TierDefaults(4096, 160 if big_tp else 32)
+    if gib < 160:
+        return TierDefaults(8192, 512 if big_tp else 256)
+    return TierDefaults(16384, 512)
+
+
+@dataclass(frozen=True)
+class ReserveInputs:
+    """The flags (resolved) and the device size SGLang's memory reserves are computed from."""
+
+    capacity_mib: float
+    chunked_prefill_size: int  # -1: chunking off
+    max_prefill_tokens: int
+    tp_size: int
+    pp_size: int
+    cuda_graph_max_bs: int
+
+    @property
+    def activation_tokens(self) -> int:
+        base = self.chunked_prefill_size if self.chunked_prefill_size > 0 else self.max_prefill_tokens
+        return max(base, 2048)
+
+    @property
+    def parallel_reserve_mb(self) -> float:
+        return self.tp_size * self.pp_size / 8 * 1024
+
+    def floored_above_60_gib(self, reserved_mb: float) -> float:
+        return max(reserved_mb, 10 * 1024) if self.capacity_mib > 60 * 1024 else reserved_mb
+
+
+def reserve_for_graph_mb(r: ReserveInputs) -> float:
+    """SGLang's guess for CUDA-graph memory (MiB); no DP attention in this engine, so no DP terms."""
+    return r.cuda_graph_max_bs * 2
+
+
+def reserve_for_deepep_a2a_mb(r: ReserveInputs) -> float:
+    """SGLang reserves 2048 MiB for DeepEP all-to-all buffers with decode graphs; this engine has no DeepEP
+    backend, so the term is always 0 (kept so the formula reads like SGLang's)."""
+    return 0.0
+
+
+def pre_capture_activation_reserve_mb(r: ReserveInputs) -> float:
+    """The generic activation reserve (MiB): constant metadata + a chunked prefill's activations."""
+    return r.floored_above_60_gib(512 + r.activation_tokens * 1.5 + r.parallel_reserve_mb)
+
+
+def static_reserved_mem_mb(r: ReserveInputs) -> float:
+    """Everything the classic default of mem_fraction_static keeps out of the static pool (MiB)."""
+    reserved = 512 + r.activation_tokens * 1.5 + r.parallel_reserve_mb + reserve_for_graph_mb(r)
+    return r.floored_above_60_gib(reserved) + reserve_for_deepep_a2a_mb(r)
+
+
+def post_capture_reserved_mem_mb(r: ReserveInputs) -> float:
+    """With post-capture sizing, activations and graphs are measured, not guessed (MiB)."""
+    return 1536 + r.parallel_reserve_mb
+
+
+def default_mem_fraction_static(capacity_mib: float, reserved_mb: float) -> float:
+    """SGLang's default: what is left of the device once `reserved_mb` is kept out, as a fraction."""
+    return round((capacity_mib - reserved_mb) / capacity_mib, 3)
 
 
 # ----------------------------------------------------------------------------- the path
@@ -72,8 +149,9 @@ def decide_sizing_path(
 ) -> SizingPath:
     """Post-capture sizing needs the flag, CUDA, decode graphs, chunked prefill, a backend that can be
     captured and CUDA VMM. `vmm_problem` (None when VMM works) is asked only when all else allows it,
-    so a server with the flag off never touches the driver. Every model here uses MHA-style KV and
-    nothing else claims the KV memory (no MLA, no hybrid SWA/mamba pools, no disaggregation)."""
+    so a server with the flag off never touches the driver. MHA and MLA pools are both one VMM range
+    per buffer (KVGeometry.num_buffers); nothing else claims the KV memory (no hybrid SWA/mamba pools,
+    no disaggregation)."""
     blockers = []
     if not flag_on:
         blockers.append("SGLANG_ENABLE_POST_CAPTURE_KV_SIZING is off")
@@ -94,22 +172,50 @@ def decide_sizing_path(
 
 
 # ------------------------------------------------------------------------- the inputs
+ATTENTION_KINDS = ("mha", "mla")
+
+
 @dataclass(frozen=True)
 class KVGeometry:
-    """One rank's KV layout: per layer one K and one V buffer of [slots, kv_heads, head_dim]."""
+    """One rank's KV layout.
+
+    MHA (and GQA): per layer one K and one V buffer of [slots, kv_heads, head_dim] / [.., v_head_dim].
+    MLA (multi-head latent attention, DeepSeek-V2/V3): per layer ONE buffer of [slots, 1, kv_lora_rank +
+    qk_rope_head_dim], the latent row every head's K and V are computed from; described here as one
+    "head" of that width and no V buffer (`KVGeometry.latent`), so the cell-size rule below is the same
+    for both: (K slot + V slot) x layers."""
 
     num_layers: int
     kv_heads: int
     head_dim: int
     v_head_dim: int
     dtype_bytes: int
+    attention: str = "mha"  # one of ATTENTION_KINDS
+
+    def __post_init__(self) -> None:
+        if self.attention not in ATTENTION_KINDS:
+            raise ValueError(f"attention kind must be one of {ATTENTION_KINDS}, got {self.attention!r}")
+        if self.attention == "mla" and (self.kv_heads != 1 or self.v_head_dim != 0):
+            raise ValueError("an MLA layout is one latent row per token and layer (kv_heads 1, no V buffer)")
+
+    @classmethod
+    def latent(cls, num_layers: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype_bytes: int) -> "KVGeometry":
+        """MLA's layout: kv_lora_rank + qk_rope_head_dim values per token and layer (576 for DeepSeek-V3),
+        the same on every tensor-parallel rank (the latent is shared by all heads)."""
+        return cls(num_layers, 1, kv_lora_rank + qk_rope_head_dim, 0, dtype_bytes, attention="mla")
+
+    @property
+    def is_mla(self) -> bool:
+        return self.attention == "mla"
 
     @property
     def k_slot_bytes(self) -> int:
+        """Bytes per token of one layer's K buffer (MLA: of its latent row)."""
         return self.kv_heads * self.head_dim * self.dtype_bytes
 
     @property
     def v_slot_bytes(self) -> int:
+        """Bytes per token of one layer's V buffer (MLA: 0, there is none)."""
         return self.kv_heads * self.v_head_dim * self.dtype_bytes
 
     @property
@@ -119,12 +225,13 @@ class KVGeometry:
 
     @property
     def cell_size_bytes(self) -> int:
-        """KV bytes per token over all layers: kv_heads * (head_dim + v_head_dim) * layers * dtype bytes."""
+        """KV bytes per token over all layers: MHA kv_heads * (head_dim + v_head_dim) * layers * dtype bytes;
+        MLA (kv_lora_rank + qk_rope_head_dim) * layers * dtype bytes."""
         return (self.k_slot_bytes + self.v_slot_bytes) * self.num_layers
 
     @property
     def num_buffers(self) -> int:
-        return 2 * self.num_layers
+        return self.num_layers if self.is_mla else 2 * self.num_layers
 
 
 @dataclass(frozen=True)
@@ -137,12 +244,7 @@ class MemoryReadings:
     kv: KVGeometry  # the largest rank's (uneven head splits: the first ranks hold more)
     page_size: int
     reservations_bytes: Mapping[str, int] = field(default_factory=dict)  # e.g. the KT prefill slot (largest rank)
-    # Filled in as start-up gets there.
-    graph_bytes: int = 0  # measured around CUDA-graph capture
-    captured_graph_max_bs: int = 0  # largest captured decode batch; 0 without graphs
-    vmm_granularity_bytes: Optional[int] = None  # post-capture: the VMM arena's physical granularity
-    free_after_capture_bytes: Optional[int] = None  # post-capture: after capture and the probe (MIN over ranks)
-    activation_peak_bytes: Optional[int] = None  # post-capture: measured worst-case eager forwards
+    vmm_granularity_bytes: Optional[int] = None  # post-capture: CUDA VMM's physical granularity on this device
 
     @property
     def reserved_bytes(self) -> int:
@@ -161,9 +263,18 @@ class MemoryReadings:
 
 
 @dataclass(frozen=True)
+class CaptureReadings:
+    """What start-up measured around and after CUDA-graph capture, taken once when capture is done."""
+
+    graph_bytes: int = 0  # measured around CUDA-graph capture
+    captured_graph_max_bs: int = 0  # largest captured decode batch; 0 without graphs
+    free_after_capture_bytes: Optional[int] = None  # post-capture: after capture and the probe (MIN over ranks)
+    activation_peak_bytes: Optional[int] = None  # post-capture: measured worst-case eager forwards
+
+
+@dataclass(frozen=True)
 class PoolArgs:
-    """The flags and model facts the sizing reads; from_server_args takes them from ServerArgs,
-    whose helpers (SGLang's names) hold the heuristics."""
+    """The flags and model facts the sizing reads, resolved once at start-up (configs/engine_config.py)."""
 
     mem_fraction_static: float
     static_mem_fraction_static: float  # what the static path would use (the post-capture comparison)
@@ -171,28 +282,16 @@ class PoolArgs:
     max_running_requests: Optional[int]
     context_len: int
     activation_reserve_bytes: int  # SGLang's generic activation reserve (pre_capture_activation_reserve_mb)
-    # Post-capture only: the reservations may be lent from the pool's tail instead of kept out of it
-    # (SGLANG_KT_ELASTIC_SLOT); needs every rank to hold the same KV heads (one tail size for all).
+    # Post-capture only: the reservations are lent from the pool's tail instead of kept out of it; needs
+    # every rank to hold the same KV heads (one tail size for all).
     lend_reservations: bool = False
-
-    @classmethod
-    def from_server_args(cls, sa: "ServerArgs", context_len: int, lend_reservations: bool = False) -> "PoolArgs":
-        return cls(
-            mem_fraction_static=sa.mem_fraction_static,
-            static_mem_fraction_static=sa.static_path_mem_fraction_static(),
-            max_total_tokens=sa.max_total_tokens,
-            max_running_requests=sa.max_running_requests,
-            context_len=context_len,
-            activation_reserve_bytes=int(sa.pre_capture_activation_reserve_mb() * MiB),
-            lend_reservations=lend_reservations,
-        )
 
 
 # ------------------------------------------------------------------------- the output
 @dataclass(frozen=True)
-class LendableTail:
-    """The pool's last `tokens` slots: whole pages, and whole VMM granules of every K and V buffer, so
-    their physical memory can leave the KV ranges (lent to the reservation) and come back."""
+class PrefillSlotTail:
+    """The pool's last `tokens` slots, lent to the KT prefill slot while a long prefill runs: whole pages, and
+    whole VMM granules of every K and V buffer, so their physical memory can leave the KV ranges and come back."""
 
     tokens: int
     bytes_per_buffer: int
@@ -210,7 +309,7 @@ class PoolSize:
     # Post-capture only: what the static path and SGLang's headroom rule give from the same readings.
     static_equivalent_tokens: Optional[int] = None
     sglang_rule_tokens: Optional[int] = None
-    lendable_tail: Optional[LendableTail] = None  # set when the reservations are lent from the pool
+    prefill_slot_tail: Optional[PrefillSlotTail] = None  # set when the reservations are lent from the pool
     reservation_rule: str = PERMANENT_RESERVATION
 
 
@@ -334,7 +433,7 @@ def _granule_tokens(budget_bytes: int, readings: MemoryReadings, bound: int) -> 
 
 
 def _post_capture_headroom(
-    readings: MemoryReadings, args: PoolArgs, max_running_requests: int
+    readings: MemoryReadings, capture: CaptureReadings, args: PoolArgs, max_running_requests: int
 ) -> tuple[int, int, str, tuple[str, ...]]:
     """(headroom kept, headroom by SGLang's rule alone, the rule applied, warnings).
 
@@ -343,7 +442,7 @@ def _post_capture_headroom(
     measured peak plus a margin replaces both guesses."""
     minimal = minimal_headroom_bytes(readings, args.mem_fraction_static)
     sglang_headroom, rule, warnings = minimal, STATIC_HEADROOM_RULE, ()
-    graph_bs, peak = readings.captured_graph_max_bs, readings.activation_peak_bytes
+    graph_bs, peak = capture.captured_graph_max_bs, capture.activation_peak_bytes
     if graph_bs < max_running_requests:
         floor = args.activation_reserve_bytes
         measured = "" if peak is None else f", the measured worst case needs {peak / MiB:.0f} MiB"
@@ -368,32 +467,34 @@ def whole_granule_tokens(readings: MemoryReadings) -> int:
 
 
 def can_lend_reservations(readings: MemoryReadings, args: PoolArgs) -> bool:
-    """Lending needs a reservation, one tail size for every buffer (K and V slots of one width) and the flag."""
-    return (
-        args.lend_reservations and readings.reserved_bytes > 0 and readings.kv.k_slot_bytes == readings.kv.v_slot_bytes
-    )
+    """Lending needs a reservation, one tail size for every buffer (K and V slots of one width, or MLA's latent
+    buffers, all alike) and every rank holding the same KV heads (PoolArgs.lend_reservations)."""
+    kv = readings.kv
+    return args.lend_reservations and readings.reserved_bytes > 0 and (kv.is_mla or kv.k_slot_bytes == kv.v_slot_bytes)
 
 
-def lendable_tail(readings: MemoryReadings) -> LendableTail:
+def smallest_prefill_slot_tail(readings: MemoryReadings) -> PrefillSlotTail:
     """The smallest tail of whole granule units whose memory, over all buffers, holds every reservation
-    (the lent slot packs its parameters without gaps: kt_ep_wrapper.SharedFullContext.over_memory)."""
+    (the lent slot packs its parameters without gaps: kt_prefill_slot.KTPrefillSlot._over_memory)."""
     unit = whole_granule_tokens(readings)
     unit_bytes = unit * readings.kv.widest_slot_bytes * readings.kv.num_buffers
     tokens = -(-readings.reserved_bytes // unit_bytes) * unit
-    return LendableTail(tokens=tokens, bytes_per_buffer=tokens * readings.kv.widest_slot_bytes)
+    return PrefillSlotTail(tokens=tokens, bytes_per_buffer=tokens * readings.kv.widest_slot_bytes)
 
 
-def post_capture_pool_size(readings: MemoryReadings, args: PoolArgs) -> PoolSize:
+def post_capture_pool_size(readings: MemoryReadings, capture: CaptureReadings, args: PoolArgs) -> PoolSize:
     """After capture: what is really free, minus the headroom and the reservations, plus the KV
     already backed, in whole granules per buffer, capped like the static path. When the reservations
-    can be lent (can_lend_reservations), they are not subtracted: the pool's last tokens (its lendable
+    can be lent (can_lend_reservations), they are not subtracted: the pool's last tokens (the prefill slot's
     tail, handed out last by the allocator) give them their memory while a long prefill needs it."""
-    if readings.free_after_capture_bytes is None:
+    if capture.free_after_capture_bytes is None:
         raise ValueError("post-capture sizing needs the free memory after capture")
     pool = virtual_pool(readings, args)  # the same bound and request table as before capture
-    free, reserved, mtt = readings.free_after_capture_bytes, readings.reserved_bytes, args.max_total_tokens
+    free, reserved, mtt = capture.free_after_capture_bytes, readings.reserved_bytes, args.max_total_tokens
     backed = readings.backed_before_capture_bytes
-    headroom, sglang_headroom, rule, warnings = _post_capture_headroom(readings, args, pool.max_running_requests)
+    headroom, sglang_headroom, rule, warnings = _post_capture_headroom(
+        readings, capture, args, pool.max_running_requests
+    )
     budget = free - headroom + backed
     lend = can_lend_reservations(readings, args)
     memory_tokens = _granule_tokens(budget - (0 if lend else reserved), readings, pool.memory_bound_tokens)
@@ -403,7 +504,7 @@ def post_capture_pool_size(readings: MemoryReadings, args: PoolArgs) -> PoolSize
         # Whole granule units end to end, so the tail starts and ends on a granule of every buffer.
         unit, page = whole_granule_tokens(readings), readings.page_size
         tokens = (capped.tokens + page) // unit * unit - page
-        tail = lendable_tail(readings)
+        tail = smallest_prefill_slot_tail(readings)
         if tokens - tail.tokens >= unit:  # lending beats keeping it out whenever the tail fits in the pool
             capped = dataclasses.replace(capped, tokens=tokens)
         else:
@@ -427,6 +528,6 @@ def post_capture_pool_size(readings: MemoryReadings, args: PoolArgs) -> PoolSize
         warnings=warnings + capped.warnings,
         static_equivalent_tokens=max(0, _static_sizing(readings, args.static_mem_fraction_static, mtt)[2].tokens),
         sglang_rule_tokens=max(0, _cap_and_align(sglang_tokens, readings.page_size, mtt).tokens),
-        lendable_tail=tail,
+        prefill_slot_tail=tail,
         reservation_rule=LENT_RESERVATION if tail is not None else PERMANENT_RESERVATION,
     )

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import logging
-from typing import Iterator, Tuple
+from typing import Iterator, Optional, Tuple
 
 import torch
 from torch import nn
 
+from sglang.srt.configs.kt_config import KTConfig
 from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.models.registry import get_model_class
 
@@ -29,10 +30,21 @@ def _weights(model_config: ModelConfig, load_format: str, device: str, seed: int
     return safetensors_weights_iterator(source.path)
 
 
-def get_model(model_config: ModelConfig, load_format: str, device: str, seed: int = 0, **model_kwargs) -> nn.Module:
+def build_model(model_config: ModelConfig, kt: Optional[KTConfig] = None) -> nn.Module:
+    """The model class for the architecture, built from the records it needs on the current default device
+    (empty: the weights come after). MoE models take the KT settings; dense ones the linear layers' format."""
     cls = get_model_class(model_config.architecture)
+    kwargs = {"kt": kt} if model_config.is_moe else {}
+    if model_config.quantization is not None:
+        kwargs["quantization"] = model_config.quantization
+    return cls(model_config.hf_config, model_config.dtype, max_position=model_config.context_len, **kwargs)
+
+
+def get_model(
+    model_config: ModelConfig, load_format: str, device: str, kt: Optional[KTConfig] = None, seed: int = 0
+) -> nn.Module:
     with torch.device(device):
-        model = cls(model_config.hf_config, model_config.dtype, max_position=model_config.context_len, **model_kwargs)
+        model = build_model(model_config, kt)
     weights = _weights(model_config, load_format, device, seed)
     quant = model_config.checkpoint_quantization
     if quant is not None:  # a native FP8 checkpoint: fp8 layers take its weights as they are, others dequantized

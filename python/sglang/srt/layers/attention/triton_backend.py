@@ -12,7 +12,6 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.environ import envs
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.layers.attention.triton_ops import (
     MIN_BLOCK_TOKENS,
@@ -41,6 +40,8 @@ class TritonMetadata:
 # parallelism (bs * heads programs fill the GPU), so splits are capped to keep the scratch bounded
 # (<= this many rows x splits): ~67 MB for 32 heads of 128, whatever the batch size.
 SPLIT_SCRATCH_ROWS = 4096
+# Upper bound on split-KV chunks per request in the decode kernel (16: tune_decode_attention.py).
+MAX_KV_SPLITS = 16
 
 
 def fill_kv_indices(
@@ -72,7 +73,7 @@ class TritonAttnBackend(AttentionBackend):
         self.device = model_runner.device
         self.num_q_heads = mc.head_partition(model_runner.tp_size, model_runner.tp_rank).num_q_heads
         self.v_head_dim = mc.v_head_dim
-        self.max_kv_splits = envs.SGLANG_TRITON_DECODE_MAX_KV_SPLITS.get()
+        self.max_kv_splits = MAX_KV_SPLITS
         self.num_kv_heads = mc.get_num_kv_heads(model_runner.tp_size, model_runner.tp_rank)
         # Stage-1 programs per decode step scale with the SM count (decode_split_bounds).
         self.num_sms = (
@@ -245,3 +246,62 @@ class TritonAttnBackend(AttentionBackend):
             sliding_window=layer.sliding_window_size,
         )
         return o.view(n, -1)
+
+    def forward_mla(self, q_nope, q_rope, latent, k_rope, w_kv_b, layer, forward_batch) -> torch.Tensor:
+        """MLA on this backend's metadata (so decode also runs inside CUDA graphs). Decode: the triton latent
+        kernel (triton_ops/mla_decode.py, W_UK absorbed into the query, W_UV after). Extend: keys and values
+        decompressed through kv_b_proj (the prefix's from its cached rows), then the extend kernel."""
+        from sglang.srt.layers.attention.mla_torch import split_kv_b
+        from sglang.srt.layers.attention.triton_ops.mla_decode import mla_decode_fwd
+
+        fb = forward_batch
+        md, pool = fb.attn_metadata, fb.token_to_kv_pool
+        pool.set_mla_kv_buffer(layer.layer_id, fb.out_cache_loc, latent, k_rope)
+        w_uk, w_uv = split_kv_b(w_kv_b, layer.num_heads, layer.qk_nope_head_dim)
+        n = q_nope.shape[0]
+        if fb.forward_mode.is_decode():
+            q_latent = torch.einsum("bhn,hnc->bhc", q_nope, w_uk)  # W_UK absorbed into the query
+            context = mla_decode_fwd(
+                q_latent,
+                q_rope,
+                pool.get_key_buffer(layer.layer_id),
+                md.kv_indptr,
+                md.kv_indices,
+                layer.scaling,
+                num_kv_splits=mla_decode_splits(n),
+            )
+            return torch.einsum("bhc,hvc->bhv", context.to(q_nope.dtype), w_uv).reshape(n, -1)
+        k_new, v_new = _decompress(latent, k_rope, w_uk, w_uv)
+        prefix = pool.get_key_buffer(layer.layer_id)[md.kv_indices.long(), 0].to(q_nope.dtype)  # [P, kv_lora + rope]
+        k_prefix, v_prefix = _decompress(prefix[:, : layer.kv_lora_rank], prefix[:, layer.kv_lora_rank :], w_uk, w_uv)
+        o = torch.empty((n, layer.num_heads, layer.v_head_dim), dtype=q_nope.dtype, device=q_nope.device)
+        extend_attention_fwd(
+            torch.cat([q_nope, q_rope], dim=-1),
+            k_new,
+            v_new,
+            o,
+            k_prefix,
+            v_prefix,
+            md.qo_indptr,
+            md.kv_indptr,
+            torch.arange(prefix.shape[0], dtype=torch.int32, device=q_nope.device),  # the gathered prefix rows
+            md.max_len_extend,
+            layer.scaling,
+            is_causal=True,
+        )
+        return o.view(n, -1)
+
+
+def _decompress(latent: torch.Tensor, k_rope: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor):
+    """Latent rows [T, kv_lora] and their rotated keys [T, rope] -> every head's keys [T, H, nope + rope] and
+    values [T, H, v] (kv_b_proj; the rope part of the key is shared by all heads)."""
+    heads = w_uk.shape[0]
+    k_nope = torch.einsum("tc,hnc->thn", latent, w_uk)
+    k = torch.cat([k_nope, k_rope[:, None, :].expand(-1, heads, -1)], dim=-1)
+    return k, torch.einsum("tc,hvc->thv", latent, w_uv).contiguous()
+
+
+def mla_decode_splits(bs: int) -> int:
+    """Chunks per request for the MLA decode kernel: small batches get more (programs to fill the SMs), large
+    ones one. A function of the batch size alone, so a captured graph keeps its grid."""
+    return max(1, min(8, 64 // max(bs, 1)))

@@ -21,6 +21,26 @@ def moe_intermediate_partition(intermediate_size: int) -> tuple[int, int]:
     return shard_range(intermediate_size, get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank())
 
 
+def make_moe_layer(num_experts: int, hidden: int, inter: int, dtype: torch.dtype, method: str) -> torch.nn.Module:
+    """An empty module holding one MoE layer's expert parameters in `method`'s layout, on the current
+    default device: KT's CPU experts, the KT prefill slot and its meta-device sizing all come from here."""
+    layer = torch.nn.Module()
+    quant = get_moe_method(method)
+    quant.create_weights(layer, num_experts, hidden, inter, dtype)
+    layer.quant_method = quant
+    return layer
+
+
+def param_bytes(module: torch.nn.Module) -> int:
+    return sum(p.numel() * p.element_size() for p in module.parameters())
+
+
+def moe_layer_bytes(num_experts: int, hidden: int, inter: int, dtype: torch.dtype, method: str) -> int:
+    """Exact parameter bytes of one MoE layer in `method`'s layout: built on the meta device (allocates nothing)."""
+    with torch.device("meta"):
+        return param_bytes(make_moe_layer(num_experts, hidden, inter, dtype, method))
+
+
 def shard_expert_weight(weight: torch.Tensor, shard_id: str, inter_range: tuple[int, int]) -> torch.Tensor:
     """A checkpoint expert matrix cut to this rank: w1/w3 [I, H] by rows, w2 [H, I] by columns."""
     start, end = inter_range
@@ -123,9 +143,15 @@ class FusedMoE(torch.nn.Module):
         router_logits: torch.Tensor,
         is_prefill: bool = False,
         num_real_tokens: Optional[torch.Tensor] = None,
+        topk_output: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
     ) -> torch.Tensor:
-        """`is_prefill` and `num_real_tokens` only matter to the KT wrapper (same signature)."""
-        topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
+        """`is_prefill` and `num_real_tokens` only matter to the KT wrapper (same signature). `topk_output`
+        (weights, ids): a routing the model computed itself (DeepSeek's grouped top-k), else softmax top-k
+        of `router_logits`."""
+        if topk_output is not None:
+            topk_weights, topk_ids = topk_output
+        else:
+            topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
         return self.quant_method.apply(self, hidden_states, topk_weights, topk_ids)
 
     def extra_repr(self) -> str:

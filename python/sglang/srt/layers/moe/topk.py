@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Optional
+
 import torch
 
 
@@ -17,3 +20,60 @@ def select_experts(router_logits: torch.Tensor, top_k: int, renormalize: bool) -
     if renormalize:
         topk_weights = topk_weights / topk_weights.sum(dim=-1, keepdim=True)
     return topk_weights, topk_ids.to(torch.int32)
+
+
+# DeepSeek routing (transformers' DeepseekV2TopkRouter / DeepseekV3TopkRouter compute the same):
+#   V2 "greedy"               softmax scores, top-k of all experts
+#   V2 "group_limited_greedy" softmax scores, groups ranked by their best expert, top-k inside the best groups
+#   V3 "noaux_tc"             sigmoid scores; the choice ranks scores + e_score_correction_bias, groups by the sum
+#                             of their two best; the weights are the scores without the bias
+# then optionally renormalised (norm_topk_prob, V3), and always times routed_scaling_factor.
+GROUPED_TOPK_METHODS = ("greedy", "group_limited_greedy", "noaux_tc")
+
+
+@dataclass(frozen=True)
+class GroupedTopKConfig:
+    top_k: int
+    topk_method: str  # one of GROUPED_TOPK_METHODS
+    n_group: int = 1
+    topk_group: int = 1
+    renormalize: bool = False
+    routed_scaling_factor: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.topk_method not in GROUPED_TOPK_METHODS:
+            raise ValueError(f"topk_method must be one of {GROUPED_TOPK_METHODS}, got {self.topk_method!r}")
+
+
+def _keep_best_groups(choice: torch.Tensor, group_scores: torch.Tensor, topk_group: int, fill: float) -> torch.Tensor:
+    """`choice` [T, E] with every expert outside the `topk_group` best groups (by group_scores [T, G]) set to `fill`."""
+    t, n_group = group_scores.shape
+    best = torch.topk(group_scores, k=topk_group, dim=-1, sorted=False).indices
+    keep = torch.zeros_like(group_scores, dtype=torch.bool).scatter_(1, best, True)
+    keep = keep.unsqueeze(-1).expand(t, n_group, choice.shape[-1] // n_group).reshape(t, -1)
+    return choice.masked_fill(~keep, fill)
+
+
+def select_experts_grouped(
+    router_logits: torch.Tensor, config: GroupedTopKConfig, correction_bias: Optional[torch.Tensor] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """router_logits [T, E] -> (topk_weights fp32 [T, k], topk_ids int32 [T, k]), DeepSeek's routing (above).
+    Everything in fp32, as the reference computes its router."""
+    logits = router_logits.float()
+    t, experts = logits.shape
+    if config.topk_method == "noaux_tc":
+        scores = logits.sigmoid()
+        choice = scores if correction_bias is None else scores + correction_bias.float()
+        group_scores = choice.view(t, config.n_group, -1).topk(2, dim=-1).values.sum(dim=-1)
+        choice = _keep_best_groups(choice, group_scores, config.topk_group, float("-inf"))
+        ids = torch.topk(choice, k=config.top_k, dim=-1, sorted=False).indices
+        weights = scores.gather(1, ids)
+    else:
+        scores = logits.softmax(dim=-1)
+        if config.topk_method == "group_limited_greedy":
+            group_scores = scores.view(t, config.n_group, -1).max(dim=-1).values
+            scores = _keep_best_groups(scores, group_scores, config.topk_group, 0.0)
+        weights, ids = torch.topk(scores, k=config.top_k, dim=-1, sorted=False)
+    if config.renormalize:
+        weights = weights / (weights.sum(dim=-1, keepdim=True) + 1e-20)
+    return weights * config.routed_scaling_factor, ids.to(torch.int32)

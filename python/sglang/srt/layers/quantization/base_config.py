@@ -9,51 +9,19 @@ format through the small ``*_format`` hooks; the generic code here does the per-
 
 from __future__ import annotations
 
-import enum
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
+from sglang.srt.layers.moe.weight_format import MoEGemmWeight, WeightQuant
+
 # The two stacked matrices of every expert. w13 = [w1; w3] (gate rows then up rows), both [2I, H];
 # w2 is the down projection [H, I].
 W13 = "w13"
 W2 = "w2"
 SHARDS = ("w1", "w2", "w3")
-
-
-class WeightQuant(enum.IntEnum):
-    """How the fused-MoE GEMM kernel decodes a weight tile (a constexpr in the kernel)."""
-
-    NONE = 0  # weights already in a float dtype
-    FP8_BLOCK = 1  # float8_e4m3fn, fp32 scale per [GROUP_N x GROUP_K] block
-    INT8_CHANNEL = 2  # int8, fp32 scale per output row
-    INT4_GROUP = 3  # unsigned nibbles holding q + 8, two per byte along K, fp32 scale per K-group
-    MXFP4 = 4  # e2m1 nibbles two per byte along K, e8m0 (uint8) scale per 32 elements of K
-
-
-@dataclass(frozen=True)
-class MoEGemmWeight:
-    """One stacked expert weight as the triton kernel reads it: logically [E, N, K]."""
-
-    weight: torch.Tensor  # [E, N, K], or [E, N, K // 2] bytes for the nibble formats
-    scale: Optional[torch.Tensor]  # [E, ceil(N / group_n), ceil(K / group_k)] (INT8: [E, N])
-    quant: WeightQuant
-    group_n: int = 1
-    group_k: int = 1
-
-    @property
-    def packed(self) -> bool:
-        return self.quant in (WeightQuant.INT4_GROUP, WeightQuant.MXFP4)
-
-    @property
-    def n(self) -> int:
-        return self.weight.shape[1]
-
-    @property
-    def k(self) -> int:
-        return self.weight.shape[2] * (2 if self.packed else 1)
 
 
 @dataclass(frozen=True)

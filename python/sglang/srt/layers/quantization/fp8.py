@@ -6,11 +6,15 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase, ParamLayout, WeightQuant
+from sglang.srt.layers.moe.weight_format import WeightQuant
+from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase, ParamLayout
 from sglang.srt.layers.quantization.utils import cdiv, pad_to_multiple
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
+INV_FP8_MAX = 1.0 / FP8_MAX
+# The smallest scale: an all-zero row quantizes to zeros with it instead of dividing by zero.
+MIN_SCALE = 1e-12
 
 
 class Fp8FusedMoEMethod(FusedMoEMethodBase):

@@ -7,8 +7,7 @@ import triton
 import triton.language as tl
 
 from sglang.srt.layers.pdl import pdl_available, pdl_prologue
-from sglang.srt.layers.quantization.fp8 import FP8_DTYPE, FP8_MAX
-from sglang.srt.layers.quantization.fp8_linear import INV_FP8_MAX, MIN_SCALE
+from sglang.srt.layers.quantization.fp8 import FP8_DTYPE, FP8_MAX, INV_FP8_MAX, MIN_SCALE
 
 
 @triton.jit

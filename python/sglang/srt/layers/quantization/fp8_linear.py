@@ -17,11 +17,7 @@ from __future__ import annotations
 import torch
 
 from sglang.srt.layers.decode_gemm import CUBLAS_ONLY, GemmPlan, skinny_config
-from sglang.srt.layers.quantization.fp8 import FP8_DTYPE, FP8_MAX
-
-INV_FP8_MAX = 1.0 / FP8_MAX
-# The smallest scale: an all-zero row quantizes to zeros with it instead of dividing by zero.
-MIN_SCALE = 1e-12
+from sglang.srt.layers.quantization.fp8 import FP8_DTYPE, FP8_MAX, INV_FP8_MAX, MIN_SCALE
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

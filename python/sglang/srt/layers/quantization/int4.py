@@ -6,7 +6,8 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase, ParamLayout, WeightQuant
+from sglang.srt.layers.moe.weight_format import WeightQuant
+from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase, ParamLayout
 from sglang.srt.layers.quantization.utils import cdiv, expand_groups, group_last_dim, pack_nibbles, unpack_nibbles
 
 INT4_MAX = 7  # scale = group absmax / 7; codes use -8..7 so rounding at the edge never clips

@@ -6,7 +6,8 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase, ParamLayout, WeightQuant
+from sglang.srt.layers.moe.weight_format import WeightQuant
+from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase, ParamLayout
 
 INT8_MAX = 127  # symmetric: -128 is never produced, so negation cannot overflow
 

@@ -6,7 +6,8 @@ from typing import Optional
 
 import torch
 
-from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase, ParamLayout, WeightQuant
+from sglang.srt.layers.moe.weight_format import WeightQuant
+from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase, ParamLayout
 from sglang.srt.layers.quantization.utils import (
     E2M1_MAX,
     E8M0_BIAS,

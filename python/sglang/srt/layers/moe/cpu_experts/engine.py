@@ -14,7 +14,7 @@ On CUDA a step is stream-ordered and never waits on the host (it can be captured
     end:   a stream wait for the pool's "done" word (then cleared), or a host function that waits for the
            pool                                   <- the stream waits here
     the GPU reads the mixture from the pinned output (or copies it over)
-The doorbell (SGLANG_KT_CPU_DOORBELL, on where a self-test passes) never hands the stream to the host: on
+The doorbell (on where a self-test passes; `doorbell=False` forces host functions) never hands the stream to the host: on
 the H200 a step with nothing to compute costs 53 us per layer this way, 90 with host functions
 (benchmark/kt_decode/probe_doorbell.py).
 A decode graph is padded to its captured batch size; the real token count is copied from the device
@@ -114,12 +114,12 @@ class CpuExpertsEngine:
         capacity: int,
         pin_memory: bool,
         spin_us: int,
-        zero_copy: bool = True,
         int8_activations: bool = False,
         doorbell: bool = False,
     ) -> None:
         """`int8_activations`: INT8 layers quantize their activations to int8 (one scale per token, and per
-        pair for down_proj) and use int8 dot products where the CPU has AVX512-VNNI (SGLANG_KT_CPU_INT8_ACTIVATIONS).
+        pair for down_proj) and use int8 dot products where the CPU has AVX512-VNNI (KT models: always; tests and
+        benchmarks compare with fp32 activations).
         `doorbell` (CUDA models): stream steps hand over through stream memory operations on pinned words
         where a self-test passes, else through host functions; `self.handover` says which."""
         self.lib = load_kernel_library()
@@ -136,7 +136,7 @@ class CpuExpertsEngine:
         # CUDA tensors over the same pinned bytes: kernels read and write them in place, so a step needs no
         # copy nodes (each costs tens of microseconds in a graph). None: copy the block instead.
         self.device_inputs = self.device_out = None
-        if pin_memory and zero_copy:
+        if pin_memory:
             self.device_inputs, self.device_out = _mapped(self.inputs), _mapped(self.out)
             if self.device_inputs is None or self.device_out is None:
                 self.device_inputs = self.device_out = None

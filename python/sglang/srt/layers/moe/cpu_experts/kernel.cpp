@@ -398,7 +398,7 @@ constexpr bool kHaveBf16Dot = false;
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 constexpr bool kHaveInt8Dot = true;
 
-// The int8 path (INT8 experts, SGLANG_KT_CPU_INT8_ACTIVATIONS): each token's activations are quantized once
+// The int8 path (INT8 experts, KTConfig.cpu_int8_activations): each token's activations are quantized once
 // per step to int8 with one scale per token (max |x| / 127, round to nearest even), stored as unsigned bytes
 // q + 128, so that vpdpbusd (unsigned x signed bytes, 64 multiply-adds per instruction, exact int32 sums)
 // takes them against the stored int8 weights as they are: no decoding at all.

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from sglang.srt.layers.quantization.base_config import MoEGemmWeight, WeightQuant
+from sglang.srt.layers.moe.weight_format import MoEGemmWeight, WeightQuant
 
 # WeightQuant values as kernel-visible constants (triton only reads constexpr globals).
 _Q_FP8: tl.constexpr = tl.constexpr(int(WeightQuant.FP8_BLOCK))

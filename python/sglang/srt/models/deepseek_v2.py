@@ -1,0 +1,349 @@
+"""DeepSeek-V2 / V2-Lite and DeepSeek-V3 / R1 / Kimi-K2: multi-head latent attention (MLA) and DeepSeekMoE.
+
+Attention (transformers' DeepseekV2Attention / DeepseekV3Attention compute the same):
+    q = q_b_proj(q_a_layernorm(q_a_proj(x)))  (q_lora_rank set)  or  q_proj(x)        -> heads x (nope + rope)
+    [c_kv | k_rope] = kv_a_proj_with_mqa(x); c_kv = kv_a_layernorm(c_kv)                 -> the cached latent row
+    rotary on the rope parts (interleaved pairs: V2 always, V3 when rope_interleave), softmax scale
+    (nope + rope)^-0.5 times YaRN's mscale^2, keys/values of every head from kv_b_proj(c_kv), o_proj.
+The latent row is what the pool keeps (MLATokenToKVPool); layers/attention/mla_torch.py attends over it.
+
+MoE (layers from first_k_dense_replace on): a router (`mlp.gate`, fp32, V3 with e_score_correction_bias),
+routed experts (FusedMoE, or with the KT flags KTEPWrapperMethod: some on the model's device, the rest in the
+CPU kernels) chosen by layers/moe/topk.select_experts_grouped, plus shared experts (one dense MLP of
+moe_intermediate_size x n_shared_experts, always on the model's device) for every token. The V3 multi-token-prediction layer that
+checkpoints append (layer num_hidden_layers) is not part of the forward: skipped at load.
+
+Tensor parallelism splits the heads (uneven splits too) and every expert's intermediate dimension; the
+latent projections and the router are replicated.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Iterable, Iterator, Optional, Set, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PretrainedConfig
+
+from sglang.srt.configs.deepseek import DEEPSEEK_V3_ARCH, check_deepseek_config, mtp_layer_count
+from sglang.srt.configs.kt_config import KTConfig
+from sglang.srt.distributed import (
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    tensor_model_parallel_all_reduce,
+)
+from sglang.srt.distributed.partition import shard_range
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from sglang.srt.layers.mla_attention import MLAAttention
+from sglang.srt.layers.moe.kt_ep_wrapper import KTEPWrapperMethod, KTState, build_moe_experts
+from sglang.srt.layers.moe.kt_prefill_slot import KTPrefillSlot
+from sglang.srt.layers.moe.topk import GroupedTopKConfig, select_experts_grouped
+from sglang.srt.layers.rotary_embedding import _rope_parameters, get_rope
+from sglang.srt.model_loader.weight_loading import load_stacked_weights
+from sglang.srt.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
+
+logger = logging.getLogger(__name__)
+
+# transformers' DeepSeek RMSNorms of the latents (q_a_layernorm, kv_a_layernorm) use their default epsilon,
+# not the config's rms_norm_eps.
+LATENT_NORM_EPS = 1e-6
+
+
+def yarn_softmax_scale(config: PretrainedConfig, qk_head_dim: int) -> float:
+    """(nope + rope)^-0.5, times mscale^2 under a scaled rope with mscale_all_dim (DeepSeek-V3's YaRN):
+    mscale = 0.1 * mscale_all_dim * ln(factor) + 1 for factor > 1."""
+    scale = qk_head_dim**-0.5
+    params = _rope_parameters(config)
+    mscale_all_dim = params.get("mscale_all_dim") or 0
+    factor = params.get("factor") or 1.0
+    if params.get("rope_type", "default") != "default" and mscale_all_dim and factor > 1:
+        mscale = 0.1 * mscale_all_dim * math.log(factor) + 1.0
+        scale *= mscale * mscale
+    return scale
+
+
+def rope_is_interleaved(config: PretrainedConfig) -> bool:
+    """V2 always rotates interleaved pairs (complex form); V3 does unless rope_interleave is false."""
+    if (config.architectures or [""])[0] != DEEPSEEK_V3_ARCH:
+        return True
+    return bool(getattr(config, "rope_interleave", True))
+
+
+class HeadParallelLinear(ColumnParallelLinear):
+    """Column-parallel by whole heads of `head_size` outputs: this rank holds heads shard_range(num_heads)."""
+
+    def __init__(self, input_size: int, num_heads: int, head_size: int, params_dtype: torch.dtype) -> None:
+        self.total_heads, self.head_size = num_heads, head_size
+        super().__init__(input_size, num_heads * head_size, bias=False, params_dtype=params_dtype)
+
+    def _output_range(self, output_size: int) -> tuple[int, int]:
+        start, end = shard_range(self.total_heads, self.tp_size, self.tp_rank)
+        return start * self.head_size, end * self.head_size
+
+
+class DeepseekV2Attention(nn.Module):
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        layer_id: int,
+        dtype: torch.dtype,
+        max_position: int,
+        quantization: Optional[str] = None,
+    ) -> None:
+        super().__init__()
+        hidden = config.hidden_size
+        self.nope, self.rope = config.qk_nope_head_dim, config.qk_rope_head_dim
+        self.v_head_dim, self.kv_lora_rank = config.v_head_dim, config.kv_lora_rank
+        qk = self.nope + self.rope
+        start, end = shard_range(
+            config.num_attention_heads, get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
+        )
+        self.num_heads = end - start
+        self.q_lora_rank = config.q_lora_rank
+        if self.q_lora_rank is None:
+            self.q_proj = HeadParallelLinear(hidden, config.num_attention_heads, qk, dtype)
+        else:
+            self.q_a_proj = ReplicatedLinear(hidden, self.q_lora_rank, params_dtype=dtype)
+            self.q_a_layernorm = RMSNorm(self.q_lora_rank, eps=LATENT_NORM_EPS, params_dtype=dtype)
+            self.q_b_proj = HeadParallelLinear(self.q_lora_rank, config.num_attention_heads, qk, dtype)
+        self.kv_a_proj_with_mqa = ReplicatedLinear(hidden, self.kv_lora_rank + self.rope, params_dtype=dtype)
+        self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, eps=LATENT_NORM_EPS, params_dtype=dtype)
+        self.kv_b_proj = HeadParallelLinear(
+            self.kv_lora_rank, config.num_attention_heads, self.nope + self.v_head_dim, dtype
+        )
+        self.o_proj = RowParallelLinear(
+            config.num_attention_heads * self.v_head_dim,
+            hidden,
+            params_dtype=dtype,
+            input_range=(start * self.v_head_dim, end * self.v_head_dim),  # this rank's heads' values
+        )
+        self.rotary_emb = get_rope(config, self.rope, max_position, dtype, interleaved=rope_is_interleaved(config))
+        self.attn = MLAAttention(
+            self.num_heads,
+            self.nope,
+            self.rope,
+            self.v_head_dim,
+            self.kv_lora_rank,
+            yarn_softmax_scale(config, qk),
+            layer_id,
+        )
+
+    def attend(self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch) -> torch.Tensor:
+        """Everything up to o_proj: its input [T, heads * v] (the decoder runs o_proj with the residual add)."""
+        n = hidden_states.shape[0]
+        if self.q_lora_rank is None:
+            q = self.q_proj(hidden_states)
+        else:
+            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))
+        q = q.view(n, self.num_heads, self.nope + self.rope)
+        q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
+        latent, k_rope = self.kv_a_proj_with_mqa(hidden_states).split([self.kv_lora_rank, self.rope], dim=-1)
+        latent = self.kv_a_layernorm(latent.contiguous())  # a strided view of kv_a's output: the GPU norm wants rows
+        q_rope, k_rope = self.rotary_emb(positions, q_rope.reshape(n, -1), k_rope.contiguous())
+        q_rope = q_rope.view(n, self.num_heads, self.rope)
+        return self.attn(q_nope, q_rope, latent, k_rope, self.kv_b_proj.weight, forward_batch)
+
+
+class MoEGate(nn.Module):
+    """The router: fp32 logits from an fp32 weight (as the reference keeps it), V3's correction bias beside it."""
+
+    def __init__(self, hidden_size: int, num_experts: int, with_correction_bias: bool) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.empty(num_experts, hidden_size, dtype=torch.float32), requires_grad=False)
+        if with_correction_bias:
+            self.e_score_correction_bias = nn.Parameter(
+                torch.empty(num_experts, dtype=torch.float32), requires_grad=False
+            )
+        else:
+            self.register_parameter("e_score_correction_bias", None)
+
+    def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden_states.float(), self.weight)
+
+
+def routing_config(config: PretrainedConfig) -> GroupedTopKConfig:
+    """The routing a (checked) DeepSeek config asks for: V3 noaux_tc, V2 its topk_method."""
+    if (config.architectures or [""])[0] == DEEPSEEK_V3_ARCH:
+        return GroupedTopKConfig(
+            config.num_experts_per_tok,
+            "noaux_tc",
+            n_group=config.n_group,
+            topk_group=config.topk_group,
+            renormalize=bool(config.norm_topk_prob),
+            routed_scaling_factor=float(config.routed_scaling_factor),
+        )
+    method = getattr(config, "topk_method", None) or "greedy"
+    grouped = method == "group_limited_greedy"
+    return GroupedTopKConfig(
+        config.num_experts_per_tok,
+        method,
+        n_group=config.n_group if grouped else 1,
+        topk_group=config.topk_group if grouped else 1,
+        renormalize=False,
+        routed_scaling_factor=float(config.routed_scaling_factor),
+    )
+
+
+class DeepseekV2MoE(nn.Module):
+    def __init__(
+        self, config: PretrainedConfig, layer_id: int, dtype: torch.dtype, kt_state: Optional[KTState] = None
+    ) -> None:
+        """`kt_state`: the model's KT hybrid state (routed experts split between the model's device and the CPU
+        kernels, kt_ep_wrapper.py); the shared experts always stay on the model's device."""
+        super().__init__()
+        self.routing = routing_config(config)
+        self.gate = MoEGate(config.hidden_size, config.n_routed_experts, self.routing.topk_method == "noaux_tc")
+        self.experts = build_moe_experts(
+            num_experts=config.n_routed_experts,
+            top_k=config.num_experts_per_tok,
+            hidden_size=config.hidden_size,
+            intermediate_size=config.moe_intermediate_size,
+            params_dtype=dtype,
+            renormalize=False,  # the routing is computed here (topk_output)
+            layer_id=layer_id,
+            kt_state=kt_state,
+        )
+        shared = config.n_shared_experts or 0
+        self.shared_experts = (
+            LlamaMLP(config.hidden_size, config.moe_intermediate_size * shared, dtype) if shared else None
+        )
+
+    def forward(
+        self, hidden_states: torch.Tensor, is_prefill: bool = False, num_real_tokens: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        """`is_prefill`, `num_real_tokens`: what the KT wrapper reads (the full-GPU prefill path, graph padding)."""
+        logits = self.gate(hidden_states)
+        topk = select_experts_grouped(logits, self.routing, self.gate.e_score_correction_bias)
+        # Each rank holds a slice of every expert's intermediate dimension: partial sums, then all-reduce.
+        experts = self.experts(hidden_states, logits, is_prefill, num_real_tokens, topk_output=topk)
+        out = tensor_model_parallel_all_reduce(experts)
+        if self.shared_experts is not None:
+            shared = self.shared_experts
+            out = out + shared.down_proj(shared.gate_up_proj.silu_and_mul(hidden_states))
+        return out
+
+
+class DeepseekV2DecoderLayer(LlamaDecoderLayer):
+    attention_cls = DeepseekV2Attention
+
+    def make_mlp(
+        self,
+        config: PretrainedConfig,
+        layer_id: int,
+        dtype: torch.dtype,
+        quantization: Optional[str],
+        kt_state: Optional[KTState] = None,
+    ) -> nn.Module:
+        if layer_id >= (config.first_k_dense_replace or 0) and config.n_routed_experts:
+            return DeepseekV2MoE(config, layer_id, dtype, kt_state)
+        return LlamaMLP(config.hidden_size, config.intermediate_size, dtype)
+
+    def mlp_forward_add_norm(
+        self, hidden_states: torch.Tensor, residual: torch.Tensor, next_norm: RMSNorm, forward_batch
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(self.mlp, DeepseekV2MoE):
+            fb = forward_batch
+            return next_norm(self.mlp(hidden_states, fb.forward_mode.is_extend(), fb.num_real_tokens), residual)
+        return super().mlp_forward_add_norm(hidden_states, residual, next_norm, forward_batch)
+
+
+class DeepseekV2Model(LlamaModel):
+    layer_cls = DeepseekV2DecoderLayer
+
+
+class DeepseekV2ForCausalLM(LlamaForCausalLM):
+    model_cls = DeepseekV2Model
+    stacked_params_mapping = [
+        (".gate_up_proj", ".gate_proj", 0),
+        (".gate_up_proj", ".up_proj", 1),
+    ]
+
+    def __init__(
+        self,
+        config: PretrainedConfig,
+        dtype: torch.dtype,
+        max_position: Optional[int] = None,
+        quantization: Optional[str] = None,
+        kt: Optional[KTConfig] = None,
+    ) -> None:
+        check_deepseek_config(config)  # the refusals ModelConfig applies, for a model built directly
+        if quantization is not None:
+            raise ValueError(f"--quantization {quantization}: not supported for {type(self).__name__} (a MoE model)")
+        kt_state = KTState(kt) if kt is not None else None  # one per model, handed to every MoE layer
+        super().__init__(config, dtype, max_position, kt_state=kt_state)
+        self.kt_state = kt_state
+
+    def _load_expert(self, name: str, tensor: torch.Tensor, params: dict) -> Optional[str]:
+        if ".mlp.experts." not in name:
+            return None
+        prefix, rest = name.split(".mlp.experts.", 1)
+        expert_str, proj, kind = rest.split(".", 2)  # kind: "weight", or an FP8 checkpoint's "weight_scale_inv"
+        shard = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}[proj]
+        self.get_submodule(f"{prefix}.mlp.experts").weight_loader(kind, tensor, shard, int(expert_str))
+        return f"{prefix}.mlp.experts.{expert_str}.{proj}"
+
+    def _without_mtp_layers(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> Iterator[Tuple[str, torch.Tensor]]:
+        """The checkpoint's tensors less the multi-token-prediction layers (index >= num_hidden_layers)."""
+        first_mtp = self.config.num_hidden_layers
+        skipped = 0
+        for name, tensor in weights:
+            parts = name.split(".")
+            if len(parts) > 2 and parts[:2] == ["model", "layers"] and int(parts[2]) >= first_mtp:
+                skipped += 1
+                continue
+            yield name, tensor
+        if skipped or mtp_layer_count(self.config):
+            logger.info(
+                "Skipped the multi-token-prediction layer(s) from index %d (num_nextn_predict_layers=%d): "
+                "%d checkpoint tensors, not part of the forward",
+                first_mtp,
+                mtp_layer_count(self.config),
+                skipped,
+            )
+
+    def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> Set[str]:
+        if self.kt_state is not None and self.kt_state.config.weight_path:
+            weights = self._with_kt_experts(weights, self.kt_state.config.weight_path)
+        skip = ("rotary_emb.inv_freq",)
+        if getattr(self.config, "tie_word_embeddings", False):
+            skip += ("lm_head.weight",)
+        return load_stacked_weights(
+            self,
+            self._without_mtp_layers(weights),
+            self.stacked_params_mapping,
+            skip,
+            extra_loader=self._load_expert,
+            ignore_param=lambda n: ".mlp.experts." in n,
+        )
+
+    @staticmethod
+    def _with_kt_experts(weights, kt_weight_path: str):
+        """Routed experts from --kt-weight-path (HF-named safetensors, full precision), the rest from the model."""
+        from sglang.srt.model_loader.weight_utils import safetensors_weights_iterator
+
+        for name, tensor in weights:
+            if ".mlp.experts." not in name:
+                yield name, tensor
+        for name, tensor in safetensors_weights_iterator(kt_weight_path):
+            if ".mlp.experts." in name:
+                yield name, tensor
+
+    # ---- KT hybrid experts (the same contract as Qwen3-MoE's; see LlamaForCausalLM for the defaults)
+    def kt_prefill_slot(self) -> Optional[KTPrefillSlot]:
+        return None if self.kt_state is None else self.kt_state.prefill_slot
+
+    def finish_loading(self) -> None:
+        for module in self.modules():
+            if isinstance(module, KTEPWrapperMethod):
+                module.finish_loading()
+
+
+class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
+    """DeepSeek-V3 / R1 and Kimi-K2: V2's layers with noaux_tc routing (the config decides, see routing_config)."""
+
+
+EntryClass = [DeepseekV2ForCausalLM, DeepseekV3ForCausalLM]

@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# The one entry script of a GPU-machine run: named stages, run in the order given, each writing its full log
+# (<dir>/log) and its results under $OUT/<stage>/ (a repeated stage gets $OUT/<stage>.2/, ...).
+#
+#   bash scripts/device/run.sh STAGE [STAGE...]
+#   device call: run(command="bash scripts/device/run.sh gpu-tests roofline", carry=[".device"])
+#
+# Before the first run, here (needs the network): ../shared/device/stage.sh (the wheels the GPU machine lacks,
+# into .device/wheels), and for the serving stages python benchmark/serving/bench_serving_h200.py --prepare
+# (upstream's bench_serving wheel and SmolLM2's tokenizer, into .device/upstream).
+#
+# before:STAGE runs STAGE in the tree of an earlier commit, unpacked from .device/before.tar, made here with
+#   git archive <commit> -o .device/before.tar python benchmark scripts test
+# (output under $OUT/before/STAGE/). The same rows on both trees in one call, e.g. the KV sizing check:
+#   bash scripts/device/run.sh before:kv-sizing-1 kv-sizing-1     then, in a second call, ...-2 (10 minutes a call)
+#
+# Stages (the folder under benchmark/ whose README cites each):
+#   gpu-tests           python3 test/run_suite.py --suite per-commit-cuda [$SUITE_ARGS, passed to pytest]
+#   gpu-tests-2         the same, --suite per-commit-2-gpu (nvidia-h200-x2)
+#   kt-cpu-tests        the CPU expert kernel's tests on the GPU machine's host (AMX, 16 cores)
+#   kv-sizing           kv_sizing/: every single-GPU row of bench_kv_sizing.py's DEFAULT_PLAN
+#   kv-sizing-1         kv_sizing/: Llama-3.1-8B default and graph-bs-32+max-running-256, Qwen3-30B-A3B default
+#   kv-sizing-2         kv_sizing/: the other four rows (-1 and -2 each fit one call on both trees)
+#   kv-sizing-tp2       kv_sizing/: Llama-3.1-8B --tp-size 2 (nvidia-h200-x2)
+#   roofline            decode_roofline/: bench_decode_roofline.py --skip-hf
+#   roofline-fp8        fp8_linear/: the same with --quantization fp8
+#   profile-decode      decode_roofline/: profile_decode_step.py at batch 1, 64 and 256
+#   tune-gemm           decode_roofline/: tune_decode_gemms.py bf16, --silu, --fp8, --fp8 --silu (in that order:
+#                       --silu compares with the table's gate_up plan); the table lands in the package's configs/
+#                       on the device and in the stage's folder
+#   tune-attention      decode_roofline/: tune_decode_attention.py --focused
+#   kv-dtype            decode_roofline/: bench_kv_cache_dtype.py (bf16 / fp8 KV cache, decode attention alone)
+#   fp8-gemms           fp8_linear/: bench_fp8_gemms.py
+#   kt-decode           kt_decode/: bench_kt_decode.py --methods BF16 INT8 --layers 12 48 --big-methods INT8
+#   kt-decode-int4-fp8  kt_decode/: bench_kt_decode.py --methods INT4 FP8 --batches 1 64
+#   kt-doorbell         kt_decode/: probe_doorbell.py (the CPU step's hand-over alone, by mechanism)
+#   kt-prefill          kt_prefill/: bench_kt_prefill.py
+#   kt-elastic          kt_elastic/: bench_kt_elastic.py
+#   serving             serving/: bench_serving_h200.py, post-capture, OpenAI client, concurrency 1 / 64 / 256
+#   serving-overlap     serving/: the same with overlap scheduling on and off (--disable-overlap-schedule)
+#   serving-paths       serving/: static vs post-capture KV sizing, --backend sglang
+#   serving-fp8         serving/ and fp8_linear/: concurrency 256, bf16 and --quantization fp8 servers
+#   serving-kv-fp8      serving/: concurrency 256, bf16 and --kv-cache-dtype fp8_e4m3 KV caches
+#   prefill-decode      serving/: bench_prefill_decode_overlap.py (a prefill chunk and decode steps at once)
+set -o pipefail
+
+STAGES="gpu-tests gpu-tests-2 kt-cpu-tests kv-sizing kv-sizing-1 kv-sizing-2 kv-sizing-tp2 roofline roofline-fp8
+profile-decode tune-gemm tune-attention kv-dtype fp8-gemms kt-decode kt-decode-int4-fp8 kt-doorbell kt-prefill
+kt-elastic serving serving-overlap serving-paths serving-fp8 serving-kv-fp8 prefill-decode"
+
+# What a stage runs, in the tree it is called from; $1 = the stage, $2 = its output folder.
+run_stage() {
+  local o=$2 serve="python3 benchmark/serving/bench_serving_h200.py --out-dir $2"
+  local oai="--paths post-capture --backend sglang-oai" c256="--concurrency 256 --num-prompts 512"
+  case $1 in
+    gpu-tests) python3 test/run_suite.py --suite per-commit-cuda $SUITE_ARGS ;;
+    gpu-tests-2) python3 test/run_suite.py --suite per-commit-2-gpu $SUITE_ARGS ;;
+    kt-cpu-tests)
+      echo "host: $(nproc) CPUs, $(lscpu | grep 'Model name' | sed 's/  */ /g'), $(g++ --version | head -1)"
+      lscpu | grep -o -E 'amx[a-z0-9_]*|avx512_bf16|avx512f ' | sort -u | tr '\n' ' '; echo
+      python3 -m pytest -q -rfEs --timeout 400 test/unit/layers/moe/test_cpu_experts_kernel.py ;;
+    kv-sizing) python3 benchmark/kv_sizing/bench_kv_sizing.py --out $o ;;
+    kv-sizing-1)
+      python3 benchmark/kv_sizing/bench_kv_sizing.py --out $o --shapes Llama-3.1-8B \
+        --flag-sets default graph-bs-32+max-running-256 &&
+        python3 benchmark/kv_sizing/bench_kv_sizing.py --out $o --append --shapes Qwen3-30B-A3B --flag-sets default ;;
+    kv-sizing-2)
+      python3 benchmark/kv_sizing/bench_kv_sizing.py --out $o --shapes Llama-3.1-8B --flag-sets max-running-256 &&
+        python3 benchmark/kv_sizing/bench_kv_sizing.py --out $o --append --shapes Qwen3-8B \
+          --flag-sets default graph-bs-32+max-running-256 &&
+        python3 benchmark/kv_sizing/bench_kv_sizing.py --out $o --append --shapes Qwen3-30B-A3B \
+          --flag-sets graph-bs-32+max-running-256 ;;
+    kv-sizing-tp2) python3 benchmark/kv_sizing/bench_kv_sizing.py --out $o --shapes Llama-3.1-8B --flag-sets tp-2 ;;
+    roofline) python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --out $o ;;
+    roofline-fp8) python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --quantization fp8 --out $o ;;
+    profile-decode) python3 benchmark/decode_roofline/profile_decode_step.py --batches 1 64 256 --top 12 ;;
+    tune-gemm)
+      local mode
+      for mode in "" --silu --fp8 "--fp8 --silu"; do
+        python3 benchmark/decode_roofline/tune_decode_gemms.py $mode \
+          --out $o/gemm_tuning$(echo $mode | sed 's/--/_/g; s/ //g') || return 1
+      done
+      cp python/sglang/srt/layers/decode_gemm/configs/NVIDIA_H200.json $o/ ;;
+    tune-attention) python3 benchmark/decode_roofline/tune_decode_attention.py --focused --out $o ;;
+    kv-dtype) python3 benchmark/decode_roofline/bench_kv_cache_dtype.py --out $o ;;
+    fp8-gemms) python3 benchmark/fp8_linear/bench_fp8_gemms.py --out $o ;;
+    kt-decode)
+      python3 benchmark/kt_decode/bench_kt_decode.py --methods BF16 INT8 --layers 12 48 --big-methods INT8 --out $o ;;
+    kt-decode-int4-fp8) python3 benchmark/kt_decode/bench_kt_decode.py --methods INT4 FP8 --batches 1 64 --out $o ;;
+    kt-doorbell) timeout 180 python3 benchmark/kt_decode/probe_doorbell.py --out $o ;;
+    kt-prefill) python3 benchmark/kt_prefill/bench_kt_prefill.py --out $o ;;
+    kt-elastic) python3 benchmark/kt_elastic/bench_kt_elastic.py --out $o ;;
+    serving) $serve $oai --variants "overlap=" ;;
+    serving-overlap) $serve $oai --variants "overlap=" "no-overlap=--disable-overlap-schedule" ;;
+    serving-paths) $serve ;;
+    serving-fp8) $serve $oai $c256 --variants "bf16=" "fp8=--quantization fp8" ;;
+    serving-kv-fp8) $serve $oai $c256 --variants "bf16kv=" "fp8e4m3kv=--kv-cache-dtype fp8_e4m3" ;;
+    prefill-decode) python3 benchmark/serving/bench_prefill_decode_overlap.py --out $o ;;
+  esac
+}
+
+[ $# -gt 0 ] || { sed -n '2,/^set -o pipefail/p' "$0" | sed '$d'; exit 2; }
+for arg in "$@"; do  # check every name before any device time is spent
+  case " $(echo $STAGES) " in *" ${arg#before:} "*) ;; *) echo "unknown stage: $arg (stages: $STAGES)"; exit 2 ;; esac
+  [[ $arg != before:* ]] || [ -f .device/before.tar ] || { echo "$arg needs .device/before.tar"; exit 2; }
+  [[ $arg != *serving* ]] || [ -d .device/upstream ] || { echo "$arg needs .device/upstream (--prepare)"; exit 2; }
+done
+: "${OUT:?OUT (the folder whose files come back) is not set}"
+
+# The wheels the GPU machine lacks, our tree on the path (per stage, below), a triton cache kept while the
+# machine stays warm (ignored and not carried).
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+  .device/wheels/*.whl || exit 1
+export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=$PWD/.cache/triton
+here=$PWD failed=""
+for arg in "$@"; do
+  stage=${arg#before:} tree=$here name=$stage
+  if [[ $arg == before:* ]]; then
+    tree=/tmp/before name=before/$stage
+    if [ ! -d $tree ]; then
+      mkdir -p $tree && tar -xf .device/before.tar -C $tree && ln -s $here/.device $tree/.device || exit 1
+    fi
+  fi
+  o=$OUT/$name i=2
+  while [ -e "$o" ]; do o=$OUT/$name.$i i=$((i + 1)); done
+  mkdir -p "$o"
+  echo "== $arg $(date +%T) -> ${o#$OUT/}"
+  (cd $tree && export PYTHONPATH=/tmp/site:$tree/python && run_stage $stage $o) 2>&1 | tr '\r' '\n' | tee $o/log |
+    grep --line-buffered -vE 'it/s\]|s/it\]|Capturing|^\s*$'
+  rc=${PIPESTATUS[0]}
+  [ $rc = 0 ] || { failed="$failed $arg"; echo "== $arg failed (exit $rc)"; }
+done
+echo "== done $(date +%T)${failed:+; failed:$failed}"
+[ -z "$failed" ]

@@ -1,0 +1,192 @@
+"""DeepSeek-V2 and DeepSeek-V3 (MLA + DeepSeekMoE) against transformers on tiny random checkpoints that
+transformers wrote (python/sglang/test/tiny_deepseek.py: V2 with q_lora_rank null and greedy top-k; V3 with
+q_lora_rank, n_group/topk_group, a non-zero correction bias, routed_scaling_factor 2.5 and YaRN), fp32 on the CPU:
+
+- greedy tokens identical and logprobs within the usual tolerance, through the in-process scheduler, with the
+  latent KV pool (one row of kv_lora_rank + qk_rope_head_dim per token and layer);
+- chunked prefill and radix-cache hits (extends over a cached prefix) give the same tokens;
+- the triton backend's latent decode kernel (interpreter), KT hybrid experts (BF16 on the CPU kernels, the
+  full-GPU prefill slot over 16 tokens);
+- sglang.Engine with --tp-size 2 (heads and experts split over two gloo ranks) and `launch_server` too.
+"""
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=120, suite="per-commit-cpu")
+
+import random
+
+import pytest
+import requests
+import torch
+
+from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+from sglang.test.runners import greedy_params, hf_greedy, make_scheduler, run_scheduler
+from sglang.test.test_utils import kill_process_tree, popen_launch_server
+from sglang.test.tiny_deepseek import make_tiny_deepseek
+
+NEW_TOKENS = 12
+TOL = 2e-3  # test/registered/scheduler/test_logprobs.py's
+
+
+_BUILT: dict = {}
+
+
+def _build(version: str, tmp_path_factory):
+    """(version, checkpoint dir, transformers model, prompts, greedy reference), built once per module."""
+    if version not in _BUILT:
+        d, hf = make_tiny_deepseek(version, str(tmp_path_factory.mktemp(f"tiny_deepseek_{version}")), seed=3)
+        rng = random.Random(len(version))
+        prompts = [[rng.randrange(3, hf.config.vocab_size) for _ in range(n)] for n in (1, 6, 19, 41)]
+        _BUILT[version] = (version, d, hf, prompts, hf_greedy(hf, prompts, NEW_TOKENS))
+    return _BUILT[version]
+
+
+@pytest.fixture(scope="module", params=["v2", "v3"])
+def tiny(request, tmp_path_factory):
+    return _build(request.param, tmp_path_factory)
+
+
+@torch.no_grad()
+def _hf_logprobs(hf, prompt, tokens):
+    x = torch.tensor([prompt + tokens])
+    logp = torch.log_softmax(hf(x).logits[0].float(), -1)
+    pos = torch.arange(len(prompt) - 1, len(prompt) + len(tokens) - 1)
+    return logp[pos, torch.tensor(tokens)]
+
+
+def test_greedy_and_logprobs_match_transformers(tiny):
+    version, d, hf, prompts, ref = tiny
+    sched = make_scheduler(model_path=d, skip_tokenizer_init=True, max_total_tokens=2048, log_level="warning")
+    mr = sched.model_runner
+    assert type(mr.model).__name__ == hf.config.architectures[0]
+    pool = mr.token_to_kv_pool
+    assert isinstance(pool, MLATokenToKVPool)
+    cfg = hf.config
+    row = cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    assert [tuple(b.shape) for b in pool.buffers()] == [(2048 + 1, 1, row)] * cfg.num_hidden_layers
+    assert mr.kv_geometry.cell_size_bytes == cfg.num_hidden_layers * row * 4  # fp32 KV on the CPU
+    outs = run_scheduler(sched, prompts, greedy_params(NEW_TOKENS), return_logprob=True)
+    for prompt, out, r in zip(prompts, outs, ref):
+        assert out.output_ids == r, f"{version} prompt of {len(prompt)} tokens"
+        expected = _hf_logprobs(hf, prompt, r)
+        assert (torch.tensor(out.logprobs) - expected).abs().max().item() < TOL, version
+    # Not degenerate: different prompts, different continuations.
+    assert len({tuple(r) for r in ref}) == len(prompts) and all(len(set(r)) > 2 for r in ref)
+
+
+def test_chunked_prefill_and_cached_prefixes_match(tiny):
+    """Extends over a prefix already in the latent cache: a 16-token chunk size splits the long prompts, and a
+    second round of the same prompts starts from the radix cache."""
+    version, d, _, prompts, ref = tiny
+    sched = make_scheduler(
+        model_path=d, skip_tokenizer_init=True, max_total_tokens=2048, chunked_prefill_size=16, log_level="warning"
+    )
+    assert [o.output_ids for o in run_scheduler(sched, prompts, greedy_params(NEW_TOKENS))] == ref
+    again = run_scheduler(sched, prompts, greedy_params(NEW_TOKENS))
+    assert [o.output_ids for o in again] == ref
+    assert again[-1].cached_tokens > 0, "the second round should have reused the cached prefix"
+
+
+def test_fp8_latent_cache(tmp_path_factory):
+    """--kv-cache-dtype fp8_e4m3 for MLA: one byte per latent value (half the fp16/bf16 cell), and the model
+    stays close to transformers' fp32 (3 mantissa bits: first-token logprobs within 0.1)."""
+    _, d, hf, prompts, ref = _build("v3", tmp_path_factory)
+    sched = make_scheduler(
+        model_path=d, skip_tokenizer_init=True, max_total_tokens=2048, kv_cache_dtype="fp8_e4m3", log_level="warning"
+    )
+    pool, cfg = sched.model_runner.token_to_kv_pool, hf.config
+    row = cfg.kv_lora_rank + cfg.qk_rope_head_dim
+    assert all(b.dtype == torch.uint8 and b.shape[-1] == row for b in pool.buffers())
+    assert pool.get_key_buffer(0).dtype == torch.float8_e4m3fn
+    assert sched.model_runner.kv_geometry.cell_size_bytes == cfg.num_hidden_layers * row
+    outs = run_scheduler(sched, prompts, greedy_params(2), return_logprob=True)
+    for prompt, out in zip(prompts, outs):
+        expected = _hf_logprobs(hf, prompt, out.output_ids[:1])[0].item()
+        assert abs(out.logprobs[0] - expected) < 0.1
+    assert any(
+        abs(o.logprobs[0] - _hf_logprobs(hf, p, o.output_ids[:1])[0].item()) > 1e-4 for p, o in zip(prompts, outs)
+    )
+
+
+def test_triton_backend_decodes_through_the_latent_kernel(tmp_path_factory, monkeypatch):
+    """The triton backend's forward_mla (decode: triton_ops/mla_decode.py; extend: decompressed into the extend
+    kernel, over cached prefixes too: 16-token chunks), here in the interpreter on CPU tensors: the same tokens."""
+    import os
+
+    from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
+
+    if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
+        pytest.skip("triton kernels need TRITON_INTERPRET=1 or a GPU")
+    _, d, _, prompts, ref = _build("v3", tmp_path_factory)
+    sched = make_scheduler(
+        model_path=d, skip_tokenizer_init=True, max_total_tokens=2048, chunked_prefill_size=16, log_level="warning"
+    )
+    mr = sched.model_runner
+    mr.attn_backend = TritonAttnBackend(mr)
+    decodes = []
+    kernel_path = TritonAttnBackend.forward_mla
+
+    def counted(self, q_nope, q_rope, latent, k_rope, w_kv_b, layer, fb):
+        decodes.append(fb.forward_mode.is_decode())
+        return kernel_path(self, q_nope, q_rope, latent, k_rope, w_kv_b, layer, fb)
+
+    monkeypatch.setattr(TritonAttnBackend, "forward_mla", counted)
+    picked = [1, 3]  # 6 tokens, and 41 in chunks of 16 (extends over a cached prefix)
+    outs = run_scheduler(sched, [prompts[i] for i in picked], greedy_params(4))
+    assert [o.output_ids for o in outs] == [ref[i][:4] for i in picked]
+    layers = mr.model_config.num_hidden_layers
+    assert sum(decodes) >= 3 * layers and len(decodes) - sum(decodes) >= 3 * layers  # both kernels ran
+
+
+def test_kt_hybrid_experts_match_transformers(tmp_path_factory):
+    """KT on DeepSeekMoE (V3): routed experts split between the model's device and the CPU kernels (BF16), shared
+    experts on the device; prompts of >= 16 tokens take the full-GPU prefill path (one shared slot)."""
+    _, d, _, prompts, ref = _build("v3", tmp_path_factory)
+    sched = make_scheduler(
+        reuse_model=False,
+        model_path=d,
+        skip_tokenizer_init=True,
+        max_total_tokens=2048,
+        kt_method="BF16",
+        kt_num_gpu_experts=3,  # of 8: both expert homes in every layer
+        kt_gpu_prefill_token_threshold=16,
+        log_level="warning",
+    )
+    model = sched.model_runner.model
+    assert model.memory_reservations()["kt_full_gpu_prefill_slot"] > 0
+    assert [o.output_ids for o in run_scheduler(sched, prompts, greedy_params(NEW_TOKENS))] == ref
+    moe_layers = model.config.num_hidden_layers - model.config.first_k_dense_replace
+    assert len(model.kt_state.cpu_engine.layers) == moe_layers and model.kt_state.cpu_engine.stats().pairs > 0
+
+
+def test_engine_tp2_matches_transformers(tmp_path_factory):
+    """sglang.Engine (V3), two tensor-parallel ranks over gloo: each holds half the heads and of every expert."""
+    import sglang
+
+    _, d, _, prompts, ref = _build("v3", tmp_path_factory)
+    engine = sglang.Engine(
+        model_path=d, tp_size=2, device="cpu", skip_tokenizer_init=True, max_total_tokens=2048, log_level="warning"
+    )
+    try:
+        outs = engine.generate(input_ids=prompts, sampling_params=greedy_params(NEW_TOKENS))
+    finally:
+        engine.shutdown()
+    assert [o["output_ids"] for o in outs] == ref
+
+
+def test_launch_server_matches_transformers(tmp_path_factory):
+    """python -m sglang.launch_server (V2), /generate with input ids."""
+    _, d, _, prompts, ref = _build("v2", tmp_path_factory)
+    proc = popen_launch_server(["--model-path", d, "--skip-tokenizer-init", "--max-total-tokens", "2048"])
+    try:
+        for prompt, r in zip(prompts, ref):
+            resp = requests.post(
+                proc.base_url + "/generate",
+                json={"input_ids": prompt, "sampling_params": greedy_params(NEW_TOKENS)},
+                timeout=60,
+            )
+            assert resp.status_code == 200, resp.text
+            assert resp.json()["output_ids"] == r
+    finally:
+        kill_process_tree(proc.pid)

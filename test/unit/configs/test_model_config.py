@@ -1,0 +1,23 @@
+"""configs/model_config.py: the facts ModelConfig reads from HF configs of every family we run."""
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=4, suite="per-commit-cpu")
+
+import pytest
+from transformers import DeepseekV2Config, LlamaConfig, MixtralConfig, Qwen3MoeConfig
+
+from sglang.srt.configs.model_config import num_routed_experts
+
+
+@pytest.mark.parametrize(
+    "config, experts",
+    [
+        (DeepseekV2Config(n_routed_experts=64), 64),  # DeepSeek/GLM/Kimi: n_routed_experts
+        (MixtralConfig(num_local_experts=8), 8),  # Mixtral: num_local_experts
+        (Qwen3MoeConfig(num_experts=128), 128),  # Qwen-MoE: num_experts
+        (LlamaConfig(), 0),  # dense
+    ],
+)
+def test_num_routed_experts_reads_each_familys_field(config, experts):
+    assert num_routed_experts(config) == experts
