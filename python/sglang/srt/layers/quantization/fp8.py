@@ -12,6 +12,7 @@ from sglang.srt.layers.quantization.utils import cdiv, pad_to_multiple
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
+FP8_BLOCK = 128  # the edge of DeepSeek-style block scales (weights 128x128, activations 1x128)
 INV_FP8_MAX = 1.0 / FP8_MAX
 # The smallest scale: an all-zero row quantizes to zeros with it instead of dividing by zero.
 MIN_SCALE = 1e-12

@@ -7,8 +7,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.srt.layers.quantization.fp8 import FP8_BLOCK as GROUP
 from sglang.srt.layers.quantization.fp8 import FP8_DTYPE, FP8_MAX
-from sglang.srt.layers.quantization.fp8_block_linear import GROUP
 from sglang.srt.layers.quantization.fp8_linear import INV_FP8_MAX, MIN_SCALE
 from sglang.srt.layers.triton_loops import use_while_loops
 

@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import torch
 
-from sglang.srt.layers.quantization.fp8 import FP8_DTYPE, FP8_MAX
+from sglang.srt.layers.quantization.fp8 import FP8_BLOCK, FP8_DTYPE, FP8_MAX
 from sglang.srt.layers.quantization.fp8_linear import INV_FP8_MAX, MIN_SCALE
 
-GROUP = 128  # K columns per activation scale, and the weight's block edge
+GROUP = FP8_BLOCK  # K columns per activation scale, and the weight's block edge
 
 
 def quantize_groups_reference(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
