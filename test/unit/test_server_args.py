@@ -116,7 +116,9 @@ def test_quantization_is_refused_where_it_cannot_apply(tmp_path, capsys):
         config = json.load(f)
     prequantized = tmp_path / "prequantized"
     prequantized.mkdir()
-    (prequantized / "config.json").write_text(json.dumps({**config, "quantization_config": {"quant_method": "fp8"}}))
+    (prequantized / "config.json").write_text(
+        json.dumps({**config, "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}})
+    )
     with pytest.raises(ServerArgsError, match="--quantization fp8: the checkpoint is already quantized"):
         resolve(model_path=str(prequantized), device="cpu", load_format="dummy", quantization="fp8")
     # ModelConfig, built without ServerArgs (benchmarks, tests), makes the same checks.

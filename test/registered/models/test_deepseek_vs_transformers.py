@@ -154,7 +154,10 @@ def test_kt_hybrid_experts_match_transformers(tmp_path_factory):
         log_level="warning",
     )
     model = sched.model_runner.model
-    assert model.memory_reservations()["kt_full_gpu_prefill_slot"] > 0
+    assert (
+        model.kt_prefill_slot().nbytes > 0
+        and sched.model_runner.memory_plan.reservations_bytes["kt_full_gpu_prefill_slot"] > 0
+    )
     assert [o.output_ids for o in run_scheduler(sched, prompts, greedy_params(NEW_TOKENS))] == ref
     moe_layers = model.config.num_hidden_layers - model.config.first_k_dense_replace
     assert len(model.kt_state.cpu_engine.layers) == moe_layers and model.kt_state.cpu_engine.stats().pairs > 0

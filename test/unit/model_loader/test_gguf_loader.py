@@ -1,11 +1,12 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=12, suite="per-commit-cpu")
+register_cpu_ci(est_time=30, suite="per-commit-cpu")
 
 # GGUF loading: the Q/K un-permutation is the exact inverse of llama.cpp's convert-time permute,
 # names map to Hugging Face's, and a synthetic GGUF written the way llama.cpp writes one (permuted
 # Q/K, F32 and Q8_0 tensors) loads back into the original HF weights, as transformers also reads it.
 
+import math
 import os
 
 import gguf
@@ -80,6 +81,27 @@ def test_name_mapping(gguf_name, hf):
     assert hf_name(gguf_name) == hf
 
 
+def llama_cpp_rope_factors(config) -> np.ndarray:
+    """convert_hf_to_gguf.py's Llama-3.1 `rope_freqs.weight`: per rotary pair, the factor its base inverse
+    frequency is divided by (1 for short wavelengths, `factor` for long ones, a smooth blend between)."""
+    rope = config.rope_parameters
+    head_dim = config.hidden_size // config.num_attention_heads
+    freqs = 1.0 / (rope["rope_theta"] ** (np.arange(0, head_dim, 2, dtype=np.float32) / head_dim))
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old_ctx = rope["original_max_position_embeddings"]
+    out = []
+    for freq in freqs:
+        wavelen = 2 * math.pi / freq
+        if wavelen < old_ctx / high:
+            out.append(1.0)
+        elif wavelen > old_ctx / low:
+            out.append(factor)
+        else:
+            smooth = (old_ctx / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, dtype=np.float32)
+
+
 def _write_llama_gguf(hf_dir: str, path: str, quantize_mlp: bool) -> dict:
     """Write the tiny HF llama in `hf_dir` as llama.cpp's converter would; returns the HF state dict."""
     from safetensors.torch import load_file
@@ -99,6 +121,8 @@ def _write_llama_gguf(hf_dir: str, path: str, quantize_mlp: bool) -> dict:
     w.add_vocab_size(cfg.vocab_size)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+    if (cfg.rope_parameters or {}).get("rope_type") == "llama3":
+        w.add_tensor("rope_freqs.weight", llama_cpp_rope_factors(cfg))
     to_gguf = {
         v: k for k, v in {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}.items()
     }
@@ -218,3 +242,71 @@ def test_smollm2_gguf_config():
     names = {t.name for t in open_gguf(path).tensors}
     assert "output.weight" not in names and "blk.29.attn_q.weight" in names
     assert all(hf_name(n) is not None for n in names)
+
+
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 10000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 256,  # tiny head_dim 16: long, short and blended wavelengths all occur
+}
+
+
+@pytest.fixture(scope="module")
+def llama31_gguf(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("tiny_llama31"))
+    make_tiny_hf_model("llama", d, rope_parameters=LLAMA3_ROPE)
+    path = os.path.join(d, "tiny-llama31-f32.gguf")
+    _write_llama_gguf(d, path, quantize_mlp=False)
+    return d, path
+
+
+def test_rope_freqs_are_transformers_llama3_frequencies(llama31_gguf):
+    from transformers import AutoConfig
+
+    from sglang.srt.layers.rotary_embedding import compute_inv_freq
+
+    d, path = llama31_gguf
+    assert "rope_freqs.weight" in {t.name for t in open_gguf(path).tensors}
+    config = config_from_gguf(path)
+    factors = np.array(config.rope_freq_factors)
+    assert (factors == 1).any() and (factors == 8).any() and ((factors > 1) & (factors < 8)).any()
+    ours, our_scale = compute_inv_freq(config, 16)
+    ref, ref_scale = compute_inv_freq(AutoConfig.from_pretrained(d), 16)  # transformers' llama3 initialiser
+    torch.testing.assert_close(ours, ref, rtol=1e-6, atol=0)
+    assert our_scale == ref_scale == 1.0
+    plain, _ = compute_inv_freq(
+        AutoConfig.from_pretrained(d, rope_parameters={"rope_type": "default", "rope_theta": 1e4}), 16
+    )
+    assert not torch.allclose(ours, plain)  # the factors are not a no-op
+    assert "rope_freqs.weight" not in dict(gguf_weights_iterator(path, show_progress=False))
+
+
+def test_llama31_gguf_generates_like_transformers_llama3(llama31_gguf):
+    import random
+
+    from sglang.test.runners import greedy_params, hf_greedy, make_scheduler, run_scheduler
+
+    d, path = llama31_gguf
+    rng = random.Random(3)
+    prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in (4, 60, 200)]
+    ref = hf_greedy(d, prompts, 12)  # transformers on the HF directory: rope_type llama3
+    sched = make_scheduler(reuse_model=False, model_path=path, skip_tokenizer_init=True, max_total_tokens=2048)
+    outs = run_scheduler(sched, prompts, greedy_params(12))
+    assert [o.output_ids for o in outs] == ref
+
+
+def test_rotary_tables_are_not_shared_across_frequency_factors(llama31_gguf):
+    """get_rope shares one table per geometry: a GGUF's factors are part of it (a plain config of the same
+    rope_theta and head size built first must not hand its table to the Llama-3.1 one)."""
+    from sglang.srt.layers.rotary_embedding import get_rope
+
+    _, path = llama31_gguf
+    config = config_from_gguf(path)
+    plain = config_from_gguf(path)
+    plain.rope_freq_factors = None
+    first = get_rope(plain, 16, 64, torch.float32)
+    scaled = get_rope(config, 16, 64, torch.float32)
+    assert scaled is not first and not torch.equal(scaled.cos_cache, first.cos_cache)

@@ -10,7 +10,18 @@ from typing import Optional, Tuple
 import torch
 from transformers import AutoConfig, PretrainedConfig
 
-from sglang.srt.configs.deepseek import DEEPSEEK_V3_CONFIG_ALIASES, check_deepseek_config, uses_mla
+from sglang.srt.configs.deepseek import (
+    DEEPSEEK_V3_CONFIG_ALIASES,
+    UnsupportedModelError,
+    check_deepseek_config,
+    uses_mla,
+)
+from sglang.srt.configs.quantization_config import (
+    CheckpointQuantization,
+    UnsupportedQuantization,
+    checkpoint_quantization,
+    linear_weight_format,
+)
 from sglang.srt.distributed.partition import HeadPartition
 from sglang.srt.model_executor.pool_configurator import KVGeometry
 from sglang.srt.model_loader.model_source import ModelSource
@@ -109,6 +120,10 @@ def attention_kind(config: PretrainedConfig) -> str:
 def check_model_supported(config: PretrainedConfig) -> None:
     """Refuse, naming the field, a config we cannot run exactly (before any weight loads)."""
     check_deepseek_config(getattr(config, "text_config", None) or config)
+    try:  # the checkpoint's quantization_config: a format we run, or refused by name before any weight is read
+        checkpoint_quantization(config)
+    except UnsupportedQuantization as e:
+        raise UnsupportedModelError(str(e)) from e
 
 
 def load_hf_config(source: ModelSource) -> PretrainedConfig:
@@ -150,6 +165,7 @@ class ModelConfig:
     vocab_size: int
     eos_token_ids: Tuple[int, ...]
     quantization: Optional[str] = None  # --quantization: the dense linear layers' weight format
+    checkpoint_quantization: Optional[CheckpointQuantization] = None  # the checkpoint's own format
     # "mha" (K and V per KV head) or "mla" (one latent row per token; head_dim / v_head_dim are then the
     # query-key width qk_nope + qk_rope and the value width of each head after decompression).
     attention: str = "mha"
@@ -193,13 +209,16 @@ class ModelConfig:
         model_dtype = resolve_dtype(dtype, hf_config, device)
         if quantization is not None:
             check_online_quantization(quantization, hf_config, model_dtype, device)
+        checkpoint_format = checkpoint_quantization(hf_config)  # refuses a format we do not run
+        architecture = (hf_config.architectures or ["LlamaForCausalLM"])[0]
+        quantization = quantization or linear_weight_format(checkpoint_format, device, model_dtype, architecture)
         return cls(
             hf_config=hf_config,
             source=source,
             dtype=model_dtype,
             kv_cache_dtype=resolve_kv_dtype(kv_cache_dtype, model_dtype),
             context_len=context_length or derived_ctx,
-            architecture=(hf_config.architectures or ["LlamaForCausalLM"])[0],
+            architecture=architecture,
             num_hidden_layers=text.num_hidden_layers,
             hidden_size=text.hidden_size,
             num_attention_heads=text.num_attention_heads,
@@ -209,6 +228,7 @@ class ModelConfig:
             vocab_size=text.vocab_size,
             eos_token_ids=eos_ids,
             quantization=quantization,
+            checkpoint_quantization=checkpoint_format,
             attention=kind,
             **mla,
         )

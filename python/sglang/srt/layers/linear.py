@@ -7,6 +7,9 @@ checkpoint tensors in one parameter so one GEMM serves them; their loaders place
 With ``quantization="fp8"`` a layer stores its weight in float8_e4m3fn with one fp32 scale per output
 row (a buffer, ``weight_scale``): every loader hands whole rows to ``_load_rows``, which quantizes them as
 they arrive, so the full-precision weight never exists on the device (``quantization/fp8_linear.py``).
+A native FP8 checkpoint's layers keep its own fp8 weights and scales, never re-quantized: ``"fp8_channel"``
+(compressed-tensors: ``weight_scale`` [N, 1], a parameter; the same GEMM as ``"fp8"``) and ``"fp8_block"``
+(``weight_scale_inv`` per 128x128 block, ``quantization/fp8_block_linear.py``).
 """
 
 from __future__ import annotations
@@ -32,8 +35,14 @@ from sglang.srt.layers.decode_gemm import (
     linear_silu_and_mul,
     plan_for_shape,
 )
+from sglang.srt.layers.quantization.fp8_block_linear import GROUP as FP8_BLOCK
+from sglang.srt.layers.quantization.fp8_block_linear import fp8_block_linear
 from sglang.srt.layers.quantization.fp8_linear import FP8_DTYPE, fp8_linear, fp8_linear_silu_and_mul, quantize_rows
 from sglang.srt.server_args_cli import QUANTIZATIONS
+
+# Weight formats of a linear layer: --quantization's (online) and a native FP8 checkpoint's own.
+CHECKPOINT_FP8_FORMATS = ("fp8_channel", "fp8_block")
+LINEAR_FORMATS = (*QUANTIZATIONS, *CHECKPOINT_FP8_FORMATS)
 
 
 class LinearBase(nn.Module):
@@ -46,18 +55,29 @@ class LinearBase(nn.Module):
         quantization: Optional[str] = None,
     ) -> None:
         super().__init__()
-        if quantization not in (None, *QUANTIZATIONS):
-            raise ValueError(f"linear layers support quantization {QUANTIZATIONS} or none, got {quantization!r}")
+        if quantization not in (None, *LINEAR_FORMATS):
+            raise ValueError(f"linear layers support quantization {LINEAR_FORMATS} or none, got {quantization!r}")
+        self.quantization = quantization
         self.params_dtype = params_dtype or torch.get_default_dtype()  # activations and bias
-        weight_dtype = FP8_DTYPE if quantization == "fp8" else self.params_dtype
+        weight_dtype = FP8_DTYPE if quantization is not None else self.params_dtype
         self.weight = nn.Parameter(torch.empty(output_size, input_size, dtype=weight_dtype), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
-        # Derived at load time, never read from a checkpoint: a buffer, not a parameter.
-        self.register_buffer(
-            "weight_scale",
-            torch.ones(output_size, 1, dtype=torch.float32) if quantization == "fp8" else None,
-            persistent=False,
-        )
+        if quantization == "fp8_channel":  # the checkpoint's per-row scales: a parameter it fills
+            self.weight_scale = nn.Parameter(torch.ones(output_size, 1, dtype=torch.float32), requires_grad=False)
+            self.weight_scale.weight_loader = self.weight_loader
+        else:
+            # Online fp8: derived at load time, never read from a checkpoint: a buffer, not a parameter.
+            self.register_buffer(
+                "weight_scale",
+                torch.ones(output_size, 1, dtype=torch.float32) if quantization == "fp8" else None,
+                persistent=False,
+            )
+        if quantization == "fp8_block":
+            blocks = (-(-output_size // FP8_BLOCK), -(-input_size // FP8_BLOCK))
+            self.weight_scale_inv = nn.Parameter(torch.ones(blocks, dtype=torch.float32), requires_grad=False)
+            self.weight_scale_inv.weight_loader = self.weight_loader
+        else:
+            self.register_parameter("weight_scale_inv", None)
         if bias:
             self.bias = nn.Parameter(torch.empty(output_size, dtype=self.params_dtype), requires_grad=False)
             self.bias.weight_loader = self.weight_loader
@@ -68,14 +88,57 @@ class LinearBase(nn.Module):
 
     @property
     def is_fp8(self) -> bool:
+        """fp8 weights with one scale per output row (online or the checkpoint's): ``fp8_linear``."""
         return self.weight_scale is not None
 
+    @property
+    def is_block_fp8(self) -> bool:
+        """A block-fp8 checkpoint's weights and 128x128 scales: ``fp8_block_linear``."""
+        return self.weight_scale_inv is not None
+
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        self._load_rows(param, 0, loaded)
+        self._load_slice(param, 0, loaded, 0, self.weight.shape[0])
+
+    def _load_slice(
+        self, param: nn.Parameter, dst_row: int, loaded: torch.Tensor, src_start: int, size: int, dim: int = 0
+    ) -> None:
+        """``size`` rows (dim 0) or columns (dim 1, row-parallel) of a checkpoint tensor from ``src_start`` into
+        ``param`` at row ``dst_row``, where ``loaded`` is the weight, the bias, or a checkpoint scale of it: a
+        block scale is cut in 128-row/column blocks (shards must fall on block boundaries), a per-channel scale
+        (or a per-tensor one, repeated over the rows) by its rows."""
+        if param is self.weight_scale_inv:
+            b = FP8_BLOCK
+            blocks = -(-size // b)
+            whole_tail = size % b == 0 or src_start // b + blocks == loaded.shape[dim]
+            if dst_row % b or src_start % b or not whole_tail:
+                raise ValueError(
+                    f"block-fp8 layer {tuple(self.weight.shape)}: a shard of {size} rows/columns at {src_start} "
+                    f"(to row {dst_row}) does not fall on the checkpoint's {b}x{b} scale blocks"
+                )
+            src = loaded.narrow(dim, src_start // b, blocks)
+            _copy_checked(param.data.narrow(0, dst_row // b, src.shape[0]) if dim == 0 else param.data, src)
+            return
+        if self.quantization == "fp8_channel" and param is self.weight_scale:
+            scale = loaded.float().reshape(-1, 1)
+            rows = param.shape[0] if dim == 1 else size  # a row-parallel layer keeps every output row
+            if scale.shape[0] == 1:  # per tensor
+                scale = scale.expand(rows, 1)
+            elif dim == 0:
+                scale = scale.narrow(0, src_start, size)
+            _copy_checked(param.data.narrow(0, dst_row, rows), scale)
+            return
+        self._load_rows(param, dst_row, loaded.narrow(dim, src_start, size))
 
     def _load_rows(self, param: nn.Parameter, start: int, rows: torch.Tensor) -> None:
         """Rows ``start ..`` of ``param`` (weight or bias) from a checkpoint slice, quantized for an fp8 weight."""
         dst = param.data.narrow(0, start, min(rows.shape[0], param.shape[0] - start))
+        if param is self.weight and self.quantization in CHECKPOINT_FP8_FORMATS:
+            if rows.dtype != FP8_DTYPE:  # e.g. a module the quantization_config leaves unquantized
+                raise ValueError(
+                    f"a {self.quantization} layer takes the checkpoint's float8_e4m3fn weight, got {rows.dtype}"
+                )
+            _copy_checked(dst, rows.to(dst.device))
+            return
         if param is not self.weight or not self.is_fp8:
             _copy_checked(dst, rows)
             return
@@ -87,6 +150,8 @@ class LinearBase(nn.Module):
 
     def matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         """x @ weight^T (+ bias) through the GEMM this layer's plan picks for x's row count."""
+        if self.is_block_fp8:
+            return fp8_block_linear(x, self.weight, self.weight_scale_inv, bias)
         if self.is_fp8:
             return fp8_linear(x, self.weight, self.weight_scale, bias, self.gemm_plan)
         return linear(x, self.weight, bias, self.gemm_plan)
@@ -140,7 +205,7 @@ class ColumnParallelLinear(LinearBase):
         return shard_range(output_size, self.tp_size, self.tp_rank)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        self._load_rows(param, 0, loaded.narrow(0, self.output_start, param.shape[0]))
+        self._load_slice(param, 0, loaded, self.output_start, self.weight.shape[0])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.matmul(x, self.bias)
@@ -176,7 +241,9 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         for x's rows (the activation in the GEMM's epilogue), else the projection then the activation kernel."""
         if not self.is_gated_pair:
             raise ValueError(f"silu_and_mul needs two equal outputs, got {self.output_sizes}")
-        if self.is_fp8:
+        if self.is_block_fp8:
+            fused = None  # no fused epilogue for block scales: the GEMM, then the activation kernel
+        elif self.is_fp8:
             fused = fp8_linear_silu_and_mul(x, self.weight, self.weight_scale, self.bias, self.silu_plan)
         else:
             fused = linear_silu_and_mul(x, self.weight, self.bias, self.silu_plan)
@@ -194,7 +261,7 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
             raise ValueError("MergedColumnParallelLinear needs a shard id")
         start, end = self._shard(self.output_sizes[shard_id])
         offset = sum(self._shard(s)[1] - self._shard(s)[0] for s in self.output_sizes[:shard_id])
-        self._load_rows(param, offset, loaded.narrow(0, start, end - start))
+        self._load_slice(param, offset, loaded, start, end - start)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -244,7 +311,7 @@ class QKVParallelLinear(ColumnParallelLinear):
             src_start, size = self.heads.kv_start * d, self.kv_size
         else:
             raise ValueError(f"QKVParallelLinear shard id must be q, k or v, got {shard_id!r}")
-        self._load_rows(param, offset, loaded.narrow(0, src_start, size))
+        self._load_slice(param, offset, loaded, src_start, size)
 
 
 class RowParallelLinear(LinearBase):
@@ -270,10 +337,13 @@ class RowParallelLinear(LinearBase):
         super().__init__(self.input_size_per_partition, output_size, bias, params_dtype, quantization)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        if param.dim() == 1:  # bias: applied once, after the reduction
+        if param is self.bias:  # applied once, after the reduction
             _copy_checked(param.data, loaded)
             return
-        self._load_rows(param, 0, loaded.narrow(1, self.input_start, param.shape[1]))
+        if self.quantization == "fp8_channel" and param is self.weight_scale:  # per output row: not split
+            self._load_slice(param, 0, loaded, 0, self.weight.shape[0])
+            return
+        self._load_slice(param, 0, loaded, self.input_start, self.input_size_per_partition, dim=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.matmul(x, None)
@@ -290,7 +360,7 @@ class RowParallelLinear(LinearBase):
         written over ``residual``, as the norm kernel does), what the decoder does after o_proj and down.
         Where this layer's plan splits K for x's rows (one rank, no bias, bf16 weights), the add and the norm
         run in the GEMM's split-K sum kernel instead of a kernel of their own, with the same bits."""
-        if self.tp_size == 1 and self.bias is None and not self.is_fp8:
+        if self.tp_size == 1 and self.bias is None and self.quantization is None:
             normed = linear_add_rmsnorm(x, self.weight, self.gemm_plan, residual, norm.weight, norm.variance_epsilon)
             if normed is not None:
                 return normed, residual
@@ -302,7 +372,7 @@ def attach_gemm_plans(model: nn.Module, plans: Mapping[str, GemmPlan]) -> int:
     gate/up pair its SiLU-and-mul plan too; returns how many layers use the skinny kernel at some batch size."""
     attached = 0
     for module in model.modules():
-        if not isinstance(module, LinearBase):
+        if not isinstance(module, LinearBase) or module.is_block_fp8:  # block fp8 has its own GEMM
             continue
         module.gemm_plan = plan_for_shape(plans, *module.weight.shape, fp8=module.is_fp8)
         uses_skinny = module.gemm_plan.uses_skinny_kernel

@@ -17,7 +17,10 @@ class RadixAttention(nn.Module):
         v_head_dim: int = -1,
         logit_cap: float = 0.0,
         prefix: str = "",
+        sliding_window_size: int = -1,
     ) -> None:
+        """`sliding_window_size` > 0: each query attends only to the last that many keys, itself included
+        (transformers' Mistral window); -1: the whole context. Every backend honours it."""
         super().__init__()
         self.tp_q_head_num = num_heads
         self.tp_k_head_num = num_kv_heads
@@ -27,6 +30,7 @@ class RadixAttention(nn.Module):
         self.scaling = scaling
         self.layer_id = layer_id
         self.logit_cap = logit_cap
+        self.sliding_window_size = sliding_window_size
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, forward_batch, save_kv_cache: bool = True):
         return forward_batch.attn_backend.forward(q, k, v, self, forward_batch, save_kv_cache)

@@ -28,9 +28,20 @@ def _rope_parameters(config: PretrainedConfig) -> dict:
 def compute_inv_freq(config: PretrainedConfig, head_dim: int) -> Tuple[torch.Tensor, float]:
     params = _rope_parameters(config)
     rope_type = params.get("rope_type", "default")
+    # A GGUF's rope_freqs.weight (model_loader/gguf_config.py): per-pair factors dividing the base frequencies.
+    factors = getattr(config, "rope_freq_factors", None)
+    if factors is not None and rope_type != "default":
+        raise ValueError(f"rope_freq_factors with rope type {rope_type!r}: the factors are the whole scaling")
     if rope_type == "default":
         base = params["rope_theta"]
-        return 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim)), 1.0
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+        if factors is not None:
+            if len(factors) != inv_freq.shape[0]:
+                raise ValueError(
+                    f"rope_freq_factors has {len(factors)} entries, expected head_dim / 2 = {len(inv_freq)}"
+                )
+            inv_freq = inv_freq / torch.tensor(factors, dtype=torch.float)
+        return inv_freq, 1.0
     if rope_type not in ROPE_INIT_FUNCTIONS:
         raise ValueError(f"rope type {rope_type!r} is not supported")
     return ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
@@ -126,7 +137,9 @@ def get_rope(
 ) -> RotaryEmbedding:
     """One RotaryEmbedding per distinct geometry: its cos/sin tables (MBs at 128k context) are shared by all layers."""
     device = torch.empty(0).device  # honours the caller's `with torch.device(...)`
-    key = (head_dim, max_position, dtype, str(device), repr(sorted(_rope_parameters(config).items())), interleaved)
+    # Everything compute_inv_freq reads: the rope parameters and a GGUF's per-pair frequency factors.
+    rope = (repr(sorted(_rope_parameters(config).items())), getattr(config, "rope_freq_factors", None))
+    key = (head_dim, max_position, dtype, str(device), rope, interleaved)
     if key not in _ROPE_CACHE:
         _ROPE_CACHE[key] = RotaryEmbedding(config, head_dim, max_position, dtype, interleaved)
     return _ROPE_CACHE[key]

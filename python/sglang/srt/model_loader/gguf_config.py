@@ -67,4 +67,17 @@ def config_from_gguf(path: str) -> PretrainedConfig:
         )
     config = cls(**kwargs)
     config.gguf_architecture = arch
+    config.rope_freq_factors = _rope_freq_factors(reader)
     return config
+
+
+def _rope_freq_factors(reader: gguf.GGUFReader) -> Any:
+    """llama.cpp stores Llama-3.1+ rope scaling as `rope_freqs.weight`: one factor per rotary pair that divides
+    the base inverse frequency (its rope kernels compute theta = pos * base^(-2i/d) / factor[i]); the factors
+    encode transformers' llama3 rope_type. A tuple of floats (a handful: head_dim / 2), or None."""
+    for tensor in reader.tensors:
+        if tensor.name == "rope_freqs.weight":
+            if tensor.tensor_type != gguf.GGMLQuantizationType.F32:
+                raise ValueError(f"GGUF rope_freqs.weight of type {tensor.tensor_type.name}: expected F32")
+            return tuple(float(x) for x in tensor.data.reshape(-1))
+    return None

@@ -34,6 +34,7 @@ _BLOCK_NAMES = {
 }
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 _BLOCK_RE = re.compile(r"^blk\.(\d+)\.([a-z_]+)\.(weight|bias)$")
+ROPE_FREQS = "rope_freqs.weight"
 _EXPERT_STACKS = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 
 
@@ -65,6 +66,8 @@ def gguf_weights_iterator(path: str, show_progress: bool = True) -> Iterator[Tup
     config = config_from_gguf(path)
     permute = config.gguf_architecture == "llama"
     for tensor in tqdm(reader.tensors, desc="Loading GGUF weights", disable=not show_progress):
+        if tensor.name == ROPE_FREQS:
+            continue  # not a weight: config_from_gguf made it the rotary frequencies (config.rope_freq_factors)
         m = _BLOCK_RE.match(tensor.name)
         if m and m.group(2) in _EXPERT_STACKS:
             stacked = dequantize(tensor)  # [experts, out, in]

@@ -45,6 +45,20 @@ def get_model(
 ) -> nn.Module:
     with torch.device(device):
         model = build_model(model_config, kt)
-    model.load_weights(_weights(model_config, load_format, device, seed))
+    weights = _weights(model_config, load_format, device, seed)
+    quant = model_config.checkpoint_quantization
+    if quant is not None:  # a native FP8 checkpoint: fp8 layers take its weights as they are, others dequantized
+        from sglang.srt.model_loader.fp8_checkpoint import (
+            checkpoint_fp8_weights,
+            fp8_parameter_filter,
+            quantized_dummy_weights,
+        )
+
+        keep = fp8_parameter_filter(model, model.stacked_params_mapping, quant)
+        if load_format == "dummy":
+            weights = quantized_dummy_weights(weights, quant, keep)
+        else:
+            weights = checkpoint_fp8_weights(weights, quant, model_config.dtype, keep)
+    model.load_weights(weights)
     model.finish_loading()
     return model.eval()

@@ -281,9 +281,9 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
         if ".mlp.experts." not in name:
             return None
         prefix, rest = name.split(".mlp.experts.", 1)
-        expert_str, proj, _ = rest.split(".", 2)
+        expert_str, proj, kind = rest.split(".", 2)  # kind: "weight", or an FP8 checkpoint's "weight_scale_inv"
         shard = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}[proj]
-        self.get_submodule(f"{prefix}.mlp.experts").weight_loader(None, tensor, shard, int(expert_str))
+        self.get_submodule(f"{prefix}.mlp.experts").weight_loader(kind, tensor, shard, int(expert_str))
         return f"{prefix}.mlp.experts.{expert_str}.{proj}"
 
     def _without_mtp_layers(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> Iterator[Tuple[str, torch.Tensor]]:

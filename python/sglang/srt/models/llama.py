@@ -9,6 +9,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from sglang.srt.configs.model_config import attention_head_dim, total_num_kv_heads
+from sglang.srt.configs.sliding_window import layer_sliding_window
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
@@ -84,7 +85,12 @@ class LlamaAttention(nn.Module):
             self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps, params_dtype=dtype)
         self.rotary_emb = get_rope(config, self.head_dim, max_position, dtype)
         self.attn = RadixAttention(
-            self.num_heads, self.head_dim, self.head_dim**-0.5, self.num_kv_heads, layer_id=layer_id
+            self.num_heads,
+            self.head_dim,
+            self.head_dim**-0.5,
+            self.num_kv_heads,
+            layer_id=layer_id,
+            sliding_window_size=layer_sliding_window(config, layer_id),  # Mistral's window, honoured
         )
 
     def attend(self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch) -> torch.Tensor:

@@ -15,7 +15,7 @@ from transformers import PretrainedConfig
 from sglang.srt.configs.kt_config import KTConfig
 from sglang.srt.distributed import tensor_model_parallel_all_reduce
 from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.linear import ReplicatedLinear
+from sglang.srt.layers.linear import CHECKPOINT_FP8_FORMATS, ReplicatedLinear
 from sglang.srt.layers.moe.kt_ep_wrapper import KTEPWrapperMethod, KTState, build_moe_experts
 from sglang.srt.layers.moe.kt_prefill_slot import KTPrefillSlot
 from sglang.srt.model_loader.weight_loading import load_stacked_weights
@@ -34,7 +34,12 @@ def is_sparse_layer(config: PretrainedConfig, layer_id: int) -> bool:
 
 class Qwen3MoeSparseMoeBlock(nn.Module):
     def __init__(
-        self, config: PretrainedConfig, layer_id: int, dtype: torch.dtype, kt_state: Optional[KTState]
+        self,
+        config: PretrainedConfig,
+        layer_id: int,
+        dtype: torch.dtype,
+        kt_state: Optional[KTState],
+        experts_method: str = "BF16",
     ) -> None:
         super().__init__()
         self.gate = ReplicatedLinear(config.hidden_size, config.num_experts, bias=False, params_dtype=dtype)
@@ -47,6 +52,7 @@ class Qwen3MoeSparseMoeBlock(nn.Module):
             renormalize=bool(getattr(config, "norm_topk_prob", True)),
             layer_id=layer_id,
             kt_state=kt_state,
+            quant_method=experts_method,
         )
 
     def forward(
@@ -68,12 +74,15 @@ class Qwen3MoeDecoderLayer(LlamaDecoderLayer):
         quantization: Optional[str],
         kt_state: Optional[KTState] = None,
     ) -> nn.Module:
-        # ModelConfig refuses --quantization for MoE models: experts have formats of their own (--kt-method).
-        if quantization is not None:
+        # ModelConfig refuses --quantization for MoE models: experts have formats of their own (--kt-method). A
+        # native FP8 checkpoint's format (the GPU's) applies to every linear layer; its block-fp8 experts stay
+        # fp8 with the checkpoint's scales, per-channel ones arrive dequantized (the loader's choice).
+        if quantization not in (None, *CHECKPOINT_FP8_FORMATS):
             raise ValueError(f"quantization {quantization!r} of a MoE model's linear layers is not supported")
         if is_sparse_layer(config, layer_id):
-            return Qwen3MoeSparseMoeBlock(config, layer_id, dtype, kt_state)
-        return LlamaMLP(config.hidden_size, config.intermediate_size, dtype)
+            experts_method = "FP8" if quantization == "fp8_block" else "BF16"
+            return Qwen3MoeSparseMoeBlock(config, layer_id, dtype, kt_state, experts_method)
+        return LlamaMLP(config.hidden_size, config.intermediate_size, dtype, quantization=quantization)
 
     def mlp_forward_add_norm(
         self, hidden_states: torch.Tensor, residual: torch.Tensor, next_norm: RMSNorm, forward_batch
@@ -107,10 +116,10 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
         if ".mlp.experts." not in name:
             return None
         prefix, rest = name.split(".mlp.experts.", 1)
-        expert_str, proj, _ = rest.split(".", 2)
+        expert_str, proj, kind = rest.split(".", 2)  # kind: "weight", or an FP8 checkpoint's "weight_scale_inv"
         shard = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}[proj]
         experts = self.get_submodule(f"{prefix}.mlp.experts")
-        experts.weight_loader(None, tensor, shard, int(expert_str))
+        experts.weight_loader(kind, tensor, shard, int(expert_str))
         return f"{prefix}.mlp.experts.{expert_str}.{proj}"
 
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> Set[str]:

@@ -52,7 +52,11 @@ class TorchNativeAttnBackend(AttentionBackend):
         qh = q.view(bs, hkv, group, layer.qk_head_dim)
         scores = torch.einsum("bhgd,blhd->bhgl", qh, keys).float() * layer.scaling
         scores = _cap(scores, layer.logit_cap)
-        scores = scores.masked_fill(~md.valid[:, None, None, :], float("-inf"))
+        visible = md.valid
+        if layer.sliding_window_size > 0:  # the query (the last token) sees the last sliding_window_size keys
+            first = forward_batch.seq_lens[:, None] - layer.sliding_window_size
+            visible = visible & (torch.arange(visible.shape[1], device=visible.device)[None, :] >= first)
+        scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
         probs = torch.softmax(scores, dim=-1).to(q.dtype)
         probs = torch.nan_to_num(probs)  # an empty (padding) row has no valid slot
         # Padded positions point at slots this request never wrote (slot 0, stale rows): their
@@ -87,20 +91,26 @@ def _cap(scores: torch.Tensor, cap: float) -> torch.Tensor:
 
 
 def _causal_attention(q, k, v, prefix: int, layer) -> torch.Tensor:
-    """q [Hq, n, D] attends to k/v [Hkv, prefix + n, D]; new token i sees positions <= prefix + i."""
+    """q [Hq, n, D] attends to k/v [Hkv, prefix + n, D]; new token i sees positions <= prefix + i (and, with a
+    sliding window W, > prefix + i - W: transformers' Mistral window)."""
     group = q.shape[0] // k.shape[0]
     if group > 1:
         k = k.repeat_interleave(group, dim=0)
         v = v.repeat_interleave(group, dim=0)
     n, total = q.shape[1], k.shape[1]
+    window = layer.sliding_window_size
+
+    def full_mask() -> torch.Tensor:
+        mask = torch.ones(n, total, dtype=torch.bool, device=q.device).tril(diagonal=prefix)
+        return mask.triu(diagonal=prefix - window + 1) if window > 0 else mask
+
     if layer.logit_cap > 0:
         scores = _cap(torch.matmul(q, k.transpose(1, 2)).float() * layer.scaling, layer.logit_cap)
-        mask = torch.ones(n, total, dtype=torch.bool, device=q.device).tril(diagonal=prefix)
-        scores = scores.masked_fill(~mask, float("-inf"))
+        scores = scores.masked_fill(~full_mask(), float("-inf"))
         return torch.matmul(torch.softmax(scores, dim=-1).to(q.dtype), v)
     mask: Optional[torch.Tensor] = None
-    if prefix > 0:
-        mask = torch.ones(n, total, dtype=torch.bool, device=q.device).tril(diagonal=prefix)
+    if prefix > 0 or 0 < window < total:
+        mask = full_mask()
     return F.scaled_dot_product_attention(
         q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, is_causal=mask is None, scale=layer.scaling
     ).squeeze(0)

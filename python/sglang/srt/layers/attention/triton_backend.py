@@ -218,6 +218,7 @@ class TritonAttnBackend(AttentionBackend):
             layer.scaling,
             layer.logit_cap,
             self.kernel_config,
+            sliding_window=layer.sliding_window_size,
         )
         return o.view(bs, -1)
 
@@ -242,6 +243,7 @@ class TritonAttnBackend(AttentionBackend):
             layer.scaling,
             is_causal=True,
             logit_cap=layer.logit_cap,
+            sliding_window=layer.sliding_window_size,
         )
         return o.view(n, -1)
 

@@ -24,7 +24,12 @@ from torch import nn
 from sglang.srt.configs.kt_config import KTConfig
 from sglang.srt.layers.moe.cpu_experts import CpuExpertsEngine, CpuExpertsLayer
 from sglang.srt.layers.moe.kt_prefill_slot import KTPrefillSlot
-from sglang.srt.layers.moe.layer import FusedMoE, make_moe_layer, moe_intermediate_partition, shard_expert_weight
+from sglang.srt.layers.moe.layer import (
+    FusedMoE,
+    load_expert_from_checkpoint,
+    make_moe_layer,
+    moe_intermediate_partition,
+)
 from sglang.srt.layers.moe.topk import select_experts
 
 logger = logging.getLogger(__name__)
@@ -144,9 +149,12 @@ class KTEPWrapperMethod(nn.Module):
             self.gpu_experts.weight_loader(param, loaded_weight, shard_id, expert_id)  # slices itself
             return
         layer, idx = self.expert_home(expert_id)
-        layer.quant_method.load_expert(
-            layer, idx, shard_id, shard_expert_weight(loaded_weight, shard_id, self.inter_range)
-        )
+        load_expert_from_checkpoint(layer, layer.quant_method, self.inter_range, idx, shard_id, loaded_weight, param)
+
+    def takes_checkpoint_fp8(self) -> bool:
+        """--kt-method FP8 holds a native block-FP8 checkpoint's experts as they are, GPU and CPU ones alike:
+        the CPU kernel reads the checkpoint's own codes and scales, no BF16 round trip."""
+        return self.kt.method == "FP8"
 
     def finish_loading(self) -> None:
         """Pin the host experts when the full-GPU slot will copy them in (DMA), then hand them to the CPU
@@ -221,7 +229,10 @@ def build_moe_experts(
     renormalize: bool,
     layer_id: int,
     kt_state: Optional[KTState],
+    quant_method: str = "BF16",
 ) -> nn.Module:
+    """`quant_method`: the GPU experts' format without KT (a native block-FP8 checkpoint's: "FP8"); with KT,
+    --kt-method decides."""
     if kt_state is None:
         return FusedMoE(
             num_experts,
@@ -229,7 +240,7 @@ def build_moe_experts(
             hidden_size,
             intermediate_size,
             params_dtype,
-            "BF16",
+            quant_method,
             renormalize,
             prefix=f"layers.{layer_id}.mlp.experts",
         )

@@ -47,6 +47,32 @@ def shard_expert_weight(weight: torch.Tensor, shard_id: str, inter_range: tuple[
     return weight[start:end] if shard_id in ("w1", "w3") else weight[:, start:end]
 
 
+def load_expert_from_checkpoint(
+    layer: torch.nn.Module,
+    quant_method: FusedMoEMethodBase,
+    inter_range: tuple[int, int],
+    expert_id: int,
+    shard_id: str,
+    loaded: torch.Tensor,
+    kind,
+) -> None:
+    """One checkpoint matrix of one expert into `layer` (a FusedMoE, or a KT wrapper's CPU layer), cut to this
+    rank's `inter_range`: full precision goes through the method's quantizer; a native FP8 checkpoint's e4m3
+    codes and its block scale (`kind` "weight_scale_inv") are copied as they are, cut in 128-wide blocks."""
+    is_scale = isinstance(kind, str) and kind == "weight_scale_inv"
+    if is_scale or loaded.dtype == torch.float8_e4m3fn:
+        block = quant_method.scale_row_block
+        start, end = inter_range
+        if start % block:  # the method's check_sizes keeps each partition's width a multiple of the block
+            raise ValueError(f"expert partition {inter_range} does not fall on {block}-wide scale blocks")
+        cut = (start // block, -(-end // block)) if is_scale else inter_range
+        quant_method.load_expert_checkpoint_fp8(
+            layer, expert_id, shard_id, shard_expert_weight(loaded, shard_id, cut), is_scale
+        )
+        return
+    quant_method.load_expert(layer, expert_id, shard_id, shard_expert_weight(loaded, shard_id, inter_range))
+
+
 class FusedMoE(torch.nn.Module):
     """All experts of one MoE layer; the weight layout belongs to ``quant_method``.
 
@@ -100,10 +126,16 @@ class FusedMoE(torch.nn.Module):
         shard_id: str,
         expert_id: int,
     ) -> None:
-        """Load one checkpoint matrix (w1/w3: [I, H], w2: [H, I]); the method picks the target params."""
-        self.quant_method.load_expert(
-            self, expert_id, shard_id, shard_expert_weight(loaded_weight, shard_id, self.inter_range)
+        """Load one checkpoint matrix (w1/w3: [I, H], w2: [H, I]); the method picks the target params.
+        ``param_name_or_param`` "weight_scale_inv" (or an e4m3 ``loaded_weight``): a native FP8 checkpoint's
+        block scale (or codes), held as they are by a format with that layout (FP8)."""
+        load_expert_from_checkpoint(
+            self, self.quant_method, self.inter_range, expert_id, shard_id, loaded_weight, param_name_or_param
         )
+
+    def takes_checkpoint_fp8(self) -> bool:
+        """Whether a native block-FP8 checkpoint's experts are held as they are (codes and scales)."""
+        return self.quant_method.name == "FP8"
 
     def forward(
         self,

@@ -129,6 +129,11 @@ class FusedMoEMethodBase(ABC):
         expected = (rows.stop - rows.start, spec.matrix_shape(prefix)[1])
         if tuple(weight.shape) != expected:
             raise ValueError(f"{shard} of expert {expert_id}: expected shape {expected}, got {tuple(weight.shape)}")
+        if weight.dtype == torch.float8_e4m3fn:  # codes without their scale: quantizing them would be wrong
+            raise ValueError(
+                f"{shard} of expert {expert_id}: a float8 checkpoint weight reached the {self.name} format's "
+                "quantizer without its scale"
+            )
         qweight, scale = self.quantize(weight.to(torch.float32))
         getattr(layer, f"{prefix}_weight")[expert_id, rows].copy_(qweight)
         if scale is not None:
@@ -136,6 +141,13 @@ class FusedMoEMethodBase(ABC):
             b = self.scale_row_block
             srows = slice(rows.start // b, -(-rows.stop // b))
             getattr(layer, prefix + self.scale_suffix)[expert_id, srows].copy_(scale)
+
+    def load_expert_checkpoint_fp8(
+        self, layer: torch.nn.Module, expert_id: int, shard: str, tensor: torch.Tensor, is_scale: bool
+    ) -> None:
+        """One expert matrix of a native FP8 checkpoint as it is stored (e4m3 codes, or its block scale),
+        never re-quantized. Only a format storing that same layout can take it (FP8)."""
+        raise ValueError(f"the {self.name} MoE format cannot hold a native FP8 checkpoint's experts as they are")
 
     def copy_expert_from(
         self, dst_layer: torch.nn.Module, dst_expert: int, src_layer: torch.nn.Module, src_expert: int

@@ -12,6 +12,7 @@ from sglang.srt.layers.quantization.utils import cdiv, pad_to_multiple
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
+FP8_BLOCK = 128  # the edge of DeepSeek-style block scales (weights 128x128, activations 1x128)
 INV_FP8_MAX = 1.0 / FP8_MAX
 # The smallest scale: an all-zero row quantizes to zeros with it instead of dividing by zero.
 MIN_SCALE = 1e-12
@@ -64,6 +65,26 @@ class Fp8FusedMoEMethod(FusedMoEMethodBase):
         b = self.block
         full = scale.repeat_interleave(b, dim=0)[:rows].repeat_interleave(b, dim=1)[:, :cols]
         return (qweight.float() * full).to(dtype)
+
+    def load_expert_checkpoint_fp8(
+        self, layer: torch.nn.Module, expert_id: int, shard: str, tensor: torch.Tensor, is_scale: bool
+    ) -> None:
+        """The checkpoint's e4m3 rows (already this rank's slice) or its [rows/128, cols/128] scale_inv, copied."""
+        spec = layer.moe_weight_spec
+        prefix, rows = self._shard_target(spec, shard)
+        if is_scale:
+            b = self.block
+            target = getattr(layer, prefix + self.scale_suffix)[expert_id, rows.start // b : -(-rows.stop // b)]
+        else:
+            target = getattr(layer, f"{prefix}_weight")[expert_id, rows]
+            if tensor.dtype != FP8_DTYPE:
+                raise ValueError(f"{shard} of expert {expert_id}: expected float8_e4m3fn codes, got {tensor.dtype}")
+        if tuple(target.shape) != tuple(tensor.shape):
+            what = "scale" if is_scale else "weight"
+            raise ValueError(
+                f"{shard} {what} of expert {expert_id}: expected {tuple(target.shape)}, got {tuple(tensor.shape)}"
+            )
+        target.copy_(tensor)
 
     def kernel_quant(self) -> tuple[WeightQuant, int, int]:
         return WeightQuant.FP8_BLOCK, self.block, self.block

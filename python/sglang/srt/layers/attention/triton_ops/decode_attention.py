@@ -116,6 +116,7 @@ def _decode_grouped_stage1(
     Num_Kv_Splits,
     sm_scale,
     logit_cap,
+    sliding_window,
     stride_qb,
     stride_qh,
     stride_kb,
@@ -144,6 +145,7 @@ def _decode_grouped_stage1(
     DOT_DTYPE: tl.constexpr,
     KV_HEADS_ADJACENT: tl.constexpr,
     SINGLE_SPLIT_DIRECT: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
 ):
     pdl_prologue(PDL)
     if KV_HEADS_ADJACENT:
@@ -168,6 +170,10 @@ def _decode_grouped_stage1(
 
     kv_start = tl.load(Kv_Indptr + b)
     kv_len = tl.load(Kv_Indptr + b + 1) - kv_start
+    if USE_WINDOW:  # the query (the last token) sees only the last `sliding_window` keys: skip the rest
+        skipped = tl.maximum(kv_len - sliding_window, 0)
+        kv_start += skipped
+        kv_len -= skipped
     # Clamp to [1, grid size] so a bad split count can neither divide by 0 nor drop chunks.
     num_splits = tl.minimum(tl.maximum(tl.load(Num_Kv_Splits + b), 1), tl.num_programs(2))
     start, end = _split_range(kv_len, num_splits, split_id, SPLIT_ALIGN)
@@ -273,6 +279,7 @@ def _decode_stage2(
     O,  # noqa: E741 - the attention output, named as in the papers
     Kv_Indptr,
     Num_Kv_Splits,
+    sliding_window,
     stride_ab,
     stride_ah,
     stride_as,
@@ -287,6 +294,7 @@ def _decode_stage2(
     SPLIT_ALIGN: tl.constexpr,
     PDL: tl.constexpr,
     SINGLE_SPLIT_DIRECT: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
 ):
     """Merge request b / head h's chunks: their LSE-weighted sum. All chunks load as one
     [BLOCK_S, BLOCK_DV] tile (independent loads, one memory round trip, not one per chunk).
@@ -300,6 +308,8 @@ def _decode_stage2(
         offs_dv = tl.arange(0, BLOCK_DV)
         mask_dv = offs_dv < DV
         kv_len = tl.load(Kv_Indptr + b + 1) - tl.load(Kv_Indptr + b)
+        if USE_WINDOW:  # stage 1 split only the window's keys
+            kv_len = tl.minimum(kv_len, sliding_window)
         split_len = tl.cdiv(tl.cdiv(kv_len, num_splits), SPLIT_ALIGN) * SPLIT_ALIGN
         written = (offs_s < num_splits) & (offs_s * split_len < kv_len)  # the chunks stage 1 wrote
         lse = tl.load(Att_Lse + b * stride_lb + h * stride_lh + offs_s, mask=written, other=float("-inf"))
@@ -371,8 +381,12 @@ def decode_attention_fwd(
     sm_scale: float,
     logit_cap: float = 0.0,
     config: Optional[DecodeKernelConfig] = None,
+    sliding_window: int = -1,
 ) -> None:
     """Decode attention, one query token per request; writes ``o`` in place.
+
+    ``sliding_window`` > 0: each query attends only to its request's last ``sliding_window`` keys (its
+    own included), transformers' Mistral window; -1: the whole context.
 
     ``attn_logits [bs, Hq, max_kv_splits, Dv]`` and ``attn_lse [bs, Hq, max_kv_splits]`` (fp32)
     are scratch; ``num_kv_splits [bs]`` (int32, 1..max_kv_splits) is read on the device, so a
@@ -411,6 +425,7 @@ def decode_attention_fwd(
         num_kv_splits,
         float(sm_scale),
         float(logit_cap),
+        int(sliding_window),
         q.stride(0),
         q.stride(1),
         k_buffer.stride(0),
@@ -439,6 +454,7 @@ def decode_attention_fwd(
         DOT_DTYPE=_TL_DTYPES[dot_dtype(q.dtype, k_buffer.dtype, config.fp8_dots_in_fp16)],
         KV_HEADS_ADJACENT=config.kv_heads_adjacent,
         SINGLE_SPLIT_DIRECT=config.single_split_direct,
+        USE_WINDOW=sliding_window > 0,
         **extra,
     )
     if config.single_split_direct and max_kv_splits == 1:
@@ -450,6 +466,7 @@ def decode_attention_fwd(
         o,
         kv_indptr,
         num_kv_splits,
+        int(sliding_window),
         attn_logits.stride(0),
         attn_logits.stride(1),
         attn_logits.stride(2),
@@ -464,6 +481,7 @@ def decode_attention_fwd(
         SPLIT_ALIGN=config.block_n,
         PDL=pdl,
         SINGLE_SPLIT_DIRECT=config.single_split_direct,
+        USE_WINDOW=sliding_window > 0,
         **extra2,
     )
 

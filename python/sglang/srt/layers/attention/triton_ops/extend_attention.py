@@ -38,6 +38,7 @@ def _extend_fwd_kernel(
     Kv_Indices,
     sm_scale,
     logit_cap,
+    sliding_window,
     stride_qn,
     stride_qh,
     stride_ken,
@@ -60,6 +61,7 @@ def _extend_fwd_kernel(
     IS_CAUSAL: tl.constexpr,
     USE_CAP: tl.constexpr,
     WHILE_LOOPS: tl.constexpr,
+    USE_WINDOW: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -96,14 +98,24 @@ def _extend_fwd_kernel(
             ext_end = tl.minimum(ext_len, (m_blk + 1) * BLOCK_M)
         else:
             ext_end = ext_len
+        # With a window, new token m (position pre_len + m) sees keys at positions > pre_len + m - window:
+        # columns left of what the block's first row sees are skipped, the rest masked per row.
+        pre_lo = 0
+        ext_lo = 0
+        if USE_WINDOW:
+            pre_lo = tl.maximum(pre_len + m_blk * BLOCK_M - sliding_window + 1, 0)
+            ext_lo = tl.maximum(m_blk * BLOCK_M - sliding_window + 1, 0)
 
         # Loop bodies are written once per loop form (see triton_loops.use_while_loops):
         # 1) the cached prefix through the slot indirection, every valid column visible;
         # 2) the new tokens straight from k_extend / v_extend, causally masked.
         if WHILE_LOOPS:
-            n0 = 0
+            n0 = pre_lo
             while n0 < pre_len:
                 mask_n = n0 + offs_n < pre_len
+                mask_qk = mask_n[None, :]
+                if USE_WINDOW:
+                    mask_qk = mask_qk & (n0 + offs_n[None, :] > pre_len + offs_m[:, None] - sliding_window)
                 slot = tl.load(Kv_Indices + pre_start + n0 + offs_n, mask=mask_n, other=0)
                 acc, m_i, l_i = _attend_kv_block(
                     acc,
@@ -114,7 +126,7 @@ def _extend_fwd_kernel(
                     V_Buf,
                     slot.to(tl.int64),
                     mask_n,
-                    mask_n[None, :],
+                    mask_qk,
                     kv_head,
                     stride_kbn,
                     stride_kbh,
@@ -129,13 +141,15 @@ def _extend_fwd_kernel(
                     USE_CAP,
                 )
                 n0 += BLOCK_N
-            n0 = 0
+            n0 = ext_lo
             while n0 < ext_end:
                 cols = n0 + offs_n
                 mask_n = cols < ext_len
                 mask_qk = mask_n[None, :]
                 if IS_CAUSAL:
                     mask_qk = mask_qk & (offs_m[:, None] >= cols[None, :])
+                if USE_WINDOW:
+                    mask_qk = mask_qk & (cols[None, :] > offs_m[:, None] - sliding_window)
                 acc, m_i, l_i = _attend_kv_block(
                     acc,
                     m_i,
@@ -161,8 +175,11 @@ def _extend_fwd_kernel(
                 )
                 n0 += BLOCK_N
         else:
-            for n0 in range(0, pre_len, BLOCK_N):
+            for n0 in range(pre_lo, pre_len, BLOCK_N):
                 mask_n = n0 + offs_n < pre_len
+                mask_qk = mask_n[None, :]
+                if USE_WINDOW:
+                    mask_qk = mask_qk & (n0 + offs_n[None, :] > pre_len + offs_m[:, None] - sliding_window)
                 slot = tl.load(Kv_Indices + pre_start + n0 + offs_n, mask=mask_n, other=0)
                 acc, m_i, l_i = _attend_kv_block(
                     acc,
@@ -173,7 +190,7 @@ def _extend_fwd_kernel(
                     V_Buf,
                     slot.to(tl.int64),
                     mask_n,
-                    mask_n[None, :],
+                    mask_qk,
                     kv_head,
                     stride_kbn,
                     stride_kbh,
@@ -187,12 +204,14 @@ def _extend_fwd_kernel(
                     logit_cap,
                     USE_CAP,
                 )
-            for n0 in range(0, ext_end, BLOCK_N):
+            for n0 in range(ext_lo, ext_end, BLOCK_N):
                 cols = n0 + offs_n
                 mask_n = cols < ext_len
                 mask_qk = mask_n[None, :]
                 if IS_CAUSAL:
                     mask_qk = mask_qk & (offs_m[:, None] >= cols[None, :])
+                if USE_WINDOW:
+                    mask_qk = mask_qk & (cols[None, :] > offs_m[:, None] - sliding_window)
                 acc, m_i, l_i = _attend_kv_block(
                     acc,
                     m_i,
@@ -252,13 +271,16 @@ def extend_attention_fwd(
     sm_scale: float,
     is_causal: bool = True,
     logit_cap: float = 0.0,
+    sliding_window: int = -1,
 ) -> None:
     """Attention of the new tokens over (cached prefix + new tokens); writes ``o_extend`` in place.
 
     ``qo_indptr [bs+1]`` indexes rows of q/k/v/o_extend; ``kv_indptr [bs+1]``/``kv_indices`` give
     each request's prefix slots (prefix only, not the new tokens). ``max_len_extend`` must be
-    >= every request's new-token count: it sizes the grid.
+    >= every request's new-token count: it sizes the grid. ``sliding_window`` > 0 (causal only): a new token
+    at position p sees the keys at positions p - sliding_window + 1 .. p, transformers' Mistral window.
     """
+    assert sliding_window <= 0 or is_causal, "a sliding window is a causal mask"
     n, hq, d = q_extend.shape
     hkv = k_extend.shape[1]
     dv = v_extend.shape[-1]
@@ -285,6 +307,7 @@ def extend_attention_fwd(
         kv_indices,
         float(sm_scale),
         float(logit_cap),
+        int(sliding_window),
         q_extend.stride(0),
         q_extend.stride(1),
         k_extend.stride(0),
@@ -307,5 +330,6 @@ def extend_attention_fwd(
         IS_CAUSAL=bool(is_causal),
         USE_CAP=logit_cap > 0,
         WHILE_LOOPS=use_while_loops(q_extend),
+        USE_WINDOW=sliding_window > 0,
         **extra,
     )

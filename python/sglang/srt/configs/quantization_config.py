@@ -1,0 +1,183 @@
+"""The weight format a checkpoint declares in config.json's ``quantization_config``, read at start-up.
+
+A checkpoint we can run exactly parses into a frozen ``CheckpointQuantization``; anything else (AWQ, GPTQ,
+bitsandbytes, a compressed-tensors scheme we do not run, a method nobody knows) is a ValueError naming the
+method and listing what is supported, raised before any weight file is opened. Loading an unknown format
+as if it were full precision would answer wrongly without a word; refusing is the only honest choice.
+
+Supported (the native FP8 layouts of DeepSeek-V3/R1, Qwen3-*-FP8, GLM-4.5-FP8, MiniMax-M2, GLM-4.7-FP8):
+  * ``quant_method: fp8`` with ``weight_block_size: [128, 128]``: each quantized linear's ``weight`` is e4m3
+    with ``weight_scale_inv`` fp32 [ceil(out/128), ceil(in/128)], weight = q x scale_inv per block;
+  * ``quant_method: compressed-tensors``, ``format: float-quantized``, 8-bit float weights with one
+    ``weight_scale`` per output channel or per tensor (or per 128x128 block), weight = q x scale.
+Modules the config leaves unquantized (``modules_to_not_convert``, ``ignored_layers``, ``ignore``) are kept.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping, Optional, Tuple
+
+BLOCK = 128
+
+SUPPORTED = (
+    "fp8 (weight_block_size [128, 128], weight_scale_inv per block)",
+    "compressed-tensors (format float-quantized: 8-bit float weights, weight_scale per channel, per tensor "
+    "or per 128x128 block)",
+)
+
+
+class UnsupportedQuantization(ValueError):
+    """The checkpoint's quantization_config names a format this engine does not run."""
+
+
+def _refuse(what: str) -> UnsupportedQuantization:
+    return UnsupportedQuantization(
+        f"quantization_config: {what}; this engine runs checkpoints in full precision (bf16/fp16/fp32) or "
+        f"in one of: {'; '.join(SUPPORTED)}"
+    )
+
+
+@dataclass(frozen=True)
+class CheckpointQuantization:
+    """How a checkpoint's quantized linear layers are stored."""
+
+    method: str  # "fp8" or "compressed-tensors"
+    strategy: str  # "block" (128x128 scales), "channel" (one per output row) or "tensor" (one scalar)
+    scale_name: str  # the scale tensor's suffix beside each `weight`: "weight_scale_inv" or "weight_scale"
+    activation_scheme: str  # "dynamic" (quantized per call) or "static" (the checkpoint's input_scale)
+    ignored: Tuple[str, ...] = ()  # module names (or "re:" patterns) kept in full precision
+
+    @property
+    def param_scale_name(self) -> str:
+        """The scale's name on our layers: weight_scale_inv for blocks (layers/linear.py), else weight_scale."""
+        return "weight_scale_inv" if self.strategy == "block" else "weight_scale"
+
+    @property
+    def block_size(self) -> Optional[int]:
+        return BLOCK if self.strategy == "block" else None
+
+    def is_ignored(self, module: str) -> bool:
+        """True when the module named `module` (e.g. "model.layers.0.mlp.gate") stays in full precision."""
+        for entry in self.ignored:
+            if entry.startswith("re:"):
+                if re.fullmatch(entry[3:], module):
+                    return True
+            elif module == entry or module.endswith("." + entry) or module.startswith(entry + "."):
+                return True
+        return False
+
+
+def _block_size(value: Any) -> Optional[Tuple[int, ...]]:
+    return None if value is None else tuple(int(v) for v in value)
+
+
+def _parse_fp8(cfg: Mapping[str, Any]) -> CheckpointQuantization:
+    fmt = cfg.get("fmt", "e4m3")
+    if fmt != "e4m3":
+        raise _refuse(f"fp8 with fmt {fmt!r} is not supported (only e4m3)")
+    block = _block_size(cfg.get("weight_block_size"))
+    if block != (BLOCK, BLOCK):
+        raise _refuse(
+            f"fp8 with weight_block_size {list(block) if block else None} is not supported (only [128, 128]; "
+            "per-tensor fp8 checkpoints are not)"
+        )
+    scheme = cfg.get("activation_scheme", "dynamic")
+    if scheme != "dynamic":
+        raise _refuse(f"fp8 block-quantized with activation_scheme {scheme!r} is not supported (only dynamic)")
+    ignored = tuple(cfg.get("modules_to_not_convert") or ()) + tuple(cfg.get("ignored_layers") or ())
+    return CheckpointQuantization("fp8", "block", "weight_scale_inv", "dynamic", ignored)
+
+
+def _parse_compressed_tensors(cfg: Mapping[str, Any]) -> CheckpointQuantization:
+    fmt = cfg.get("format")
+    if fmt != "float-quantized":
+        raise _refuse(f"compressed-tensors with format {fmt!r} is not supported (only float-quantized)")
+    if cfg.get("kv_cache_scheme"):
+        raise _refuse("compressed-tensors with a kv_cache_scheme (fp8 KV scales) is not supported")
+    groups = dict(cfg.get("config_groups") or {})
+    if len(groups) != 1:
+        raise _refuse(f"compressed-tensors with {len(groups)} config_groups is not supported (exactly one)")
+    (group,) = groups.values()
+    if group.get("format", fmt) != "float-quantized":
+        raise _refuse(f"compressed-tensors group format {group.get('format')!r} is not supported")
+    weights = group.get("weights") or {}
+    if (weights.get("type"), weights.get("num_bits")) != ("float", 8):
+        raise _refuse(
+            f"compressed-tensors weights of type {weights.get('type')!r} with {weights.get('num_bits')} bits "
+            "are not supported (only 8-bit float)"
+        )
+    if weights.get("dynamic") or weights.get("symmetric") is False:
+        raise _refuse("compressed-tensors dynamic or asymmetric weight quantization is not supported")
+    strategy = weights.get("strategy")
+    if strategy == "block":
+        block = _block_size(weights.get("block_structure"))
+        if block != (BLOCK, BLOCK):
+            raise _refuse(f"compressed-tensors block_structure {block} is not supported (only [128, 128])")
+    elif strategy not in ("channel", "tensor"):
+        raise _refuse(f"compressed-tensors weight strategy {strategy!r} is not supported (channel, tensor, block)")
+    acts = group.get("input_activations") or {}
+    if acts and (acts.get("type"), acts.get("num_bits")) != ("float", 8):
+        raise _refuse("compressed-tensors input activations other than 8-bit float are not supported")
+    scheme = "static" if acts and not acts.get("dynamic", False) else "dynamic"
+    targets = tuple(group.get("targets") or ("Linear",))
+    if targets != ("Linear",):
+        raise _refuse(f"compressed-tensors targets {list(targets)} are not supported (only ['Linear'])")
+    return CheckpointQuantization(
+        "compressed-tensors", strategy, "weight_scale", scheme, tuple(cfg.get("ignore") or ())
+    )
+
+
+def parse_checkpoint_quantization(quantization_config: Optional[Mapping[str, Any]]) -> Optional[CheckpointQuantization]:
+    """None for a full-precision checkpoint (no quantization_config); the format for one we run; otherwise
+    UnsupportedQuantization naming the method. Reads only config.json's dict, never a weight."""
+    if not quantization_config:
+        return None
+    cfg = dict(quantization_config)
+    method = str(cfg.get("quant_method") or "").lower()
+    if method == "fp8":
+        return _parse_fp8(cfg)
+    if method == "compressed-tensors":
+        return _parse_compressed_tensors(cfg)
+    if not method:
+        raise _refuse("no quant_method given")
+    raise _refuse(f"quant_method {cfg.get('quant_method')!r} is not supported")
+
+
+def checkpoint_quantization(config: Any) -> Optional[CheckpointQuantization]:
+    """The checkpoint format declared by `config` (a transformers PretrainedConfig, or config.json's dict as
+    read from disk), looking into its text_config for multimodal wrappers; None for full precision;
+    UnsupportedQuantization where we cannot run it exactly."""
+
+    def field(obj: Any, name: str) -> Any:
+        return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+    text = field(config, "text_config") or {}
+    return parse_checkpoint_quantization(field(config, "quantization_config") or field(text, "quantization_config"))
+
+
+# The architectures whose model code builds its linear layers (and experts) in a native FP8 checkpoint's format;
+# the others' checkpoints are dequantized at load on every device.
+CHECKPOINT_FP8_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen3MoeForCausalLM",
+)
+
+
+def linear_weight_format(
+    quant: Optional[CheckpointQuantization], device: str, dtype: Any, architecture: str
+) -> Optional[str]:
+    """The linear layers' weight format for this checkpoint (layers/linear.py): on the GPU they keep the
+    checkpoint's fp8 ("fp8_block", or "fp8_channel" for per-channel/per-tensor scales; a MoE model's block-fp8
+    experts too, per-channel experts are dequantized); the CPU dequantizes at load (None)."""
+    if quant is None or device != "cuda" or architecture not in CHECKPOINT_FP8_ARCHITECTURES:
+        return None
+    if quant.strategy == "block":
+        return "fp8_block"
+    if str(dtype) != "torch.bfloat16":  # torch._scaled_mm's row-wise scales produce bf16 only
+        raise ValueError(f"a {quant.method} per-{quant.strategy} fp8 checkpoint on the GPU needs --dtype bfloat16")
+    return "fp8_channel"

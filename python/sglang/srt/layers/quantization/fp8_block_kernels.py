@@ -1,0 +1,231 @@
+"""The triton kernels of ``fp8_block_linear.py``: activations quantized per token and 128-column group, and the
+block-scaled fp8 GEMM (both checked against that module's torch reference)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from sglang.srt.layers.quantization.fp8 import FP8_BLOCK as GROUP
+from sglang.srt.layers.quantization.fp8 import FP8_DTYPE, FP8_MAX
+from sglang.srt.layers.quantization.fp8_linear import INV_FP8_MAX, MIN_SCALE
+from sglang.srt.layers.triton_loops import use_while_loops
+
+
+@triton.jit
+def _quantize_groups_kernel(
+    x_ptr,
+    q_ptr,
+    scale_ptr,
+    n_cols,
+    stride_x,
+    stride_q,
+    stride_s,
+    FP8_MAX_C: tl.constexpr,
+    INV_FP8_MAX_C: tl.constexpr,
+    MIN_SCALE_C: tl.constexpr,
+    GROUP_C: tl.constexpr,
+):
+    row = tl.program_id(0)
+    grp = tl.program_id(1)
+    cols = grp * GROUP_C + tl.arange(0, GROUP_C)
+    mask = cols < n_cols
+    x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0) * INV_FP8_MAX_C, MIN_SCALE_C)
+    q = tl.clamp(tl.math.div_rn(x, scale), -FP8_MAX_C, FP8_MAX_C)
+    tl.store(q_ptr + row * stride_q + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+    tl.store(scale_ptr + row * stride_s + grp, scale)
+
+
+def quantize_groups(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``quantize_groups_reference`` of a 2-D activation with contiguous rows, in one triton kernel."""
+    m, k = x.shape
+    q = torch.empty(m, k, device=x.device, dtype=FP8_DTYPE)
+    scale = torch.empty(m, triton.cdiv(k, GROUP), device=x.device, dtype=torch.float32)
+    if m:
+        _quantize_groups_kernel[(m, triton.cdiv(k, GROUP))](
+            x,
+            q,
+            scale,
+            k,
+            x.stride(0),
+            q.stride(0),
+            scale.stride(0),
+            FP8_MAX_C=FP8_MAX,
+            INV_FP8_MAX_C=INV_FP8_MAX,
+            MIN_SCALE_C=MIN_SCALE,
+            GROUP_C=GROUP,
+        )
+    return q, scale
+
+
+@triton.jit
+def _block_step(
+    acc,
+    a_rows,
+    b_rows,
+    a_scale_ptr,
+    b_scale_row,
+    offs_m,
+    offs_k,
+    mask_m,
+    mask_n,
+    K,
+    stride_asm,
+    kb,
+    BLOCK_K: tl.constexpr,
+):
+    """One 128-wide K block: the fp8 dot in fp32, times its activation scales (per row) and weight scale."""
+    cols = kb * BLOCK_K + offs_k
+    mask_k = cols < K
+    a = tl.load(a_rows + cols[None, :], mask=mask_m[:, None] & mask_k[None, :], other=0.0)
+    b = tl.load(b_rows + cols[:, None], mask=mask_n[None, :] & mask_k[:, None], other=0.0)
+    sa = tl.load(a_scale_ptr + offs_m * stride_asm + kb, mask=mask_m, other=0.0)
+    sb = tl.load(b_scale_row + kb)
+    return acc + tl.dot(a, b) * (sa[:, None] * sb)
+
+
+@triton.jit
+def _block_fp8_gemm_kernel(
+    a_ptr,
+    a_scale_ptr,
+    b_ptr,
+    b_scale_ptr,
+    bias_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    stride_am,
+    stride_asm,
+    stride_bn,
+    stride_bsn,
+    stride_cm,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
+    WHILE_LOOPS: tl.constexpr,
+):
+    """C[M, N] = block-scaled A[M, K] (fp8, scales [M, K/128]) x B[N, K]^T (fp8, scales [N/128, K/128]).
+    BLOCK_K is the 128-column scale group; BLOCK_N divides 128, so a tile of N has one weight scale per K step."""
+    pid = tl.program_id(0)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    # Grouped ordering: GROUP_M row tiles share each column tile while it is in L2.
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    size_m = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % size_m
+    pid_n = (pid % per_group) // size_m
+
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    mask_m = offs_m < M
+    mask_n = offs_n < N
+    a_rows = a_ptr + offs_m[:, None].to(tl.int64) * stride_am
+    b_rows = b_ptr + offs_n[None, :].to(tl.int64) * stride_bn
+    b_scale_row = b_scale_ptr + ((pid_n * BLOCK_N) // BLOCK_K) * stride_bsn
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    if WHILE_LOOPS:  # the interpreter (see triton_loops.use_while_loops)
+        kb = 0
+        while kb < tl.cdiv(K, BLOCK_K):
+            acc = _block_step(
+                acc,
+                a_rows,
+                b_rows,
+                a_scale_ptr,
+                b_scale_row,
+                offs_m,
+                offs_k,
+                mask_m,
+                mask_n,
+                K,
+                stride_asm,
+                kb,
+                BLOCK_K,
+            )
+            kb += 1
+    else:
+        for kb in range(0, tl.cdiv(K, BLOCK_K)):
+            acc = _block_step(
+                acc,
+                a_rows,
+                b_rows,
+                a_scale_ptr,
+                b_scale_row,
+                offs_m,
+                offs_k,
+                mask_m,
+                mask_n,
+                K,
+                stride_asm,
+                kb,
+                BLOCK_K,
+            )
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + offs_n, mask=mask_n, other=0.0).to(tl.float32)[None, :]
+    c = c_ptr + offs_m[:, None].to(tl.int64) * stride_cm + offs_n[None, :]
+    tl.store(c, acc.to(c_ptr.dtype.element_ty), mask=mask_m[:, None] & mask_n[None, :])
+
+
+def _gemm_config(m: int, on_gpu: bool) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages): small row tiles for decode batches, wide ones for prefill."""
+    if not on_gpu:
+        return 16, 32, 4, 1  # interpreter: small tiles keep numpy work low
+    if m <= 16:
+        return 16, 64, 4, 4
+    if m <= 64:
+        return 64, 128, 4, 3
+    return 128, 128, 8, 3
+
+
+def block_fp8_gemm(
+    qx: torch.Tensor,
+    x_scale: torch.Tensor,
+    qweight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_dtype: torch.dtype,
+) -> torch.Tensor:
+    """The block-scaled product of quantized operands (see the module docstring), one triton kernel."""
+    m, k = qx.shape
+    n = qweight.shape[0]
+    assert qweight.shape[1] == k and qx.stride(1) == 1 and qweight.stride(1) == 1
+    assert x_scale.shape == (m, triton.cdiv(k, GROUP)) and weight_scale.shape == (
+        triton.cdiv(n, GROUP),
+        x_scale.shape[1],
+    )
+    out = torch.empty(m, n, device=qx.device, dtype=out_dtype)
+    if m == 0:
+        return out
+    block_m, block_n, warps, stages = _gemm_config(m, qx.is_cuda)
+    extra = {"num_warps": warps, "num_stages": stages} if qx.is_cuda else {}
+    grid = (triton.cdiv(m, block_m) * triton.cdiv(n, block_n),)
+    _block_fp8_gemm_kernel[grid](
+        qx,
+        x_scale,
+        qweight,
+        weight_scale.contiguous(),
+        bias if bias is not None else qx,
+        out,
+        m,
+        n,
+        k,
+        qx.stride(0),
+        x_scale.stride(0),
+        qweight.stride(0),
+        weight_scale.shape[1],
+        out.stride(0),
+        HAS_BIAS=bias is not None,
+        BLOCK_M=block_m,
+        BLOCK_N=block_n,
+        BLOCK_K=GROUP,
+        GROUP_M=8,
+        WHILE_LOOPS=use_while_loops(qx),
+        **extra,
+    )
+    return out

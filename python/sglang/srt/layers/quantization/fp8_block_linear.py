@@ -1,0 +1,71 @@
+"""Block-scaled FP8 dense linear layers: the native checkpoints of DeepSeek-V3/R1, Qwen3-*-FP8, GLM-4.5-FP8.
+
+The weight is float8_e4m3fn [N, K] with one fp32 scale per 128x128 block, ``weight_scale_inv`` [ceil(N/128),
+ceil(K/128)], as the checkpoint stores it (weight = q x scale_inv; never re-quantized). Activations are
+quantized at every call with one scale per token and 128-column group (DeepSeek-V3's recipe), so each
+128-wide step of K has exactly one activation scale per row and one weight scale per 128 output columns:
+
+    out[m, n] = sum_kb  sx[m, kb] * sw[n // 128, kb] * sum_{k in kb} qx[m, k] qw[n, k]
+
+The GPU runs this in two triton kernels (``fp8_block_kernels.py``: the per-group activation quantization, then
+the GEMM: fp8 x fp8 dots accumulated in fp32 per 128-wide K block, scaled, summed); the CPU computes the same sum from the
+dequantized operands in fp32 (tests; on the CPU the engine dequantizes such checkpoints at load instead).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from sglang.srt.layers.quantization.fp8 import FP8_BLOCK, FP8_DTYPE, FP8_MAX
+from sglang.srt.layers.quantization.fp8_linear import INV_FP8_MAX, MIN_SCALE
+
+GROUP = FP8_BLOCK  # K columns per activation scale, and the weight's block edge
+
+
+def quantize_groups_reference(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
+    """[M, K] -> (fp8 [M, K], fp32 scale [M, ceil(K/group)]): x ~= q * scale within each row's group (torch)."""
+    m, k = x.shape
+    groups = -(-k // group)
+    padded = torch.nn.functional.pad(x.float(), (0, groups * group - k)).view(m, groups, group)
+    # Times the reciprocal and a clamped floor, as quantize_rows and the kernel: all three agree to the bit.
+    scale = (padded.abs().amax(dim=-1) * INV_FP8_MAX).clamp(min=MIN_SCALE)
+    q = (padded / scale[:, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).view(m, groups * group)[:, :k]
+    return q.contiguous(), scale
+
+
+def dequantize_blocks(qweight: torch.Tensor, scale: torch.Tensor, block: int = GROUP) -> torch.Tensor:
+    """fp8 [N, K] with [ceil(N/block), ceil(K/block)] scales -> fp32 [N, K]."""
+    n, k = qweight.shape
+    full = scale.float().repeat_interleave(block, 0)[:n].repeat_interleave(block, 1)[:, :k]
+    return qweight.float() * full
+
+
+def block_fp8_matmul_reference(
+    qx: torch.Tensor, x_scale: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor
+) -> torch.Tensor:
+    """The block-scaled product in fp32 from the dequantized operands: what the kernel computes."""
+    k = qx.shape[1]
+    x = qx.float() * x_scale.repeat_interleave(GROUP, 1)[:, :k]
+    return x @ dequantize_blocks(qweight, weight_scale).t()
+
+
+def fp8_block_linear(
+    x: torch.Tensor, qweight: torch.Tensor, weight_scale_inv: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """``F.linear(x, dequantized weight, bias)`` in x's dtype with x quantized per token and 128-column group.
+    Leading dims of x are flattened and restored."""
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if not x2.is_cuda:
+        qx, sx = quantize_groups_reference(x2)
+        out = block_fp8_matmul_reference(qx, sx, qweight, weight_scale_inv)
+        out = (out if bias is None else out + bias.float()).to(x.dtype)
+    else:
+        # Imported here: triton is only installed with the GPU extras.
+        from sglang.srt.layers.quantization.fp8_block_kernels import block_fp8_gemm, quantize_groups
+
+        qx, sx = quantize_groups(x2)
+        out = block_fp8_gemm(qx, sx, qweight, weight_scale_inv, bias, x.dtype)
+    return out.view(*lead, qweight.shape[0])

@@ -1,0 +1,158 @@
+"""Tiny native FP8 checkpoints for tests: a transformers-written bf16 model (dims multiples of 128) whose linear
+weights are quantized to e4m3 as the real checkpoints are (block fp8: `weight_scale_inv` per 128x128 block,
+DeepSeek-V3 / Qwen3-FP8; compressed-tensors float-quantized: `weight_scale` per channel or per tensor);
+embeddings, norms, the router and lm_head stay in full precision. Each is written with its reference: the same
+model holding the dequantized weights, full precision, no quantization_config.
+
+    d = write_fp8_checkpoint(dense_bf16(tmp + "/bf16"), tmp + "/fp8", "block")   # + tmp/fp8-dequantized
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+import torch
+from safetensors.torch import load_file, save_file
+
+E4M3_MAX = 448.0
+QUANTIZED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def quantize(w: torch.Tensor, strategy: str):
+    """e4m3 codes and the fp32 scale with w ~= codes x scale (per 128x128 block, per row, or per tensor)."""
+    w = w.float()
+    if strategy == "block":
+        n, k = w.shape
+        blocks = w.view(n // 128, 128, k // 128, 128)
+        scale = blocks.abs().amax(dim=(1, 3)) / E4M3_MAX
+        q = (blocks / scale[:, None, :, None]).to(torch.float8_e4m3fn).view(n, k)
+        return q, scale
+    scale = (w.abs().amax(dim=1, keepdim=True) if strategy == "channel" else w.abs().amax().reshape(1)) / E4M3_MAX
+    return (w / scale).to(torch.float8_e4m3fn), scale
+
+
+def dequantize(q: torch.Tensor, scale: torch.Tensor, strategy: str) -> torch.Tensor:
+    if strategy == "block":
+        return q.float() * scale.repeat_interleave(128, 0).repeat_interleave(128, 1)
+    return q.float() * scale
+
+
+def quantization_config(strategy: str) -> dict:
+    if strategy == "block":
+        return {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "float", "strategy": strategy, "dynamic": False, "symmetric": True},
+                "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": True},
+            }
+        },
+        "ignore": ["lm_head"],
+    }
+
+
+def write_fp8_checkpoint(bf16_dir: str, out_dir: str, strategy: str) -> str:
+    """The bf16 checkpoint in `bf16_dir` as an FP8 one in `out_dir`; `out_dir`-dequantized holds the reference
+    (the same model with every weight replaced by its dequantized value, full precision, no quantization)."""
+    state = load_file(os.path.join(bf16_dir, "model.safetensors"))
+    with open(os.path.join(bf16_dir, "config.json")) as f:
+        config = json.load(f)
+    fp8, reference = {}, {}
+    scale_name = "weight_scale_inv" if strategy == "block" else "weight_scale"
+    for name, t in state.items():
+        if name.endswith(".weight") and name.split(".")[-2] in QUANTIZED:
+            q, scale = quantize(t, strategy)
+            fp8[name], fp8[name[: -len("weight")] + scale_name] = q, scale
+            reference[name] = dequantize(q, scale, strategy)
+        else:
+            fp8[name], reference[name] = t, t.float()
+    for d, tensors, extra in (
+        (out_dir, fp8, {"quantization_config": quantization_config(strategy)}),
+        (out_dir + "-dequantized", reference, {}),
+    ):
+        os.makedirs(d, exist_ok=True)
+        save_file(tensors, os.path.join(d, "model.safetensors"))
+        with open(os.path.join(d, "config.json"), "w") as f:
+            json.dump({**config, **extra}, f)
+    return out_dir
+
+
+def dense_bf16(d: str) -> str:
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(
+        hidden_size=256,
+        intermediate_size=384,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        vocab_size=512,
+        max_position_embeddings=256,
+        initializer_range=0.08,
+        tie_word_embeddings=False,
+        architectures=["LlamaForCausalLM"],
+    )
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(d)
+    return d
+
+
+def moe_bf16(d: str) -> str:
+    from transformers import AutoModelForCausalLM, Qwen3MoeConfig
+
+    config = Qwen3MoeConfig(
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        head_dim=64,
+        num_experts=4,
+        num_experts_per_tok=2,
+        vocab_size=256,
+        max_position_embeddings=256,
+        initializer_range=0.08,
+        architectures=["Qwen3MoeForCausalLM"],
+    )
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).save_pretrained(d)
+    return d
+
+
+class FakeQuantLinear(torch.nn.Module):
+    """transformers' Linear computing as our fp8 layer does: the checkpoint's dequantized weight, the input
+    rounded through e4m3 per token and 128-column group (block) or per token (channel / tensor)."""
+
+    def __init__(self, linear: torch.nn.Linear, strategy: str) -> None:
+        super().__init__()
+        self.weight, self.bias, self.strategy = linear.weight, linear.bias, strategy
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from sglang.srt.layers.quantization.fp8_block_linear import quantize_groups_reference
+        from sglang.srt.layers.quantization.fp8_linear import quantize_rows
+
+        x2 = x.reshape(-1, x.shape[-1])
+        if self.strategy == "block":
+            q, s = quantize_groups_reference(x2)
+            xq = q.float() * s.repeat_interleave(128, 1)[:, : x2.shape[1]]
+        else:
+            q, s = quantize_rows(x2)
+            xq = q.float() * s
+        return torch.nn.functional.linear(xq.view(x.shape), self.weight, self.bias)
+
+
+def fake_quantized(model: torch.nn.Module, strategy: str, attention_only: bool = False) -> torch.nn.Module:
+    """transformers' model (holding the dequantized weights) with its decoder Linears computing as our fp8
+    layers do (FakeQuantLinear); `attention_only` for MoE models, whose experts are weight-only fp8."""
+    for layer in model.model.layers:
+        for parent in (layer.self_attn,) if attention_only else (layer.self_attn, layer.mlp):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, torch.nn.Linear):
+                    setattr(parent, name, FakeQuantLinear(child, strategy))
+    return model

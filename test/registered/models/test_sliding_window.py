@@ -1,0 +1,94 @@
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=45, suite="per-commit-cpu")
+
+# MistralForCausalLM with a sliding window shorter than the prompts (and a Qwen2 whose upper layers slide):
+# greedy tokens identical to transformers on the same weights, through the in-process scheduler on the CPU
+# (torch-native attention), also with chunked prefill cutting the window across chunks and with a cached
+# prefix. The same weights without the window answer differently, so the window is what is being matched.
+
+import random
+
+import pytest
+import torch
+
+from sglang.srt.configs.sliding_window import NO_WINDOW, layer_sliding_windows
+from sglang.test.runners import TINY_CONFIGS, greedy_params, hf_greedy, load_hf_model, make_scheduler, run_scheduler
+
+NEW_TOKENS = 16
+WINDOW = 12
+
+
+def write_tiny(out_dir: str, config) -> str:
+    """transformers' own random init (std 0.08, random norms, as runners.make_tiny_hf_model) saved to out_dir."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    gen = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.2 * torch.randn(p.shape, generator=gen))
+    model.save_pretrained(out_dir)
+    return out_dir
+
+
+def mistral_config(window):
+    from transformers import MistralConfig
+
+    base = {k: v for k, v in TINY_CONFIGS["llama"].items() if k != "architectures"}
+    return MistralConfig(**base, sliding_window=window, initializer_range=0.08, architectures=["MistralForCausalLM"])
+
+
+def qwen2_config():
+    from transformers import Qwen2Config
+
+    base = {k: v for k, v in TINY_CONFIGS["qwen2"].items() if k != "architectures"}
+    base["num_hidden_layers"] = 4
+    return Qwen2Config(
+        **base,
+        use_sliding_window=True,
+        sliding_window=WINDOW,
+        max_window_layers=2,
+        initializer_range=0.08,
+        architectures=["Qwen2ForCausalLM"],
+    )
+
+
+def prompts():
+    rng = random.Random(7)
+    return [[rng.randrange(3, 512) for _ in range(n)] for n in (5, 13, 30, 47)]
+
+
+def test_layer_windows_follow_transformers():
+    assert layer_sliding_windows(mistral_config(WINDOW)) == (WINDOW,) * 3
+    assert layer_sliding_windows(mistral_config(None)) == (NO_WINDOW,) * 3
+    assert layer_sliding_windows(qwen2_config()) == (NO_WINDOW, NO_WINDOW, WINDOW, WINDOW)
+    config = qwen2_config()
+    config.layer_types = ["full_attention", "chunked_attention", "full_attention", "full_attention"]
+    with pytest.raises(ValueError, match="chunked_attention"):
+        layer_sliding_windows(config)
+
+
+@pytest.mark.parametrize("arch", ["mistral", "qwen2"])
+def test_window_matches_transformers(arch, tmp_path):
+    d = write_tiny(str(tmp_path / arch), mistral_config(WINDOW) if arch == "mistral" else qwen2_config())
+    ref = hf_greedy(load_hf_model(d), prompts(), NEW_TOKENS)
+    from transformers import AutoModelForCausalLM
+
+    full = {"layer_types": ["full_attention"] * 4} if arch == "qwen2" else {}
+    plain = AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32, sliding_window=None, **full)
+    unwindowed = hf_greedy(plain.eval(), prompts(), NEW_TOKENS)  # the same weights attending to everything
+    assert unwindowed != ref, "the window must change some answer, or this test proves nothing"
+
+    for chunk in (None, 8):  # 8: the prefill's chunks see their window partly in the cached prefix
+        sched = make_scheduler(
+            reuse_model=False, model_path=d, skip_tokenizer_init=True, max_total_tokens=2048, chunked_prefill_size=chunk
+        )
+        outs = run_scheduler(sched, prompts(), greedy_params(NEW_TOKENS))
+        assert [o.output_ids for o in outs] == ref, f"chunked_prefill_size={chunk}"
+        # Again: the prompts now hit the radix cache, so only their last tokens are prefilled.
+        again = run_scheduler(sched, prompts(), greedy_params(NEW_TOKENS))
+        assert [o.output_ids for o in again] == ref
+        assert any(o.cached_tokens > WINDOW for o in again)

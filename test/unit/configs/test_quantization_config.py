@@ -1,0 +1,83 @@
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=5, suite="per-commit-cpu")
+
+# config.json's quantization_config parsed into the checkpoint's weight format: the native FP8 layouts we run
+# parse into a CheckpointQuantization, every other method is refused by name with the supported list.
+
+import pytest
+
+from sglang.srt.configs.quantization_config import (
+    CheckpointQuantization,
+    UnsupportedQuantization,
+    parse_checkpoint_quantization,
+)
+
+FP8_BLOCK = {"quant_method": "fp8", "fmt": "e4m3", "activation_scheme": "dynamic", "weight_block_size": [128, 128]}
+
+
+def compressed_tensors(strategy="channel", dynamic_acts=True, **weights):
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "float-quantized",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {"num_bits": 8, "type": "float", "strategy": strategy, "dynamic": False, **weights},
+                "input_activations": {"num_bits": 8, "type": "float", "strategy": "token", "dynamic": dynamic_acts},
+            }
+        },
+        "ignore": ["lm_head", "re:.*mlp.gate$"],
+        "kv_cache_scheme": None,
+    }
+
+
+def test_full_precision_has_no_format():
+    assert parse_checkpoint_quantization(None) is None
+    assert parse_checkpoint_quantization({}) is None
+
+
+def test_block_fp8_parses():
+    q = parse_checkpoint_quantization({**FP8_BLOCK, "modules_to_not_convert": ["model.layers.0.mlp.gate"]})
+    assert q == CheckpointQuantization("fp8", "block", "weight_scale_inv", "dynamic", ("model.layers.0.mlp.gate",))
+    assert q.block_size == 128
+    assert q.is_ignored("model.layers.0.mlp.gate") and not q.is_ignored("model.layers.1.mlp.gate")
+
+
+@pytest.mark.parametrize("strategy", ["channel", "tensor"])
+def test_compressed_tensors_float_parses(strategy):
+    q = parse_checkpoint_quantization(compressed_tensors(strategy, dynamic_acts=False))
+    assert (q.method, q.strategy, q.scale_name, q.activation_scheme) == (
+        "compressed-tensors",
+        strategy,
+        "weight_scale",
+        "static",
+    )
+    assert q.block_size is None
+    assert q.is_ignored("lm_head") and q.is_ignored("model.layers.3.mlp.gate")
+    assert not q.is_ignored("model.layers.3.mlp.gate_proj")
+
+
+REFUSED = [
+    ({"quant_method": "awq", "bits": 4, "group_size": 128, "version": "gemm"}, "'awq'"),
+    ({"quant_method": "gptq", "bits": 4, "group_size": 128, "desc_act": False}, "'gptq'"),
+    ({"quant_method": "bitsandbytes", "load_in_4bit": True}, "'bitsandbytes'"),
+    ({"quant_method": "made-up-method"}, "'made-up-method'"),
+    ({"load_in_8bit": True}, "no quant_method"),
+    ({"quant_method": "fp8", "activation_scheme": "static"}, "weight_block_size None"),
+    ({**FP8_BLOCK, "weight_block_size": [64, 64]}, "weight_block_size [64, 64]"),
+    ({**FP8_BLOCK, "fmt": "e5m2"}, "fmt 'e5m2'"),
+    ({**compressed_tensors(), "format": "pack-quantized"}, "format 'pack-quantized'"),
+    (compressed_tensors(num_bits=4), "with 4 bits"),
+    (compressed_tensors("group"), "strategy 'group'"),
+    ({**compressed_tensors(), "kv_cache_scheme": {"num_bits": 8, "type": "float"}}, "kv_cache_scheme"),
+]
+
+
+@pytest.mark.parametrize("config,named", REFUSED, ids=[str(i) for i in range(len(REFUSED))])
+def test_other_formats_are_refused_by_name(config, named):
+    with pytest.raises(UnsupportedQuantization) as e:
+        parse_checkpoint_quantization(config)
+    message = str(e.value)
+    assert message.startswith("quantization_config: ") and named in message
+    assert "fp8 (weight_block_size [128, 128]" in message and "compressed-tensors (format float-quantized" in message
