@@ -50,7 +50,7 @@ def staggered_run(tok, mixed: bool, overlap: bool):
     sched.run_batch = logged
     tag = f"{int(mixed)}{int(overlap)}"
     finished_at = {}  # rid -> forwards launched when its last output was sent
-    sink = sched.output_sink
+    sink = sched.streamer.sink  # the output streamer's sink (the collector): wrapped to time each finish
 
     def timed_sink(out):
         for rid, reason in zip(out.rids, out.finished_reasons):
@@ -58,7 +58,7 @@ def staggered_run(tok, mixed: bool, overlap: bool):
                 finished_at[rid.split("-")[1]] = sched.forward_ct
         sink(out)
 
-    sched.output_sink = timed_sink
+    sched.streamer.sink = timed_sink
 
     def submit(i, text):
         params = SamplingParams.from_dict(greedy_params(NEW))
