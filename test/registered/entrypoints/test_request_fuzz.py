@@ -20,8 +20,6 @@ from typing import Any, List, Optional, Tuple
 import pytest
 import requests
 
-from sglang.test.test_utils import kill_process_tree, popen_launch_server
-
 FUZZ_SEED = 20261201
 FUZZ_REQUESTS = 300
 FUZZ_THREADS = 4
@@ -172,11 +170,8 @@ def check_answer(r: requests.Response, what: str) -> Optional[str]:
 
 
 @pytest.fixture(scope="module")
-def base_url():
-    proc = popen_launch_server(["--max-total-tokens", "16384"])
-    yield proc.base_url
-    kill_process_tree(proc.pid)
-    proc.wait(10)
+def base_url(smollm2_server):
+    return smollm2_server.base_url  # shared with the other modules here (conftest.py)
 
 
 def stream_text(base_url: str, prompt: str) -> Tuple[List[int], bool]:
