@@ -31,6 +31,8 @@ CPU_SUITE = "per-commit-cpu"
 # The CPU suite's two parts: (registered suite, folder under test/) per part.
 CPU_PARTS: Dict[str, Tuple[str, str]] = {"unit-cpu": (CPU_SUITE, "unit"), "process-cpu": (CPU_SUITE, "registered")}
 PYTEST_NO_TESTS = 5  # pytest's exit status when it collected nothing
+# Plugins that other packages install and no test here uses; importing them costs seconds per pytest run.
+UNUSED_PLUGINS = ["langsmith_plugin", "hypothesispytest"]
 
 
 @dataclass(frozen=True)
@@ -89,8 +91,10 @@ def plan(suite: str) -> Optional[List[Registration]]:
 
 
 def pytest_command(chosen: List[Registration], durations: int, extra: List[str]) -> List[str]:
+    blocked = [arg for name in UNUSED_PLUGINS for arg in ("-p", f"no:{name}")]
     return [
-        sys.executable, "-m", "pytest", "-q", "-rs", f"--durations={durations}", *[str(r.path) for r in chosen], *extra,
+        sys.executable, "-m", "pytest", "-q", "-rs", f"--durations={durations}", *blocked,
+        *[str(r.path) for r in chosen], *extra,
     ]  # fmt: skip
 
 
@@ -117,11 +121,11 @@ def run_one(suite: str, durations: int, extra: List[str]) -> int:
     return verdict(suite, rc, time.monotonic() - start)
 
 
-def run_parallel(suites: List[str], durations: int, extra: List[str]) -> int:
+def run_parallel(suites: List[str], durations: int, extra: List[str]) -> Dict[str, int]:
     """Every suite in its own pytest process at once; each one's output is printed whole when it ends."""
     plans = {s: plan(s) for s in suites}
     if any(p is None for p in plans.values()):
-        return 2
+        return {s: 2 for s in suites}
     start, running, rcs = time.monotonic(), {}, {}
     for suite, chosen in plans.items():
         log = tempfile.TemporaryFile(mode="w+")
@@ -140,7 +144,7 @@ def run_parallel(suites: List[str], durations: int, extra: List[str]) -> int:
             log.close()
             rcs[suite] = verdict(suite, proc.returncode, time.monotonic() - start)
             sys.stdout.flush()
-    return first_failure(rcs)
+    return rcs
 
 
 def main() -> int:
@@ -152,12 +156,11 @@ def main() -> int:
     args = parser.parse_args()
     if args.suite != CPU_SUITE:
         return run_one(args.suite, args.durations, args.pytest_args)
-    parts = list(CPU_PARTS)
+    start, parts = time.monotonic(), list(CPU_PARTS)
     if args.parallel:
-        return run_parallel(parts, args.durations, args.pytest_args)
-    start, rcs = time.monotonic(), {}
-    for part in parts:
-        rcs[part] = run_one(part, args.durations, args.pytest_args)
+        rcs = run_parallel(parts, args.durations, args.pytest_args)
+    else:
+        rcs = {part: run_one(part, args.durations, args.pytest_args) for part in parts}
     summary = ", ".join(f"{p}: exit code {rc}" for p, rc in rcs.items())
     print(f"Suite {CPU_SUITE} finished in {time.monotonic() - start:.0f} s ({summary})")
     return first_failure(rcs)
