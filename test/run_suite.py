@@ -1,11 +1,16 @@
 """Run one CI suite: the test files whose register_*_ci(...) calls name it.
 
-    python test/run_suite.py --suite per-commit-cpu     # CI (no GPU)
+    python test/run_suite.py --suite per-commit-cpu     # CI (no GPU): unit-cpu, then process-cpu
+    python test/run_suite.py --suite unit-cpu           # in-process unit tests (test/unit/**)
+    python test/run_suite.py --suite process-cpu        # process-level tests (test/registered/**)
     python test/run_suite.py --suite per-commit-cuda    # the GPU machine
     python test/run_suite.py --suite per-commit-2-gpu   # the two-GPU machine (nvidia-h200-x2)
+    python test/run_suite.py --suite unit-cpu -- -x -k sampler   # after `--`: extra pytest arguments
 
 The markers are read from the source text (files are not imported), so a file is in a suite exactly
-when it says so. Prints what it ran and what it skipped, then exits with pytest's status.
+when it says so. The CPU files register for `per-commit-cpu`; where they live splits them into the two
+CPU suites. Each suite is one pytest run that prints its 15 slowest tests; `per-commit-cpu` runs both
+(`--parallel`: at the same time, each one's output printed when it ends) and fails if either fails.
 """
 
 from __future__ import annotations
@@ -14,16 +19,23 @@ import argparse
 import ast
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List
+from typing import Dict, List, Optional, Tuple
 
 ROOT = Path(__file__).resolve().parent
 MARKERS = {"register_cpu_ci": "per-commit-cpu", "register_cuda_ci": "per-commit-cuda"}
+CPU_SUITE = "per-commit-cpu"
+# The CPU suite's two parts: (registered suite, folder under test/) per part.
+CPU_PARTS: Dict[str, Tuple[str, str]] = {"unit-cpu": (CPU_SUITE, "unit"), "process-cpu": (CPU_SUITE, "registered")}
+PYTEST_NO_TESTS = 5  # pytest's exit status when it collected nothing
+# Plugins that other packages install and no test here uses; importing them costs seconds per pytest run.
+UNUSED_PLUGINS = ["langsmith_plugin", "hypothesispytest"]
 
 
-@dataclass
+@dataclass(frozen=True)
 class Registration:
     path: Path
     suite: str
@@ -46,41 +58,112 @@ def read_registrations(path: Path) -> List[Registration]:
 
 
 def collect(suite: str) -> tuple[list[Registration], list[Path]]:
+    """The registrations of `suite` (a registered suite name or one of CPU_PARTS) and the unregistered files."""
+    registered_suite, folder = CPU_PARTS.get(suite, (suite, ""))
+    under = ROOT / folder
     chosen, unregistered = [], []
     for path in sorted(ROOT.rglob("test_*.py")):
         regs = read_registrations(path)
         if not regs:
             unregistered.append(path)
-        chosen += [r for r in regs if r.suite == suite]
+        chosen += [r for r in regs if r.suite == registered_suite and path.is_relative_to(under)]
     return chosen, unregistered
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--suite", default="per-commit-cpu")
-    parser.add_argument("--timeout-per-file", type=int, default=1800)
-    parser.add_argument("pytest_args", nargs="*", help="extra arguments passed to pytest")
-    args = parser.parse_args()
-    chosen, unregistered = collect(args.suite)
-    all_files = sorted(ROOT.rglob("test_*.py"))
-    skipped = [p for p in all_files if p not in {r.path for r in chosen} and p not in unregistered]
-    print(f"Suite {args.suite}: {len(chosen)} file(s), estimated {sum(r.est_time for r in chosen):.0f} s")
+def plan(suite: str) -> Optional[List[Registration]]:
+    """Print what `suite` runs and skips; None when a file is unregistered or nothing is chosen."""
+    chosen, unregistered = collect(suite)
+    chosen_paths = {r.path for r in chosen}
+    skipped = [p for p in sorted(ROOT.rglob("test_*.py")) if p not in chosen_paths and p not in unregistered]
+    print(f"Suite {suite}: {len(chosen)} file(s), estimated {sum(r.est_time for r in chosen):.0f} s")
     for r in chosen:
         print(f"  run   {r.path.relative_to(ROOT)} (~{r.est_time:.0f} s)")
     for p in skipped:
-        print(f"  skip  {p.relative_to(ROOT)} (registered for another suite)")
+        print(f"  skip  {p.relative_to(ROOT)} (another suite)")
     for p in unregistered:
         print(f"  ERROR {p.relative_to(ROOT)} has no register_*_ci marker")
     if unregistered:
-        return 2
+        return None
     if not chosen:
-        print("nothing to run")
-        return 1
-    start = time.monotonic()
-    cmd = [sys.executable, "-m", "pytest", "-q", "-rs", *[str(r.path) for r in chosen], *args.pytest_args]
-    rc = subprocess.call(cmd, cwd=ROOT.parent)
-    print(f"Suite {args.suite} finished in {time.monotonic() - start:.0f} s with exit code {rc}")
+        print(f"Suite {suite}: nothing registered for it")
+        return None
+    return chosen
+
+
+def pytest_command(chosen: List[Registration], durations: int, extra: List[str]) -> List[str]:
+    blocked = [arg for name in UNUSED_PLUGINS for arg in ("-p", f"no:{name}")]
+    return [
+        sys.executable, "-m", "pytest", "-q", "-rs", f"--durations={durations}", *blocked,
+        *[str(r.path) for r in chosen], *extra,
+    ]  # fmt: skip
+
+
+def verdict(suite: str, rc: int, seconds: float) -> int:
+    """Print the suite's time and status; a run that collected no test is a failure (the suite has files)."""
+    if rc == PYTEST_NO_TESTS:
+        print(f"Suite {suite}: pytest collected no test (exit code 5), counted as a failure")
+        rc = 1
+    print(f"Suite {suite} finished in {seconds:.0f} s with exit code {rc}")
     return rc
+
+
+def first_failure(rcs: Dict[str, int]) -> int:
+    """The first non-zero exit status (a signal's is negative), else 0."""
+    return next((rc for rc in rcs.values() if rc != 0), 0)
+
+
+def run_one(suite: str, durations: int, extra: List[str]) -> int:
+    chosen = plan(suite)
+    if chosen is None:
+        return 2
+    start = time.monotonic()
+    rc = subprocess.call(pytest_command(chosen, durations, extra), cwd=ROOT.parent)
+    return verdict(suite, rc, time.monotonic() - start)
+
+
+def run_parallel(suites: List[str], durations: int, extra: List[str]) -> Dict[str, int]:
+    """Every suite in its own pytest process at once; each one's output is printed whole when it ends."""
+    plans = {s: plan(s) for s in suites}
+    if any(p is None for p in plans.values()):
+        return {s: 2 for s in suites}
+    start, running, rcs = time.monotonic(), {}, {}
+    for suite, chosen in plans.items():
+        log = tempfile.TemporaryFile(mode="w+")
+        proc = subprocess.Popen(
+            pytest_command(chosen, durations, extra), cwd=ROOT.parent, stdout=log, stderr=subprocess.STDOUT
+        )
+        running[proc] = (suite, log)
+    print(f"Running {', '.join(suites)} at the same time", flush=True)
+    while running:
+        time.sleep(0.5)
+        for proc in [p for p in running if p.poll() is not None]:
+            suite, log = running.pop(proc)
+            log.seek(0)
+            print(f"\n======== {suite} ========", flush=True)
+            sys.stdout.write(log.read())
+            log.close()
+            rcs[suite] = verdict(suite, proc.returncode, time.monotonic() - start)
+            sys.stdout.flush()
+    return rcs
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--suite", default=CPU_SUITE)
+    parser.add_argument("--durations", type=int, default=15, help="print this many slowest tests (pytest)")
+    parser.add_argument("--parallel", action="store_true", help="per-commit-cpu: run its two parts at once")
+    parser.add_argument("pytest_args", nargs="*", help="extra arguments passed to pytest (after --)")
+    args = parser.parse_args()
+    if args.suite != CPU_SUITE:
+        return run_one(args.suite, args.durations, args.pytest_args)
+    start, parts = time.monotonic(), list(CPU_PARTS)
+    if args.parallel:
+        rcs = run_parallel(parts, args.durations, args.pytest_args)
+    else:
+        rcs = {part: run_one(part, args.durations, args.pytest_args) for part in parts}
+    summary = ", ".join(f"{p}: exit code {rc}" for p, rc in rcs.items())
+    print(f"Suite {CPU_SUITE} finished in {time.monotonic() - start:.0f} s ({summary})")
+    return first_failure(rcs)
 
 
 if __name__ == "__main__":

@@ -14,19 +14,14 @@ import openai
 import pytest
 import requests
 
-from sglang.test.test_utils import kill_process_tree, popen_launch_server
-
 PROMPT = "The capital of France is"
 GREEDY = {"temperature": 0, "max_new_tokens": 8}
 TIMEOUT = 120  # generous: CI machines are shared and a 2-core box can be slowed down a lot
 
 
 @pytest.fixture(scope="module")
-def base_url():
-    proc = popen_launch_server(["--max-total-tokens", "16384"])
-    yield proc.base_url
-    kill_process_tree(proc.pid)
-    proc.wait(10)
+def base_url(smollm2_server):
+    return smollm2_server.base_url  # shared with the other modules here (conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ Start-up promise checked here: /health answers within STARTUP_BUDGET_S on 2 CPU 
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=55, suite="per-commit-cpu")
+register_cpu_ci(est_time=45, suite="per-commit-cpu")
 
 import os
 import signal
@@ -79,37 +79,6 @@ def children_of(pid: int):
     return kids
 
 
-def test_startup_time_and_sigterm_leaves_no_orphans():
-    start = time.monotonic()
-    proc = popen_launch_server(SERVER_ARGS, timeout=STARTUP_BUDGET_S)
-    try:
-        startup = time.monotonic() - start
-        print(f"/health answered {startup:.1f} s after launch")
-        assert startup < STARTUP_BUDGET_S
-        log = read_log(proc)
-        assert "Memory plan" in log and "The server is fired up and ready to roll!" in log
-        assert proc.base_url in log
-        kids = children_of(proc.pid)
-        # A streaming request in flight must not keep the server from stopping.
-        stream = requests.post(
-            f"{proc.base_url}/generate",
-            stream=True,
-            timeout=60,
-            json={
-                "text": "Count slowly",
-                "stream": True,
-                "sampling_params": {"max_new_tokens": 4000, "ignore_eos": True},
-            },
-        )
-        lines = stream.iter_lines()  # keep the iterator: dropping it would close the connection
-        assert next(lines).startswith(b"data: ")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=20) == 0, read_log(proc)[-3000:]
-        assert wait_pids_gone(kids, 5) == [], "child processes survived the launcher"
-    finally:
-        kill_process_tree(proc.pid)
-
-
 def child_pid(base_url: str, name: str) -> int:
     children = requests.get(f"{base_url}/server_info", timeout=10).json()["child_processes"]
     return next(c["pid"] for c in children if c["name"] == name)
@@ -168,12 +137,23 @@ def test_child_death_answers_503_naming_it_and_exits_nonzero(name):
         kill_process_tree(proc.pid)
 
 
-def test_sigterm_under_load_answers_everyone_and_exits_zero():
-    """SIGTERM with requests in flight: short ones finish, long ones get a JSON 503 (streams an error
-    event), nothing new is accepted, the launcher exits 0 within the grace period, no tracebacks."""
-    grace = 3
-    proc = popen_launch_server(SERVER_ARGS, timeout=STARTUP_BUDGET_S, env={"SGLANG_SHUTDOWN_GRACE_S": str(grace)})
+def test_startup_then_sigterm_under_load_answers_everyone_and_exits_zero():
+    """/health comes up within the start-up budget and the log has the memory plan; then SIGTERM (the default
+    grace period) with requests in flight: short ones finish, long ones get a JSON 503 (streams an error
+    event), nothing new is accepted, the launcher exits 0 within the grace period, no child process is left
+    behind, no tracebacks."""
+    from sglang.srt.environ import envs
+
+    grace = envs.SGLANG_SHUTDOWN_GRACE_S.get()  # the default unless the caller's environment sets it
+    start = time.monotonic()
+    proc = popen_launch_server(SERVER_ARGS, timeout=STARTUP_BUDGET_S)
     try:
+        startup = time.monotonic() - start
+        print(f"/health answered {startup:.1f} s after launch")
+        assert startup < STARTUP_BUDGET_S
+        log = read_log(proc)
+        assert "Memory plan" in log and "The server is fired up and ready to roll!" in log
+        assert proc.base_url in log
         kids = children_of(proc.pid)
         results = {}
 
@@ -202,7 +182,7 @@ def test_sigterm_under_load_answers_everyone_and_exits_zero():
             requests.get(f"{proc.base_url}/health", timeout=5)
         for t in clients + [short]:
             t.join(30)
-        assert proc.wait(timeout=grace + 15) == 0
+        assert proc.wait(timeout=grace + 15) == 0, read_log(proc)[-3000:]
         took = time.monotonic() - stopped
         assert results["short"][0] == 200, results["short"]
         for i in range(3):

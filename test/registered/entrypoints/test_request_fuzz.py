@@ -7,7 +7,7 @@ The fuzzer is seeded (FUZZ_SEED) and bounded in count and time, so a failure can
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=100, suite="per-commit-cpu")
+register_cpu_ci(est_time=80, suite="per-commit-cpu")
 
 import copy
 import json
@@ -19,8 +19,6 @@ from typing import Any, List, Optional, Tuple
 
 import pytest
 import requests
-
-from sglang.test.test_utils import kill_process_tree, popen_launch_server
 
 FUZZ_SEED = 20261201
 FUZZ_REQUESTS = 300
@@ -172,11 +170,8 @@ def check_answer(r: requests.Response, what: str) -> Optional[str]:
 
 
 @pytest.fixture(scope="module")
-def base_url():
-    proc = popen_launch_server(["--max-total-tokens", "16384"])
-    yield proc.base_url
-    kill_process_tree(proc.pid)
-    proc.wait(10)
+def base_url(smollm2_server):
+    return smollm2_server.base_url  # shared with the other modules here (conftest.py)
 
 
 def stream_text(base_url: str, prompt: str) -> Tuple[List[int], bool]:

@@ -13,7 +13,7 @@ and the `openai` client (project env) for top logprobs (checked against transfor
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=120, suite="per-commit-cpu")
+register_cpu_ci(est_time=100, suite="per-commit-cpu")
 
 import json
 import re
@@ -27,7 +27,6 @@ import requests
 import torch
 
 from sglang.test.runners import SMOLLM2, load_hf_model
-from sglang.test.test_utils import kill_process_tree, popen_launch_server
 from sglang.test.upstream_clients import (
     UPSTREAM_VERSION,
     UpstreamClients,
@@ -49,16 +48,8 @@ def clients() -> UpstreamClients:
 
 
 @pytest.fixture(scope="module")
-def server():
-    proc = popen_launch_server(["--max-total-tokens", "16384"])
-    yield proc
-    kill_process_tree(proc.pid)
-    proc.wait(10)
-
-
-@pytest.fixture(scope="module")
-def base_url(server) -> str:
-    return server.base_url
+def base_url(smollm2_server) -> str:
+    return smollm2_server.base_url  # shared with the other modules here (conftest.py)
 
 
 @pytest.fixture(scope="module")

@@ -1,0 +1,18 @@
+"""One SmolLM2 server (`--max-total-tokens 16384`, default flags and environment) shared by every test module
+here that needs nothing else: test_http_server, test_request_fuzz and test_sglang_clients. A start costs
+~20-30 s on 2 CPU cores; the server idles between its users (the scheduler blocks on its socket) and is
+stopped when the session ends. Tests must not rely on an empty radix cache or on counters starting at zero."""
+
+import pytest
+
+from sglang.test.test_utils import kill_process_tree, popen_launch_server
+
+SHARED_SERVER_ARGS = ["--max-total-tokens", "16384"]
+
+
+@pytest.fixture(scope="session")
+def smollm2_server():
+    proc = popen_launch_server(SHARED_SERVER_ARGS)
+    yield proc
+    kill_process_tree(proc.pid)
+    proc.wait(10)
