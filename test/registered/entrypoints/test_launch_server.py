@@ -137,7 +137,7 @@ def test_child_death_answers_503_naming_it_and_exits_nonzero(name):
         kill_process_tree(proc.pid)
 
 
-def test_startup_then_sigterm_under_load_answers_everyone_and_exits_zero():
+def test_startup_then_sigterm_under_load_answers_everyone_and_exits_zero(tmp_path):
     """/health comes up within the start-up budget and the log has the memory plan; then SIGTERM (the default
     grace period) with requests in flight: short ones finish, long ones get a JSON 503 (streams an error
     event), nothing new is accepted, the launcher exits 0 within the grace period, no child process is left
@@ -146,7 +146,8 @@ def test_startup_then_sigterm_under_load_answers_everyone_and_exits_zero():
 
     grace = envs.SGLANG_SHUTDOWN_GRACE_S.get()  # the default unless the caller's environment sets it
     start = time.monotonic()
-    proc = popen_launch_server(SERVER_ARGS, timeout=STARTUP_BUDGET_S)
+    profile = tmp_path / "http_profile.txt"  # SGLANG_PROFILE_HTTP_SERVER: written when the server stops
+    proc = popen_launch_server(SERVER_ARGS, timeout=STARTUP_BUDGET_S, env={"SGLANG_PROFILE_HTTP_SERVER": str(profile)})
     try:
         startup = time.monotonic() - start
         print(f"/health answered {startup:.1f} s after launch")
@@ -194,6 +195,7 @@ def test_startup_then_sigterm_under_load_answers_everyone_and_exits_zero():
         assert wait_pids_gone(kids, 5) == [], "child processes survived the launcher"
         log = read_log(proc)
         assert "Traceback" not in log, log[-3000:]
+        assert "Ordered by: cumulative time" in profile.read_text()  # the profile was written at the stop
     finally:
         kill_process_tree(proc.pid)
 

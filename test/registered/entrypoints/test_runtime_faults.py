@@ -44,6 +44,7 @@ SERVER_ENV = {
     "SGLANG_TEST_FAULT_INJECTION": "forward_oom=2,forward_error=10",
     "SGLANG_HEALTH_STALL_S": "2",
     "SGLANG_REQUEST_TIMEOUT_S": "12",
+    "SGLANG_HEALTH_CHECK_TIMEOUT": "3",  # /health_generate gives up on a frozen scheduler after 3 s
 }
 
 
@@ -92,6 +93,12 @@ def check_frozen_scheduler(url: str) -> None:
         result = {}
         waiting = threading.Thread(target=lambda: result.update(r=generate(url, "Waiting for a frozen scheduler")))
         waiting.start()
+        # Asked before the heartbeat stall shows (2 s), /health_generate waits SGLANG_HEALTH_CHECK_TIMEOUT (3 s)
+        # for a token that never comes.
+        probe = requests.get(f"{url}/health_generate", timeout=TIMEOUT)
+        assert probe.status_code == 503 and "SGLANG_HEALTH_CHECK_TIMEOUT" in probe.json()["error"]["message"], (
+            probe.text
+        )
         while requests.get(f"{url}/health", timeout=TIMEOUT).status_code == 200:
             assert time.monotonic() - stopped < 10, "/health stayed 200 with a frozen scheduler"
             time.sleep(0.2)
