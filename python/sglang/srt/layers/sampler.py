@@ -1,4 +1,4 @@
-"""Batched sampling: penalties, greedy, temperature, top-k, top-p, min-p, and per-request seeds.
+"""Batched sampling: penalties, grammar masks (constrained decoding), greedy, temperature, top-k, top-p, min-p, and per-request seeds.
 
 Randomness comes from a counter-based hash of (seed, step, token id), not from a stateful generator,
 so a seeded request samples the same tokens whatever else is in its batch, on any device.
@@ -12,6 +12,7 @@ from typing import List, Optional
 import torch
 from torch import nn
 
+from sglang.srt.constrained.xgrammar_backend import apply_bitmask
 from sglang.srt.sampling.logprobs import LogprobExtras, extras_from_logprobs
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
@@ -119,6 +120,8 @@ class Sampler(nn.Module):
         for start in range(0, bs, SAMPLING_CHUNK_ROWS):
             rows = slice(start, start + SAMPLING_CHUNK_ROWS)
             chunk = apply_penalties(logits[rows].float(), info, start)
+            if info.grammar_bitmask is not None:  # before anything reads the logits: logprobs are the masked ones
+                apply_bitmask(chunk, info.grammar_bitmask[rows])
             chunk_ids = chunk.argmax(dim=-1)
             if not info.is_all_greedy:
                 probs = torch.softmax(chunk / info.temperatures[rows], dim=-1)

@@ -8,7 +8,7 @@ first prompt token has none, as in OpenAI's API).
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -22,6 +22,7 @@ from sglang.srt.entrypoints.openai.protocol import (
     CompletionResponse,
 )
 from sglang.srt.entrypoints.openai.utils import (
+    add_constraint,
     build_sampling_params,
     check_sampling_params,
     entry_text,
@@ -29,6 +30,8 @@ from sglang.srt.entrypoints.openai.utils import (
     new_request_id,
     output_logprob_entries,
     prompt_logprob_entries,
+    refuse_constraints_when_off,
+    response_format_constraint,
     stream_options_usage,
     usage_of,
 )
@@ -71,7 +74,12 @@ class OpenAIServingCompletion:
         is_batch, texts, ids = self._split_prompt(req.prompt)
         prompts: List[Any] = texts if texts is not None else ids
         sampling_params = build_sampling_params(req, req.max_tokens)
-        check_sampling_params(sampling_params, {})
+        origin: Dict[str, str] = {}
+        constraint = response_format_constraint(req.response_format)
+        if constraint is not None:
+            add_constraint(sampling_params, *constraint, "response_format", origin)
+        refuse_constraints_when_off(sampling_params, origin, self.tm.server_args.grammar_backend)
+        check_sampling_params(sampling_params, origin)
         base_rid = new_request_id(req)
         rids = [f"{base_rid}-{i}" for i in range(len(prompts))] if is_batch else [base_rid]
         obj = GenerateReqInput(

@@ -64,7 +64,7 @@ class OpenAIServingResponses:
             chat_req = to_chat_request(req, history)
             plan = resolve_tools(chat_req, self.chat.tool_call_parser)
             output_plan = self.chat._output_plan(chat_req, plan)
-            sampling_params = self.chat._sampling_params(chat_req, chat_req.max_completion_tokens)
+            sampling_params = self.chat._sampling_params(chat_req, chat_req.max_completion_tokens, plan)
             if output_plan.needs_special_tokens:
                 sampling_params["skip_special_tokens"] = False
             input_ids = await self.tm.run_cpu(self.chat.prompt_ids, chat_req, plan)
