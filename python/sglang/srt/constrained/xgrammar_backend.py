@@ -141,7 +141,9 @@ class XGrammarBackend:
             if key.kind == "json_schema":
                 if key.text == ANY_JSON:
                     return self.compiler.compile_builtin_json_grammar()
-                return self.compiler.compile_json_schema(key.text)
+                # Compact JSON (", " and ": " only): with free whitespace a small model can emit newlines until
+                # max_new_tokens and never close the object, a known failure of unbounded whitespace.
+                return self.compiler.compile_json_schema(key.text, any_whitespace=False)
             if key.kind == "regex":
                 return self.compiler.compile_regex(key.text)
             if key.kind == "ebnf":
