@@ -287,8 +287,6 @@ def test_tools_are_rendered_and_tool_choice_none_answers_in_text(client):
 @pytest.mark.parametrize(
     "kw,field",
     [
-        ({"tools": [WEATHER], "tool_choice": "required"}, "tool_choice"),
-        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}, "tool_choice"),
         ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "send_mail"}}}, "tool_choice"),
         (
             {"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": 5}}}]},
