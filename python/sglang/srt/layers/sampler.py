@@ -52,7 +52,14 @@ def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> 
     idx = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
     base = _mix(seeds * _GOLDEN + steps * _STEP)
     x = _mix(base[:, None] + (idx[None, :] + 1) * _GOLDEN)
-    return (_lshr(x, 40).to(torch.float32) + 0.5) / float(1 << 24)
+    return unit_interval(x)
+
+
+def unit_interval(x: torch.Tensor) -> torch.Tensor:
+    """int64 hashes -> fp32 in the open interval (0, 1), from their top 23 bits. With 24 bits the largest
+    value, (2^24 - 0.5) / 2^24, rounds to 1.0 in fp32: its exponential noise -log(u) is then 0, and the
+    race p / 0 picks that token whatever its probability (inf), even a masked one (0 / 0 = NaN wins argmax)."""
+    return (_lshr(x, 41).to(torch.float32) + 0.5) / float(1 << 23)
 
 
 def _in_rows(rows_idx: torch.Tensor, start: int, stop: int) -> torch.Tensor:
