@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=70, suite="per-commit-cpu")
+register_cpu_ci(est_time=60, suite="per-commit-cpu")
 
 # Constrained decoding through the HTTP server (SmolLM2 on CPU, which cannot follow a schema unaided):
 # /generate json_schema with n > 1 and logprobs; a schema that does not compile is a 400 naming the field
@@ -146,6 +146,23 @@ def test_openai_response_format_json_schema_and_json_object(client):
         extra_body={"response_format": {"type": "json_object"}},
     )
     assert isinstance(json.loads(c.choices[0].text), dict)
+
+
+def test_a_bad_schema_through_openai_names_the_request_field(client):
+    bad = {"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model="default",
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=4,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": bad}},
+        )
+    assert "response_format (as sampling parameter json_schema): does not compile" in e.value.message
+    with pytest.raises(openai.BadRequestError) as e:
+        client.responses.create(
+            model="default", input="Hi", text={"format": {"type": "json_schema", "name": "x", "schema": bad}}
+        )
+    assert "400 - text.format" in e.value.message and "does not compile" in e.value.message, e.value.message
 
 
 def test_responses_text_format_json_schema(client):

@@ -34,6 +34,7 @@ from sglang.srt.entrypoints.openai.utils import (
     response_format_constraint,
     stream_options_usage,
     usage_of,
+    with_origin,
 )
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
@@ -93,7 +94,10 @@ class OpenAIServingCompletion:
             return_text_in_logprobs=True,
             stream=req.stream,
         )
-        first, agen = await start_generation(self.tm, obj, rids, raw)
+        try:
+            first, agen = await start_generation(self.tm, obj, rids, raw)
+        except RequestError as e:
+            raise with_origin(e, origin) from None
         model = req.model or self.served_model_name
         echo_prefixes = [self._echo_text(p) if req.echo else "" for p in prompts]
         if not req.stream:

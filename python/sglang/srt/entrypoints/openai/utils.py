@@ -54,12 +54,20 @@ def check_sampling_params(params: Dict[str, Any], origin: Dict[str, str]) -> Non
     try:
         SamplingParams.from_dict(params)
     except SamplingParamsError as e:
-        message = str(e)
-        for key, field in origin.items():
-            if message.startswith(f"{key}:") or message.startswith(f"{key} "):
-                message = f"{field} (as sampling parameter {key}){message[len(key) :]}"
-                break
-        raise RequestError(message) from None
+        raise RequestError(name_origin(str(e), origin)) from None
+
+
+def name_origin(message: str, origin: Dict[str, str]) -> str:
+    """An error about sampling key `key` restated with the request field it came from (`origin`)."""
+    for key, field in origin.items():
+        if message.startswith(f"{key}:") or message.startswith(f"{key} "):
+            return f"{field} (as sampling parameter {key}){message[len(key) :]}"
+    return message
+
+
+def with_origin(e: RequestError, origin: Dict[str, str]) -> RequestError:
+    """A refusal from the engine (e.g. a grammar that does not compile) naming the request's own field."""
+    return RequestError(name_origin(e.message, origin), e.status_code)
 
 
 def finish_reason(meta: dict) -> Optional[str]:
