@@ -49,6 +49,8 @@ BAD_ARGS = [
     (dict(attention_backend="flashinfer"), "--attention-backend"),
     (dict(device="cpu", attention_backend="triton"), "--attention-backend"),
     (dict(schedule_policy="random"), "--schedule-policy"),
+    (dict(grammar_backend="outlines"), "--grammar-backend"),
+    (dict(grammar_backend="llguidance"), "--grammar-backend llguidance is not available"),
     (dict(kt_method="FP4"), "--kt-method"),
     (dict(kt_num_gpu_experts=-1), "--kt-num-gpu-experts"),
     (dict(nnodes=2), "--dist-init-addr"),
@@ -149,6 +151,8 @@ CLI_BAD = [
     (["--kt-num-gpu-experts", "4"], "--kt-num-gpu-experts"),  # the default model has no experts
     (["--disable-overlap-schedule=1"], "--disable-overlap-schedule"),  # switches take no value
     (["--enable-mixed-chunk=yes"], "--enable-mixed-chunk"),
+    (["--grammar-backend", "outlines"], "--grammar-backend"),  # argparse lists the names
+    (["--grammar-backend", "llguidance"], "--grammar-backend llguidance is not available"),
 ]
 
 

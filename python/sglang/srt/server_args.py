@@ -17,6 +17,7 @@ from sglang.srt.configs.errors import ServerArgsError
 from sglang.srt.server_args_cli import (
     ATTENTION_BACKENDS,
     DTYPES,
+    GRAMMAR_BACKENDS,
     KT_METHODS,
     KV_CACHE_DTYPES,
     LOAD_FORMATS,
@@ -50,6 +51,7 @@ class ServerArgs:
     random_seed: int = 0
     tool_call_parser: Optional[str] = None
     reasoning_parser: Optional[str] = None
+    grammar_backend: str = "xgrammar"
 
     # HTTP server
     host: str = "127.0.0.1"
@@ -161,6 +163,12 @@ class ServerArgs:
             raise ServerArgsError(
                 f"--reasoning-parser must be one of {', '.join(REASONING_PARSERS)}, got {self.reasoning_parser!r}"
             )
+        if self.grammar_backend not in GRAMMAR_BACKENDS:
+            raise ServerArgsError(
+                f"--grammar-backend must be one of {', '.join(GRAMMAR_BACKENDS)}, got {self.grammar_backend!r}"
+            )
+        if self.grammar_backend == "llguidance":
+            raise ServerArgsError("--grammar-backend llguidance is not available in this server; use xgrammar or none")
         if self.schedule_policy not in ("fcfs", "lpm"):
             raise ServerArgsError(f"--schedule-policy must be fcfs or lpm, got {self.schedule_policy!r}")
         if self.kt_method.upper() not in KT_METHODS:

@@ -190,9 +190,10 @@ def test_tool_choice_rules():
     assert resolve_tools(chat(tools=[TOOL], tool_choice="none"), None).parse_calls is False
     assert "--tool-call-parser" in refused(resolve_tools, chat(tools=[TOOL]), None)
     named = {"type": "function", "function": {"name": "get_weather"}}
-    for choice in ("required", named):
-        message = refused(resolve_tools, chat(tools=[TOOL], tool_choice=choice), "qwen25")
-        assert message.startswith("tool_choice") and "constrained decoding" in message
+    for choice in ("required", named):  # enforced by a grammar of the parser's call format
+        plan = resolve_tools(chat(tools=[TOOL], tool_choice=choice), "qwen25")
+        assert plan.parse_calls and plan.forced == choice and plan.choice_field == "tool_choice"
+        assert "--tool-call-parser" in refused(resolve_tools, chat(tools=[TOOL], tool_choice=choice), None)
     unknown = {"type": "function", "function": {"name": "send_mail"}}
     assert "'send_mail' is not among the tools" in refused(resolve_tools, chat(tools=[TOOL], tool_choice=unknown), "x")
     assert refused(resolve_tools, chat(tools=[TOOL], tool_choice="sometimes"), "x").startswith("tool_choice")

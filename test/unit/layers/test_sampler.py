@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from sglang.srt.layers.sampler import Sampler, filter_probs, uniform_noise
+from sglang.srt.layers.sampler import Sampler, filter_probs, uniform_noise, unit_interval
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams
 
@@ -22,7 +22,7 @@ def sample(logits, info):
     return out.next_token_ids, out.logprobs
 
 
-def make_info(params, seeds, steps=None, vocab=V, output_ids=None):
+def make_info(params, seeds, steps=None, vocab=V, output_ids=None, grammars=None):
     reqs = []
     for i, (p, s) in enumerate(zip(params, seeds)):
         sp = SamplingParams.from_dict(p)
@@ -37,9 +37,32 @@ def make_info(params, seeds, steps=None, vocab=V, output_ids=None):
                 tokens_in_flight=0,
                 origin_input_ids=[1, 2],
                 stop_token_ids={2},
+                grammar=grammars[i] if grammars else None,
+                finished=lambda: False,
             )
         )
     return SamplingBatchInfo.from_reqs(reqs, vocab, "cpu")
+
+
+class OnlyToken:
+    """A grammar stand-in whose matcher allows one token."""
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        bitmask[row] = 0
+        bitmask[row, self.token // 32] = 1 << (self.token % 32)
+
+
+def test_grammar_mask_allows_only_its_tokens_and_logprobs_are_masked():
+    n = 64
+    grammars = [OnlyToken(37) if i % 2 else None for i in range(n)]
+    info = make_info([{"temperature": 1.0}] * n, list(range(n)), grammars=grammars)
+    out = Sampler()(logits_rows(n), info, return_logprob=True)
+    assert out.next_token_ids[1::2].tolist() == [37] * (n // 2)
+    assert torch.allclose(out.logprobs[1::2], torch.zeros(n // 2), atol=1e-6)  # the only allowed token: p = 1
+    assert len(set(out.next_token_ids[0::2].tolist())) > 10  # rows without a grammar sample freely
 
 
 def logits_rows(n, seed=0, vocab=V):
@@ -207,6 +230,15 @@ def test_uniform_noise_is_uniform_ish():
 
     assert corr(u[:, 1:], u[:, :-1]) < 0.02
     assert corr(u[1:], u[:-1]) < 0.02
+
+
+def test_noise_stays_inside_the_open_unit_interval_at_its_extremes():
+    """Every hash maps strictly inside (0, 1): the largest one once rounded to 1.0, whose exponential noise
+    is 0, so that token won the race whatever its probability (a masked one too)."""
+    extremes = torch.tensor([-1, 0, (1 << 63) - 1, -(1 << 63), (1 << 41) - 1], dtype=torch.int64)
+    u = unit_interval(extremes)
+    assert (u > 0).all() and (u < 1).all()
+    assert torch.isfinite(-torch.log(u)).all() and (-torch.log(u) > 0).all()
 
 
 def test_noise_of_neighbouring_seeds_is_not_a_shifted_copy():

@@ -61,8 +61,11 @@ BAD = [
     ({"logit_bias": {"abc": 1.0}}, "logit_bias"),
     ({"logit_bias": {"5": 1000}}, "logit_bias"),
     ({"logit_bias": [1, 2]}, "logit_bias"),
-    ({"regex": "a+"}, "regex"),
-    ({"json_schema": "{}"}, "json_schema"),
+    ({"regex": ""}, "regex"),
+    ({"regex": 5}, "regex"),
+    ({"json_schema": "{not json"}, "json_schema"),
+    ({"structural_tag": "[1, "}, "structural_tag"),
+    ({"ebnf": 'root ::= "a"', "regex": "a"}, "regex"),  # at most one constraint per request
     ({"stop_regex": "x"}, "stop_regex"),
     ({"custom_params": {"a": 1}}, "custom_params"),
     ({"stop": ""}, "stop"),

@@ -1,4 +1,4 @@
-"""Batched sampling: penalties, greedy, temperature, top-k, top-p, min-p, and per-request seeds.
+"""Batched sampling: penalties, grammar masks (constrained decoding), greedy, temperature, top-k, top-p, min-p, and per-request seeds.
 
 Randomness comes from a counter-based hash of (seed, step, token id), not from a stateful generator,
 so a seeded request samples the same tokens whatever else is in its batch, on any device.
@@ -12,6 +12,7 @@ from typing import List, Optional
 import torch
 from torch import nn
 
+from sglang.srt.constrained.xgrammar_backend import apply_bitmask
 from sglang.srt.sampling.logprobs import LogprobExtras, extras_from_logprobs
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 
@@ -51,7 +52,14 @@ def uniform_noise(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> 
     idx = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
     base = _mix(seeds * _GOLDEN + steps * _STEP)
     x = _mix(base[:, None] + (idx[None, :] + 1) * _GOLDEN)
-    return (_lshr(x, 40).to(torch.float32) + 0.5) / float(1 << 24)
+    return unit_interval(x)
+
+
+def unit_interval(x: torch.Tensor) -> torch.Tensor:
+    """int64 hashes -> fp32 in the open interval (0, 1), from their top 23 bits. With 24 bits the largest
+    value, (2^24 - 0.5) / 2^24, rounds to 1.0 in fp32: its exponential noise -log(u) is then 0, and the
+    race p / 0 picks that token whatever its probability (inf), even a masked one (0 / 0 = NaN wins argmax)."""
+    return (_lshr(x, 41).to(torch.float32) + 0.5) / float(1 << 23)
 
 
 def _in_rows(rows_idx: torch.Tensor, start: int, stop: int) -> torch.Tensor:
@@ -119,6 +127,8 @@ class Sampler(nn.Module):
         for start in range(0, bs, SAMPLING_CHUNK_ROWS):
             rows = slice(start, start + SAMPLING_CHUNK_ROWS)
             chunk = apply_penalties(logits[rows].float(), info, start)
+            if info.grammar_bitmask is not None:  # before anything reads the logits: logprobs are the masked ones
+                apply_bitmask(chunk, info.grammar_bitmask[rows])
             chunk_ids = chunk.argmax(dim=-1)
             if not info.is_all_greedy:
                 probs = torch.softmax(chunk / info.temperatures[rows], dim=-1)

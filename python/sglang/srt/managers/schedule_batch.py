@@ -18,6 +18,7 @@ from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 if TYPE_CHECKING:
+    from sglang.srt.constrained.xgrammar_backend import RequestGrammar
     from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
     from sglang.srt.mem_cache.radix_cache import RadixCache, TreeNode
@@ -83,6 +84,9 @@ class Req:
         self.output_top_logprobs: List[List[Tuple[float, int]]] = []
         self.output_token_ids_logprobs: List[List[Tuple[float, int]]] = []
         self.finished_reason: Optional[FinishReason] = None
+        # Its grammar's matcher (constrained decoding), set when the grammar compiled; it has accepted every
+        # token of output_ids, and only those (the scheduler never lets a constrained request run ahead of it).
+        self.grammar: Optional["RequestGrammar"] = None
         # KV bookkeeping
         self.fill_ids: List[int] = []
         self.prefix_indices = torch.empty(0, dtype=torch.int64)

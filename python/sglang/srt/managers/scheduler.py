@@ -9,7 +9,8 @@ processes the previous batch's result, so the host prepares step N + 1 while the
 --enable-mixed-chunk the running requests' decode rides along in prefill batches.
 
 The scheduler is composed of parts with named dependencies (scheduler_components/): the output
-processor and streamer, the failure policy, and the KT prefill slot's lender. `build_scheduler` wires
+processor and streamer, the failure policy, the grammar queue (constrained decoding), and the KT prefill
+slot's lender. `build_scheduler` wires
 them over a new ModelRunner; the scheduler process (scheduler_process.py) adds ZeroMQ and the
 tensor-parallel broadcast; tests build it in-process and replace parts with their stand-ins.
 """
@@ -30,6 +31,7 @@ from sglang.srt.managers.schedule_batch import FinishReason, Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import PrefillAdder, estimated_future_tokens, sort_waiting_queue
 from sglang.srt.managers.scheduler_components.batch_result import BatchResult, LaunchedBatch, PendingResult
 from sglang.srt.managers.scheduler_components.failure_policy import BatchFailurePolicy
+from sglang.srt.managers.scheduler_components.grammar_queue import GrammarQueue
 from sglang.srt.managers.scheduler_components.kt_prefill_slot_lender import HostSlotMemory, KTPrefillSlotLender
 from sglang.srt.managers.scheduler_components.output_processor import OutputProcessor, OutputStreamer
 from sglang.srt.mem_cache.radix_cache import RadixCache
@@ -43,6 +45,7 @@ logger = logging.getLogger(__name__)
 INIT_NEW_TOKEN_RATIO = 0.7
 MIN_NEW_TOKEN_RATIO = 0.14
 NEW_TOKEN_RATIO_DECAY = 0.001
+GRAMMAR_IDLE_WAIT_S = 0.005  # nothing to run but grammars compiling: how long one wait for them lasts
 
 
 def build_scheduler(
@@ -122,6 +125,19 @@ class Scheduler:
             args.tp_size, self.tp_rank, self.device, self.stats, lambda: model_runner.memory_plan.format_table()
         )
         self.kt_slot_lender = self._kt_slot_lender(host_slot_tail_tokens)
+        self.grammar_queue = self._grammar_queue()
+
+    def _grammar_queue(self) -> GrammarQueue:
+        """Compiles the requests' grammars (--grammar-backend xgrammar) over the model's vocabulary."""
+        args = self.args
+        if args.grammar_backend == "none":
+            return GrammarQueue(None, "constrained decoding is off on this server (--grammar-backend none)", False)
+        if self.tokenizer is None:
+            return GrammarQueue(None, "constrained decoding needs the tokenizer (--skip-tokenizer-init is set)", False)
+        from sglang.srt.constrained.xgrammar_backend import XGrammarBackend
+
+        backend = XGrammarBackend(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
+        return GrammarQueue(backend, "", wait_for_compile=args.tp_size > 1)
 
     def _kt_slot_lender(self, host_tail_tokens: int) -> Optional[KTPrefillSlotLender]:
         """The KT prefill slot's lender, when the planner lent the slot from the pool's tail (post-capture path),
@@ -199,13 +215,32 @@ class Scheduler:
         # Never generate past the context window. max_new_tokens 0 still runs the prefill, as in SGLang:
         # it caches the prompt (the frontend's prefix caching, parallel samples) and computes prompt logprobs.
         params.max_new_tokens = min(params.max_new_tokens, self.model_config.context_len - len(req.origin_input_ids))
-        self.waiting_queue.append(req)
+        if params.grammar_key is None:
+            self.waiting_queue.append(req)
+        elif not self.grammar_queue.add(req):  # waits there for its own compile only
+            self.streamer.stream([req])
+        else:
+            self.admit_compiled()
+
+    def admit_compiled(self) -> None:
+        """Requests whose grammar compiled join the waiting queue; those whose grammar failed are answered."""
+        if not self.grammar_queue:
+            return
+        ready, failed = self.grammar_queue.pop_done()
+        self.waiting_queue.extend(ready)
+        if failed:
+            self.streamer.stream(failed)
 
     def _abort_new(self, req: Req, message: str) -> None:
         req.finished_reason = FinishReason("abort", message=message, status_code=400)
         self.streamer.stream([req])
 
     def abort_request(self, abort: AbortReq) -> None:
+        compiling = self.grammar_queue.remove(abort.rid)
+        if compiling is not None:
+            compiling.finished_reason = FinishReason("abort", message=abort.message, status_code=abort.status_code)
+            self.streamer.stream([compiling])
+            return
         for req in list(self.waiting_queue):
             if req.rid == abort.rid:
                 self.waiting_queue.remove(req)
@@ -222,7 +257,7 @@ class Scheduler:
                 req.finished_reason = FinishReason("abort", message=abort.message, status_code=abort.status_code)
 
     def flush_cache(self) -> bool:
-        if self.waiting_queue or self.running_batch or self.chunked_req or self.in_flight:
+        if self.waiting_queue or self.running_batch or self.chunked_req or self.in_flight or self.grammar_queue:
             return False
         self.tree_cache.reset()
         self.allocator.clear()
@@ -282,10 +317,14 @@ class Scheduler:
 
     def needs_outputs_before_decode(self, batch: ScheduleBatch) -> bool:
         """Whether the next decode step must wait for the step in flight: when the pool may not hold it
-        (retraction decides on the requests' real lengths, and finished ones free room), or when a request's
-        penalties count its output tokens."""
+        (retraction decides on the requests' real lengths, and finished ones free room), when a request's
+        penalties count its output tokens, or when a request has a grammar: its token mask is filled from
+        its matcher, which must have accepted the token in flight first (a constrained request never runs
+        ahead of its matcher). Batches without such requests keep overlapping."""
         room = self.allocator.available_size() + self.tree_cache.evictable_size()
-        return room < batch.decode_tokens_needed() or any(r.sampling_params.has_penalties for r in batch.reqs)
+        return room < batch.decode_tokens_needed() or any(
+            r.sampling_params.has_penalties or r.grammar is not None for r in batch.reqs
+        )
 
     def has_prefill_work(self) -> bool:
         return bool(self.waiting_queue) or self.chunked_req is not None
@@ -405,6 +444,7 @@ class Scheduler:
         it runs (SGLang's overlap scheduler); a decode step then goes out before the host has seen the tokens
         of the step before it, so a request that finished there computes one more token, which is dropped.
         Every wait for the batch in flight (`drain`) is here, each with its reason."""
+        self.admit_compiled()
         if self.prefill_in_flight() and not self.prefill_may_follow_unprocessed():
             self.drain()  # the next batch needs that prefill's result (a chunk's prefix, the waiting queue)
         lender = self.kt_slot_lender
@@ -420,10 +460,13 @@ class Scheduler:
                 self.drain()  # a prefill's requests join the running batch once its result is in
             running = self.running_batch
             if running is not None and self.in_flight is not None and self.needs_outputs_before_decode(running):
-                self.drain()  # the pool may not hold the next step, or penalties count the tokens in flight
+                self.drain()  # the pool may not hold the next step, penalties or a grammar need the tokens in flight
             batch = self.update_running_batch()
         if batch is None:
             drained = self.drain()  # nothing to launch: finish what is in flight
+            if not drained and self.grammar_queue:
+                self.grammar_queue.wait(GRAMMAR_IDLE_WAIT_S)  # only compiles pending: wait for one, not spin
+                return True
             self.timeline.out_of_work()
             return drained
         launched = LaunchedBatch.of(batch, self.chunked_req)
@@ -482,6 +525,7 @@ class Scheduler:
             or self.running_batch is not None
             or self.chunked_req is not None
             or self.in_flight is not None
+            or bool(self.grammar_queue)
         )
 
     # ------------------------------------------------------------- results

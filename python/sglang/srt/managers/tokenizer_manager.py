@@ -346,6 +346,13 @@ class TokenizerManager:
             params.verify(self.vocab_size)
         except SamplingParamsError as e:
             raise RequestError(str(e)) from None
+        key = params.grammar_key
+        if key is not None and self.server_args.grammar_backend == "none":
+            raise RequestError(f"{key.kind}: constrained decoding is off on this server (--grammar-backend none)")
+        if key is not None and self.tokenizer is None:
+            raise RequestError(
+                f"{key.kind}: constrained decoding needs a tokenizer; this server runs with --skip-tokenizer-init"
+            )
         if params.stop_strs and self.tokenizer is None:
             raise RequestError("stop strings need a tokenizer; this server runs with --skip-tokenizer-init")
         if len(input_ids) >= self.context_len:

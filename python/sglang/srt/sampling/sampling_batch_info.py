@@ -37,6 +37,9 @@ class SamplingBatchInfo:
     block_rows: Optional[torch.Tensor] = None  # stop tokens forbidden while below min_new_tokens
     block_cols: Optional[torch.Tensor] = None
     logprob_requests: Optional[LogprobRequests] = None  # top-k / chosen-id / prompt logprobs some row asked for
+    # Constrained decoding: [bs, ceil(vocab / 32)] int32, bit set = token allowed; only when some row has a
+    # grammar. Filled on the host from each matcher while the device may still run the step before.
+    grammar_bitmask: Optional[torch.Tensor] = None
 
     @classmethod
     def from_reqs(
@@ -70,6 +73,8 @@ class SamplingBatchInfo:
         if blocked:
             info.block_rows = f([i for i, _ in blocked], torch.int64)
             info.block_cols = f([t for _, t in blocked], torch.int64)
+        if any(r.grammar is not None for r in reqs):
+            info.grammar_bitmask = _grammar_bitmask(reqs, vocab_size).to(device, non_blocking=True)
         return info
 
     def _build_penalties(self, reqs: List["Req"], f) -> None:
@@ -103,3 +108,18 @@ class SamplingBatchInfo:
         if rrows:
             self.repetition_rows, self.repetition_cols = f(rrows, torch.int64), f(rcols, torch.int64)
             self.repetition_factor = f(rfac)
+
+
+def _grammar_bitmask(reqs: List["Req"], vocab_size: int) -> torch.Tensor:
+    """The allowed next tokens of each row with a grammar (every token for the other rows)."""
+    from sglang.srt.constrained.xgrammar_backend import allocate_bitmask
+
+    bitmask = allocate_bitmask(len(reqs), vocab_size)
+    for i, r in enumerate(reqs):
+        if r.grammar is None or r.finished():
+            continue
+        if r.tokens_in_flight:
+            # The scheduler finishes the step in flight first (Scheduler.needs_outputs_before_decode).
+            raise RuntimeError(f"request {r.rid}: its grammar needs its last token, which is still in flight")
+        r.grammar.fill_bitmask(bitmask, i)
+    return bitmask

@@ -4,6 +4,8 @@ Every key of upstream SGLang's SamplingParams is accepted. Those this engine hon
 for type and range here, where they are parsed, so no value can reach a tensor (int64 seeds, top-k
 counts) or the detokenizer (booleans) and fail there. Constrained decoding and custom logit
 processors are accepted at their default (None) and refused with a 400 naming the key when set.
+The constraints (json_schema, regex, ebnf, structural_tag) are checked here for shape; they compile in
+the scheduler (constrained/xgrammar_backend.py).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
+from sglang.srt.constrained.grammar_key import GrammarKey, grammar_key_of, schema_text
+
 _MAX_NEW_TOKENS_DEFAULT = 128
 INT32_MAX = (1 << 31) - 1
 MAX_STOP_STRINGS = 128
@@ -19,10 +23,6 @@ MAX_STOP_STRING_CHARS = 1024
 MAX_PARALLEL_SAMPLES = 64  # n: parallel samples of one prompt
 # Upstream keys whose features this engine does not have: fine when None, a 400 naming them otherwise.
 UNSUPPORTED_KEYS = {
-    "regex": "constrained decoding (regex)",
-    "json_schema": "constrained decoding (json_schema)",
-    "ebnf": "constrained decoding (ebnf)",
-    "structural_tag": "constrained decoding (structural_tag)",
     "stop_regex": "regular-expression stop conditions (stop_regex)",
     "custom_params": "custom logit processors (custom_params)",
 }
@@ -67,6 +67,11 @@ class SamplingParams:
     n: int = 1
     stream_interval: Optional[int] = None  # tokens per streamed chunk; None: --stream-interval
     logit_bias: Optional[Dict[str, float]] = None  # {"token id": bias added to its logit}
+    # Constrained decoding: at most one (grammar_key); json_schema / structural_tag as JSON text.
+    json_schema: Optional[str] = None
+    regex: Optional[str] = None
+    ebnf: Optional[str] = None
+    structural_tag: Optional[str] = None
     # Derived in verify(): stop strings as a list, max stop length for the tail check, the bias as ints.
     stop_strs: List[str] = field(default_factory=list)
     stop_str_max_len: int = 0
@@ -154,6 +159,26 @@ class SamplingParams:
         self.stop_strs = stops
         self.stop_str_max_len = max((len(s) for s in stops), default=0)
         self.logit_bias_ids = self._verify_logit_bias(vocab_size)
+        self._verify_constraints()
+
+    def _verify_constraints(self) -> None:
+        try:
+            if self.json_schema is not None:
+                self.json_schema = schema_text(self.json_schema, "json_schema")
+            if self.structural_tag is not None:
+                self.structural_tag = schema_text(self.structural_tag, "structural_tag")
+            for name in ("regex", "ebnf"):
+                value = getattr(self, name)
+                if value is not None and (not isinstance(value, str) or not value):
+                    raise ValueError(f"{name} must be a non-empty string")
+            grammar_key_of(self.json_schema, self.regex, self.ebnf, self.structural_tag)
+        except ValueError as e:
+            raise SamplingParamsError(str(e)) from None
+
+    @property
+    def grammar_key(self) -> Optional[GrammarKey]:
+        """The constraint this request's tokens must follow (verify() made sure there is at most one)."""
+        return grammar_key_of(self.json_schema, self.regex, self.ebnf, self.structural_tag)
 
     def _verify_logit_bias(self, vocab_size: Optional[int]) -> Dict[int, float]:
         if self.logit_bias is None:

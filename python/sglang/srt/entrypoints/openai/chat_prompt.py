@@ -43,9 +43,12 @@ class ToolPlan:
     """What the request asks of tools: those the template renders, and whether calls are parsed."""
 
     tools: Optional[Tuple[dict, ...]]  # OpenAI tool objects as the template takes them; None: no tools
-    parse_calls: bool  # tool_choice "auto" with tools: the output's calls become tool_calls
+    parse_calls: bool  # tool_choice "auto" (or forced) with tools: the output's calls become tool_calls
     legacy: bool  # sent as `functions`: calls come back as message.function_call, as OpenAI does
     field: str  # the request field the tools came from ("tools" or "functions"), for error messages
+    # tool_choice "required" or a named function (as sent): enforced by a grammar of the parser's call format.
+    forced: Optional[Any] = None
+    choice_field: str = "tool_choice"
 
 
 def _message_text(msg: ChatMessage, index: int) -> Optional[str]:
@@ -185,16 +188,14 @@ def resolve_tools(req: ChatCompletionRequest, parser_name: Optional[str]) -> Too
     named = _named_function(choice, choice_field)
     if named is not None and named not in {t.function.name for t in tools}:
         raise RequestError(f"{choice_field}: function {named!r} is not among the {field}")
-    if choice == "required" or named is not None:
-        what = "'required'" if choice == "required" else f"the function {named!r}"
-        raise RequestError(
-            f"{choice_field}: {what} must be enforced by constrained decoding, which this server does not have "
-            "yet; use 'auto' or 'none'"
-        )
     rendered = tuple(t.model_dump(exclude_none=True) for t in tools)
-    if choice == "auto" and parser_name is None:
+    if choice != "none" and parser_name is None:
         raise RequestError(
             f"{field}: this server was started without --tool-call-parser, so it cannot return tool calls "
             f"({choice_field} 'none' renders the {field} and answers in text)"
         )
+    if choice == "required" or named is not None:
+        # Enforced by constrained decoding (function_call/tool_choice_grammar.py), in the parser's call format.
+        forced = "required" if choice == "required" else {"type": "function", "function": {"name": named}}
+        return ToolPlan(rendered, True, legacy, field, forced, choice_field)
     return ToolPlan(rendered, choice == "auto", legacy, field)

@@ -47,7 +47,7 @@ class _SamplingRequest(BaseModel):
     spaces_between_special_tokens: bool = True
     rid: Optional[str] = None
     # SGLang's constraint and stop keys: handed to the sampling parameters, so they do exactly what they do
-    # in /generate's sampling_params (constrained decoding; a 400 naming the key while the engine lacks it).
+    # in /generate's sampling_params (constrained decoding, unless the server runs --grammar-backend none: then a 400 naming the key).
     regex: Optional[str] = None
     ebnf: Optional[str] = None
     json_schema: Optional[str] = None
@@ -58,6 +58,7 @@ class _SamplingRequest(BaseModel):
 
 class CompletionRequest(_SamplingRequest):
     prompt: Union[str, List[str], List[int], List[List[int]]]
+    response_format: Optional[Dict[str, Any]] = None  # as on chat (upstream SGLang accepts it here too)
     max_tokens: Optional[int] = 16  # OpenAI's default for the legacy completions API
     logprobs: Optional[int] = None
     echo: bool = False

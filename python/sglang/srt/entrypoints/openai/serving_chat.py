@@ -9,7 +9,7 @@ tokens at its position, computed in the same forward.
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -38,16 +38,20 @@ from sglang.srt.entrypoints.openai.protocol import (
     ToolCallOut,
 )
 from sglang.srt.entrypoints.openai.utils import (
+    add_constraint,
     build_sampling_params,
     check_sampling_params,
     entry_text,
     finish_reason,
     new_request_id,
     output_logprob_entries,
+    refuse_constraints_when_off,
     response_format_constraint,
     stream_options_usage,
     usage_of,
+    with_origin,
 )
+from sglang.srt.function_call.tool_choice_grammar import forced_tool_choice_tag
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
 
@@ -127,19 +131,31 @@ class OpenAIServingChat:
         if req.top_logprobs and not req.logprobs:
             raise RequestError("top_logprobs needs logprobs: true")
 
-    def _sampling_params(self, req: ChatCompletionRequest, max_tokens: Optional[int]) -> dict:
+    def _sampling_params(
+        self, req: ChatCompletionRequest, max_tokens: Optional[int], plan: ToolPlan
+    ) -> Tuple[dict, Dict[str, str]]:
+        """The sampling parameters, and the request field each constraint key came from (for errors)."""
         params = build_sampling_params(req, max_tokens)
         origin: Dict[str, str] = {}
         constraint = response_format_constraint(req.response_format)
         if constraint is not None:
-            key, value = constraint
-            clash = [k for k in ("regex", "ebnf", "json_schema", "structural_tag") if params.get(k) is not None]
-            if clash:
-                raise RequestError(f"response_format: give either response_format or {clash[0]}, not both")
-            params[key] = value
-            origin[key] = "response_format"
+            origin[constraint[0]] = "response_format"
+        if plan.forced is not None:
+            try:
+                tag = forced_tool_choice_tag(
+                    self.tool_call_parser, plan.tools, plan.forced, req.parallel_tool_calls, plan.choice_field
+                )
+            except ValueError as e:
+                raise RequestError(str(e)) from None
+            if constraint is not None:
+                raise RequestError(f"{plan.choice_field}: forcing a call cannot be combined with response_format")
+            constraint = ("structural_tag", tag)
+            origin["structural_tag"] = plan.choice_field
+        if constraint is not None:
+            add_constraint(params, *constraint, origin.pop(constraint[0]), origin)
+        refuse_constraints_when_off(params, origin, self.tm.server_args.grammar_backend)
         check_sampling_params(params, origin)
-        return params
+        return params, origin
 
     def _output_plan(self, req: ChatCompletionRequest, plan: ToolPlan) -> OutputPlan:
         return OutputPlan(
@@ -155,7 +171,7 @@ class OpenAIServingChat:
         output_plan = self._output_plan(req, plan)
         rid = new_request_id(req)
         max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
-        sampling_params = self._sampling_params(req, max_tokens)
+        sampling_params, origin = self._sampling_params(req, max_tokens, plan)
         if output_plan.needs_special_tokens and "skip_special_tokens" not in req.model_fields_set:
             sampling_params["skip_special_tokens"] = False  # the call markers are special tokens
         for i, m in enumerate(req.messages):  # before any template or tokenizer work
@@ -169,7 +185,10 @@ class OpenAIServingChat:
             return_text_in_logprobs=True,
             stream=req.stream,
         )
-        first, agen = await start_generation(self.tm, obj, [rid], raw)
+        try:
+            first, agen = await start_generation(self.tm, obj, [rid], raw)
+        except RequestError as e:
+            raise with_origin(e, origin) from None
         model = req.model or self.served_model_name
         if not req.stream:
             outs = first if isinstance(first, list) else [first]  # n choices

@@ -8,7 +8,7 @@ first prompt token has none, as in OpenAI's API).
 
 from __future__ import annotations
 
-from typing import Any, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -22,6 +22,7 @@ from sglang.srt.entrypoints.openai.protocol import (
     CompletionResponse,
 )
 from sglang.srt.entrypoints.openai.utils import (
+    add_constraint,
     build_sampling_params,
     check_sampling_params,
     entry_text,
@@ -29,8 +30,11 @@ from sglang.srt.entrypoints.openai.utils import (
     new_request_id,
     output_logprob_entries,
     prompt_logprob_entries,
+    refuse_constraints_when_off,
+    response_format_constraint,
     stream_options_usage,
     usage_of,
+    with_origin,
 )
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
@@ -71,7 +75,12 @@ class OpenAIServingCompletion:
         is_batch, texts, ids = self._split_prompt(req.prompt)
         prompts: List[Any] = texts if texts is not None else ids
         sampling_params = build_sampling_params(req, req.max_tokens)
-        check_sampling_params(sampling_params, {})
+        origin: Dict[str, str] = {}
+        constraint = response_format_constraint(req.response_format)
+        if constraint is not None:
+            add_constraint(sampling_params, *constraint, "response_format", origin)
+        refuse_constraints_when_off(sampling_params, origin, self.tm.server_args.grammar_backend)
+        check_sampling_params(sampling_params, origin)
         base_rid = new_request_id(req)
         rids = [f"{base_rid}-{i}" for i in range(len(prompts))] if is_batch else [base_rid]
         obj = GenerateReqInput(
@@ -85,7 +94,10 @@ class OpenAIServingCompletion:
             return_text_in_logprobs=True,
             stream=req.stream,
         )
-        first, agen = await start_generation(self.tm, obj, rids, raw)
+        try:
+            first, agen = await start_generation(self.tm, obj, rids, raw)
+        except RequestError as e:
+            raise with_origin(e, origin) from None
         model = req.model or self.served_model_name
         echo_prefixes = [self._echo_text(p) if req.echo else "" for p in prompts]
         if not req.stream:

@@ -30,7 +30,7 @@ from sglang.srt.entrypoints.openai.responses_input import (
 )
 from sglang.srt.entrypoints.openai.responses_output import ResponseBuilder, ResponseStore, assistant_turn, new_id
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
-from sglang.srt.entrypoints.openai.utils import finish_reason
+from sglang.srt.entrypoints.openai.utils import finish_reason, with_origin
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
 
@@ -64,7 +64,7 @@ class OpenAIServingResponses:
             chat_req = to_chat_request(req, history)
             plan = resolve_tools(chat_req, self.chat.tool_call_parser)
             output_plan = self.chat._output_plan(chat_req, plan)
-            sampling_params = self.chat._sampling_params(chat_req, chat_req.max_completion_tokens)
+            sampling_params, origin = self.chat._sampling_params(chat_req, chat_req.max_completion_tokens, plan)
             if output_plan.needs_special_tokens:
                 sampling_params["skip_special_tokens"] = False
             input_ids = await self.tm.run_cpu(self.chat.prompt_ids, chat_req, plan)
@@ -72,7 +72,10 @@ class OpenAIServingResponses:
             raise responses_error(e) from None
         rid = uuid.uuid4().hex
         obj = GenerateReqInput(input_ids=input_ids, sampling_params=sampling_params, rid=rid, stream=req.stream)
-        first, agen = await start_generation(self.tm, obj, [rid], raw)
+        try:
+            first, agen = await start_generation(self.tm, obj, [rid], raw)
+        except RequestError as e:  # e.g. a schema that does not compile: named as text.format
+            raise responses_error(with_origin(e, origin)) from None
         response = self._response_head(req, new_id("resp"))
         parser = ChatOutputParser(output_plan)
         conversation = [m.model_dump(exclude_none=True) for m in chat_req.messages]

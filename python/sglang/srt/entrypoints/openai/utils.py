@@ -7,6 +7,7 @@ import json
 import uuid
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from sglang.srt.constrained.grammar_key import GRAMMAR_KINDS
 from sglang.srt.entrypoints.openai.protocol import UsageInfo, _SamplingRequest
 from sglang.srt.managers.tokenizer_manager import RequestError
 from sglang.srt.sampling.sampling_params import SamplingParams, SamplingParamsError
@@ -53,12 +54,20 @@ def check_sampling_params(params: Dict[str, Any], origin: Dict[str, str]) -> Non
     try:
         SamplingParams.from_dict(params)
     except SamplingParamsError as e:
-        message = str(e)
-        for key, field in origin.items():
-            if message.startswith(f"{key}:") or message.startswith(f"{key} "):
-                message = f"{field} (as sampling parameter {key}){message[len(key) :]}"
-                break
-        raise RequestError(message) from None
+        raise RequestError(name_origin(str(e), origin)) from None
+
+
+def name_origin(message: str, origin: Dict[str, str]) -> str:
+    """An error about sampling key `key` restated with the request field it came from (`origin`)."""
+    for key, field in origin.items():
+        if message.startswith(f"{key}:") or message.startswith(f"{key} "):
+            return f"{field} (as sampling parameter {key}){message[len(key) :]}"
+    return message
+
+
+def with_origin(e: RequestError, origin: Dict[str, str]) -> RequestError:
+    """A refusal from the engine (e.g. a grammar that does not compile) naming the request's own field."""
+    return RequestError(name_origin(e.message, origin), e.status_code)
 
 
 def finish_reason(meta: dict) -> Optional[str]:
@@ -101,6 +110,24 @@ def prompt_logprob_entries(out: dict) -> Tuple[List[Entry], List[Optional[List[E
 
 def stream_options_usage(req: _SamplingRequest) -> bool:
     return bool(req.stream_options and req.stream_options.include_usage)
+
+
+def add_constraint(params: Dict[str, Any], key: str, value: str, field: str, origin: Dict[str, str]) -> None:
+    """Set constraint `key` (from request field `field`) in the sampling parameters; a 400 when the request
+    also sets another constraint (only one grammar applies)."""
+    clash = [k for k in GRAMMAR_KINDS if params.get(k) is not None]
+    if clash:
+        raise RequestError(f"{field}: give either {field} or {clash[0]}, not both")
+    params[key] = value
+    origin[key] = field
+
+
+def refuse_constraints_when_off(params: Dict[str, Any], origin: Dict[str, str], backend: str) -> None:
+    """--grammar-backend none: a constraint is a 400 naming the field it came from."""
+    used = [k for k in GRAMMAR_KINDS if params.get(k) is not None]
+    if used and backend == "none":
+        field = origin.get(used[0], used[0])
+        raise RequestError(f"{field}: needs constrained decoding, which is off on this server (--grammar-backend none)")
 
 
 def response_format_constraint(response_format: Optional[Dict[str, Any]]) -> Optional[Tuple[str, str]]:

@@ -155,9 +155,24 @@ class OutputProcessor:
         if req.first_token_time is None:
             req.first_token_time = time.monotonic()
         self.stats.generation_tokens_total += 1
+        if req.grammar is not None and not self.accept_grammar_token(req, token):
+            return
         tail = None
         params = req.sampling_params
         if params.stop_strs and self.tokenizer is not None:
             tail_ids = req.output_ids[-(params.stop_str_max_len + 1) :]
             tail = self.tokenizer.decode(tail_ids, skip_special_tokens=params.skip_special_tokens)
         req.check_finished(tail)
+        if req.grammar is not None and not req.finished() and req.grammar.is_terminated():
+            req.finished_reason = FinishReason("stop", matched=token)  # the grammar is complete (its stop token)
+
+    @staticmethod
+    def accept_grammar_token(req: "Req", token: int) -> bool:
+        """Advance the request's matcher; a token the mask allowed is always accepted, so a refusal is a bug,
+        reported on this request alone."""
+        if req.grammar.accept_token(token):
+            return True
+        req.finished_reason = FinishReason(
+            "abort", message=f"constrained decoding: token {token} broke the request's grammar", status_code=500
+        )
+        return False
