@@ -13,6 +13,11 @@ _MODELS = {
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
     "Qwen3MoeForCausalLM": "qwen3_moe",
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "OlmoeForCausalLM": "olmoe",
+    "Glm4MoeForCausalLM": "glm4_moe",
+    "Phi3ForCausalLM": "phi3",
     "DeepseekV2ForCausalLM": "deepseek_v2",
     "DeepseekV3ForCausalLM": "deepseek_v2",  # also Kimi-K2 (model_type kimi_k2)
 }

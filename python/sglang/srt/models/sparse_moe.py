@@ -1,0 +1,96 @@
+"""The routed-experts block the softmax-routed MoE families share (Mixtral, Qwen2-MoE, OLMoE): a router
+(`gate`, no bias) and the experts (FusedMoE, or with the KT flags the hybrid KTEPWrapperMethod), with an
+optional shared expert scaled by sigmoid(shared_expert_gate(x)) (Qwen2-MoE).
+
+Routing is softmax over all experts, top-k, renormalised to sum to one when `renormalize` (Mixtral always,
+Qwen2-MoE / OLMoE with norm_topk_prob): layers/moe/topk.py:select_experts, the one routing path of the GPU
+experts, the CPU kernels and the KT prefill slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Tuple
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+
+from sglang.srt.distributed import tensor_model_parallel_all_reduce
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.linear import ReplicatedLinear
+from sglang.srt.layers.moe.kt_ep_wrapper import KTState, build_moe_experts
+from sglang.srt.models.llama import LlamaDecoderLayer, LlamaMLP
+
+
+@dataclass(frozen=True)
+class SparseMoeShape:
+    hidden_size: int
+    num_experts: int
+    top_k: int
+    expert_intermediate_size: int  # one routed expert's width
+    renormalize: bool
+    shared_expert_intermediate_size: int = 0  # 0: no shared expert
+
+
+class SparseMoeBlock(nn.Module):
+    def __init__(self, shape: SparseMoeShape, layer_id: int, dtype: torch.dtype, kt_state: Optional[KTState]) -> None:
+        super().__init__()
+        self.gate = ReplicatedLinear(shape.hidden_size, shape.num_experts, bias=False, params_dtype=dtype)
+        self.experts = build_moe_experts(
+            num_experts=shape.num_experts,
+            top_k=shape.top_k,
+            hidden_size=shape.hidden_size,
+            intermediate_size=shape.expert_intermediate_size,
+            params_dtype=dtype,
+            renormalize=shape.renormalize,
+            layer_id=layer_id,
+            kt_state=kt_state,
+        )
+        self.shared_expert: Optional[LlamaMLP] = None
+        if shape.shared_expert_intermediate_size:
+            self.shared_expert = LlamaMLP(shape.hidden_size, shape.shared_expert_intermediate_size, dtype)
+            self.shared_expert_gate = ReplicatedLinear(shape.hidden_size, 1, bias=False, params_dtype=dtype)
+
+    def forward(
+        self, hidden_states: torch.Tensor, is_prefill: bool = False, num_real_tokens: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        """`is_prefill`, `num_real_tokens`: what the KT wrapper reads (the full-GPU prefill path, graph padding)."""
+        logits = self.gate(hidden_states)
+        # Each rank holds a slice of every expert's intermediate dimension: partial sums, then all-reduce.
+        out = tensor_model_parallel_all_reduce(self.experts(hidden_states, logits, is_prefill, num_real_tokens))
+        if self.shared_expert is not None:
+            shared = self.shared_expert.down_proj(self.shared_expert.gate_up_proj.silu_and_mul(hidden_states))
+            out = out + torch.sigmoid(self.shared_expert_gate(hidden_states)) * shared
+        return out
+
+
+class SparseMoeDecoderLayer(LlamaDecoderLayer):
+    """A Llama-shaped decoder layer whose MLP is a SparseMoeBlock where `moe_shape` gives one (else dense)."""
+
+    @staticmethod
+    def moe_shape(config: PretrainedConfig, layer_id: int) -> Optional[SparseMoeShape]:
+        raise NotImplementedError
+
+    def make_mlp(
+        self,
+        config: PretrainedConfig,
+        layer_id: int,
+        dtype: torch.dtype,
+        quantization: Optional[str],
+        kt_state: Optional[KTState] = None,
+    ) -> nn.Module:
+        if quantization is not None:
+            raise ValueError(f"quantization {quantization!r} is not supported for {config.architectures[0]}")
+        shape = self.moe_shape(config, layer_id)
+        if shape is not None:
+            return SparseMoeBlock(shape, layer_id, dtype, kt_state)
+        return LlamaMLP(config.hidden_size, config.intermediate_size, dtype)
+
+    def mlp_forward_add_norm(
+        self, hidden_states: torch.Tensor, residual: torch.Tensor, next_norm: RMSNorm, forward_batch
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        if isinstance(self.mlp, SparseMoeBlock):
+            fb = forward_batch
+            return next_norm(self.mlp(hidden_states, fb.forward_mode.is_extend(), fb.num_real_tokens), residual)
+        return super().mlp_forward_add_norm(hidden_states, residual, next_norm, forward_batch)
