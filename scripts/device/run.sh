@@ -6,7 +6,11 @@
 #   device call: run(command="bash scripts/device/run.sh gpu-tests roofline", carry=[".device"])
 #
 # Before the first run, here (needs the network): ../shared/device/stage.sh (the wheels the GPU machine lacks,
-# into .device/wheels), and for the serving stages python benchmark/serving/bench_serving_h200.py --prepare
+# into .device/wheels), plus the constrained-decoding wheels the sampler imports (not in shared/ yet):
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp --platform \
+#     manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 -d .device/wheels xgrammar==0.2.9 \
+#     apache-tvm-ffi==0.1.15.post2 jsonschema jsonschema-specifications referencing rpds-py attrs
+# and for the serving stages python benchmark/serving/bench_serving_h200.py --prepare
 # (upstream's bench_serving wheel and SmolLM2's tokenizer, into .device/upstream).
 #
 # before:STAGE runs STAGE in the tree of an earlier commit, unpacked from .device/before.tar, made here with
