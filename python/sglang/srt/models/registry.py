@@ -16,8 +16,6 @@ _MODELS = {
     "MixtralForCausalLM": "mixtral",
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "OlmoeForCausalLM": "olmoe",
-    "Glm4MoeForCausalLM": "glm4_moe",
-    "Phi3ForCausalLM": "phi3",
     "DeepseekV2ForCausalLM": "deepseek_v2",
     "DeepseekV3ForCausalLM": "deepseek_v2",  # also Kimi-K2 (model_type kimi_k2)
 }
