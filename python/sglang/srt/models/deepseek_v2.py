@@ -39,12 +39,12 @@ from sglang.srt.distributed.partition import shard_range
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from sglang.srt.layers.mla_attention import MLAAttention
-from sglang.srt.layers.moe.kt_ep_wrapper import KTEPWrapperMethod, KTState, build_moe_experts
+from sglang.srt.layers.moe.kt_ep_wrapper import KTState, build_moe_experts
 from sglang.srt.layers.moe.kt_prefill_slot import KTPrefillSlot
 from sglang.srt.layers.moe.topk import GroupedTopKConfig, select_experts_grouped
 from sglang.srt.layers.rotary_embedding import _rope_parameters, get_rope
-from sglang.srt.model_loader.weight_loading import load_stacked_weights
 from sglang.srt.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
+from sglang.srt.models.moe_weights import finish_kt_layers, load_moe_weights
 
 logger = logging.getLogger(__name__)
 
@@ -277,15 +277,6 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
         super().__init__(config, dtype, max_position, kt_state=kt_state)
         self.kt_state = kt_state
 
-    def _load_expert(self, name: str, tensor: torch.Tensor, params: dict) -> Optional[str]:
-        if ".mlp.experts." not in name:
-            return None
-        prefix, rest = name.split(".mlp.experts.", 1)
-        expert_str, proj, kind = rest.split(".", 2)  # kind: "weight", or an FP8 checkpoint's "weight_scale_inv"
-        shard = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}[proj]
-        self.get_submodule(f"{prefix}.mlp.experts").weight_loader(kind, tensor, shard, int(expert_str))
-        return f"{prefix}.mlp.experts.{expert_str}.{proj}"
-
     def _without_mtp_layers(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> Iterator[Tuple[str, torch.Tensor]]:
         """The checkpoint's tensors less the multi-token-prediction layers (index >= num_hidden_layers)."""
         first_mtp = self.config.num_hidden_layers
@@ -306,40 +297,16 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
             )
 
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> Set[str]:
-        if self.kt_state is not None and self.kt_state.config.weight_path:
-            weights = self._with_kt_experts(weights, self.kt_state.config.weight_path)
-        skip = ("rotary_emb.inv_freq",)
-        if getattr(self.config, "tie_word_embeddings", False):
-            skip += ("lm_head.weight",)
-        return load_stacked_weights(
-            self,
-            self._without_mtp_layers(weights),
-            self.stacked_params_mapping,
-            skip,
-            extra_loader=self._load_expert,
-            ignore_param=lambda n: ".mlp.experts." in n,
+        return load_moe_weights(
+            self, weights, self.kt_state, self.stacked_params_mapping, select=self._without_mtp_layers
         )
-
-    @staticmethod
-    def _with_kt_experts(weights, kt_weight_path: str):
-        """Routed experts from --kt-weight-path (HF-named safetensors, full precision), the rest from the model."""
-        from sglang.srt.model_loader.weight_utils import safetensors_weights_iterator
-
-        for name, tensor in weights:
-            if ".mlp.experts." not in name:
-                yield name, tensor
-        for name, tensor in safetensors_weights_iterator(kt_weight_path):
-            if ".mlp.experts." in name:
-                yield name, tensor
 
     # ---- KT hybrid experts (the same contract as Qwen3-MoE's; see LlamaForCausalLM for the defaults)
     def kt_prefill_slot(self) -> Optional[KTPrefillSlot]:
         return None if self.kt_state is None else self.kt_state.prefill_slot
 
     def finish_loading(self) -> None:
-        for module in self.modules():
-            if isinstance(module, KTEPWrapperMethod):
-                module.finish_loading()
+        finish_kt_layers(self)
 
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):

@@ -53,17 +53,7 @@ class MixtralForCausalLM(Qwen3MoeForCausalLM):
     def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]):
         return super().load_weights(renamed(weights))
 
-    @staticmethod
-    def _with_kt_experts(weights, kt_weight_path: str):
-        """Experts from --kt-weight-path (a Mixtral-named checkpoint), the rest from the (renamed) model."""
-        from sglang.srt.model_loader.weight_utils import safetensors_weights_iterator
-
-        for name, tensor in weights:
-            if ".mlp.experts." not in name:
-                yield name, tensor
-        for name, tensor in renamed(safetensors_weights_iterator(kt_weight_path)):
-            if ".mlp.experts." in name:
-                yield name, tensor
+    kt_checkpoint_names = staticmethod(renamed)  # --kt-weight-path is a Mixtral-named checkpoint too
 
 
 EntryClass = MixtralForCausalLM

@@ -6,7 +6,7 @@ flags the experts are wrapped by KTEPWrapperMethod (hybrid CPU/GPU experts, see 
 
 from __future__ import annotations
 
-from typing import Iterable, Optional, Set, Tuple
+from typing import Optional, Set, Tuple
 
 import torch
 from torch import nn
@@ -16,10 +16,10 @@ from sglang.srt.configs.kt_config import KTConfig
 from sglang.srt.distributed import tensor_model_parallel_all_reduce
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import CHECKPOINT_FP8_FORMATS, ReplicatedLinear
-from sglang.srt.layers.moe.kt_ep_wrapper import KTEPWrapperMethod, KTState, build_moe_experts
+from sglang.srt.layers.moe.kt_ep_wrapper import KTState, build_moe_experts
 from sglang.srt.layers.moe.kt_prefill_slot import KTPrefillSlot
-from sglang.srt.model_loader.weight_loading import load_stacked_weights
 from sglang.srt.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
+from sglang.srt.models.moe_weights import Weights, finish_kt_layers, load_moe_weights
 from sglang.srt.models.qwen3 import Qwen3Attention
 
 
@@ -112,51 +112,19 @@ class Qwen3MoeForCausalLM(LlamaForCausalLM):
         super().__init__(config, dtype, max_position, quantization, kt_state=kt_state)
         self.kt_state = kt_state
 
-    def _load_expert(self, name: str, tensor: torch.Tensor, params: dict) -> Optional[str]:
-        if ".mlp.experts." not in name:
-            return None
-        prefix, rest = name.split(".mlp.experts.", 1)
-        expert_str, proj, kind = rest.split(".", 2)  # kind: "weight", or an FP8 checkpoint's "weight_scale_inv"
-        shard = {"gate_proj": "w1", "up_proj": "w3", "down_proj": "w2"}[proj]
-        experts = self.get_submodule(f"{prefix}.mlp.experts")
-        experts.weight_loader(kind, tensor, shard, int(expert_str))
-        return f"{prefix}.mlp.experts.{expert_str}.{proj}"
-
-    def load_weights(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> Set[str]:
-        if self.kt_state is not None and self.kt_state.config.weight_path:
-            weights = self._with_kt_experts(weights, self.kt_state.config.weight_path)
-        skip = ("rotary_emb.inv_freq",)
-        if getattr(self.config, "tie_word_embeddings", False):
-            skip += ("lm_head.weight",)
-        # Expert parameters are filled through the experts' loader; the completeness check covers the rest.
-        return load_stacked_weights(
-            self,
-            weights,
-            self.stacked_params_mapping,
-            skip,
-            extra_loader=self._load_expert,
-            ignore_param=lambda n: ".mlp.experts." in n,
-        )
-
     @staticmethod
-    def _with_kt_experts(weights, kt_weight_path: str):
-        """Experts from --kt-weight-path (HF-named safetensors, full precision), the rest from the model."""
-        from sglang.srt.model_loader.weight_utils import safetensors_weights_iterator
+    def kt_checkpoint_names(weights: Weights) -> Weights:
+        """How --kt-weight-path's tensor names map to ours (the same names here; Mixtral renames)."""
+        return weights
 
-        for name, tensor in weights:
-            if ".mlp.experts." not in name:
-                yield name, tensor
-        for name, tensor in safetensors_weights_iterator(kt_weight_path):
-            if ".mlp.experts." in name:
-                yield name, tensor
+    def load_weights(self, weights: Weights) -> Set[str]:
+        return load_moe_weights(self, weights, self.kt_state, self.stacked_params_mapping, self.kt_checkpoint_names)
 
     def kt_prefill_slot(self) -> Optional[KTPrefillSlot]:
         return None if self.kt_state is None else self.kt_state.prefill_slot
 
     def finish_loading(self) -> None:
-        for module in self.modules():
-            if isinstance(module, KTEPWrapperMethod):
-                module.finish_loading()
+        finish_kt_layers(self)
 
 
 EntryClass = Qwen3MoeForCausalLM
