@@ -21,3 +21,25 @@ from sglang.srt.configs.model_config import num_routed_experts
 )
 def test_num_routed_experts_reads_each_familys_field(config, experts):
     assert num_routed_experts(config) == experts
+
+
+@pytest.mark.parametrize(
+    "config_cls,fields,named",
+    [
+        ("MixtralConfig", dict(hidden_act="gelu"), "hidden_act='gelu'"),
+        ("Qwen2MoeConfig", dict(hidden_act="relu"), "hidden_act='relu'"),
+        ("OlmoeConfig", dict(hidden_act="gelu_new"), "hidden_act='gelu_new'"),
+        ("LlamaConfig", dict(mlp_bias=True), "mlp_bias=True"),
+    ],
+)
+def test_mlp_fields_we_do_not_run_are_refused_by_name(config_cls, fields, named):
+    """An activation other than SiLU or an MLP bias would load and answer wrongly: refused, naming the field."""
+    import transformers
+
+    from sglang.srt.configs.deepseek import UnsupportedModelError
+    from sglang.srt.configs.model_config import check_model_supported
+
+    config = getattr(transformers, config_cls)(**fields)
+    with pytest.raises(UnsupportedModelError, match=named.replace("(", r"\(")):
+        check_model_supported(config)
+    check_model_supported(getattr(transformers, config_cls)())  # the family's defaults run

@@ -119,7 +119,15 @@ def attention_kind(config: PretrainedConfig) -> str:
 
 def check_model_supported(config: PretrainedConfig) -> None:
     """Refuse, naming the field, a config we cannot run exactly (before any weight loads)."""
-    check_deepseek_config(getattr(config, "text_config", None) or config)
+    text = getattr(config, "text_config", None) or config
+    check_deepseek_config(text)
+    # Every MLP here is SwiGLU without biases (LlamaMLP, the MoE experts): another activation or an MLP bias
+    # would load and answer wrongly.
+    act = getattr(text, "hidden_act", None) or getattr(text, "hidden_activation", None) or "silu"
+    if act not in ("silu", "swish"):
+        raise UnsupportedModelError(f"hidden_act={act!r} is not supported (silu)")
+    if getattr(text, "mlp_bias", False):
+        raise UnsupportedModelError("mlp_bias=True is not supported (the MLP layers have no bias)")
     try:  # the checkpoint's quantization_config: a format we run, or refused by name before any weight is read
         checkpoint_quantization(config)
     except UnsupportedQuantization as e:
