@@ -127,17 +127,23 @@ def moe_bf16(d: str) -> str:
 
 class FakeQuantLinear(torch.nn.Module):
     """transformers' Linear computing as our fp8 layer does: the checkpoint's dequantized weight, the input
-    rounded through e4m3 per token and 128-column group (block) or per token (channel / tensor)."""
+    rounded through e4m3 per token and 128-column group (block) or per token (channel / tensor). With
+    `activation_dtype`, the input is first rounded to that dtype: our GPU layers quantize bf16 activations, and
+    rounding an fp32 value straight to e4m3 gives another code than rounding it through bf16 first for about
+    one element in sixteen."""
 
-    def __init__(self, linear: torch.nn.Linear, strategy: str) -> None:
+    def __init__(self, linear: torch.nn.Linear, strategy: str, activation_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.weight, self.bias, self.strategy = linear.weight, linear.bias, strategy
+        self.activation_dtype = activation_dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from sglang.srt.layers.quantization.fp8_block_linear import quantize_groups_reference
         from sglang.srt.layers.quantization.fp8_linear import quantize_rows
 
         x2 = x.reshape(-1, x.shape[-1])
+        if self.activation_dtype is not None:
+            x2 = x2.to(self.activation_dtype)
         if self.strategy == "block":
             q, s = quantize_groups_reference(x2)
             xq = q.float() * s.repeat_interleave(128, 1)[:, : x2.shape[1]]
@@ -147,12 +153,17 @@ class FakeQuantLinear(torch.nn.Module):
         return torch.nn.functional.linear(xq.view(x.shape), self.weight, self.bias)
 
 
-def fake_quantized(model: torch.nn.Module, strategy: str, attention_only: bool = False) -> torch.nn.Module:
+def fake_quantized(
+    model: torch.nn.Module,
+    strategy: str,
+    attention_only: bool = False,
+    activation_dtype: torch.dtype | None = None,
+) -> torch.nn.Module:
     """transformers' model (holding the dequantized weights) with its decoder Linears computing as our fp8
     layers do (FakeQuantLinear); `attention_only` for MoE models, whose experts are weight-only fp8."""
     for layer in model.model.layers:
         for parent in (layer.self_attn,) if attention_only else (layer.self_attn, layer.mlp):
             for name, child in list(parent.named_children()):
                 if isinstance(child, torch.nn.Linear):
-                    setattr(parent, name, FakeQuantLinear(child, strategy))
+                    setattr(parent, name, FakeQuantLinear(child, strategy, activation_dtype))
     return model

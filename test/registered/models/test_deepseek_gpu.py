@@ -55,6 +55,9 @@ def test_tiny_deepseek_matches_transformers_and_graphs_match_eager(version):
     eager = _generate(d, prompts, disable_cuda_graph=True)
     assert graphs == eager, "decode in CUDA graphs must give the eager tokens"
     ref = hf.to(device="cuda", dtype=torch.bfloat16)
+    for module in ref.modules():  # V3's router stays fp32, as ours (and upstream's) does: `.to(bfloat16)` would
+        if hasattr(module, "e_score_correction_bias"):  # round its weight and correction bias, moving near-ties
+            module.float()
     steps = exact = 0
     for prompt, ids in zip(prompts, graphs):
         assert len(ids) == NEW_TOKENS
