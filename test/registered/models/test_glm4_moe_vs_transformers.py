@@ -3,7 +3,7 @@
 correction bias, routed_scaling_factor 2.5, a shared expert, a leading dense layer), fp32 on the CPU, greedy tokens
 identical for prompts of 1, 7 and 23 tokens:
 
-- qk-norm and attention bias on, through sglang.Engine;
+- qk-norm and attention bias on, through sglang.Engine with --tp-size 2;
 - qk-norm and attention bias off, two shared experts, two leading dense layers, n_group 2 / topk_group 1, and a
   multi-token-prediction layer in the checkpoint (num_nextn_predict_layers 1), skipped at load with its log line;
 - KT hybrid experts (BF16 on the CPU kernels, 3 of 8 experts on the model's device, the full-GPU prefill slot from
@@ -75,13 +75,15 @@ def _build(variant: str, tmp_path_factory):
     return _BUILT[variant]
 
 
-def test_engine_matches_transformers_with_qk_norm(tmp_path_factory):
+def test_engine_tp2_matches_transformers_with_qk_norm(tmp_path_factory):
     import sglang
 
     d, hf, prompts, ref, _ = _build("qk_norm", tmp_path_factory)
     assert hf.config.use_qk_norm and hf.config.attention_bias and hf.config.n_group > 1
+    # Two tensor-parallel ranks over gloo: each holds 2 of the 4 query heads, 1 of the 2 KV heads, half of every
+    # expert's and the shared expert's intermediate dimension; the router and the norms whole.
     engine = sglang.Engine(
-        model_path=d, device="cpu", skip_tokenizer_init=True, max_total_tokens=1024, log_level="warning"
+        model_path=d, tp_size=2, device="cpu", skip_tokenizer_init=True, max_total_tokens=1024, log_level="warning"
     )
     try:
         outs = engine.generate(input_ids=prompts, sampling_params=greedy_params(NEW_TOKENS))
