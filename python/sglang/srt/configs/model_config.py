@@ -16,6 +16,7 @@ from sglang.srt.configs.deepseek import (
     check_deepseek_config,
     uses_mla,
 )
+from sglang.srt.configs.glm4_moe import check_glm4_moe_config
 from sglang.srt.configs.quantization_config import (
     CheckpointQuantization,
     UnsupportedQuantization,
@@ -121,6 +122,7 @@ def check_model_supported(config: PretrainedConfig) -> None:
     """Refuse, naming the field, a config we cannot run exactly (before any weight loads)."""
     text = getattr(config, "text_config", None) or config
     check_deepseek_config(text)
+    check_glm4_moe_config(text)
     # Every MLP here is SwiGLU without biases (LlamaMLP, the MoE experts): another activation or an MLP bias
     # would load and answer wrongly.
     act = getattr(text, "hidden_act", None) or getattr(text, "hidden_activation", None) or "silu"
