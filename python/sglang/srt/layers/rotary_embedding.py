@@ -15,8 +15,12 @@ from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 
-def _rope_parameters(config: PretrainedConfig) -> dict:
+def _rope_parameters(config: PretrainedConfig, layer_type: Optional[str] = None) -> dict:
+    """The rope parameters of the model, or, given `layer_type`, those of that kind of layer (configs whose
+    `rope_parameters` are keyed by layer type: Gemma 3's sliding and full attention layers)."""
     params = getattr(config, "rope_parameters", None)
+    if layer_type is not None:
+        return dict(params[layer_type])
     if params:
         return dict(params)
     scaling = dict(getattr(config, "rope_scaling", None) or {})
@@ -25,8 +29,10 @@ def _rope_parameters(config: PretrainedConfig) -> dict:
     return scaling
 
 
-def compute_inv_freq(config: PretrainedConfig, head_dim: int) -> Tuple[torch.Tensor, float]:
-    params = _rope_parameters(config)
+def compute_inv_freq(
+    config: PretrainedConfig, head_dim: int, layer_type: Optional[str] = None
+) -> Tuple[torch.Tensor, float]:
+    params = _rope_parameters(config, layer_type)
     rope_type = params.get("rope_type", "default")
     # A GGUF's rope_freqs.weight (model_loader/gguf_config.py): per-pair factors dividing the base frequencies.
     factors = getattr(config, "rope_freq_factors", None)
@@ -44,6 +50,8 @@ def compute_inv_freq(config: PretrainedConfig, head_dim: int) -> Tuple[torch.Ten
         return inv_freq, 1.0
     if rope_type not in ROPE_INIT_FUNCTIONS:
         raise ValueError(f"rope type {rope_type!r} is not supported")
+    if layer_type is not None:
+        return ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", layer_type=layer_type)
     return ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
 
 
@@ -65,15 +73,22 @@ class FusedSetKVBufferArg:
 
 class RotaryEmbedding(nn.Module):
     def __init__(
-        self, config: PretrainedConfig, head_dim: int, max_position: int, dtype: torch.dtype, interleaved: bool = False
+        self,
+        config: PretrainedConfig,
+        head_dim: int,
+        max_position: int,
+        dtype: torch.dtype,
+        interleaved: bool = False,
+        layer_type: Optional[str] = None,
     ) -> None:
-        """`interleaved`: rotate the pairs (x0, x1), (x2, x3), ... (DeepSeek's layout) instead of (x_i, x_{i+D/2})."""
+        """`interleaved`: rotate the pairs (x0, x1), (x2, x3), ... (DeepSeek's layout) instead of (x_i, x_{i+D/2}).
+        `layer_type`: the rope parameters of that kind of layer (see _rope_parameters)."""
         super().__init__()
         self.head_dim = head_dim
         self.interleaved = interleaved
         device = torch.empty(0).device  # the caller's `with torch.device(...)`; the math runs on the CPU
         with torch.device("cpu"):
-            inv_freq, scaling = compute_inv_freq(config, head_dim)
+            inv_freq, scaling = compute_inv_freq(config, head_dim, layer_type)
             freqs = torch.arange(max_position, dtype=torch.float)[:, None] * inv_freq.cpu()[None, :]
             emb = torch.cat((freqs, freqs), dim=-1)
             # Cast like the reference does (fp32 math, then the activation dtype).
@@ -133,13 +148,20 @@ _ROPE_CACHE: dict = {}
 
 
 def get_rope(
-    config: PretrainedConfig, head_dim: int, max_position: int, dtype: torch.dtype, interleaved: bool = False
+    config: PretrainedConfig,
+    head_dim: int,
+    max_position: int,
+    dtype: torch.dtype,
+    interleaved: bool = False,
+    layer_type: Optional[str] = None,
 ) -> RotaryEmbedding:
-    """One RotaryEmbedding per distinct geometry: its cos/sin tables (MBs at 128k context) are shared by all layers."""
+    """One RotaryEmbedding per distinct geometry: its cos/sin tables (MBs at 128k context) are shared by all layers.
+    `layer_type`: for configs with rope parameters per kind of layer (Gemma 3), that kind's."""
     device = torch.empty(0).device  # honours the caller's `with torch.device(...)`
     # Everything compute_inv_freq reads: the rope parameters and a GGUF's per-pair frequency factors.
-    rope = (repr(sorted(_rope_parameters(config).items())), getattr(config, "rope_freq_factors", None))
+    params = _rope_parameters(config, layer_type)
+    rope = (repr(sorted(params.items())), getattr(config, "rope_freq_factors", None))
     key = (head_dim, max_position, dtype, str(device), rope, interleaved)
     if key not in _ROPE_CACHE:
-        _ROPE_CACHE[key] = RotaryEmbedding(config, head_dim, max_position, dtype, interleaved)
+        _ROPE_CACHE[key] = RotaryEmbedding(config, head_dim, max_position, dtype, interleaved, layer_type)
     return _ROPE_CACHE[key]
