@@ -32,8 +32,13 @@ def test_engine_matches_transformers_on_gpu(family):
 
     import sglang
 
+    # head_dim 32: the fused rotary kernel on the GPU takes power-of-two head widths (real Gemmas: 128, 256).
     ckpt = write_tiny_gemma(
-        family, tempfile.mkdtemp(prefix=f"tiny-{family}-"), sliding_window=WINDOW, max_position_embeddings=1024
+        family,
+        tempfile.mkdtemp(prefix=f"tiny-{family}-"),
+        sliding_window=WINDOW,
+        max_position_embeddings=1024,
+        head_dim=32,
     )
     rng = random.Random(3)
     prompts = [[rng.randrange(3, COMMON["vocab_size"]) for _ in range(n)] for n in (5, 63, 200, 700)]
