@@ -17,8 +17,12 @@ from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 
-def _rope_parameters(config: PretrainedConfig) -> dict:
+def _rope_parameters(config: PretrainedConfig, layer_type: Optional[str] = None) -> dict:
+    """The rope parameters of the model, or, given `layer_type`, those of that kind of layer (configs whose
+    `rope_parameters` are keyed by layer type: Gemma 3's sliding and full attention layers)."""
     params = getattr(config, "rope_parameters", None)
+    if layer_type is not None:
+        return dict(params[layer_type])
     if params:
         return dict(params)
     scaling = dict(getattr(config, "rope_scaling", None) or {})
@@ -36,9 +40,11 @@ def partial_rotary_dim(config: PretrainedConfig, head_dim: int) -> int:
     return int(head_dim * factor)
 
 
-def compute_inv_freq(config: PretrainedConfig, head_dim: int) -> Tuple[torch.Tensor, float]:
-    """`head_dim`: the rotated width (the rotary dim under partial rotary)."""
-    params = _rope_parameters(config)
+def compute_inv_freq(
+    config: PretrainedConfig, head_dim: int, layer_type: Optional[str] = None
+) -> Tuple[torch.Tensor, float]:
+    """`head_dim`: the rotated width (the rotary dim under partial rotary); `layer_type`: see _rope_parameters."""
+    params = _rope_parameters(config, layer_type)
     rope_type = params.get("rope_type", "default")
     # A GGUF's rope_freqs.weight (model_loader/gguf_config.py): per-pair factors dividing the base frequencies.
     factors = getattr(config, "rope_freq_factors", None)
@@ -56,6 +62,8 @@ def compute_inv_freq(config: PretrainedConfig, head_dim: int) -> Tuple[torch.Ten
         return inv_freq, 1.0
     if rope_type not in ROPE_INIT_FUNCTIONS:
         raise ValueError(f"rope type {rope_type!r} is not supported")
+    if layer_type is not None:
+        return ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", layer_type=layer_type)
     return ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
 
 
@@ -84,9 +92,11 @@ class RotaryEmbedding(nn.Module):
         dtype: torch.dtype,
         interleaved: bool = False,
         rotary_dim: Optional[int] = None,
+        layer_type: Optional[str] = None,
     ) -> None:
         """`interleaved`: rotate the pairs (x0, x1), (x2, x3), ... (DeepSeek's layout) instead of (x_i, x_{i+D/2}).
-        `rotary_dim`: rotate only the first rotary_dim values of each head (default: all head_dim)."""
+        `rotary_dim`: rotate only the first rotary_dim values of each head (default: all head_dim).
+        `layer_type`: the rope parameters of that kind of layer (see _rope_parameters)."""
         super().__init__()
         self.head_dim = head_dim
         self.rotary_dim = rotary_dim or head_dim
@@ -97,7 +107,7 @@ class RotaryEmbedding(nn.Module):
         self.interleaved = interleaved
         device = torch.empty(0).device  # the caller's `with torch.device(...)`; the math runs on the CPU
         with torch.device("cpu"):
-            inv_freq, scaling = compute_inv_freq(config, self.rotary_dim)
+            inv_freq, scaling = compute_inv_freq(config, self.rotary_dim, layer_type)
             if 2 * inv_freq.shape[0] != self.rotary_dim:  # a rope type's own initialiser read another width
                 raise ValueError(
                     f"the rope parameters give {2 * inv_freq.shape[0]} rotated values per head, expected {self.rotary_dim}"
@@ -179,13 +189,16 @@ def get_rope(
     dtype: torch.dtype,
     interleaved: bool = False,
     rotary_dim: Optional[int] = None,
+    layer_type: Optional[str] = None,
 ) -> RotaryEmbedding:
     """One RotaryEmbedding per distinct geometry: its cos/sin tables (MBs at 128k context) are shared by all layers.
-    `rotary_dim`: partial rotary's rotated width (partial_rotary_dim), None: the whole head."""
+    `rotary_dim`: partial rotary's rotated width (partial_rotary_dim), None: the whole head.
+    `layer_type`: for configs with rope parameters per kind of layer (Gemma 3), that kind's."""
     device = torch.empty(0).device  # honours the caller's `with torch.device(...)`
     # Everything compute_inv_freq reads: the rope parameters and a GGUF's per-pair frequency factors.
-    rope = (repr(sorted(_rope_parameters(config).items())), getattr(config, "rope_freq_factors", None))
+    params = _rope_parameters(config, layer_type)
+    rope = (repr(sorted(params.items())), getattr(config, "rope_freq_factors", None))
     key = (head_dim, max_position, dtype, str(device), rope, interleaved, rotary_dim or head_dim)
     if key not in _ROPE_CACHE:
-        _ROPE_CACHE[key] = RotaryEmbedding(config, head_dim, max_position, dtype, interleaved, rotary_dim)
+        _ROPE_CACHE[key] = RotaryEmbedding(config, head_dim, max_position, dtype, interleaved, rotary_dim, layer_type)
     return _ROPE_CACHE[key]
