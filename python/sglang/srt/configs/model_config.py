@@ -22,6 +22,7 @@ from sglang.srt.configs.quantization_config import (
     checkpoint_quantization,
     linear_weight_format,
 )
+from sglang.srt.configs.rope import EXACT_ROPE_TYPES, longrope_context_limit, rope_parameters
 from sglang.srt.distributed.partition import HeadPartition
 from sglang.srt.model_executor.pool_configurator import KVGeometry
 from sglang.srt.model_loader.model_source import ModelSource
@@ -117,10 +118,53 @@ def attention_kind(config: PretrainedConfig) -> str:
     return "mla" if uses_mla(text) else "mha"
 
 
+# Per-architecture fields that transformers 5.24's modeling files read differently from how our shared Llama
+# code would (docs/model_support.md has the whole table):
+# - partial_rotary_factor rotates part of each head only in Phi-3 (Llama-family files ignore it for the
+#   default rope and fail for scaled ones);
+# - attention_bias is never read by Mistral's, Mixtral's or Qwen2-MoE's attention (fixed biases), but
+#   LlamaAttention would add q/k/v/o biases for it;
+# - sliding_window is never applied by Llama's or OLMoE's masks (OLMoE passes it to flash attention only).
+PARTIAL_ROTARY_ARCHITECTURES = ("Phi3ForCausalLM",)
+ATTENTION_BIAS_IGNORED = ("MistralForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")
+SLIDING_WINDOW_IGNORED = ("LlamaForCausalLM", "OlmoeForCausalLM")
+
+
+def check_architecture_fields(config: PretrainedConfig) -> None:
+    """Refuse, naming the field, what the architecture's transformers modeling file computes differently from
+    our code for it (MLA DeepSeek configs: configs/deepseek.py)."""
+    arch = (getattr(config, "architectures", None) or ["LlamaForCausalLM"])[0]
+    if uses_mla(config):
+        return  # deepseek_v2.py's own rope and attention; check_deepseek_config refuses its fields
+    params = rope_parameters(config)
+    rope_type = params.get("rope_type", "default")
+    if rope_type not in EXACT_ROPE_TYPES:
+        raise UnsupportedModelError(
+            f"rope_scaling rope_type={rope_type!r} is not supported (supported: {', '.join(EXACT_ROPE_TYPES)})"
+        )
+    partial = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
+    if partial not in (None, 1, 1.0) and arch not in PARTIAL_ROTARY_ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"partial_rotary_factor={partial} is not supported for {arch} (transformers rotates every feature "
+            "of its heads, or fails with a scaled rope)"
+        )
+    if getattr(config, "attention_bias", False) and arch in ATTENTION_BIAS_IGNORED:
+        raise UnsupportedModelError(
+            f"attention_bias=True is not supported for {arch} (transformers' {arch} never reads it: its "
+            "projections' biases are fixed)"
+        )
+    if getattr(config, "sliding_window", None) and arch in SLIDING_WINDOW_IGNORED:
+        raise UnsupportedModelError(
+            f"sliding_window={config.sliding_window} is not supported for {arch} (transformers' {arch} attends "
+            "to every earlier token: its causal mask has no window)"
+        )
+
+
 def check_model_supported(config: PretrainedConfig) -> None:
     """Refuse, naming the field, a config we cannot run exactly (before any weight loads)."""
     text = getattr(config, "text_config", None) or config
     check_deepseek_config(text)
+    check_architecture_fields(text)
     # Every MLP here is SwiGLU without biases (LlamaMLP, the MoE experts): another activation or an MLP bias
     # would load and answer wrongly.
     act = getattr(text, "hidden_act", None) or getattr(text, "hidden_activation", None) or "silu"
@@ -212,6 +256,16 @@ class ModelConfig:
             raise ValueError(
                 f"--context-length {context_length} is longer than the model's max_position_embeddings {derived_ctx}"
             )
+        longrope_limit = longrope_context_limit(text)
+        if longrope_limit is not None and longrope_limit < derived_ctx:
+            # Past it transformers re-rotates the whole sequence, cached keys included, with the long factors:
+            # a KV cache cannot follow that, so sequences stop at it (the short factors, exact).
+            if context_length is not None and context_length > longrope_limit:
+                raise ValueError(
+                    f"--context-length {context_length}: a longrope model runs exactly up to its "
+                    f"original_max_position_embeddings {longrope_limit} (the long factors are not supported)"
+                )
+            derived_ctx = longrope_limit
         eos = hf_config.eos_token_id
         eos_ids = () if eos is None else ((eos,) if isinstance(eos, int) else tuple(eos))
         model_dtype = resolve_dtype(dtype, hf_config, device)

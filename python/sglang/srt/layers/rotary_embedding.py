@@ -1,7 +1,11 @@
 """Rotary position embedding (rotate-half / NeoX layout), every rope type transformers knows.
 
 The inverse frequencies come from transformers' own rope initialisers, so llama3, yarn, linear and
-dynamic scaling match the reference exactly; cos/sin are precomputed for every position once.
+dynamic scaling match the reference exactly; cos/sin are precomputed for every position once. With a
+``partial_rotary_factor`` below one (Phi-4-mini: 0.75) only the first ``rotary_dim`` features of each head
+rotate (rotate-half within them) and the rest pass through, as transformers' Phi-3 does. ``longrope``'s
+tables are its short factors (and its attention factor): what transformers computes while a sequence is no
+longer than ``original_max_position_embeddings``, the context ModelConfig allows for it.
 """
 
 from __future__ import annotations
@@ -14,18 +18,18 @@ from torch import nn
 from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from sglang.srt.configs.rope import rope_parameters as _rope_parameters
 
-def _rope_parameters(config: PretrainedConfig) -> dict:
-    params = getattr(config, "rope_parameters", None)
-    if params:
-        return dict(params)
-    scaling = dict(getattr(config, "rope_scaling", None) or {})
-    scaling.setdefault("rope_type", scaling.get("type", "default"))
-    scaling.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
-    return scaling
+
+def rotary_dim(config: PretrainedConfig, head_dim: int) -> int:
+    """How many features of each head rotate: head_dim times the rope's partial_rotary_factor (transformers'
+    rule, int() truncating), all of them by default."""
+    factor = _rope_parameters(config).get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
+    return int(head_dim * (1.0 if factor is None else factor))
 
 
 def compute_inv_freq(config: PretrainedConfig, head_dim: int) -> Tuple[torch.Tensor, float]:
+    """(inverse frequencies, attention scaling of cos/sin); ``head_dim`` is the rotating width (rotary_dim)."""
     params = _rope_parameters(config)
     rope_type = params.get("rope_type", "default")
     # A GGUF's rope_freqs.weight (model_loader/gguf_config.py): per-pair factors dividing the base frequencies.
@@ -70,10 +74,15 @@ class RotaryEmbedding(nn.Module):
         """`interleaved`: rotate the pairs (x0, x1), (x2, x3), ... (DeepSeek's layout) instead of (x_i, x_{i+D/2})."""
         super().__init__()
         self.head_dim = head_dim
+        self.rotary_dim = rotary_dim(config, head_dim)  # the leading features that rotate; the rest pass
         self.interleaved = interleaved
+        if self.rotary_dim % 2 or not 0 < self.rotary_dim <= head_dim or (interleaved and self.rotary_dim != head_dim):
+            raise ValueError(f"partial_rotary_factor gives rotary_dim {self.rotary_dim} for head_dim {head_dim}")
         device = torch.empty(0).device  # the caller's `with torch.device(...)`; the math runs on the CPU
         with torch.device("cpu"):
-            inv_freq, scaling = compute_inv_freq(config, head_dim)
+            inv_freq, scaling = compute_inv_freq(config, self.rotary_dim)
+            if inv_freq.shape[0] * 2 != self.rotary_dim:
+                raise ValueError(f"rope gives {inv_freq.shape[0]} frequencies for rotary_dim {self.rotary_dim}")
             freqs = torch.arange(max_position, dtype=torch.float)[:, None] * inv_freq.cpu()[None, :]
             emb = torch.cat((freqs, freqs), dim=-1)
             # Cast like the reference does (fp32 math, then the activation dtype).
@@ -94,7 +103,14 @@ class RotaryEmbedding(nn.Module):
             from sglang.srt.layers.fused_elementwise import apply_rotary_inplace
 
             apply_rotary_inplace(
-                positions, q, k, self.cos_cache, self.sin_cache, self.head_dim, kv_store=fused_set_kv_buffer_arg
+                positions,
+                q,
+                k,
+                self.cos_cache,
+                self.sin_cache,
+                self.head_dim,
+                kv_store=fused_set_kv_buffer_arg,
+                rotary_dim=self.rotary_dim,
             )
             return q, k
         q, k = self._forward_torch(positions, q, k)
@@ -113,9 +129,14 @@ class RotaryEmbedding(nn.Module):
         ks = k.reshape(k.shape[0], -1, self.head_dim)
         if self.interleaved:
             return rotate_pairs(qs, cos, sin).view(q.shape), rotate_pairs(ks, cos, sin).view(k.shape)
-        q_out = qs * cos + rotate_half(qs) * sin
-        k_out = ks * cos + rotate_half(ks) * sin
-        return q_out.view(q.shape), k_out.view(k.shape)
+        return self._rotate(qs, cos, sin).view(q.shape), self._rotate(ks, cos, sin).view(k.shape)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate-half on the first rotary_dim features of each head [T, H, D]; the others pass unchanged."""
+        if self.rotary_dim == self.head_dim:
+            return x * cos + rotate_half(x) * sin
+        rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
+        return torch.cat([rot * cos + rotate_half(rot) * sin, rest], dim=-1)
 
 
 def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -138,7 +159,11 @@ def get_rope(
     """One RotaryEmbedding per distinct geometry: its cos/sin tables (MBs at 128k context) are shared by all layers."""
     device = torch.empty(0).device  # honours the caller's `with torch.device(...)`
     # Everything compute_inv_freq reads: the rope parameters and a GGUF's per-pair frequency factors.
-    rope = (repr(sorted(_rope_parameters(config).items())), getattr(config, "rope_freq_factors", None))
+    rope = (
+        repr(sorted(_rope_parameters(config).items())),
+        getattr(config, "rope_freq_factors", None),
+        rotary_dim(config, head_dim),
+    )
     key = (head_dim, max_position, dtype, str(device), rope, interleaved)
     if key not in _ROPE_CACHE:
         _ROPE_CACHE[key] = RotaryEmbedding(config, head_dim, max_position, dtype, interleaved)

@@ -48,6 +48,7 @@ class LlamaMLP(nn.Module):
 class LlamaAttention(nn.Module):
     qkv_bias = False
     qk_norm = False
+    reads_attention_bias = True  # False: the family's projections never carry a bias (Phi-3)
 
     def __init__(
         self,
@@ -59,12 +60,13 @@ class LlamaAttention(nn.Module):
     ) -> None:
         super().__init__()
         self.head_dim = attention_head_dim(config)
+        attention_bias = self.reads_attention_bias and getattr(config, "attention_bias", False)
         self.qkv_proj = QKVParallelLinear(
             config.hidden_size,
             self.head_dim,
             config.num_attention_heads,
             total_num_kv_heads(config),
-            bias=self.qkv_bias or getattr(config, "attention_bias", False),
+            bias=self.qkv_bias or attention_bias,
             params_dtype=dtype,
             quantization=quantization,
         )
@@ -72,7 +74,7 @@ class LlamaAttention(nn.Module):
         self.o_proj = RowParallelLinear(
             config.num_attention_heads * self.head_dim,
             config.hidden_size,
-            bias=getattr(config, "attention_bias", False) and not self.qkv_bias,
+            bias=attention_bias and not self.qkv_bias,
             params_dtype=dtype,
             input_range=(heads.q_start * self.head_dim, heads.q_end * self.head_dim),  # this rank's query heads
             quantization=quantization,
