@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from sglang.test.runners import greedy_params, hf_greedy, make_scheduler, run_scheduler
-from sglang.test.tiny_moe_families import make_tiny_family
+from sglang.test.tiny_moe_families import make_tiny_family, tiny_family_config
 
 NEW_TOKENS = 10
 WINDOW = 12
@@ -105,16 +105,20 @@ def test_greedy_matches_transformers(tiny):
     assert len({tuple(r) for r in ref}) == len(ref)  # not degenerate: different prompts, different answers
 
 
-def test_longrope_context_and_attention_factor(tiny):
+def test_longrope_context_and_attention_factor():
     """longrope runs to original_max_position_embeddings (the short factors' range) and scales cos/sin by
     transformers' attention factor: sqrt(1 + ln(8) / ln(64)) here."""
-    variant, d, hf, _ = tiny
-    if variant != "longrope":
-        pytest.skip("the longrope checkpoint's facts")
-    from sglang.srt.configs.model_config import ModelConfig
+    from transformers.models.phi3.modeling_phi3 import Phi3RotaryEmbedding
 
-    config = ModelConfig.from_hf_config(hf.config)
-    assert config.context_len == ORIGINAL_MAX and hf.config.max_position_embeddings == 8 * ORIGINAL_MAX
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.layers.rotary_embedding import RotaryEmbedding
+
+    hf_config = tiny_family_config("phi3", architectures=["Phi3ForCausalLM"], **VARIANTS["longrope"])
+    config = ModelConfig.from_hf_config(hf_config)
+    assert config.context_len == ORIGINAL_MAX and hf_config.max_position_embeddings == 8 * ORIGINAL_MAX
     with pytest.raises(ValueError, match="original_max_position_embeddings 64"):
-        ModelConfig.from_hf_config(hf.config, context_length=ORIGINAL_MAX + 1)
-    assert hf.model.rotary_emb.attention_scaling == pytest.approx(math.sqrt(1 + math.log(8) / math.log(64)))
+        ModelConfig.from_hf_config(hf_config, context_length=ORIGINAL_MAX + 1)
+    factor = math.sqrt(1 + math.log(8) / math.log(64))
+    assert Phi3RotaryEmbedding(hf_config).attention_scaling == pytest.approx(factor)
+    ours = RotaryEmbedding(hf_config, config.head_dim, ORIGINAL_MAX, torch.float32)
+    assert ours.rotary_dim == 2 * ROTARY_HALF and ours.cos_cache[0, 0].item() == pytest.approx(factor)  # cos(0) = 1

@@ -55,6 +55,7 @@ ARCHITECTURE_FIELD_REFUSALS = [
     ("Qwen2MoeConfig", dict(attention_bias=True, qkv_bias=False), "attention_bias=True"),
     ("LlamaConfig", dict(sliding_window=16), "sliding_window=16"),
     ("OlmoeConfig", dict(sliding_window=16), "sliding_window=16"),
+    ("Qwen2Config", dict(layer_types=["full_attention", "chunked_attention"], num_hidden_layers=2), "layer_types"),
 ]
 
 

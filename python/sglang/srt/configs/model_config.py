@@ -23,6 +23,7 @@ from sglang.srt.configs.quantization_config import (
     linear_weight_format,
 )
 from sglang.srt.configs.rope import EXACT_ROPE_TYPES, longrope_context_limit, rope_parameters
+from sglang.srt.configs.sliding_window import layer_sliding_windows
 from sglang.srt.distributed.partition import HeadPartition
 from sglang.srt.model_executor.pool_configurator import KVGeometry
 from sglang.srt.model_loader.model_source import ModelSource
@@ -134,14 +135,14 @@ def check_architecture_fields(config: PretrainedConfig) -> None:
     """Refuse, naming the field, what the architecture's transformers modeling file computes differently from
     our code for it (MLA DeepSeek configs: configs/deepseek.py)."""
     arch = (getattr(config, "architectures", None) or ["LlamaForCausalLM"])[0]
-    if uses_mla(config):
-        return  # deepseek_v2.py's own rope and attention; check_deepseek_config refuses its fields
     params = rope_parameters(config)
     rope_type = params.get("rope_type", "default")
     if rope_type not in EXACT_ROPE_TYPES:
         raise UnsupportedModelError(
             f"rope_scaling rope_type={rope_type!r} is not supported (supported: {', '.join(EXACT_ROPE_TYPES)})"
         )
+    if uses_mla(config):
+        return  # deepseek_v2.py's own attention; check_deepseek_config refuses its other fields
     partial = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
     if partial not in (None, 1, 1.0) and arch not in PARTIAL_ROTARY_ARCHITECTURES:
         raise UnsupportedModelError(
@@ -158,6 +159,10 @@ def check_architecture_fields(config: PretrainedConfig) -> None:
             f"sliding_window={config.sliding_window} is not supported for {arch} (transformers' {arch} attends "
             "to every earlier token: its causal mask has no window)"
         )
+    try:  # each layer's window as the model will build it (layer_types, sliding_window), refused here by name
+        layer_sliding_windows(config)
+    except ValueError as e:
+        raise UnsupportedModelError(str(e)) from e
 
 
 def check_model_supported(config: PretrainedConfig) -> None:
