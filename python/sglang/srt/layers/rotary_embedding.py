@@ -51,6 +51,8 @@ def compute_inv_freq(
         return inv_freq, 1.0
     if rope_type not in ROPE_INIT_FUNCTIONS:
         raise ValueError(f"rope type {rope_type!r} is not supported")
+    if layer_type is not None:
+        return ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", layer_type=layer_type)
     return ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
 
 
