@@ -306,6 +306,59 @@ def test_reasoning_parser_leaves_a_thinkless_answer_as_content(client):
     assert getattr(r.choices[0].message, "reasoning_content", None) is None and r.choices[0].message.content
 
 
+# Two earlier turns teach SmolLM2 to think in <think> tags, then answer {"a": n}: it does so greedily.
+THINKING_SHOTS = [
+    {"role": "user", "content": "Name a color."},
+    {"role": "assistant", "content": '<think>Colors: red.</think>\n{"a": 1}'},
+    {"role": "user", "content": "Name a fruit."},
+    {"role": "assistant", "content": '<think>Fruits: apple.</think>\n{"a": 2}'},
+    {"role": "user", "content": "Name an animal."},
+]
+B_ONLY = {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"], "additionalProperties": False}
+
+
+def test_a_constraint_applies_from_the_end_of_the_reasoning(base_url, client):
+    """--reasoning-parser qwen3, thinking on: the reasoning is free text (the schema would force `{` first) and
+    the answer follows the schema (the model's own habit is {"a": n}); thinking off: constrained from the start."""
+    kw = dict(model="default", messages=THINKING_SHOTS, max_tokens=40, temperature=0)
+    free = client.chat.completions.create(**kw).choices[0].message
+    assert free.reasoning_content and json.loads(free.content) != {"b": 1} and "a" in json.loads(free.content)
+    fmt = {"type": "json_schema", "json_schema": {"name": "b", "schema": B_ONLY, "strict": True}}
+    thought = client.chat.completions.create(response_format=fmt, **kw).choices[0].message
+    assert thought.reasoning_content == free.reasoning_content  # the same free text up to </think>
+    assert set(json.loads(thought.content)) == {"b"} and isinstance(json.loads(thought.content)["b"], int)
+    off = (
+        client.chat.completions.create(
+            response_format=fmt, extra_body={"chat_template_kwargs": {"enable_thinking": False}}, **kw
+        )
+        .choices[0]
+        .message
+    )
+    assert getattr(off, "reasoning_content", None) is None and set(json.loads(off.content)) == {"b"}
+    forced = client.chat.completions.create(
+        tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        **{**kw, "max_tokens": 80},
+    ).choices[0]
+    assert forced.message.reasoning_content == free.reasoning_content and forced.finish_reason == "tool_calls"
+    (call,) = forced.message.tool_calls
+    assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments)["city"], str)
+    # /generate: require_reasoning (upstream's field) asks for the same
+    shots = 'Q: Name a color.\nA: <think>Colors: red.</think>\n{"a": 1}\nQ: Name a fruit.\nA: <think>Fruits: apple.'
+    prompt = shots + '</think>\n{"a": 2}\nQ: Name an animal.\nA: <think>'
+    params = {"json_schema": json.dumps(B_ONLY), "max_new_tokens": 20, "temperature": 0}
+    texts = []
+    for thinks in (True, False):
+        r = generate(base_url, text=prompt, require_reasoning=thinks, sampling_params=params)
+        assert r.status_code == 200, r.text
+        texts.append(r.json()["text"])
+    reasoning, _, answer = texts[0].partition("</think>")
+    assert reasoning and "{" not in reasoning and set(json.loads(answer)) == {"b"}
+    assert set(json.loads(texts[1])) == {"b"}  # constrained from the first token
+    typo = generate(base_url, text="x", require_reasoning="yes")
+    assert typo.status_code == 400 and "require_reasoning" in typo.json()["error"]["message"]
+
+
 def test_responses_create_text_streamed_and_not(client):
     kw = dict(model="default", input="Name a color.", instructions=SYSTEM, max_output_tokens=6, temperature=0)
     r = client.responses.create(**kw)

@@ -15,12 +15,13 @@ import threading
 from collections import OrderedDict
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, List, Optional, Tuple
 
 import torch
 import xgrammar as xgr
 
 from sglang.srt.constrained.grammar_key import ANY_JSON, GrammarKey
+from sglang.srt.constrained.reasoning_gate import ReasoningGate
 
 COMPILE_THREADS = 2
 CACHE_SIZE = 512
@@ -45,28 +46,35 @@ def _clean(e: Exception) -> str:
 
 
 class RequestGrammar:
-    """One request's matcher: the tokens allowed next, advanced by each token the request accepts."""
+    """One request's matcher: the tokens allowed next, advanced by each token the request accepts.
+    With `reasoning_end` (the request thinks first), every token is allowed until those ids end the
+    reasoning; the grammar applies from the next token on."""
 
-    def __init__(self, compiled: "xgr.CompiledGrammar", key: GrammarKey) -> None:
+    def __init__(self, compiled: "xgr.CompiledGrammar", key: GrammarKey, reasoning_end: Tuple[int, ...] = ()) -> None:
         self.key = key
         self.compiled = compiled
         self.matcher = xgr.GrammarMatcher(compiled)
-        self.accepted = 0  # tokens accepted since the start (rollback is bounded by this)
+        self.gate = ReasoningGate(reasoning_end)
+        self.accepted = 0  # tokens the grammar accepted (rollback is bounded by this)
 
     def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        self.matcher.fill_next_token_bitmask(bitmask, row)
+        if self.gate.open:  # while the model reasons its row stays all-allowed
+            self.matcher.fill_next_token_bitmask(bitmask, row)
 
     def accept_token(self, token: int) -> bool:
+        if not self.gate.open:
+            self.gate.accept(token)
+            return True
         ok = self.matcher.accept_token(token)
         if ok:
             self.accepted += 1
         return ok
 
     def is_terminated(self) -> bool:
-        return self.matcher.is_terminated()
+        return self.gate.open and self.matcher.is_terminated()
 
     def rollback(self, num_tokens: int) -> None:
-        """Forget the last `num_tokens` accepted tokens."""
+        """Forget the last `num_tokens` tokens the grammar accepted (never back into the reasoning)."""
         num_tokens = min(num_tokens, self.accepted)
         if num_tokens:
             self.matcher.rollback(num_tokens)
@@ -126,8 +134,10 @@ class XGrammarBackend:
     def compile(self, key: GrammarKey) -> "xgr.CompiledGrammar":
         return self.compile_async(key).result()
 
-    def matcher(self, compiled: "xgr.CompiledGrammar", key: GrammarKey) -> RequestGrammar:
-        return RequestGrammar(compiled, key)
+    def matcher(
+        self, compiled: "xgr.CompiledGrammar", key: GrammarKey, reasoning_end: Tuple[int, ...] = ()
+    ) -> RequestGrammar:
+        return RequestGrammar(compiled, key, reasoning_end)
 
     def cache_stats(self) -> CacheStats:
         with self._lock:

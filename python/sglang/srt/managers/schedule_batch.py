@@ -87,6 +87,8 @@ class Req:
         # Its grammar's matcher (constrained decoding), set when the grammar compiled; it has accepted every
         # token of output_ids, and only those (the scheduler never lets a constrained request run ahead of it).
         self.grammar: Optional["RequestGrammar"] = None
+        # The model reasons first (--reasoning-parser, thinking on): its grammar applies after the reasoning.
+        self.require_reasoning = False
         # KV bookkeeping
         self.fill_ids: List[int] = []
         self.prefix_indices = torch.empty(0, dtype=torch.int64)

@@ -387,6 +387,7 @@ class TokenizerManager:
             logprob_start_len=obj.logprob_start_len,
             top_logprobs_num=obj.top_logprobs_num or 0,
             token_ids_logprob=list(ids_lp) if ids_lp else None,
+            require_reasoning=obj.require_reasoning,
             return_text_in_logprobs=obj.return_text_in_logprobs,
             return_prompt_token_ids=obj.return_prompt_token_ids,
         )
