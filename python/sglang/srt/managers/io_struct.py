@@ -145,6 +145,7 @@ class BatchTokenIDOut:
     spaces_between_special_tokens: List[bool]
     no_stop_trim: List[bool]
     stop_str_max_len: List[int]  # the detokenizer holds back this many characters - 1 while streaming
+    stop_regexes: List[List[str]]  # trimmed from like stop strings; text that may still match is held back
     # time.monotonic() of each request's first token in the scheduler (CLOCK_MONOTONIC is one clock for
     # every process of the host), so TTFT is right even when tokens are sent only at the end.
     first_token_times: List[Optional[float]]

@@ -16,6 +16,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode, ModelWorke
 from sglang.srt.sampling.logprobs import LogprobRequests
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.sampling.stop_regex import first_match
 
 if TYPE_CHECKING:
     from sglang.srt.constrained.xgrammar_backend import RequestGrammar
@@ -146,7 +147,8 @@ class Req:
         self.extend_input_len = len(self.fill_ids) - len(self.prefix_indices)
 
     def check_finished(self, tail_text: Optional[str] = None) -> None:
-        """After a new token: length limit, stop token, or a stop string in `tail_text` (decoded tail)."""
+        """After a new token: length limit, stop token, or a stop string / stop regex in `tail_text` (the
+        decoded tail)."""
         if self.finished():
             return
         params = self.sampling_params
@@ -164,6 +166,9 @@ class Req:
                 if stop in tail_text:
                     self.finished_reason = FinishReason("stop", matched=stop)
                     return
+            pattern = first_match(params.stop_regexes, tail_text)
+            if pattern is not None:  # reported as upstream reports it: the pattern itself
+                self.finished_reason = FinishReason("stop", matched=pattern)
 
     def reset_for_retract(self) -> None:
         self.prefix_indices = torch.empty(0, dtype=torch.int64)

@@ -355,6 +355,8 @@ class TokenizerManager:
             )
         if params.stop_strs and self.tokenizer is None:
             raise RequestError("stop strings need a tokenizer; this server runs with --skip-tokenizer-init")
+        if params.stop_regexes and self.tokenizer is None:
+            raise RequestError("stop_regex needs a tokenizer; this server runs with --skip-tokenizer-init")
         if len(input_ids) >= self.context_len:
             raise RequestError(
                 f"the prompt has {len(input_ids)} tokens; this model's context length is {self.context_len}"
