@@ -19,7 +19,7 @@ from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.sampling.stop_regex import first_match
 
 if TYPE_CHECKING:
-    from sglang.srt.constrained.xgrammar_backend import RequestGrammar
+    from sglang.srt.constrained.base_backend import RequestGrammar
     from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
     from sglang.srt.mem_cache.radix_cache import RadixCache, TreeNode

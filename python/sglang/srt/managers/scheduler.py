@@ -130,15 +130,17 @@ class Scheduler:
         self.grammar_queue = self._grammar_queue()
 
     def _grammar_queue(self) -> GrammarQueue:
-        """Compiles the requests' grammars (--grammar-backend xgrammar) over the model's vocabulary."""
+        """Compiles the requests' grammars (--grammar-backend xgrammar / llguidance) over the model's vocabulary."""
         args = self.args
         if args.grammar_backend == "none":
             return GrammarQueue(None, "constrained decoding is off on this server (--grammar-backend none)", False)
         if self.tokenizer is None:
             return GrammarQueue(None, "constrained decoding needs the tokenizer (--skip-tokenizer-init is set)", False)
-        from sglang.srt.constrained.xgrammar_backend import XGrammarBackend
-
-        backend = XGrammarBackend(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
+        if args.grammar_backend == "llguidance":
+            from sglang.srt.constrained.llguidance_backend import LLGuidanceBackend as Backend
+        else:
+            from sglang.srt.constrained.xgrammar_backend import XGrammarBackend as Backend
+        backend = Backend(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
         end = ()
         if args.reasoning_parser is not None:  # a request that thinks first is constrained after its reasoning
             end = reasoning_end_ids(self.tokenizer, REASONING_FORMATS[args.reasoning_parser].end)

@@ -16,7 +16,7 @@ from sglang.srt.managers.schedule_batch import FinishReason
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
-    from sglang.srt.constrained.xgrammar_backend import XGrammarBackend
+    from sglang.srt.constrained.base_backend import GrammarBackend
     from sglang.srt.managers.schedule_batch import Req
 
 
@@ -29,7 +29,7 @@ class Compiling:
 class GrammarQueue:
     def __init__(
         self,
-        backend: Optional["XGrammarBackend"],
+        backend: Optional["GrammarBackend"],
         why_off: str,
         wait_for_compile: bool,
         reasoning_end: Tuple[int, ...] = (),
