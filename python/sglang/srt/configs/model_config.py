@@ -19,6 +19,7 @@ from sglang.srt.configs.deepseek import (
 from sglang.srt.configs.quantization_config import (
     CheckpointQuantization,
     UnsupportedQuantization,
+    check_block_fp8_layout,
     checkpoint_quantization,
     linear_weight_format,
 )
@@ -220,6 +221,14 @@ class ModelConfig:
         checkpoint_format = checkpoint_quantization(hf_config)  # refuses a format we do not run
         architecture = (hf_config.architectures or ["LlamaForCausalLM"])[0]
         quantization = quantization or linear_weight_format(checkpoint_format, device, model_dtype, architecture)
+        if quantization == "fp8_block" and kind == "mha":
+            check_block_fp8_layout(
+                {
+                    "num_attention_heads x head_dim": text.num_attention_heads * head_dim,
+                    "num_key_value_heads x head_dim": kv_heads * head_dim,
+                    "intermediate_size": getattr(text, "intermediate_size", 0) or 0,
+                }
+            )
         return cls(
             hf_config=hf_config,
             source=source,
