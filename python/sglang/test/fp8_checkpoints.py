@@ -20,21 +20,21 @@ QUANTIZED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "do
 
 
 def quantize(w: torch.Tensor, strategy: str):
-    """e4m3 codes and the fp32 scale with w ~= codes x scale (per 128x128 block, per row, or per tensor)."""
+    """e4m3 codes and the fp32 scale with w ~= codes x scale (per 128x128 block, ceil-sized, per row, or per tensor)."""
     w = w.float()
-    if strategy == "block":
-        n, k = w.shape
-        blocks = w.view(n // 128, 128, k // 128, 128)
-        scale = blocks.abs().amax(dim=(1, 3)) / E4M3_MAX
-        q = (blocks / scale[:, None, :, None]).to(torch.float8_e4m3fn).view(n, k)
-        return q, scale
+    if strategy == "block":  # dims that are not multiples of 128 end in partial blocks (SmolLM2's 576)
+        from sglang.srt.layers.quantization.fp8 import Fp8FusedMoEMethod
+
+        return Fp8FusedMoEMethod().quantize(w)
     scale = (w.abs().amax(dim=1, keepdim=True) if strategy == "channel" else w.abs().amax().reshape(1)) / E4M3_MAX
     return (w / scale).to(torch.float8_e4m3fn), scale
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor, strategy: str) -> torch.Tensor:
     if strategy == "block":
-        return q.float() * scale.repeat_interleave(128, 0).repeat_interleave(128, 1)
+        from sglang.srt.layers.quantization.fp8_block_linear import dequantize_blocks
+
+        return dequantize_blocks(q, scale)
     return q.float() * scale
 
 

@@ -70,8 +70,23 @@ REFUSED = [
     ({**compressed_tensors(), "format": "pack-quantized"}, "format 'pack-quantized'"),
     (compressed_tensors(num_bits=4), "with 4 bits"),
     (compressed_tensors("group"), "strategy 'group'"),
-    ({**compressed_tensors(), "kv_cache_scheme": {"num_bits": 8, "type": "float"}}, "kv_cache_scheme"),
+    (
+        {**compressed_tensors(), "kv_cache_scheme": {"num_bits": 8, "type": "float", "strategy": "attn_head"}},
+        "kv_cache_scheme strategy 'attn_head'",
+    ),
+    ({**compressed_tensors(), "kv_cache_scheme": {"num_bits": 8, "type": "int"}}, "kv_cache_scheme of type 'int'"),
+    (
+        {**compressed_tensors(), "kv_cache_scheme": {"num_bits": 8, "type": "float", "dynamic": True}},
+        "kv_cache_scheme with dynamic",
+    ),
 ]
+
+
+def test_compressed_tensors_with_per_tensor_kv_scales_parses():
+    """kv_cache_scheme: one k_scale / v_scale per layer (model_loader/kv_scales.py), used by an fp8 KV cache."""
+    scheme = {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False, "symmetric": True}
+    q = parse_checkpoint_quantization({**compressed_tensors(), "kv_cache_scheme": scheme})
+    assert q == parse_checkpoint_quantization(compressed_tensors())
 
 
 @pytest.mark.parametrize("config,named", REFUSED, ids=[str(i) for i in range(len(REFUSED))])
@@ -81,3 +96,31 @@ def test_other_formats_are_refused_by_name(config, named):
     message = str(e.value)
     assert message.startswith("quantization_config: ") and named in message
     assert "fp8 (weight_block_size [128, 128]" in message and "compressed-tensors (format float-quantized" in message
+
+
+def _smollm2_shaped(**overrides):
+    from transformers import LlamaConfig
+
+    fields = dict(hidden_size=576, intermediate_size=1536, num_attention_heads=9, num_key_value_heads=3)
+    return LlamaConfig(
+        **{**fields, **overrides},
+        num_hidden_layers=2,
+        vocab_size=512,
+        architectures=["LlamaForCausalLM"],
+        quantization_config=FP8_BLOCK,
+    )
+
+
+def test_block_fp8_on_the_gpu_refuses_merged_parts_off_the_scale_blocks():
+    """SmolLM2's dims: q is 9 x 64 = 576 wide, so k's rows would start inside q's last 128-row scale block of
+    the merged qkv projection. The GPU keeps fp8 in merged layers: refused at start-up naming the fields; the
+    CPU dequantizes at load and runs it."""
+    from sglang.srt.configs.model_config import ModelConfig
+
+    with pytest.raises(ValueError) as e:
+        ModelConfig.from_hf_config(_smollm2_shaped(), dtype="bfloat16", device="cuda")
+    assert "num_attention_heads x head_dim = 576" in str(e.value)
+    assert "num_key_value_heads x head_dim = 192" in str(e.value) and "intermediate_size" not in str(e.value)
+    assert ModelConfig.from_hf_config(_smollm2_shaped(), device="cpu").quantization is None
+    aligned = _smollm2_shaped(hidden_size=512, num_attention_heads=8, num_key_value_heads=2)
+    assert ModelConfig.from_hf_config(aligned, dtype="bfloat16", device="cuda").quantization == "fp8_block"

@@ -40,6 +40,34 @@ def test_fp8_round_trip_through_byte_storage():
     assert torch.equal(pool.get_value_buffer(0)[3].float(), -k[0])
 
 
+def test_fp8_store_with_checkpoint_kv_scales_holds_the_scaled_values():
+    """A checkpoint's k_scale / v_scale: the cache holds k / k_scale and v / v_scale in e4m3 (saturating at
+    448), which the attention backends multiply back."""
+    pool = MHATokenToKVPool(
+        4, page_size=1, dtype=torch.float8_e4m3fn, head_num=2, head_dim=8, v_head_dim=8, layer_num=2, device="cpu"
+    )
+    gen = torch.Generator().manual_seed(0)
+    k, v = torch.randn(2, 2, 8, generator=gen) * 3, torch.randn(2, 2, 8, generator=gen) * 3
+    v[0, 0, 0] = 1e4  # beyond e4m3's range after scaling: saturates instead of becoming NaN
+    loc = torch.tensor([1, 3])
+    pool.set_kv_buffer(1, loc, k, v, 0.02, 7.0)
+    stored_k, stored_v = pool.get_key_buffer(1)[loc].float(), pool.get_value_buffer(1)[loc].float()
+    assert torch.equal(stored_k, (k / 0.02).to(torch.float8_e4m3fn).float())
+    assert torch.equal(stored_v, (v / 7.0).clamp(-448, 448).to(torch.float8_e4m3fn).float())
+    assert stored_v[0, 0, 0] == 448.0
+    assert (stored_k * 0.02 - k).abs().max() < 0.07 * k.abs().max()  # read back times the scale: K again
+    pool.set_kv_buffer(0, loc, k, v)  # no scales: stored as they are
+    assert torch.equal(pool.get_key_buffer(0)[loc].float(), k.to(torch.float8_e4m3fn).float())
+
+
+def test_kv_scales_need_an_fp8_pool():
+    pool = MHATokenToKVPool(
+        4, page_size=1, dtype=torch.bfloat16, head_num=1, head_dim=4, v_head_dim=4, layer_num=1, device="cpu"
+    )
+    with pytest.raises(ValueError, match="fp8 KV cache"):
+        pool.set_kv_buffer(0, torch.tensor([1]), torch.ones(1, 1, 4), torch.ones(1, 1, 4), 0.5, 0.5)
+
+
 def test_given_buffers_must_hold_the_tokens_and_the_dummy_page():
     bufs = [torch.empty(10, 1, 4) for _ in range(2)]
 

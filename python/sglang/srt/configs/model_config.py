@@ -21,6 +21,7 @@ from sglang.srt.configs.glm4_moe import check_glm4_moe_config
 from sglang.srt.configs.quantization_config import (
     CheckpointQuantization,
     UnsupportedQuantization,
+    check_block_fp8_layout,
     checkpoint_quantization,
     linear_weight_format,
 )
@@ -297,6 +298,14 @@ class ModelConfig:
         checkpoint_format = checkpoint_quantization(hf_config)  # refuses a format we do not run
         architecture = architecture_of(hf_config)
         quantization = quantization or linear_weight_format(checkpoint_format, device, model_dtype, architecture)
+        if quantization == "fp8_block" and kind == "mha":
+            check_block_fp8_layout(
+                {
+                    "num_attention_heads x head_dim": text.num_attention_heads * head_dim,
+                    "num_key_value_heads x head_dim": kv_heads * head_dim,
+                    "intermediate_size": getattr(text, "intermediate_size", 0) or 0,
+                }
+            )
         return cls(
             hf_config=hf_config,
             source=source,

@@ -11,6 +11,9 @@ Supported (the native FP8 layouts of DeepSeek-V3/R1, Qwen3-*-FP8, GLM-4.5-FP8, M
   * ``quant_method: compressed-tensors``, ``format: float-quantized``, 8-bit float weights with one
     ``weight_scale`` per output channel or per tensor (or per 128x128 block), weight = q x scale.
 Modules the config leaves unquantized (``modules_to_not_convert``, ``ignored_layers``, ``ignore``) are kept.
+A compressed-tensors ``kv_cache_scheme`` of per-tensor fp8 scales is accepted: the ``k_scale`` / ``v_scale``
+tensors beside the weights serve an fp8 KV cache (model_loader/kv_scales.py); per-head or dynamic KV schemes
+are refused by name.
 """
 
 from __future__ import annotations
@@ -90,12 +93,29 @@ def _parse_fp8(cfg: Mapping[str, Any]) -> CheckpointQuantization:
     return CheckpointQuantization("fp8", "block", "weight_scale_inv", "dynamic", ignored)
 
 
+def _check_kv_cache_scheme(scheme: Any) -> None:
+    """compressed-tensors' ``kv_cache_scheme``: one fp8 scale per layer for K and one for V (``k_scale`` /
+    ``v_scale`` beside the weights, model_loader/kv_scales.py), used by an fp8 KV cache. Per-head or dynamic
+    KV quantization is refused by name."""
+    if not scheme:
+        return
+    kind = (scheme.get("type"), scheme.get("num_bits"))
+    if kind != ("float", 8):
+        raise _refuse(f"compressed-tensors kv_cache_scheme of type {kind[0]!r} with {kind[1]} bits is not supported")
+    if scheme.get("strategy", "tensor") != "tensor":
+        raise _refuse(
+            f"compressed-tensors kv_cache_scheme strategy {scheme.get('strategy')!r} is not supported (only "
+            "'tensor': one k_scale and one v_scale per layer)"
+        )
+    if scheme.get("dynamic") or scheme.get("symmetric") is False:
+        raise _refuse("compressed-tensors kv_cache_scheme with dynamic or asymmetric scales is not supported")
+
+
 def _parse_compressed_tensors(cfg: Mapping[str, Any]) -> CheckpointQuantization:
     fmt = cfg.get("format")
     if fmt != "float-quantized":
         raise _refuse(f"compressed-tensors with format {fmt!r} is not supported (only float-quantized)")
-    if cfg.get("kv_cache_scheme"):
-        raise _refuse("compressed-tensors with a kv_cache_scheme (fp8 KV scales) is not supported")
+    _check_kv_cache_scheme(cfg.get("kv_cache_scheme"))
     groups = dict(cfg.get("config_groups") or {})
     if len(groups) != 1:
         raise _refuse(f"compressed-tensors with {len(groups)} config_groups is not supported (exactly one)")
@@ -181,3 +201,17 @@ def linear_weight_format(
     if str(dtype) != "torch.bfloat16":  # torch._scaled_mm's row-wise scales produce bf16 only
         raise ValueError(f"a {quant.method} per-{quant.strategy} fp8 checkpoint on the GPU needs --dtype bfloat16")
     return "fp8_channel"
+
+
+def check_block_fp8_layout(widths: Mapping[str, int]) -> None:
+    """On the GPU a block-fp8 checkpoint's projections stay fp8 in merged layers (q|k|v, gate|up), whose 128x128
+    scale blocks cannot straddle two projections: every merged part (named by the config fields it comes from)
+    must be a multiple of 128 wide. ValueError naming them otherwise, at start-up rather than mid-load."""
+    bad = {name: width for name, width in widths.items() if width % BLOCK}
+    if bad:
+        parts = ", ".join(f"{name} = {width}" for name, width in bad.items())
+        raise ValueError(
+            f"a block-fp8 checkpoint (weight_block_size [128, 128]) on the GPU needs each part of its merged "
+            f"projections to be a multiple of {BLOCK} wide: {parts} is not (the scale blocks would straddle two "
+            "projections); on the CPU such checkpoints are dequantized at load and run"
+        )

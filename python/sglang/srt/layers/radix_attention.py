@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 
@@ -31,6 +33,14 @@ class RadixAttention(nn.Module):
         self.layer_id = layer_id
         self.logit_cap = logit_cap
         self.sliding_window_size = sliding_window_size
+        # The checkpoint's per-tensor KV cache scales (k_scale / v_scale), set after loading when the KV cache
+        # is fp8 (model_loader/kv_scales.py): K/V are stored as value / scale and read back times the scale.
+        # None: stored as they are (scale 1).
+        self.k_scale: Optional[float] = None
+        self.v_scale: Optional[float] = None
+
+    def set_kv_scales(self, k_scale: float, v_scale: float) -> None:
+        self.k_scale, self.v_scale = float(k_scale), float(v_scale)
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, forward_batch, save_kv_cache: bool = True):
         return forward_batch.attn_backend.forward(q, k, v, self, forward_batch, save_kv_cache)

@@ -26,6 +26,13 @@ def kv_storage_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.uint8 if dtype in FP8_KV_DTYPES else dtype
 
 
+def scaled_to_kv_dtype(x: torch.Tensor, scale: float, dtype: torch.dtype) -> torch.Tensor:
+    """x / scale in the fp8 KV dtype, saturating at its largest value (a checkpoint's calibrated KV scale
+    maps the layer's largest K or V near it; a value beyond must not become NaN). Computed in fp32."""
+    limit = torch.finfo(dtype).max
+    return (x.float() / scale).clamp_(-limit, limit).to(dtype)
+
+
 def _fused_store_module(device: str) -> Optional[ModuleType]:
     """The triton K/V store kernel on CUDA (triton comes with CUDA torch; CPU installs may lack it)."""
     if torch.device(device).type != "cuda":
@@ -165,7 +172,22 @@ class MHATokenToKVPool:
     def get_value_buffer(self, layer_id: int) -> torch.Tensor:
         return self._view(self.v_buffer[layer_id])
 
-    def set_kv_buffer(self, layer_id: int, loc: torch.Tensor, cache_k: torch.Tensor, cache_v: torch.Tensor) -> None:
+    def set_kv_buffer(
+        self,
+        layer_id: int,
+        loc: torch.Tensor,
+        cache_k: torch.Tensor,
+        cache_v: torch.Tensor,
+        k_scale: Optional[float] = None,
+        v_scale: Optional[float] = None,
+    ) -> None:
+        """Store this step's K/V rows at `loc`. With the checkpoint's KV scales (an fp8 cache only) the rows
+        are stored as k / k_scale and v / v_scale; readers multiply by the same scales."""
+        if k_scale is not None or v_scale is not None:
+            if self.dtype not in FP8_KV_DTYPES:
+                raise ValueError(f"KV scales apply to an fp8 KV cache; this one is {self.dtype}")
+            cache_k = scaled_to_kv_dtype(cache_k, 1.0 if k_scale is None else k_scale, self.dtype)
+            cache_v = scaled_to_kv_dtype(cache_v, 1.0 if v_scale is None else v_scale, self.dtype)
         if cache_k.dtype != self.dtype:
             cache_k = cache_k.to(self.dtype)
             cache_v = cache_v.to(self.dtype)

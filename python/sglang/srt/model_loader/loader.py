@@ -10,6 +10,7 @@ from torch import nn
 
 from sglang.srt.configs.kt_config import KTConfig
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.model_loader.kv_scales import KVScaleCollector, apply_kv_scales
 from sglang.srt.models.registry import get_model_class
 
 logger = logging.getLogger(__name__)
@@ -45,7 +46,8 @@ def get_model(
 ) -> nn.Module:
     with torch.device(device):
         model = build_model(model_config, kt)
-    weights = _weights(model_config, load_format, device, seed)
+    kv_scales = KVScaleCollector()  # the checkpoint's k_scale/v_scale: not weights, given to the attention layers
+    weights = kv_scales.weights(_weights(model_config, load_format, device, seed))
     quant = model_config.checkpoint_quantization
     if quant is not None:  # a native FP8 checkpoint: fp8 layers take its weights as they are, others dequantized
         from sglang.srt.model_loader.fp8_checkpoint import (
@@ -60,5 +62,6 @@ def get_model(
         else:
             weights = checkpoint_fp8_weights(weights, quant, model_config.dtype, keep)
     model.load_weights(weights)
+    apply_kv_scales(model, kv_scales.scales, model_config.kv_cache_dtype, model_config.attention == "mla")
     model.finish_loading()
     return model.eval()

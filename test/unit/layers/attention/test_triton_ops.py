@@ -334,6 +334,69 @@ def test_fp8_kv_cache_reads_as_its_dequantized_values(kv_dtype):
     torch.testing.assert_close(out, extend(k_deq, v_deq), atol=1e-3, rtol=1e-3)  # both upcast to the query's bf16
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the GPU machine)")
+def test_fp8_kv_cache_with_checkpoint_scales():
+    """A checkpoint's k_scale / v_scale (model_loader/kv_scales.py): the pool stores k / k_scale, v / v_scale in
+    e4m3 (memory_pool.MHATokenToKVPool.set_kv_buffer) and the kernels read them back times the scales, so they
+    attend to the dequantized values. Here K/V reach ~2000, far beyond e4m3's 448: scale 1 would saturate."""
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    dev, (hq, hkv, d) = "cuda", (16, 4, 128)
+    gen = torch.Generator().manual_seed(11)
+    lens, num_slots = [1, 300, 1500], 1900
+    k_true, v_true = (t * 500 for t in _pool(num_slots, hkv, d, d, torch.float32, dev, gen))
+    k_scale, v_scale = k_true.abs().max().item() / 448, v_true.abs().max().item() / 448
+    pool = MHATokenToKVPool(
+        num_slots,
+        page_size=1,
+        dtype=torch.float8_e4m3fn,
+        head_num=hkv,
+        head_dim=d,
+        v_head_dim=d,
+        layer_num=1,
+        device=dev,
+    )
+    loc = torch.arange(1, num_slots + 1, device=dev)
+    pool.set_kv_buffer(0, loc, k_true.to(torch.bfloat16), v_true.to(torch.bfloat16), k_scale, v_scale)
+    k_buf, v_buf = pool.get_key_buffer(0)[1:], pool.get_value_buffer(0)[1:]  # slot i of the test = pool slot i + 1
+    k_deq, v_deq = k_buf.float() * k_scale, v_buf.float() * v_scale
+    assert (k_deq - k_true).abs().max() < 0.07 * k_true.abs().max()  # e4m3's 3 mantissa bits, no saturation
+    indptr, indices = _slots(lens, num_slots, torch.int64, dev, gen)
+    q = torch.randn(len(lens), hq, d, generator=gen).to(dev, torch.bfloat16) * 0.003
+    scale, max_splits = 1.0 / math.sqrt(d), 4
+    splits = torch.empty(len(lens), dtype=torch.int32, device=dev)
+    get_num_kv_splits(splits, torch.tensor(lens, dtype=torch.int32, device=dev), max_splits)
+
+    def decode(**scales):
+        o = torch.empty(len(lens), hq, d, device=dev, dtype=torch.bfloat16)
+        logits = torch.empty(len(lens), hq, max_splits, d, device=dev, dtype=torch.float32)
+        lse = torch.empty(len(lens), hq, max_splits, device=dev, dtype=torch.float32)
+        decode_attention_fwd(q, k_buf, v_buf, o, indptr, indices, logits, lse, splits, max_splits, scale, **scales)
+        return o.float().cpu()
+
+    ref = _ref_decode(q, k_deq, v_deq, indptr, indices, scale, 0.0)
+    out = decode(k_scale=k_scale, v_scale=v_scale)
+    torch.testing.assert_close(out, ref, atol=2e-2 * ref.abs().max().item(), rtol=2e-2)
+    assert (decode() - ref).abs().max() > 10 * (out - ref).abs().max()  # the scales are what makes it right
+
+    ext = [5, 64, 1]
+    qo_indptr, _ = _slots(ext, sum(ext), torch.int64, dev, gen)
+    qe = torch.randn(sum(ext), hq, d, generator=gen).to(dev, torch.bfloat16) * 0.003
+    k_ext, v_ext = (t * 500 for t in _pool(sum(ext), hkv, d, d, torch.bfloat16, dev, gen))
+
+    def extend(**scales):
+        o = torch.empty(sum(ext), hq, d, device=dev, dtype=torch.bfloat16)
+        extend_attention_fwd(
+            qe, k_ext, v_ext, o, k_buf, v_buf, qo_indptr, indptr, indices, max(ext), scale, is_causal=True, **scales
+        )
+        return o.float().cpu()
+
+    ref = _ref_extend(qe, k_ext, v_ext, k_deq, v_deq, qo_indptr, indptr, indices, scale, True, 0.0)
+    out = extend(k_scale=k_scale, v_scale=v_scale)  # the new tokens' K/V are used as computed, unscaled
+    torch.testing.assert_close(out, ref, atol=2e-2 * ref.abs().max().item(), rtol=2e-2)
+    assert (extend() - ref).abs().max() > 10 * (out - ref).abs().max()
+
+
 def test_dot_dtype_is_the_querys_unless_the_kv_cache_is_fp8():
     from sglang.srt.layers.attention.triton_ops.decode_attention import dot_dtype
 

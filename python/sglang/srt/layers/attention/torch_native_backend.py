@@ -38,6 +38,8 @@ class TorchNativeAttnBackend(AttentionBackend):
             forward_batch.out_cache_loc,
             k.view(-1, layer.tp_k_head_num, layer.qk_head_dim),
             v.view(-1, layer.tp_v_head_num, layer.v_head_dim),
+            layer.k_scale,
+            layer.v_scale,
         )
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
@@ -47,8 +49,10 @@ class TorchNativeAttnBackend(AttentionBackend):
         pool = forward_batch.token_to_kv_pool
         bs, hkv = forward_batch.batch_size, layer.tp_k_head_num
         group = layer.tp_q_head_num // hkv
-        keys = pool.get_key_buffer(layer.layer_id)[md.slot_table].to(q.dtype)  # [bs, L, Hkv, D]
-        values = pool.get_value_buffer(layer.layer_id)[md.slot_table].to(q.dtype)
+        keys = _dequantized(
+            pool.get_key_buffer(layer.layer_id)[md.slot_table], q.dtype, layer.k_scale
+        )  # [bs, L, Hkv, D]
+        values = _dequantized(pool.get_value_buffer(layer.layer_id)[md.slot_table], q.dtype, layer.v_scale)
         qh = q.view(bs, hkv, group, layer.qk_head_dim)
         scores = torch.einsum("bhgd,blhd->bhgl", qh, keys).float() * layer.scaling
         scores = _cap(scores, layer.logit_cap)
@@ -78,12 +82,18 @@ class TorchNativeAttnBackend(AttentionBackend):
         for i, (prefix, ext) in enumerate(zip(forward_batch.extend_prefix_lens_cpu, forward_batch.extend_seq_lens_cpu)):
             seq = prefix + ext
             slots = req_to_token[forward_batch.req_pool_indices[i], :seq].long()
-            keys = k_buf[slots].to(q.dtype).transpose(0, 1)  # [Hkv, seq, D]
-            values = v_buf[slots].to(q.dtype).transpose(0, 1)
+            keys = _dequantized(k_buf[slots], q.dtype, layer.k_scale).transpose(0, 1)  # [Hkv, seq, D]
+            values = _dequantized(v_buf[slots], q.dtype, layer.v_scale).transpose(0, 1)
             query = qh[start : start + ext].transpose(0, 1)  # [Hq, ext, D]
             out[start : start + ext] = _causal_attention(query, keys, values, prefix, layer).transpose(0, 1)
             start += ext
         return out.view(q.shape[0], hq * layer.v_head_dim)
+
+
+def _dequantized(rows: torch.Tensor, dtype: torch.dtype, scale: Optional[float]) -> torch.Tensor:
+    """Cached K or V rows in the activation dtype, times the checkpoint's KV scale where the cache has one."""
+    rows = rows.to(dtype)
+    return rows if scale is None else rows * scale
 
 
 def _cap(scores: torch.Tensor, cap: float) -> torch.Tensor:

@@ -195,6 +195,8 @@ class TritonAttnBackend(AttentionBackend):
             fb.out_cache_loc,
             k.view(-1, layer.tp_k_head_num, layer.qk_head_dim),
             v.view(-1, layer.tp_v_head_num, layer.v_head_dim),
+            layer.k_scale,
+            layer.v_scale,
         )
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
@@ -219,6 +221,8 @@ class TritonAttnBackend(AttentionBackend):
             layer.logit_cap,
             self.kernel_config,
             sliding_window=layer.sliding_window_size,
+            k_scale=layer.k_scale,
+            v_scale=layer.v_scale,
         )
         return o.view(bs, -1)
 
@@ -244,6 +248,8 @@ class TritonAttnBackend(AttentionBackend):
             is_causal=True,
             logit_cap=layer.logit_cap,
             sliding_window=layer.sliding_window_size,
+            k_scale=layer.k_scale,
+            v_scale=layer.v_scale,
         )
         return o.view(n, -1)
 

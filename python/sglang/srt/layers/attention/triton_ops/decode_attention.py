@@ -75,11 +75,16 @@ def _attend_kv_block(
     sm_scale,
     logit_cap,
     USE_CAP: tl.constexpr,
+    v_scale,
+    V_SCALED: tl.constexpr,
 ):
     """One online-softmax step over BLOCK_N keys at int64 ``rows`` of K/V (pool or extend rows).
 
     ``q [M, BLOCK_D]``; ``mask_qk`` broadcasts to ``[M, BLOCK_N]``. Scores go to the log2 domain
-    so the exponentials are ``exp2``. Returns the updated (acc, m_i, l_i).
+    so the exponentials are ``exp2``. Returns the updated (acc, m_i, l_i). A KV cache with the checkpoint's
+    scales stores k / k_scale and v / v_scale: the caller folds k_scale into ``sm_scale``; ``V_SCALED``
+    multiplies this block's probabilities x V by ``v_scale`` (the extend kernel's prefix: only those rows
+    come from the cache).
     """
     k = tl.load(  # [BLOCK_D, BLOCK_N]: K^T for the dot
         K + rows[None, :] * stride_kn + kv_head * stride_kh + offs_d[:, None],
@@ -99,7 +104,10 @@ def _attend_kv_block(
         mask=mask_n[:, None] & mask_dv[None, :],
         other=0.0,
     )
-    acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v.to(q.dtype))
+    pv = tl.dot(p.to(q.dtype), v.to(q.dtype))
+    if V_SCALED:
+        pv = pv * v_scale
+    acc = acc * alpha[:, None] + pv
     return acc, m_new, l_i
 
 
@@ -117,6 +125,7 @@ def _decode_grouped_stage1(
     sm_scale,
     logit_cap,
     sliding_window,
+    v_scale,
     stride_qb,
     stride_qh,
     stride_kb,
@@ -146,6 +155,7 @@ def _decode_grouped_stage1(
     KV_HEADS_ADJACENT: tl.constexpr,
     SINGLE_SPLIT_DIRECT: tl.constexpr,
     USE_WINDOW: tl.constexpr,
+    V_SCALED: tl.constexpr,
 ):
     pdl_prologue(PDL)
     if KV_HEADS_ADJACENT:
@@ -219,6 +229,8 @@ def _decode_grouped_stage1(
                     sm_scale,
                     logit_cap,
                     USE_CAP,
+                    1.0,
+                    False,  # v_scale is applied to the whole output below
                 )
                 n0 += BLOCK_N
         else:  # a `for` loop, so num_stages can software-pipeline the gathers
@@ -247,8 +259,12 @@ def _decode_grouped_stage1(
                     sm_scale,
                     logit_cap,
                     USE_CAP,
+                    1.0,
+                    False,  # v_scale is applied to the whole output below
                 )
         out = acc / l_i[:, None]
+        if V_SCALED:  # every value came from the cache, stored as v / v_scale
+            out = out * v_scale
         if single:
             tl.store(
                 O + b * stride_ob + heads[:, None] * stride_oh + offs_dv[None, :],
@@ -382,8 +398,13 @@ def decode_attention_fwd(
     logit_cap: float = 0.0,
     config: Optional[DecodeKernelConfig] = None,
     sliding_window: int = -1,
+    k_scale: Optional[float] = None,
+    v_scale: Optional[float] = None,
 ) -> None:
     """Decode attention, one query token per request; writes ``o`` in place.
+
+    ``k_scale`` / ``v_scale``: the checkpoint's KV cache scales (the buffers hold k / k_scale, v / v_scale);
+    scores are scaled by sm_scale x k_scale and outputs by v_scale. None: the buffers hold K/V as they are.
 
     ``sliding_window`` > 0: each query attends only to its request's last ``sliding_window`` keys (its
     own included), transformers' Mistral window; -1: the whole context.
@@ -423,9 +444,10 @@ def decode_attention_fwd(
         attn_lse,
         o,
         num_kv_splits,
-        float(sm_scale),
+        float(sm_scale) * (1.0 if k_scale is None else float(k_scale)),
         float(logit_cap),
         int(sliding_window),
+        1.0 if v_scale is None else float(v_scale),
         q.stride(0),
         q.stride(1),
         k_buffer.stride(0),
@@ -455,6 +477,7 @@ def decode_attention_fwd(
         KV_HEADS_ADJACENT=config.kv_heads_adjacent,
         SINGLE_SPLIT_DIRECT=config.single_split_direct,
         USE_WINDOW=sliding_window > 0,
+        V_SCALED=v_scale is not None,
         **extra,
     )
     if config.single_split_direct and max_kv_splits == 1:

@@ -17,6 +17,8 @@ only sizes the grid.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -39,6 +41,8 @@ def _extend_fwd_kernel(
     sm_scale,
     logit_cap,
     sliding_window,
+    k_scale,
+    v_scale,
     stride_qn,
     stride_qh,
     stride_ken,
@@ -62,6 +66,7 @@ def _extend_fwd_kernel(
     USE_CAP: tl.constexpr,
     WHILE_LOOPS: tl.constexpr,
     USE_WINDOW: tl.constexpr,
+    V_SCALED: tl.constexpr,
 ):
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -106,6 +111,8 @@ def _extend_fwd_kernel(
             pre_lo = tl.maximum(pre_len + m_blk * BLOCK_M - sliding_window + 1, 0)
             ext_lo = tl.maximum(m_blk * BLOCK_M - sliding_window + 1, 0)
 
+        # A cache with the checkpoint's KV scales holds k / k_scale and v / v_scale: the prefix's scores take
+        # sm_scale x k_scale and its probabilities x V take v_scale; the new tokens' K/V are as computed.
         # Loop bodies are written once per loop form (see triton_loops.use_while_loops):
         # 1) the cached prefix through the slot indirection, every valid column visible;
         # 2) the new tokens straight from k_extend / v_extend, causally masked.
@@ -136,9 +143,11 @@ def _extend_fwd_kernel(
                     offs_dv,
                     mask_d,
                     mask_dv,
-                    sm_scale,
+                    sm_scale * k_scale,
                     logit_cap,
                     USE_CAP,
+                    v_scale,
+                    V_SCALED,
                 )
                 n0 += BLOCK_N
             n0 = ext_lo
@@ -172,6 +181,8 @@ def _extend_fwd_kernel(
                     sm_scale,
                     logit_cap,
                     USE_CAP,
+                    1.0,
+                    False,
                 )
                 n0 += BLOCK_N
         else:
@@ -200,9 +211,11 @@ def _extend_fwd_kernel(
                     offs_dv,
                     mask_d,
                     mask_dv,
-                    sm_scale,
+                    sm_scale * k_scale,
                     logit_cap,
                     USE_CAP,
+                    v_scale,
+                    V_SCALED,
                 )
             for n0 in range(ext_lo, ext_end, BLOCK_N):
                 cols = n0 + offs_n
@@ -234,6 +247,8 @@ def _extend_fwd_kernel(
                     sm_scale,
                     logit_cap,
                     USE_CAP,
+                    1.0,
+                    False,
                 )
 
         out = acc / l_i[:, None]
@@ -272,8 +287,13 @@ def extend_attention_fwd(
     is_causal: bool = True,
     logit_cap: float = 0.0,
     sliding_window: int = -1,
+    k_scale: Optional[float] = None,
+    v_scale: Optional[float] = None,
 ) -> None:
     """Attention of the new tokens over (cached prefix + new tokens); writes ``o_extend`` in place.
+
+    ``k_scale`` / ``v_scale``: the checkpoint's KV cache scales, which the prefix's buffers were stored with
+    (k / k_scale, v / v_scale); None: the buffers hold K/V as they are.
 
     ``qo_indptr [bs+1]`` indexes rows of q/k/v/o_extend; ``kv_indptr [bs+1]``/``kv_indices`` give
     each request's prefix slots (prefix only, not the new tokens). ``max_len_extend`` must be
@@ -308,6 +328,8 @@ def extend_attention_fwd(
         float(sm_scale),
         float(logit_cap),
         int(sliding_window),
+        1.0 if k_scale is None else float(k_scale),
+        1.0 if v_scale is None else float(v_scale),
         q_extend.stride(0),
         q_extend.stride(1),
         k_extend.stride(0),
@@ -331,5 +353,6 @@ def extend_attention_fwd(
         USE_CAP=logit_cap > 0,
         WHILE_LOOPS=use_while_loops(q_extend),
         USE_WINDOW=sliding_window > 0,
+        V_SCALED=v_scale is not None,
         **extra,
     )
