@@ -241,6 +241,42 @@ KIMI_K2 = {
     "eos_token_id": 163585,
 }
 
+# GLM-4.5-Air (zai-org/GLM-4.5-Air): 106B parameters, 12B active; its config.json in transformers 4's layout
+# (partial_rotary_factor and rope_theta at the top). The MTP layer (num_nextn_predict_layers) is not built.
+GLM_45_AIR = {
+    "architectures": ["Glm4MoeForCausalLM"],
+    "model_type": "glm4_moe",
+    "hidden_size": 4096,
+    "intermediate_size": 10944,
+    "moe_intermediate_size": 1408,
+    "num_hidden_layers": 46,
+    "num_nextn_predict_layers": 1,
+    "num_attention_heads": 96,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "attention_bias": True,
+    "use_qk_norm": False,
+    "partial_rotary_factor": 0.5,
+    "n_routed_experts": 128,
+    "n_shared_experts": 1,
+    "num_experts_per_tok": 8,
+    "first_k_dense_replace": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 1.0,
+    "vocab_size": 151552,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 1000000,
+    "rope_scaling": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "pad_token_id": 151329,
+    "eos_token_id": [151329, 151336, 151338],
+    "hidden_act": "silu",
+}
+
 SHAPES: Dict[str, dict] = {
     "Llama-3.1-8B": LLAMA_31_8B,
     "Qwen3-8B": QWEN3_8B,
@@ -252,6 +288,8 @@ SHAPES: Dict[str, dict] = {
     "DeepSeek-V3": DEEPSEEK_V3,
     "DeepSeek-V3-4L": {**DEEPSEEK_V3, "num_hidden_layers": 4, "num_nextn_predict_layers": 0},
     "Kimi-K2": KIMI_K2,
+    "GLM-4.5-Air": GLM_45_AIR,
+    "GLM-4.5-Air-4L": {**GLM_45_AIR, "num_hidden_layers": 4, "num_nextn_predict_layers": 0},  # 1 dense + 3 MoE
 }
 
 

@@ -21,6 +21,7 @@
 # Stages (the folder under benchmark/ whose README cites each):
 #   gpu-tests           python3 test/run_suite.py --suite per-commit-cuda [$SUITE_ARGS, passed to pytest]
 #   gpu-tests-2         the same, --suite per-commit-2-gpu (nvidia-h200-x2)
+#   gpu-files           python3 -m pytest on chosen GPU test files only: GPU_FILES="test/... test/..."
 #   kt-cpu-tests        the CPU expert kernel's tests on the GPU machine's host (AMX, 16 cores)
 #   kv-sizing           kv_sizing/: every single-GPU row of bench_kv_sizing.py's DEFAULT_PLAN
 #   kv-sizing-1         kv_sizing/: Llama-3.1-8B default and graph-bs-32+max-running-256, Qwen3-30B-A3B default
@@ -52,7 +53,8 @@
 #   prefill-decode      serving/: bench_prefill_decode_overlap.py (a prefill chunk and decode steps at once)
 set -o pipefail
 
-STAGES="gpu-tests gpu-tests-2 kt-cpu-tests kv-sizing kv-sizing-1 kv-sizing-2 kv-sizing-tp2 kv-sizing-mla roofline roofline-fp8 roofline-mla mla-prefill
+STAGES="gpu-tests gpu-tests-2 gpu-files kt-cpu-tests kv-sizing kv-sizing-1 kv-sizing-2 kv-sizing-tp2 kv-sizing-mla
+roofline roofline-fp8 roofline-mla mla-prefill
 profile-decode tune-gemm tune-attention kv-dtype fp8-gemms kt-decode kt-decode-int4-fp8 kt-doorbell kt-prefill
 kt-elastic serving serving-overlap serving-paths serving-fp8 serving-kv-fp8 prefill-decode"
 
@@ -63,6 +65,7 @@ run_stage() {
   case $1 in
     gpu-tests) python3 test/run_suite.py --suite per-commit-cuda $SUITE_ARGS ;;
     gpu-tests-2) python3 test/run_suite.py --suite per-commit-2-gpu $SUITE_ARGS ;;
+    gpu-files) python3 -m pytest -q -rfEs --durations=10 -p no:cacheprovider ${GPU_FILES:?GPU_FILES is not set} ;;
     kt-cpu-tests)
       echo "host: $(nproc) CPUs, $(lscpu | grep 'Model name' | sed 's/  */ /g'), $(g++ --version | head -1)"
       lscpu | grep -o -E 'amx[a-z0-9_]*|avx512_bf16|avx512f ' | sort -u | tr '\n' ' '; echo

@@ -171,17 +171,23 @@ def deepseek_v3_full(d: str) -> str:
 
 class FakeQuantLinear(torch.nn.Module):
     """transformers' Linear computing as our fp8 layer does: the checkpoint's dequantized weight, the input
-    rounded through e4m3 per token and 128-column group (block) or per token (channel / tensor)."""
+    rounded through e4m3 per token and 128-column group (block) or per token (channel / tensor). With
+    `activation_dtype`, the input is first rounded to that dtype: our GPU layers quantize bf16 activations, and
+    rounding an fp32 value straight to e4m3 gives another code than rounding it through bf16 first for about
+    one element in sixteen."""
 
-    def __init__(self, linear: torch.nn.Linear, strategy: str) -> None:
+    def __init__(self, linear: torch.nn.Linear, strategy: str, activation_dtype: torch.dtype | None = None) -> None:
         super().__init__()
         self.weight, self.bias, self.strategy = linear.weight, linear.bias, strategy
+        self.activation_dtype = activation_dtype
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         from sglang.srt.layers.quantization.fp8_block_linear import quantize_groups_reference
         from sglang.srt.layers.quantization.fp8_linear import quantize_rows
 
         x2 = x.reshape(-1, x.shape[-1])
+        if self.activation_dtype is not None:
+            x2 = x2.to(self.activation_dtype)
         if self.strategy == "block":
             q, s = quantize_groups_reference(x2)
             xq = q.float() * s.repeat_interleave(128, 1)[:, : x2.shape[1]]
@@ -192,7 +198,11 @@ class FakeQuantLinear(torch.nn.Module):
 
 
 def fake_quantized(
-    model: torch.nn.Module, strategy: str, attention_only: bool = False, weight_only: tuple = ()
+    model: torch.nn.Module,
+    strategy: str,
+    attention_only: bool = False,
+    activation_dtype: torch.dtype | None = None,
+    weight_only: tuple = (),
 ) -> torch.nn.Module:
     """transformers' model (holding the dequantized weights) with its decoder Linears, nested ones too (DeepSeek's
     shared_experts), computing as our fp8 layers do (FakeQuantLinear); `attention_only` for Qwen3-MoE, whose MLPs
@@ -203,5 +213,5 @@ def fake_quantized(
             for path, child in list(parent.named_modules()):
                 if isinstance(child, torch.nn.Linear) and path.split(".")[-1] not in weight_only:
                     owner, _, name = path.rpartition(".")
-                    setattr(parent.get_submodule(owner), name, FakeQuantLinear(child, strategy))
+                    setattr(parent.get_submodule(owner), name, FakeQuantLinear(child, strategy, activation_dtype))
     return model

@@ -27,6 +27,7 @@ from sglang.test.tiny_deepseek import make_tiny_deepseek
 pytestmark = pytest.mark.skipif(not has_gpu(), reason=REQUIRES_GPU_REASON)
 
 BF16_TOL = 0.15
+FP8_TOL = 0.3  # test_fp8_checkpoints_gpu.py's: bf16 rounding plus e4m3 boundary flips of the activations
 NEW_TOKENS = 16
 GREEDY = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
 
@@ -60,6 +61,9 @@ def test_tiny_deepseek_matches_transformers_and_graphs_match_eager(version):
     eager = _generate(d, prompts, disable_cuda_graph=True)
     assert graphs == eager, "decode in CUDA graphs must give the eager tokens"
     ref = hf.to(device="cuda", dtype=torch.bfloat16)
+    for module in ref.modules():  # V3's router stays fp32, as ours (and upstream's) does: `.to(bfloat16)` would
+        if hasattr(module, "e_score_correction_bias"):  # round its weight and correction bias, moving near-ties
+            module.float()
     steps = exact = 0
     for prompt, ids in zip(prompts, graphs):
         assert len(ids) == NEW_TOKENS
@@ -152,8 +156,10 @@ def test_native_fp8_deepseek_v3_checkpoint_on_the_gpu():
     assert attn.kv_b_proj.weight.dtype == torch.bfloat16
     prompts = _prompts(256)
     outs = run_scheduler(sched, prompts, greedy_params(NEW_TOKENS))
-    reference = fake_quantized(load_hf_model(d + "-dequantized"), "block", weight_only=("kv_b_proj",))
-    reference = reference.to(device="cuda")  # fp32: FakeQuantLinear computes in fp32
+    # Our layers quantize bf16 activations: the reference rounds through bf16 first (fp8_checkpoints.FakeQuantLinear).
+    reference = fake_quantized(
+        load_hf_model(d + "-dequantized"), "block", activation_dtype=torch.bfloat16, weight_only=("kv_b_proj",)
+    ).to(device="cuda")
     steps = exact = 0
     for prompt, out in zip(prompts, outs):
         ids = out.output_ids
@@ -162,8 +168,8 @@ def test_native_fp8_deepseek_v3_checkpoint_on_the_gpu():
             logits = reference(torch.tensor([prompt + ids], device="cuda")).logits[0, len(prompt) - 1 : -1].float()
         for step, tok in enumerate(ids):
             gap = logits[step].max().item() - logits[step, tok].item()
-            assert gap <= BF16_TOL, f"step {step} token {tok} is {gap:.3f} below transformers' top-1"
+            assert gap <= FP8_TOL, f"step {step} token {tok} is {gap:.3f} below transformers' top-1"
             exact += int(logits[step].argmax().item() == tok)
             steps += 1
     print(f"native FP8 DeepSeek-V3 (tiny): exact top-1 agreement {exact}/{steps}")
-    assert exact >= 0.85 * steps
+    assert exact >= 0.9 * steps

@@ -3,8 +3,12 @@ the triton block-scaled GEMM; per channel: the row-scaled fp8 GEMM), a Qwen3-MoE
 and 128x128 scales in the fused-MoE FP8 layout. Greedy tokens through sglang.Engine (triton attention, CUDA
 graphs, bf16) vs transformers fp32 on the dequantized weights with the same activation quantization.
 
-Criterion (bf16, as test_gpu_vs_transformers.py): each generated token is transformers' top-1 or within
-BF16_TOL of its top-1 logit, and at least 90% of the steps agree exactly."""
+Criterion: each generated token is transformers' top-1 or within FP8_TOL of its top-1 logit, and at least 90%
+of the steps agree exactly (a wrong scale or layout agrees on almost none). FP8_TOL is wider than the bf16
+tests' 0.15: an activation that bf16 noise moves across an e4m3 rounding boundary takes the next code (one e4m3
+step is 6-12% of the value), so a tiny random model's logits move by more than bf16 noise alone moves them
+(largest gap measured on the H200 with the fp32-activation reference: 0.24; the reference now rounds its
+activations to bf16 before quantizing them, as our layers see them)."""
 
 from sglang.test.ci.ci_register import register_cuda_ci
 
@@ -19,7 +23,7 @@ from sglang.test.runners import load_hf_model
 
 pytestmark = pytest.mark.skipif(not has_gpu(), reason=REQUIRES_GPU_REASON)
 
-BF16_TOL = 0.15
+FP8_TOL = 0.3
 NEW_TOKENS = 24
 
 
@@ -51,8 +55,11 @@ def test_fp8_checkpoint_on_the_gpu(arch, strategy, tmp_path):
         )
     finally:
         engine.shutdown()
-    ref = fake_quantized(load_hf_model(d + "-dequantized"), strategy, attention_only=arch == "moe").cuda()
+    ref = fake_quantized(
+        load_hf_model(d + "-dequantized"), strategy, attention_only=arch == "moe", activation_dtype=torch.bfloat16
+    ).cuda()
     steps = exact = 0
+    worst = 0.0
     for prompt, out in zip(prompts, outs):
         ids = out["output_ids"]
         assert len(ids) == NEW_TOKENS
@@ -62,6 +69,7 @@ def test_fp8_checkpoint_on_the_gpu(arch, strategy, tmp_path):
             gap = logits[step].max().item() - logits[step, tok].item()
             exact += int(logits[step].argmax().item() == tok)
             steps += 1
-            assert gap <= BF16_TOL, f"{arch}/{strategy}: step {step} token {tok} is {gap:.3f} below the top-1"
-    print(f"{arch}/{strategy}: exact top-1 agreement {exact}/{steps}")
+            worst = max(worst, gap)
+            assert gap <= FP8_TOL, f"{arch}/{strategy}: step {step} token {tok} is {gap:.3f} below the top-1"
+    print(f"{arch}/{strategy}: exact top-1 agreement {exact}/{steps}, largest gap {worst:.3f}")
     assert exact >= 0.9 * steps

@@ -16,6 +16,8 @@ from sglang.srt.configs.deepseek import (
     check_deepseek_config,
     uses_mla,
 )
+from sglang.srt.configs.gemma import check_gemma_config, is_gemma
+from sglang.srt.configs.glm4_moe import check_glm4_moe_config
 from sglang.srt.configs.quantization_config import (
     CheckpointQuantization,
     UnsupportedQuantization,
@@ -121,10 +123,12 @@ def check_model_supported(config: PretrainedConfig) -> None:
     """Refuse, naming the field, a config we cannot run exactly (before any weight loads)."""
     text = getattr(config, "text_config", None) or config
     check_deepseek_config(text)
-    # Every MLP here is SwiGLU without biases (LlamaMLP, the MoE experts): another activation or an MLP bias
-    # would load and answer wrongly.
+    check_glm4_moe_config(text)
+    check_gemma_config(config)  # Gemma's activation field and values are its own (GeGLU): checked there
+    # Every other MLP here is SwiGLU without biases (LlamaMLP, the MoE experts): another activation or an MLP
+    # bias would load and answer wrongly.
     act = getattr(text, "hidden_act", None) or getattr(text, "hidden_activation", None) or "silu"
-    if act not in ("silu", "swish"):
+    if not is_gemma(text) and act not in ("silu", "swish"):
         raise UnsupportedModelError(f"hidden_act={act!r} is not supported (silu)")
     if getattr(text, "mlp_bias", False):
         raise UnsupportedModelError("mlp_bias=True is not supported (the MLP layers have no bias)")

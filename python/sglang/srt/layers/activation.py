@@ -1,4 +1,5 @@
-"""SiLU-and-mul: the gated activation of Llama/Qwen MLPs, on gate and up halves stored back to back."""
+"""Gated MLP activations on gate and up halves stored back to back: SiLU-and-mul (Llama/Qwen), GELU(tanh)-and-mul
+(Gemma)."""
 
 from __future__ import annotations
 
@@ -15,3 +16,10 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return fused_elementwise.silu_and_mul(x)
     d = x.shape[-1] // 2
     return F.silu(x[..., :d]) * x[..., d:]
+
+
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """gelu(x[..., :d], tanh approximation) * x[..., d:]: Gemma's GeGLU (`hidden_activation` gelu_pytorch_tanh, which
+    transformers computes with torch's own tanh-approximated gelu, as here)."""
+    d = x.shape[-1] // 2
+    return F.gelu(x[..., :d], approximate="tanh") * x[..., d:]

@@ -122,7 +122,11 @@ def _rotary_kernel(
     STORE_KV: tl.constexpr,
     BLOCK_V: tl.constexpr,
     PDL: tl.constexpr,
+    TAIL: tl.constexpr = 0,
+    BLOCK_TAIL: tl.constexpr = 1,
 ):
+    # HALF: half the rotated width; TAIL = HEAD_DIM - 2 * HALF values of each head pass through (partial rotary):
+    # untouched in q/k, copied to the pool with the rotated K.
     pdl_prologue(PDL)
     token = tl.program_id(0)
     pos = tl.load(pos_ptr + token)
@@ -149,6 +153,12 @@ def _rotary_kernel(
             row = slot * stride_kb + heads[:, None] * HEAD_DIM + d[None, :]
             tl.store(k_buf + row, y1, mask=mask)
             tl.store(k_buf + row + HALF, y2, mask=mask)
+            if TAIL > 0:
+                t = tl.arange(0, BLOCK_TAIL)
+                t_mask = mask & (t < TAIL)[None, :]
+                t_offs = heads[:, None] * HEAD_DIM + 2 * HALF + t[None, :]
+                tail = tl.load(base + token * stride + t_offs, mask=t_mask)
+                tl.store(k_buf + slot * stride_kb + t_offs, tail, mask=t_mask)
     if STORE_KV:
         offs_v = tl.arange(0, BLOCK_V)
         v = tl.load(v_ptr + token * stride_v + offs_v, mask=offs_v < v_row)
@@ -163,8 +173,10 @@ def apply_rotary_inplace(
     sin_cache: torch.Tensor,
     head_dim: int,
     kv_store=None,
+    rotary_dim: int | None = None,
 ) -> None:
-    """Rotate-half rotary on q [T, Hq*D] and k [T, Hkv*D] (rows may be strided views of qkv).
+    """Rotate-half rotary on q [T, Hq*D] and k [T, Hkv*D] (rows may be strided views of qkv); with `rotary_dim`
+    only each head's first rotary_dim values rotate (partial rotary), the rest pass through.
 
     With ``kv_store`` (a FusedSetKVBufferArg) the same kernel also writes the rotated K rows and
     ``kv_store.value``'s V rows into the pool buffers at ``kv_store.cache_loc``: a decode layer then
@@ -178,6 +190,8 @@ def apply_rotary_inplace(
     else:
         v, k_buf, v_buf, loc = kv_store.value, kv_store.k_buffer, kv_store.v_buffer, kv_store.cache_loc
         stride_v, stride_kb, stride_vb, v_row = v.stride(0), k_buf.stride(0), v_buf.stride(0), v.shape[1]
+    rotary_dim = rotary_dim or head_dim
+    tail = head_dim - rotary_dim
     pdl = pdl_available(q)
     _rotary_kernel[(n_tokens,)](
         q,
@@ -199,11 +213,13 @@ def apply_rotary_inplace(
         stride_vb,
         v_row,
         HEAD_DIM=head_dim,
-        HALF=head_dim // 2,
+        HALF=rotary_dim // 2,
         BLOCK_H=triton.next_power_of_2(max(hq, hk)),
         STORE_KV=kv_store is not None,
         BLOCK_V=triton.next_power_of_2(v_row),
         PDL=pdl,
+        TAIL=tail,
+        BLOCK_TAIL=triton.next_power_of_2(max(tail, 1)),
         launch_pdl=pdl,
         num_warps=4,
     )

@@ -46,3 +46,20 @@ class RMSNorm(nn.Module):
             return rmsnorm(x, self.weight, self.variance_epsilon, out=x)
         x.copy_(self._norm(x))
         return x
+
+
+class GemmaRMSNorm(nn.Module):
+    """Gemma's RMSNorm: the checkpoint stores w and the scale is (1 + w); the whole product is taken in fp32 and
+    rounded once (Llama rounds the normalised value before scaling), as transformers' Gemma2/Gemma3 RMSNorm.
+    Plain torch on every device: the fused GPU kernel rounds where Llama does."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-6, params_dtype: Optional[torch.dtype] = None) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(hidden_size, dtype=params_dtype), requires_grad=False)
+        self.variance_epsilon = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """The norm over the last dim (any leading shape: [T, H] hidden states, [T, heads, D] per-head q/k)."""
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        return (x32 * (1.0 + self.weight.float())).to(x.dtype)

@@ -21,15 +21,22 @@ class LogitsProcessorOutput:
 
 
 class LogitsProcessor(nn.Module):
-    def __init__(self, vocab_size: int) -> None:
+    def __init__(self, vocab_size: int, final_logit_softcapping: Optional[float] = None) -> None:
+        """`final_logit_softcapping` (Gemma 2/3): logits become cap * tanh(logits / cap) before anything reads
+        them, so sampling and every logprob (prompt and output) see the capped values, as transformers returns."""
         super().__init__()
         self.vocab_size = vocab_size
+        self.final_logit_softcapping = final_logit_softcapping
 
     def _project(self, hidden_states: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
         # Same dtype as the reference's lm_head matmul. Kept in that dtype: an fp32 copy of [bs, vocab]
         # would be GBs at large decode batches; the sampler converts a chunk of rows at a time.
         logits = torch.matmul(hidden_states, lm_head.weight.t())
-        return tensor_model_parallel_all_gather(logits)[:, : self.vocab_size]
+        logits = tensor_model_parallel_all_gather(logits)[:, : self.vocab_size]
+        cap = self.final_logit_softcapping
+        if cap:  # in place on this fresh tensor, in transformers' order: divide, tanh, multiply
+            logits.div_(cap).tanh_().mul_(cap)
+        return logits
 
     def forward(self, hidden_states: torch.Tensor, lm_head: nn.Module, forward_batch) -> LogitsProcessorOutput:
         prompt_scores = None

@@ -2,6 +2,8 @@
 
 The inverse frequencies come from transformers' own rope initialisers, so llama3, yarn, linear and
 dynamic scaling match the reference exactly; cos/sin are precomputed for every position once.
+Partial rotary (GLM-4.5's partial_rotary_factor): only the first `rotary_dim` values of each head rotate,
+the rest pass through unchanged (transformers' apply_rotary_pos_emb for those families).
 """
 
 from __future__ import annotations
@@ -15,8 +17,12 @@ from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 
-def _rope_parameters(config: PretrainedConfig) -> dict:
+def _rope_parameters(config: PretrainedConfig, layer_type: Optional[str] = None) -> dict:
+    """The rope parameters of the model, or, given `layer_type`, those of that kind of layer (configs whose
+    `rope_parameters` are keyed by layer type: Gemma 3's sliding and full attention layers)."""
     params = getattr(config, "rope_parameters", None)
+    if layer_type is not None:
+        return dict(params[layer_type])
     if params:
         return dict(params)
     scaling = dict(getattr(config, "rope_scaling", None) or {})
@@ -25,8 +31,20 @@ def _rope_parameters(config: PretrainedConfig) -> dict:
     return scaling
 
 
-def compute_inv_freq(config: PretrainedConfig, head_dim: int) -> Tuple[torch.Tensor, float]:
-    params = _rope_parameters(config)
+def partial_rotary_dim(config: PretrainedConfig, head_dim: int) -> int:
+    """How many values of each head rotate: head_dim x partial_rotary_factor (transformers 5 keeps the factor in
+    rope_parameters; older configs at the top level), all of them without one."""
+    factor = _rope_parameters(config).get("partial_rotary_factor")
+    if factor is None:
+        factor = getattr(config, "partial_rotary_factor", None) or 1.0
+    return int(head_dim * factor)
+
+
+def compute_inv_freq(
+    config: PretrainedConfig, head_dim: int, layer_type: Optional[str] = None
+) -> Tuple[torch.Tensor, float]:
+    """`head_dim`: the rotated width (the rotary dim under partial rotary); `layer_type`: see _rope_parameters."""
+    params = _rope_parameters(config, layer_type)
     rope_type = params.get("rope_type", "default")
     # A GGUF's rope_freqs.weight (model_loader/gguf_config.py): per-pair factors dividing the base frequencies.
     factors = getattr(config, "rope_freq_factors", None)
@@ -44,6 +62,8 @@ def compute_inv_freq(config: PretrainedConfig, head_dim: int) -> Tuple[torch.Ten
         return inv_freq, 1.0
     if rope_type not in ROPE_INIT_FUNCTIONS:
         raise ValueError(f"rope type {rope_type!r} is not supported")
+    if layer_type is not None:
+        return ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", layer_type=layer_type)
     return ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
 
 
@@ -65,15 +85,33 @@ class FusedSetKVBufferArg:
 
 class RotaryEmbedding(nn.Module):
     def __init__(
-        self, config: PretrainedConfig, head_dim: int, max_position: int, dtype: torch.dtype, interleaved: bool = False
+        self,
+        config: PretrainedConfig,
+        head_dim: int,
+        max_position: int,
+        dtype: torch.dtype,
+        interleaved: bool = False,
+        rotary_dim: Optional[int] = None,
+        layer_type: Optional[str] = None,
     ) -> None:
-        """`interleaved`: rotate the pairs (x0, x1), (x2, x3), ... (DeepSeek's layout) instead of (x_i, x_{i+D/2})."""
+        """`interleaved`: rotate the pairs (x0, x1), (x2, x3), ... (DeepSeek's layout) instead of (x_i, x_{i+D/2}).
+        `rotary_dim`: rotate only the first rotary_dim values of each head (default: all head_dim).
+        `layer_type`: the rope parameters of that kind of layer (see _rope_parameters)."""
         super().__init__()
         self.head_dim = head_dim
+        self.rotary_dim = rotary_dim or head_dim
+        if self.rotary_dim % 2 or not 0 < self.rotary_dim <= head_dim:
+            raise ValueError(f"rotary dim {self.rotary_dim} must be even and in (0, head_dim {head_dim}]")
+        if interleaved and self.rotary_dim != head_dim:
+            raise ValueError("partial rotary over interleaved pairs is not supported")
         self.interleaved = interleaved
         device = torch.empty(0).device  # the caller's `with torch.device(...)`; the math runs on the CPU
         with torch.device("cpu"):
-            inv_freq, scaling = compute_inv_freq(config, head_dim)
+            inv_freq, scaling = compute_inv_freq(config, self.rotary_dim, layer_type)
+            if 2 * inv_freq.shape[0] != self.rotary_dim:  # a rope type's own initialiser read another width
+                raise ValueError(
+                    f"the rope parameters give {2 * inv_freq.shape[0]} rotated values per head, expected {self.rotary_dim}"
+                )
             freqs = torch.arange(max_position, dtype=torch.float)[:, None] * inv_freq.cpu()[None, :]
             emb = torch.cat((freqs, freqs), dim=-1)
             # Cast like the reference does (fp32 math, then the activation dtype).
@@ -94,7 +132,14 @@ class RotaryEmbedding(nn.Module):
             from sglang.srt.layers.fused_elementwise import apply_rotary_inplace
 
             apply_rotary_inplace(
-                positions, q, k, self.cos_cache, self.sin_cache, self.head_dim, kv_store=fused_set_kv_buffer_arg
+                positions,
+                q,
+                k,
+                self.cos_cache,
+                self.sin_cache,
+                self.head_dim,
+                kv_store=fused_set_kv_buffer_arg,
+                rotary_dim=self.rotary_dim,
             )
             return q, k
         q, k = self._forward_torch(positions, q, k)
@@ -113,9 +158,14 @@ class RotaryEmbedding(nn.Module):
         ks = k.reshape(k.shape[0], -1, self.head_dim)
         if self.interleaved:
             return rotate_pairs(qs, cos, sin).view(q.shape), rotate_pairs(ks, cos, sin).view(k.shape)
-        q_out = qs * cos + rotate_half(qs) * sin
-        k_out = ks * cos + rotate_half(ks) * sin
-        return q_out.view(q.shape), k_out.view(k.shape)
+        return self._rotate(qs, cos, sin).view(q.shape), self._rotate(ks, cos, sin).view(k.shape)
+
+    def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        """Rotate-half over each head's first rotary_dim values, the rest unchanged."""
+        if self.rotary_dim == self.head_dim:
+            return x * cos + rotate_half(x) * sin
+        rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
+        return torch.cat([rot * cos + rotate_half(rot) * sin, rest], dim=-1)
 
 
 def rotate_pairs(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -133,13 +183,22 @@ _ROPE_CACHE: dict = {}
 
 
 def get_rope(
-    config: PretrainedConfig, head_dim: int, max_position: int, dtype: torch.dtype, interleaved: bool = False
+    config: PretrainedConfig,
+    head_dim: int,
+    max_position: int,
+    dtype: torch.dtype,
+    interleaved: bool = False,
+    rotary_dim: Optional[int] = None,
+    layer_type: Optional[str] = None,
 ) -> RotaryEmbedding:
-    """One RotaryEmbedding per distinct geometry: its cos/sin tables (MBs at 128k context) are shared by all layers."""
+    """One RotaryEmbedding per distinct geometry: its cos/sin tables (MBs at 128k context) are shared by all layers.
+    `rotary_dim`: partial rotary's rotated width (partial_rotary_dim), None: the whole head.
+    `layer_type`: for configs with rope parameters per kind of layer (Gemma 3), that kind's."""
     device = torch.empty(0).device  # honours the caller's `with torch.device(...)`
     # Everything compute_inv_freq reads: the rope parameters and a GGUF's per-pair frequency factors.
-    rope = (repr(sorted(_rope_parameters(config).items())), getattr(config, "rope_freq_factors", None))
-    key = (head_dim, max_position, dtype, str(device), rope, interleaved)
+    params = _rope_parameters(config, layer_type)
+    rope = (repr(sorted(params.items())), getattr(config, "rope_freq_factors", None))
+    key = (head_dim, max_position, dtype, str(device), rope, interleaved, rotary_dim or head_dim)
     if key not in _ROPE_CACHE:
-        _ROPE_CACHE[key] = RotaryEmbedding(config, head_dim, max_position, dtype, interleaved)
+        _ROPE_CACHE[key] = RotaryEmbedding(config, head_dim, max_position, dtype, interleaved, rotary_dim, layer_type)
     return _ROPE_CACHE[key]

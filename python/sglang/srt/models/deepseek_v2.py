@@ -192,17 +192,22 @@ class MoEGate(nn.Module):
         return F.linear(hidden_states.float(), self.weight)
 
 
+def noaux_tc_routing(config: PretrainedConfig) -> GroupedTopKConfig:
+    """DeepSeek-V3's routing (also GLM-4.5's): sigmoid scores, grouped choice with the correction bias."""
+    return GroupedTopKConfig(
+        config.num_experts_per_tok,
+        "noaux_tc",
+        n_group=config.n_group,
+        topk_group=config.topk_group,
+        renormalize=bool(config.norm_topk_prob),
+        routed_scaling_factor=float(config.routed_scaling_factor),
+    )
+
+
 def routing_config(config: PretrainedConfig) -> GroupedTopKConfig:
     """The routing a (checked) DeepSeek config asks for: V3 noaux_tc, V2 its topk_method."""
     if (config.architectures or [""])[0] == DEEPSEEK_V3_ARCH:
-        return GroupedTopKConfig(
-            config.num_experts_per_tok,
-            "noaux_tc",
-            n_group=config.n_group,
-            topk_group=config.topk_group,
-            renormalize=bool(config.norm_topk_prob),
-            routed_scaling_factor=float(config.routed_scaling_factor),
-        )
+        return noaux_tc_routing(config)
     method = getattr(config, "topk_method", None) or "greedy"
     grouped = method == "group_limited_greedy"
     return GroupedTopKConfig(
@@ -222,13 +227,15 @@ class DeepseekV2MoE(nn.Module):
         layer_id: int,
         dtype: torch.dtype,
         kt_state: Optional[KTState] = None,
+        routing: Optional[GroupedTopKConfig] = None,
         quantization: Optional[str] = None,
     ) -> None:
         """`kt_state`: the model's KT hybrid state (routed experts split between the model's device and the CPU
-        kernels, kt_ep_wrapper.py); the shared experts always stay on the model's device. `quantization`: the
+        kernels, kt_ep_wrapper.py); the shared experts always stay on the model's device. `routing`: another
+        family's routing (GLM-4.5), else the DeepSeek config's own (routing_config). `quantization`: the
         checkpoint's fp8 linear format (shared experts), block fp8 also keeping the routed experts in FP8."""
         super().__init__()
-        self.routing = routing_config(config)
+        self.routing = routing or routing_config(config)
         self.gate = MoEGate(config.hidden_size, config.n_routed_experts, self.routing.topk_method == "noaux_tc")
         self.experts = build_moe_experts(
             num_experts=config.n_routed_experts,
@@ -275,7 +282,7 @@ class DeepseekV2DecoderLayer(LlamaDecoderLayer):
         kt_state: Optional[KTState] = None,
     ) -> nn.Module:
         if layer_id >= (config.first_k_dense_replace or 0) and config.n_routed_experts:
-            return DeepseekV2MoE(config, layer_id, dtype, kt_state, quantization)
+            return DeepseekV2MoE(config, layer_id, dtype, kt_state, quantization=quantization)
         return LlamaMLP(config.hidden_size, config.intermediate_size, dtype, quantization=quantization)
 
     def mlp_forward_add_norm(

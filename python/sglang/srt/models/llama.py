@@ -83,7 +83,7 @@ class LlamaAttention(nn.Module):
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps, params_dtype=dtype)
             self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps, params_dtype=dtype)
-        self.rotary_emb = get_rope(config, self.head_dim, max_position, dtype)
+        self.rotary_emb = get_rope(config, self.head_dim, max_position, dtype, rotary_dim=self.rotary_dim(config))
         self.attn = RadixAttention(
             self.num_heads,
             self.head_dim,
@@ -92,6 +92,10 @@ class LlamaAttention(nn.Module):
             layer_id=layer_id,
             sliding_window_size=layer_sliding_window(config, layer_id),  # Mistral's window, honoured
         )
+
+    def rotary_dim(self, config: PretrainedConfig) -> int:
+        """How many values of each head rotate: all of them (partial-rotary families say fewer)."""
+        return self.head_dim
 
     def attend(self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch) -> torch.Tensor:
         """Everything up to o_proj: its input (the attention output of every head); the decoder runs o_proj

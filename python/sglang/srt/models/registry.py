@@ -18,6 +18,9 @@ _MODELS = {
     "OlmoeForCausalLM": "olmoe",
     "DeepseekV2ForCausalLM": "deepseek_v2",
     "DeepseekV3ForCausalLM": "deepseek_v2",  # also Kimi-K2 (model_type kimi_k2)
+    "Glm4MoeForCausalLM": "glm4_moe",  # GLM-4.5 / 4.5-Air / 4.6 / 4.7
+    "Gemma2ForCausalLM": "gemma2",
+    "Gemma3ForCausalLM": "gemma3",  # text only (model_type gemma3_text)
 }
 
 

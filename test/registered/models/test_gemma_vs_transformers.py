@@ -1,0 +1,107 @@
+"""Gemma 2 and Gemma 3 (text) against transformers on tiny random checkpoints that transformers wrote (save_pretrained),
+fp32 on the CPU, through the in-process scheduler (one per model): a sliding window shorter than the prompts,
+attention logit soft-capping (Gemma 2) and final logit soft-capping on, rope per layer type with a scaled global
+rope (Gemma 3). Greedy tokens identical to transformers, output and prompt logprobs equal to its log-softmax of the
+capped logits, also with chunked prefill cutting the window and with cached prefixes longer than the window. The
+same weights without the attention cap or the window give other greedy tokens in transformers, and without the
+final cap other logprobs, so each is matched."""
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=60, suite="per-commit-cpu")
+
+import random
+
+import pytest
+import torch
+
+from sglang.test.runners import greedy_params, hf_greedy, make_scheduler, run_scheduler
+from sglang.test.tiny_gemma import COMMON, GEMMA_CONFIGS, WINDOW, write_tiny_gemma
+
+NEW_TOKENS = 12
+PROMPT_LENS = (3, 14, 29, 41)
+TOL = 1e-4
+
+
+def prompts():
+    rng = random.Random(11)
+    return [[rng.randrange(3, COMMON["vocab_size"]) for _ in range(n)] for n in PROMPT_LENS]
+
+
+def hf_model(path: str, **overrides):
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **overrides).eval()
+
+
+@torch.no_grad()
+def hf_log_softmax(model, ids):
+    return torch.log_softmax(model(torch.tensor([ids])).logits[0].float(), -1)
+
+
+_BUILT: dict = {}
+
+
+@pytest.fixture(scope="module", params=sorted(GEMMA_CONFIGS))
+def tiny(request, tmp_path_factory):
+    """(family, checkpoint dir, transformers model, greedy reference, our scheduler), built once per family."""
+    family = request.param
+    if family not in _BUILT:
+        d = write_tiny_gemma(family, str(tmp_path_factory.mktemp(family)))
+        hf = hf_model(d)
+        ref = hf_greedy(hf, prompts(), NEW_TOKENS)
+        # Chunks of 16 tokens: the longer prompts' windows straddle a chunk boundary (the cached prefix).
+        sched = make_scheduler(
+            reuse_model=False, model_path=d, skip_tokenizer_init=True, max_total_tokens=1024, chunked_prefill_size=16
+        )
+        _BUILT[family] = (family, d, hf, ref, sched)
+    return _BUILT[family]
+
+
+def test_greedy_tokens_and_logprobs_match_transformers(tiny):
+    family, d, hf, ref, sched = tiny
+    assert type(sched.model_runner.model).__name__ == hf.config.architectures[0]
+    outs = run_scheduler(sched, prompts(), greedy_params(NEW_TOKENS), return_logprob=True, logprob_start_len=0)
+    for prompt, out, r in zip(prompts(), outs, ref):
+        assert out.output_ids == r, f"{family}, prompt of {len(prompt)} tokens"
+        lsm = hf_log_softmax(hf, prompt + r)
+        expected = lsm[torch.arange(len(prompt) - 1, len(prompt) + len(r) - 1), torch.tensor(r)]
+        torch.testing.assert_close(torch.tensor(out.logprobs), expected, atol=TOL, rtol=0)
+        scored = out.prompt["input_token"][1:]  # position 0 has no logprob
+        assert [t for _, t in scored] == prompt[1:]
+        expected_prompt = [lsm[pos - 1, prompt[pos]].item() for pos in range(1, len(prompt))]
+        assert max((abs(v - e) for (v, _), e in zip(scored, expected_prompt)), default=0.0) < TOL
+    # Again: the prompts now hit the radix cache (prefixes longer than the window), only their tails prefilled.
+    again = run_scheduler(sched, prompts(), greedy_params(NEW_TOKENS))
+    assert [o.output_ids for o in again] == ref
+    assert any(o.cached_tokens > WINDOW for o in again)
+    # Not degenerate: different prompts, different continuations, several distinct tokens each.
+    assert len({tuple(r) for r in ref}) == len(PROMPT_LENS) and all(len(set(r)) > 2 for r in ref)
+
+
+FEATURES = ["final_logit_softcapping", "attn_logit_softcapping", "sliding_window", "rope_local_base_freq"]
+
+
+@pytest.mark.parametrize("feature", FEATURES)
+def test_each_feature_changes_the_reference(tiny, feature):
+    """The same weights without the feature answer differently in transformers, so matching it above is evidence:
+    other greedy tokens without the attention cap, the window (one longer than every sequence) or Gemma 3's own
+    rope for the sliding layers; other logprobs without the final cap (tanh keeps the order of the logits, so greedy
+    tokens cannot show it, sampling and logprobs do)."""
+    family, d, hf, ref, _ = tiny
+    if feature == "attn_logit_softcapping" and family == "gemma3":
+        pytest.skip("transformers' Gemma 3 attention does not soft-cap (a config setting it is refused)")
+    if feature == "rope_local_base_freq" and family == "gemma2":
+        pytest.skip("Gemma 2 has one rope for every layer")
+    overrides = {feature: None}
+    if feature == "sliding_window":
+        overrides = {"sliding_window": COMMON["max_position_embeddings"]}
+    if feature == "rope_local_base_freq":  # the sliding layers get the global layers' rope
+        full = dict(hf.config.rope_parameters["full_attention"])
+        overrides = {"rope_parameters": {"sliding_attention": full, "full_attention": full}}
+    plain = hf_model(d, **overrides)
+    if feature == "final_logit_softcapping":
+        ids = prompts()[1] + ref[1]
+        assert (hf_log_softmax(plain, ids) - hf_log_softmax(hf, ids)).abs().max() > 100 * TOL
+        return
+    assert hf_greedy(plain, prompts(), NEW_TOKENS) != ref, f"{feature} changes no answer: this test proves nothing"
