@@ -11,6 +11,7 @@ register_cpu_ci(est_time=45, suite="per-commit-cpu")
 # - with --kt-method FP8 (the CPU kernels and the GPU-side experts hold the checkpoint's own codes and scales);
 # - in the GPU's format run on the CPU (fp8 projections and MLPs with activations quantized per 128-column group,
 #   FP8 routed experts, kv_b_proj dequantized for the absorbed attention).
+# A multi-token-prediction layer (fp8 too) follows the last layer, as in the published checkpoints: skipped at load.
 
 import random
 
@@ -26,10 +27,28 @@ L1 = "model.layers.1."
 FP8_TIE = 0.05
 
 
+def _append_mtp_layer(d: str) -> None:
+    """As DeepSeek-V3/R1 ship: one multi-token-prediction layer after the last (index num_hidden_layers), fp8 like
+    the others (here a copy of layer 1's tensors), num_nextn_predict_layers 1. The engine drops it at load."""
+    import json
+
+    from safetensors.torch import save_file
+
+    tensors = load_file(f"{d}/model.safetensors")
+    with open(f"{d}/config.json") as f:
+        config = json.load(f)
+    mtp = f"model.layers.{config['num_hidden_layers']}."
+    tensors.update({k.replace(L1, mtp): v.clone() for k, v in tensors.items() if k.startswith(L1)})
+    save_file(tensors, f"{d}/model.safetensors")
+    with open(f"{d}/config.json", "w") as f:
+        json.dump({**config, "num_nextn_predict_layers": 1}, f)
+
+
 @pytest.fixture(scope="module")
 def fp8_v3(tmp_path_factory):
     root = tmp_path_factory.mktemp("deepseek-fp8")
     d = write_fp8_checkpoint(deepseek_v3_full(str(root / "full")), str(root / "fp8"), "block")
+    _append_mtp_layer(d)
     rng = random.Random(11)
     prompts = [[rng.randrange(3, 256) for _ in range(n)] for n in (2, 9, 31)]
     ref = hf_greedy(d + "-dequantized", prompts, NEW_TOKENS)
@@ -45,6 +64,7 @@ def test_cpu_dequantizes_every_projection(fp8_v3):
     d, prompts, ref, ckpt, dequantized = fp8_v3
     assert ckpt[L1 + "self_attn.kv_a_proj_with_mqa.weight"].dtype == torch.float8_e4m3fn
     assert ckpt[L1 + "self_attn.kv_a_proj_with_mqa.weight_scale_inv"].shape == (2, 1)  # 160 rows: a ragged block
+    assert "model.layers.3.mlp.experts.0.up_proj.weight_scale_inv" in ckpt  # the MTP layer, dropped at load
     sched = _scheduler(d)
     model = sched.model_runner.model
     ours = dict(model.named_parameters())
