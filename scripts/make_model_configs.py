@@ -114,6 +114,51 @@ QWEN3_1B = {
     "bos_token_id": 1,
 }
 
+# Phi-3-mini's geometry (32 heads of 96: half a head is not a power of two) with its sliding window cut to 64
+# tokens, so that the GPU test's prompts run past it; and Phi-4-mini's (24 heads of 128, a quarter of each
+# unrotated, longrope, tied embeddings). Both cut to 4 layers and a 32000-token vocabulary for random-weight
+# tests; the longrope factors are made up (of the right length): the weights are random too.
+PHI3_MINI_RANDOM = {
+    "architectures": ["Phi3ForCausalLM"],
+    "model_type": "phi3",
+    "hidden_size": 3072,
+    "intermediate_size": 8192,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 32,
+    "vocab_size": 32064,
+    "max_position_embeddings": 4096,
+    "original_max_position_embeddings": 4096,
+    "sliding_window": 64,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "rope_scaling": None,
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "hidden_act": "silu",
+    "bos_token_id": 1,
+    "eos_token_id": 32000,
+    "pad_token_id": 32000,
+}
+PHI4_MINI_RANDOM = {
+    **PHI3_MINI_RANDOM,
+    "num_attention_heads": 24,
+    "num_key_value_heads": 8,
+    "vocab_size": 32000,
+    "max_position_embeddings": 131072,
+    "sliding_window": None,
+    "partial_rotary_factor": 0.75,
+    "rope_theta": 250000.0,
+    "rope_scaling": {
+        "type": "longrope",
+        "short_factor": [1.0 + 0.05 * i for i in range(48)],
+        "long_factor": [1.0 + 1.5 * i for i in range(48)],
+    },
+    "tie_word_embeddings": True,
+    "eos_token_id": 2,
+    "pad_token_id": 0,
+}
+
 # DeepSeek family (MLA + DeepSeekMoE), bf16 shapes (the published V3 and Kimi-K2 checkpoints are block-FP8;
 # their quantization_config is left out: these configs describe full-precision weights).
 DEEPSEEK_V2_LITE = {
@@ -284,6 +329,8 @@ SHAPES: Dict[str, dict] = {
     "Qwen3-30B-A3B-12L": {**QWEN3_30B_A3B, "num_hidden_layers": 12},
     "Llama-1B-random": LLAMA_1B,
     "Qwen3-1B-random": QWEN3_1B,
+    "Phi3-mini-random": PHI3_MINI_RANDOM,
+    "Phi4-mini-random": PHI4_MINI_RANDOM,
     "DeepSeek-V2-Lite": DEEPSEEK_V2_LITE,
     "DeepSeek-V3": DEEPSEEK_V3,
     "DeepSeek-V3-4L": {**DEEPSEEK_V3, "num_hidden_layers": 4, "num_nextn_predict_layers": 0},

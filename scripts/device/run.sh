@@ -51,12 +51,14 @@
 #   serving-fp8         serving/ and fp8_linear/: concurrency 256, bf16 and --quantization fp8 servers
 #   serving-kv-fp8      serving/: concurrency 256, bf16 and --kv-cache-dtype fp8_e4m3 KV caches
 #   prefill-decode      serving/: bench_prefill_decode_overlap.py (a prefill chunk and decode steps at once)
+#   constrained-itl     constrained/: bench_constrained_itl.py (json_schema on every request vs none, concurrency 64;
+#                       the 20-property schema's compile, cold and cached); needs .device/upstream (--prepare)
 set -o pipefail
 
 STAGES="gpu-tests gpu-tests-2 gpu-files kt-cpu-tests kv-sizing kv-sizing-1 kv-sizing-2 kv-sizing-tp2 kv-sizing-mla
 roofline roofline-fp8 roofline-mla mla-prefill
 profile-decode tune-gemm tune-attention kv-dtype fp8-gemms kt-decode kt-decode-int4-fp8 kt-doorbell kt-prefill
-kt-elastic serving serving-overlap serving-paths serving-fp8 serving-kv-fp8 prefill-decode"
+kt-elastic serving serving-overlap serving-paths serving-fp8 serving-kv-fp8 prefill-decode constrained-itl"
 
 # What a stage runs, in the tree it is called from; $1 = the stage, $2 = its output folder.
 run_stage() {
@@ -110,6 +112,7 @@ run_stage() {
     serving-fp8) $serve $oai $c256 --variants "bf16=" "fp8=--quantization fp8" ;;
     serving-kv-fp8) $serve $oai $c256 --variants "bf16kv=" "fp8e4m3kv=--kv-cache-dtype fp8_e4m3" ;;
     prefill-decode) python3 benchmark/serving/bench_prefill_decode_overlap.py --out $o ;;
+    constrained-itl) python3 benchmark/constrained/bench_constrained_itl.py --out-dir $o ;;
   esac
 }
 
@@ -117,7 +120,8 @@ run_stage() {
 for arg in "$@"; do  # check every name before any device time is spent
   case " $(echo $STAGES) " in *" ${arg#before:} "*) ;; *) echo "unknown stage: $arg (stages: $STAGES)"; exit 2 ;; esac
   [[ $arg != before:* ]] || [ -f .device/before.tar ] || { echo "$arg needs .device/before.tar"; exit 2; }
-  [[ $arg != *serving* ]] || [ -d .device/upstream ] || { echo "$arg needs .device/upstream (--prepare)"; exit 2; }
+  [[ $arg != *serving* && $arg != *constrained-itl ]] || [ -d .device/upstream ] ||
+    { echo "$arg needs .device/upstream (--prepare)"; exit 2; }
 done
 : "${OUT:?OUT (the folder whose files come back) is not set}"
 

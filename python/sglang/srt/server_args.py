@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
@@ -167,8 +168,11 @@ class ServerArgs:
             raise ServerArgsError(
                 f"--grammar-backend must be one of {', '.join(GRAMMAR_BACKENDS)}, got {self.grammar_backend!r}"
             )
-        if self.grammar_backend == "llguidance":
-            raise ServerArgsError("--grammar-backend llguidance is not available in this server; use xgrammar or none")
+        if self.grammar_backend == "llguidance" and importlib.util.find_spec("llguidance") is None:
+            raise ServerArgsError(
+                "--grammar-backend llguidance needs the llguidance package (pip install llguidance); "
+                "or use xgrammar or none"
+            )
         if self.schedule_policy not in ("fcfs", "lpm"):
             raise ServerArgsError(f"--schedule-policy must be fcfs or lpm, got {self.schedule_policy!r}")
         if self.kt_method.upper() not in KT_METHODS:

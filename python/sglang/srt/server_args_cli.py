@@ -18,7 +18,7 @@ KT_METHODS = ("BF16", "FP8", "INT8", "INT4", "MXFP4", "AMXINT4", "AMXINT8")
 # Upstream's names; function_call_parser.py / reasoning_parser.py hold the parsers (a unit test keeps them equal).
 TOOL_CALL_PARSERS = ("qwen25", "llama3", "mistral", "pythonic", "deepseekv3", "glm45", "kimi_k2", "qwen3_coder")
 REASONING_PARSERS = ("qwen3", "deepseek-r1", "glm45", "kimi_k2")
-GRAMMAR_BACKENDS = ("xgrammar", "llguidance", "none")  # upstream's names; llguidance is refused (not built in)
+GRAMMAR_BACKENDS = ("xgrammar", "llguidance", "none")  # upstream's names
 
 
 def add_cli_args(parser: argparse.ArgumentParser, defaults: Mapping[str, Any]) -> None:
@@ -80,7 +80,8 @@ def add_cli_args(parser: argparse.ArgumentParser, defaults: Mapping[str, Any]) -
         default=_default("grammar_backend"),
         choices=GRAMMAR_BACKENDS,
         help="Constrained decoding (json_schema, regex, ebnf, structural_tag, response_format, required tool calls):"
-        " xgrammar, or none to refuse such requests with a 400.",
+        " xgrammar, llguidance (the llguidance package; no structural_tag, so no forced tool calls), or none to"
+        " refuse such requests with a 400.",
     )
 
     g = parser.add_argument_group("http")

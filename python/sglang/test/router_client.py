@@ -10,56 +10,23 @@ It gets a virtualenv of its own, built on first use and reused after (about 40 s
 
 from __future__ import annotations
 
-import fcntl
-import json
-import os
-import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Optional, Sequence
 
 import requests
 
-from sglang.test.upstream_clients import client_env
+from sglang.test.client_venv import client_env, default_venv_dir, ensure_client_venv
 
 ROUTER_REQUIREMENT = "sglang-router==0.3.2"
 VENV_ENV_VAR = "POSTCAP_ROUTER_VENV"
-_MARKER = "postcap-router.json"  # written last: its presence means the venv is complete
-
-
-def default_venv_dir() -> Path:
-    if os.environ.get(VENV_ENV_VAR):
-        return Path(os.environ[VENV_ENV_VAR])
-    root = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(root) / "sglang-postcap" / ROUTER_REQUIREMENT.replace("==", "-")
-
-
-def _spec() -> dict:
-    return {"router": ROUTER_REQUIREMENT, "base_python": os.path.realpath(sys.executable)}
 
 
 def ensure_router_venv(venv: Optional[Path] = None) -> str:
-    """The venv's python with the router installed, built under a file lock if missing or stale."""
-    venv = Path(venv) if venv is not None else default_venv_dir()
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    python = str(venv / "bin" / "python")
-    with open(str(venv) + ".lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            complete = json.loads((venv / _MARKER).read_text()) == _spec()
-        except (OSError, ValueError):
-            complete = False
-        if not complete:
-            shutil.rmtree(venv, ignore_errors=True)
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, capture_output=True)
-            cmd = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check", ROUTER_REQUIREMENT]
-            r = subprocess.run(cmd, capture_output=True, text=True, env=client_env())
-            if r.returncode != 0:
-                raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
-            (venv / _MARKER).write_text(json.dumps(_spec()))
-    return python
+    """The venv's python with the router installed, built if missing or stale."""
+    venv = venv or default_venv_dir(ROUTER_REQUIREMENT.replace("==", "-"), VENV_ENV_VAR)
+    return ensure_client_venv(venv, [[ROUTER_REQUIREMENT]])
 
 
 def launch_router(

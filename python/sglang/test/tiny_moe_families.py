@@ -1,5 +1,5 @@
 """Tiny random checkpoints written by transformers itself (config.json + model.safetensors, fp32) for the
-architectures of models/{mixtral, qwen2_moe, olmoe, glm4_moe, phi3}.py. Each config sets what its family has
+architectures of models/{mixtral, qwen2_moe, olmoe, glm4_moe, phi3, qwen3_moe}.py. Each config sets what its family has
 that the others do not, so a missed detail changes the greedy tokens:
 
 - mixtral: 4 experts top-2, renormalised; the checkpoint's block_sparse_moe / w1 w2 w3 names.
@@ -9,6 +9,8 @@ that the others do not, so a missed detail changes the greedy tokens:
 - glm4_moe: partial rotary, qk-norm, attention bias, sigmoid grouped routing with a non-zero correction bias,
   routed_scaling_factor, a shared expert, one leading dense layer.
 - phi3: fused qkv_proj / gate_up_proj in the checkpoint, partial rotary (Phi-4-mini's).
+- qwen3_moe: q/k norms per head, head_dim apart from hidden_size / heads, renormalised top-k (the config-field
+  tests set its sliding window and decoder_sparse_step).
 """
 
 from __future__ import annotations
@@ -72,6 +74,16 @@ TINY_FAMILIES: Dict[str, dict] = {
         num_nextn_predict_layers=0,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
     ),
+    "qwen3_moe": dict(
+        _ATTN,
+        intermediate_size=96,
+        moe_intermediate_size=32,
+        head_dim=32,
+        num_hidden_layers=3,
+        num_experts=6,
+        num_experts_per_tok=2,
+        norm_topk_prob=True,
+    ),
     "phi3": dict(
         _ATTN,
         intermediate_size=96,
@@ -90,6 +102,7 @@ def tiny_family_config(family: str, **overrides):
         "olmoe": transformers.OlmoeConfig,
         "glm4_moe": transformers.Glm4MoeConfig,
         "phi3": transformers.Phi3Config,
+        "qwen3_moe": transformers.Qwen3MoeConfig,
     }[family]
     return cls(**{**TINY_FAMILIES[family], **overrides})
 

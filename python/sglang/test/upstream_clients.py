@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from sglang.test.client_venv import client_env, pip_install
+
 UPSTREAM_VERSION = "0.4.6.post5"
 UPSTREAM_REQUIREMENT = f"sglang=={UPSTREAM_VERSION}"
 # transformers is pinned to what upstream 0.4.6.post5 itself pins: tokenizer loading is the one place where
@@ -64,15 +66,6 @@ def _spec() -> dict:
     }
 
 
-def client_env(extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-    """The environment of an upstream client process: no PYTHONPATH (this checkout's `sglang` would
-    shadow or mix with upstream's), no user site-packages, the Hugging Face hub offline."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONNOUSERSITE="1", PYTHONUNBUFFERED="1")
-    env.update(extra or {})
-    return env
-
-
 @dataclass(frozen=True)
 class UpstreamClients:
     """A ready venv with upstream's wheel: run its modules and scripts in subprocesses."""
@@ -96,13 +89,6 @@ class UpstreamClients:
         return subprocess.run(
             [self.python, *args], cwd=cwd, env=client_env(env), capture_output=True, text=True, timeout=timeout
         )
-
-
-def _pip(python: str, *args: str) -> None:
-    cmd = [python, "-m", "pip", "install", "-q", "--disable-pip-version-check", *args]
-    r = subprocess.run(cmd, capture_output=True, text=True, env=client_env())
-    if r.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}")
 
 
 def _probe(python: str) -> Path:
@@ -150,8 +136,8 @@ def ensure_upstream_venv(venv: Optional[Path] = None) -> UpstreamClients:
             if r.returncode != 0:
                 raise RuntimeError(f"{sys.executable} -m venv {venv} failed:\n{r.stderr[-3000:]}")
             python = _venv_python(venv)
-            _pip(python, *CLIENT_REQUIREMENTS)
-            _pip(python, "--no-deps", UPSTREAM_REQUIREMENT)
+            pip_install(python, *CLIENT_REQUIREMENTS)
+            pip_install(python, "--no-deps", UPSTREAM_REQUIREMENT)
             _probe(python)
             (venv / _MARKER).write_text(json.dumps(_spec()))
     python = _venv_python(venv)

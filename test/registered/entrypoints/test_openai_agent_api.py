@@ -6,9 +6,10 @@ the router's worker endpoints, /tokenize and /detokenize, tools rendered and too
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=80, suite="per-commit-cpu")
+register_cpu_ci(est_time=120, suite="per-commit-cpu")
 
 import json
+import re
 
 import openai
 import pytest
@@ -132,13 +133,16 @@ def test_fields_we_cannot_honour_are_400s_naming_them(client, field, value):
     assert field in e.value.message
 
 
+NO_THINKING = {"enable_thinking": False}
+
+
 def test_response_format_json_is_enforced_or_refused_by_name(client):
     for fmt in (
         {"type": "json_object"},
         {"type": "json_schema", "json_schema": {"name": "c", "schema": {"type": "object"}}},
     ):
-        try:
-            r = chat(client, response_format=fmt, max_tokens=16)
+        try:  # thinking off: with it on (qwen3's default) the constraint waits for a </think> SmolLM2 never writes
+            r = chat(client, response_format=fmt, max_tokens=16, extra_body={"chat_template_kwargs": NO_THINKING})
         except openai.BadRequestError as e:
             assert "response_format" in e.message
         else:
@@ -306,6 +310,77 @@ def test_reasoning_parser_leaves_a_thinkless_answer_as_content(client):
     assert getattr(r.choices[0].message, "reasoning_content", None) is None and r.choices[0].message.content
 
 
+def test_stop_regex_stops_at_the_first_match_and_trims_it_streamed_and_not(base_url, client):
+    prompt, pattern = "Count from one: 1, 2, 3, 4, 5, 6, 7, 8", r"1\d,"
+    params = {"max_new_tokens": 16, "temperature": 0}
+    free = generate(base_url, text=prompt, sampling_params=params).json()["text"]
+    match = re.search(pattern, free)
+    assert match, f"the greedy continuation {free!r} has no match: pick another pattern"
+    native = generate(base_url, text=prompt, sampling_params={**params, "stop_regex": pattern}).json()
+    assert native["text"] == free[: match.start()]
+    assert native["meta_info"]["finish_reason"] == {"type": "stop", "matched": pattern}
+    kept = generate(base_url, text=prompt, sampling_params={**params, "stop_regex": [pattern], "no_stop_trim": True})
+    assert kept.json()["text"] == free[: match.end()]
+    kw = dict(model="default", prompt=prompt, max_tokens=16, temperature=0, extra_body={"stop_regex": pattern})
+    whole = client.completions.create(**kw).choices[0]
+    assert whole.text == native["text"] and whole.finish_reason == "stop"
+    pieces = [c.choices[0].text for c in client.completions.create(stream=True, **kw) if c.choices]
+    assert "".join(pieces) == whole.text
+    bad = generate(base_url, text=prompt, sampling_params={"stop_regex": "(unclosed"})
+    assert bad.status_code == 400 and "stop_regex" in bad.json()["error"]["message"]
+
+
+# Two earlier turns teach SmolLM2 to think in <think> tags, then answer {"a": n}: it does so greedily.
+THINKING_SHOTS = [
+    {"role": "user", "content": "Name a color."},
+    {"role": "assistant", "content": '<think>Colors: red.</think>\n{"a": 1}'},
+    {"role": "user", "content": "Name a fruit."},
+    {"role": "assistant", "content": '<think>Fruits: apple.</think>\n{"a": 2}'},
+    {"role": "user", "content": "Name an animal."},
+]
+B_ONLY = {"type": "object", "properties": {"b": {"type": "integer"}}, "required": ["b"], "additionalProperties": False}
+
+
+def test_a_constraint_applies_from_the_end_of_the_reasoning(base_url, client):
+    """--reasoning-parser qwen3, thinking on: the reasoning is free text (the schema would force `{` first) and
+    the answer follows the schema (the model's own habit is {"a": n}); thinking off: constrained from the start."""
+    kw = dict(model="default", messages=THINKING_SHOTS, max_tokens=40, temperature=0)
+    free = client.chat.completions.create(**kw).choices[0].message
+    assert free.reasoning_content and json.loads(free.content) != {"b": 1} and "a" in json.loads(free.content)
+    fmt = {"type": "json_schema", "json_schema": {"name": "b", "schema": B_ONLY, "strict": True}}
+    thought = client.chat.completions.create(response_format=fmt, **kw).choices[0].message
+    assert thought.reasoning_content == free.reasoning_content  # the same free text up to </think>
+    assert set(json.loads(thought.content)) == {"b"} and isinstance(json.loads(thought.content)["b"], int)
+    off = (
+        client.chat.completions.create(response_format=fmt, extra_body={"chat_template_kwargs": NO_THINKING}, **kw)
+        .choices[0]
+        .message
+    )
+    assert getattr(off, "reasoning_content", None) is None and set(json.loads(off.content)) == {"b"}
+    forced = client.chat.completions.create(
+        tools=[WEATHER],
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        **{**kw, "max_tokens": 80},
+    ).choices[0]
+    assert forced.message.reasoning_content == free.reasoning_content and forced.finish_reason == "tool_calls"
+    (call,) = forced.message.tool_calls
+    assert call.function.name == "get_weather" and isinstance(json.loads(call.function.arguments)["city"], str)
+    # /generate: require_reasoning (upstream's field) asks for the same
+    shots = 'Q: Name a color.\nA: <think>Colors: red.</think>\n{"a": 1}\nQ: Name a fruit.\nA: <think>Fruits: apple.'
+    prompt = shots + '</think>\n{"a": 2}\nQ: Name an animal.\nA: <think>'
+    params = {"json_schema": json.dumps(B_ONLY), "max_new_tokens": 20, "temperature": 0}
+    texts = []
+    for thinks in (True, False):
+        r = generate(base_url, text=prompt, require_reasoning=thinks, sampling_params=params)
+        assert r.status_code == 200, r.text
+        texts.append(r.json()["text"])
+    reasoning, _, answer = texts[0].partition("</think>")
+    assert reasoning and "{" not in reasoning and set(json.loads(answer)) == {"b"}
+    assert set(json.loads(texts[1])) == {"b"}  # constrained from the first token
+    typo = generate(base_url, text="x", require_reasoning="yes")
+    assert typo.status_code == 400 and "require_reasoning" in typo.json()["error"]["message"]
+
+
 def test_responses_create_text_streamed_and_not(client):
     kw = dict(model="default", input="Name a color.", instructions=SYSTEM, max_output_tokens=6, temperature=0)
     r = client.responses.create(**kw)
@@ -351,18 +426,14 @@ def test_responses_with_a_function_tool_and_previous_response_id(base_url, clien
     assert "previous_response_id" in e.value.message
 
 
-def test_responses_json_schema_is_enforced(client):
-    schema = {
-        "type": "object",
-        "properties": {"color": {"type": "string", "maxLength": 8}},
-        "required": ["color"],
-        "additionalProperties": False,
-    }
-    fmt = {"format": {"type": "json_schema", "name": "color", "schema": schema, "strict": True}}
-    r = client.responses.create(
-        model="default", input="A color as JSON.", text=fmt, max_output_tokens=32, temperature=0
-    )
-    assert set(json.loads(r.output_text)) == {"color"}
+def test_responses_json_schema_applies_after_the_reasoning(client):
+    """/v1/responses on a thinking server (qwen3, no template switch there): text.format follows the reasoning,
+    which comes back as a reasoning item."""
+    fmt = {"format": {"type": "json_schema", "name": "b", "schema": B_ONLY, "strict": True}}
+    r = client.responses.create(model="default", input=THINKING_SHOTS, text=fmt, max_output_tokens=40, temperature=0)
+    kinds = [item.type for item in r.output]
+    assert kinds == ["reasoning", "message"], kinds
+    assert set(json.loads(r.output_text)) == {"b"}
 
 
 def test_langchain_openai_bind_tools_and_structured_output(base_url):
@@ -386,8 +457,14 @@ def test_langchain_openai_bind_tools_and_structured_output(base_url):
         "properties": {"name": {"type": "string", "maxLength": 12}},
         "required": ["name"],
     }
-    roomy = ChatOpenAI(
-        base_url=f"{base_url}/v1", api_key="EMPTY", model="default", max_tokens=48, temperature=0, max_retries=0
+    roomy = ChatOpenAI(  # thinking off: SmolLM2 never ends a reasoning, after which the constraint would apply
+        base_url=f"{base_url}/v1",
+        api_key="EMPTY",
+        model="default",
+        max_tokens=48,
+        temperature=0,
+        max_retries=0,
+        extra_body={"chat_template_kwargs": NO_THINKING},
     )
     for method in ("json_schema", "function_calling"):
         out = roomy.with_structured_output(schema, method=method).invoke("Name a color.")

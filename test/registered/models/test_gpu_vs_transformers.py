@@ -1,5 +1,6 @@
 """Greedy tokens of the engine (triton attention, CUDA graphs, bf16) vs transformers on the same ~1B
-random-weight Llama and Qwen3 checkpoints.
+random-weight Llama and Qwen3 checkpoints, and on Phi-3-mini's geometry with its sliding window shorter than
+the longer prompts and Phi-4-mini's (partial rotary, longrope), 4 layers each.
 
 Criterion (bf16): at every generated step the engine's token is transformers' top-1, or its
 transformers logit is within BF16_TOL of the top-1 logit (near-ties flip in bf16). The test also
@@ -8,7 +9,7 @@ requires exact top-1 agreement on at least 90% of the steps.
 
 from sglang.test.ci.ci_register import register_cuda_ci
 
-register_cuda_ci(est_time=300, suite="per-commit-cuda")
+register_cuda_ci(est_time=380, suite="per-commit-cuda")
 
 import tempfile
 
@@ -23,7 +24,7 @@ BF16_TOL = 0.15
 NEW_TOKENS = 24
 
 
-@pytest.mark.parametrize("shape", ["Llama-1B-random", "Qwen3-1B-random"])
+@pytest.mark.parametrize("shape", ["Llama-1B-random", "Qwen3-1B-random", "Phi3-mini-random", "Phi4-mini-random"])
 def test_greedy_matches_transformers(shape):
     from transformers import AutoModelForCausalLM
 

@@ -13,7 +13,7 @@ import torch
 from transformers import Glm4MoeConfig
 
 from sglang.srt.layers import fused_elementwise as fe
-from sglang.srt.layers.rotary_embedding import FusedSetKVBufferArg, RotaryEmbedding, partial_rotary_dim
+from sglang.srt.layers.rotary_embedding import FusedSetKVBufferArg, RotaryEmbedding, rotary_dim
 from sglang.test.gpu_utils import triton_test_devices
 
 HEAD_DIM, HQ, HK = 32, 4, 2
@@ -35,10 +35,10 @@ def _tol(dtype):
 
 
 def test_rotary_dim_from_the_config():
-    assert partial_rotary_dim(_config(0.5), HEAD_DIM) == 16
-    assert partial_rotary_dim(_config(1.0), HEAD_DIM) == HEAD_DIM
+    assert rotary_dim(_config(0.5), HEAD_DIM) == 16
+    assert rotary_dim(_config(1.0), HEAD_DIM) == HEAD_DIM
     legacy = Glm4MoeConfig.from_dict({"head_dim": 128, "partial_rotary_factor": 0.5, "rope_theta": 1e6})
-    assert partial_rotary_dim(legacy, 128) == 64  # a config.json of transformers 4 (the factor at the top level)
+    assert rotary_dim(legacy, 128) == 64  # a config.json of transformers 4 (the factor at the top level)
 
 
 @pytest.mark.parametrize("factor", [0.5, 0.25])
@@ -46,8 +46,8 @@ def test_torch_path_equals_transformers(factor):
     from transformers.models.glm4_moe.modeling_glm4_moe import Glm4MoeRotaryEmbedding, apply_rotary_pos_emb
 
     config = _config(factor)
-    rotary = partial_rotary_dim(config, HEAD_DIM)
-    rope = RotaryEmbedding(config, HEAD_DIM, 64, torch.float32, rotary_dim=rotary)
+    rotary = rotary_dim(config, HEAD_DIM)
+    rope = RotaryEmbedding(config, HEAD_DIM, 64, torch.float32)
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(7, HQ * HEAD_DIM, generator=g), torch.randn(7, HK * HEAD_DIM, generator=g)
     pos = torch.tensor([0, 1, 5, 9, 33, 2, 63])
@@ -69,15 +69,15 @@ def test_torch_path_equals_transformers(factor):
 def test_kernel_equals_torch_path(device, store):
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     config = _config(0.5)
-    rotary = partial_rotary_dim(config, HEAD_DIM)
+    rotary = rotary_dim(config, HEAD_DIM)
     with torch.device(device):
-        rope = RotaryEmbedding(config, HEAD_DIM, 64, dtype, rotary_dim=rotary)
+        rope = RotaryEmbedding(config, HEAD_DIM, 64, dtype)
     g = torch.Generator().manual_seed(3)
     qkv = torch.randn(5, (HQ + 2 * HK) * HEAD_DIM, generator=g).to(device, dtype)
     q, k, v = qkv[:, : HQ * HEAD_DIM], qkv[:, HQ * HEAD_DIM : (HQ + HK) * HEAD_DIM], qkv[:, (HQ + HK) * HEAD_DIM :]
     pos = torch.tensor([3, 0, 17, 63, 8], device=device)
     loc = torch.tensor([9, 2, 11, 4, 6], device=device)
-    reference = RotaryEmbedding(config, HEAD_DIM, 64, torch.float32, rotary_dim=rotary)
+    reference = RotaryEmbedding(config, HEAD_DIM, 64, torch.float32)
     want_q, want_k = reference(pos.cpu(), q.float().cpu(), k.float().cpu())
     want_v = v.float().cpu().clone()
     k_buf = torch.zeros(12, HK, HEAD_DIM, dtype=dtype, device=device)

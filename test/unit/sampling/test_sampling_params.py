@@ -66,7 +66,10 @@ BAD = [
     ({"json_schema": "{not json"}, "json_schema"),
     ({"structural_tag": "[1, "}, "structural_tag"),
     ({"ebnf": 'root ::= "a"', "regex": "a"}, "regex"),  # at most one constraint per request
-    ({"stop_regex": "x"}, "stop_regex"),
+    ({"stop_regex": "("}, "stop_regex"),  # does not compile
+    ({"stop_regex": "a*"}, "stop_regex"),  # matches the empty string
+    ({"stop_regex": ["ok", 3]}, "stop_regex"),
+    ({"stop_regex": ["x"] * 17}, "stop_regex"),
     ({"custom_params": {"a": 1}}, "custom_params"),
     ({"stop": ""}, "stop"),
     ({"stop": ["ok", 3]}, "stop"),

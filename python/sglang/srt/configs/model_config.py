@@ -24,6 +24,8 @@ from sglang.srt.configs.quantization_config import (
     checkpoint_quantization,
     linear_weight_format,
 )
+from sglang.srt.configs.rope import EXACT_ROPE_TYPES, longrope_context_limit, rope_parameters
+from sglang.srt.configs.sliding_window import layer_sliding_windows
 from sglang.srt.distributed.partition import HeadPartition
 from sglang.srt.model_executor.pool_configurator import KVGeometry
 from sglang.srt.model_loader.model_source import ModelSource
@@ -119,12 +121,73 @@ def attention_kind(config: PretrainedConfig) -> str:
     return "mla" if uses_mla(text) else "mha"
 
 
+# Per-architecture fields that transformers 5.24's modeling files read differently from how our shared Llama
+# code would (docs/model_support.md has the whole table):
+# - partial_rotary_factor rotates part of each head only in Phi-3 (Llama-family files ignore it for the
+#   default rope and fail for scaled ones);
+# - attention_bias is never read by Mistral's, Mixtral's or Qwen2-MoE's attention (fixed biases), but
+#   LlamaAttention would add q/k/v/o biases for it;
+# - sliding_window is never applied by Llama's or OLMoE's masks (OLMoE passes it to flash attention only).
+PARTIAL_ROTARY_ARCHITECTURES = ("Phi3ForCausalLM", "Glm4MoeForCausalLM")
+ATTENTION_BIAS_IGNORED = ("MistralForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")
+SLIDING_WINDOW_IGNORED = ("LlamaForCausalLM", "OlmoeForCausalLM")
+
+
+def architecture_of(config: PretrainedConfig) -> str:
+    """The model class a config names (`architectures`); a config without one (made in code, or an old
+    config.json) gets its model_type's causal-LM class as transformers' Auto classes map it, never a guess."""
+    names = getattr(config, "architectures", None)
+    if names:
+        return names[0]
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    model_type = getattr(config, "model_type", None)
+    if model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+        raise UnsupportedModelError(f"the config names no architectures and its model_type={model_type!r} no model")
+    return MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
+
+
+def check_architecture_fields(config: PretrainedConfig) -> None:
+    """Refuse, naming the field, what the architecture's transformers modeling file computes differently from
+    our code for it (MLA DeepSeek configs: configs/deepseek.py)."""
+    arch = architecture_of(config)
+    params = rope_parameters(config)
+    rope_type = params.get("rope_type", "default")
+    if rope_type not in EXACT_ROPE_TYPES:
+        raise UnsupportedModelError(
+            f"rope_scaling rope_type={rope_type!r} is not supported (supported: {', '.join(EXACT_ROPE_TYPES)})"
+        )
+    if uses_mla(config):
+        return  # deepseek_v2.py's own attention; check_deepseek_config refuses its other fields
+    partial = params.get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
+    if partial not in (None, 1, 1.0) and arch not in PARTIAL_ROTARY_ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"partial_rotary_factor={partial} is not supported for {arch} (transformers rotates every feature "
+            "of its heads, or fails with a scaled rope)"
+        )
+    if getattr(config, "attention_bias", False) and arch in ATTENTION_BIAS_IGNORED:
+        raise UnsupportedModelError(
+            f"attention_bias=True is not supported for {arch} (transformers' {arch} never reads it: its "
+            "projections' biases are fixed)"
+        )
+    if getattr(config, "sliding_window", None) and arch in SLIDING_WINDOW_IGNORED:
+        raise UnsupportedModelError(
+            f"sliding_window={config.sliding_window} is not supported for {arch} (transformers' {arch} attends "
+            "to every earlier token: its causal mask has no window)"
+        )
+    try:  # each layer's window as the model will build it (layer_types, sliding_window), refused here by name
+        layer_sliding_windows(config)
+    except ValueError as e:
+        raise UnsupportedModelError(str(e)) from e
+
+
 def check_model_supported(config: PretrainedConfig) -> None:
     """Refuse, naming the field, a config we cannot run exactly (before any weight loads)."""
     text = getattr(config, "text_config", None) or config
     check_deepseek_config(text)
     check_glm4_moe_config(text)
     check_gemma_config(config)  # Gemma's activation field and values are its own (GeGLU): checked there
+    check_architecture_fields(text)
     # Every other MLP here is SwiGLU without biases (LlamaMLP, the MoE experts): another activation or an MLP
     # bias would load and answer wrongly.
     act = getattr(text, "hidden_act", None) or getattr(text, "hidden_activation", None) or "silu"
@@ -216,13 +279,23 @@ class ModelConfig:
             raise ValueError(
                 f"--context-length {context_length} is longer than the model's max_position_embeddings {derived_ctx}"
             )
+        longrope_limit = longrope_context_limit(text)
+        if longrope_limit is not None and longrope_limit < derived_ctx:
+            # Past it transformers re-rotates the whole sequence, cached keys included, with the long factors:
+            # a KV cache cannot follow that, so sequences stop at it (the short factors, exact).
+            if context_length is not None and context_length > longrope_limit:
+                raise ValueError(
+                    f"--context-length {context_length}: a longrope model runs exactly up to its "
+                    f"original_max_position_embeddings {longrope_limit} (the long factors are not supported)"
+                )
+            derived_ctx = longrope_limit
         eos = hf_config.eos_token_id
         eos_ids = () if eos is None else ((eos,) if isinstance(eos, int) else tuple(eos))
         model_dtype = resolve_dtype(dtype, hf_config, device)
         if quantization is not None:
             check_online_quantization(quantization, hf_config, model_dtype, device)
         checkpoint_format = checkpoint_quantization(hf_config)  # refuses a format we do not run
-        architecture = (hf_config.architectures or ["LlamaForCausalLM"])[0]
+        architecture = architecture_of(hf_config)
         quantization = quantization or linear_weight_format(checkpoint_format, device, model_dtype, architecture)
         return cls(
             hf_config=hf_config,

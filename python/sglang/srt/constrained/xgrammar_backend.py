@@ -1,76 +1,30 @@
-"""Constrained decoding with xgrammar: compile a request's grammar off the scheduler loop, cached, and
-keep one GrammarMatcher per request that says which tokens may come next.
-
-Compiling runs on a small thread pool (xgrammar's compiler works outside the GIL) behind an LRU cache
-keyed by (kind, text): a request waits only for its own grammar, and a repeated schema costs nothing.
-A grammar that does not compile fails its future with GrammarCompileError naming the field; the
-scheduler answers that request with a 400 and keeps serving the others.
+"""Constrained decoding with xgrammar (--grammar-backend xgrammar, the default): a request's grammar compiled
+off the scheduler loop, cached (base_backend.py; xgrammar's compiler works outside the GIL), and one
+GrammarMatcher per request that says which tokens may come next. The token bitmask helpers here serve
+every backend.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import threading
-from collections import OrderedDict
-from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, List
 
 import torch
 import xgrammar as xgr
 
+from sglang.srt.constrained.base_backend import GrammarBackend, GrammarCompileError, RequestGrammar
 from sglang.srt.constrained.grammar_key import ANY_JSON, GrammarKey
 
-COMPILE_THREADS = 2
-CACHE_SIZE = 512
+__all__ = ["GrammarCompileError", "RequestGrammar", "XGrammarBackend", "allocate_bitmask", "apply_bitmask"]
+
 # xgrammar's C++ errors start with "[hh:mm:ss] /path/file.cc:123: "; the rest is the message for the user.
 _CPP_PREFIX = re.compile(r"^\[[0-9:]+\]\s+\S+:\d+:\s*")
-
-
-class GrammarCompileError(ValueError):
-    """A constraint that does not compile; the message names the sampling_params field."""
-
-
-@dataclass(frozen=True)
-class CacheStats:
-    hits: int
-    misses: int
-    size: int
 
 
 def _clean(e: Exception) -> str:
     text = str(e).strip().splitlines()
     return _CPP_PREFIX.sub("", text[0] if text else type(e).__name__)
-
-
-class RequestGrammar:
-    """One request's matcher: the tokens allowed next, advanced by each token the request accepts."""
-
-    def __init__(self, compiled: "xgr.CompiledGrammar", key: GrammarKey) -> None:
-        self.key = key
-        self.compiled = compiled
-        self.matcher = xgr.GrammarMatcher(compiled)
-        self.accepted = 0  # tokens accepted since the start (rollback is bounded by this)
-
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        self.matcher.fill_next_token_bitmask(bitmask, row)
-
-    def accept_token(self, token: int) -> bool:
-        ok = self.matcher.accept_token(token)
-        if ok:
-            self.accepted += 1
-        return ok
-
-    def is_terminated(self) -> bool:
-        return self.matcher.is_terminated()
-
-    def rollback(self, num_tokens: int) -> None:
-        """Forget the last `num_tokens` accepted tokens."""
-        num_tokens = min(num_tokens, self.accepted)
-        if num_tokens:
-            self.matcher.rollback(num_tokens)
-            self.accepted -= num_tokens
 
 
 def allocate_bitmask(batch_size: int, vocab_size: int) -> torch.Tensor:
@@ -84,57 +38,15 @@ def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor) -> None:
     xgr.apply_token_bitmask_inplace(logits, bitmask.to(logits.device, non_blocking=True), vocab_size=vocab)
 
 
-class XGrammarBackend:
+class XGrammarBackend(GrammarBackend):
     """The compiler over the model's vocabulary, its thread pool and its cache."""
 
-    def __init__(
-        self,
-        tokenizer: Any,
-        vocab_size: int,
-        stop_token_ids: Optional[List[int]] = None,
-        threads: int = COMPILE_THREADS,
-        cache_size: int = CACHE_SIZE,
-    ) -> None:
-        # vocab_size is the model's (its logits' width), which may exceed the tokenizer's: the padding
-        # tokens are then never allowed.
+    def _load_vocabulary(self, tokenizer: Any, vocab_size: int, stop_token_ids: List[int], threads: int) -> None:
         info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size, stop_token_ids=stop_token_ids)
-        self.vocab_size = vocab_size
         self.compiler = xgr.GrammarCompiler(info, max_threads=threads)
-        self.pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="grammar-compile")
-        self.cache_size = cache_size
-        self._cache: "OrderedDict[GrammarKey, Future]" = OrderedDict()
-        self._lock = threading.Lock()  # the cache is read by the scheduler, filled by it and the tests
-        self._hits = 0
-        self._misses = 0
 
-    def compile_async(self, key: GrammarKey) -> "Future[xgr.CompiledGrammar]":
-        """The compiled grammar, from the cache or compiling now on the pool. A failed compile stays cached
-        too: the same bad schema is refused again without compiling it again."""
-        with self._lock:
-            future = self._cache.get(key)
-            if future is not None:
-                self._cache.move_to_end(key)
-                self._hits += 1
-                return future
-            self._misses += 1
-            future = self.pool.submit(self._compile, key)
-            self._cache[key] = future
-            while len(self._cache) > self.cache_size:
-                self._cache.popitem(last=False)
-            return future
-
-    def compile(self, key: GrammarKey) -> "xgr.CompiledGrammar":
-        return self.compile_async(key).result()
-
-    def matcher(self, compiled: "xgr.CompiledGrammar", key: GrammarKey) -> RequestGrammar:
-        return RequestGrammar(compiled, key)
-
-    def cache_stats(self) -> CacheStats:
-        with self._lock:
-            return CacheStats(self._hits, self._misses, len(self._cache))
-
-    def shutdown(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
+    def _new_matcher(self, compiled: "xgr.CompiledGrammar") -> "xgr.GrammarMatcher":
+        return xgr.GrammarMatcher(compiled)
 
     def _compile(self, key: GrammarKey) -> "xgr.CompiledGrammar":
         try:

@@ -71,7 +71,6 @@ UNSUPPORTED_FIELDS = {
     "cache_salt": "cache namespaces",
     "extra_key": "cache namespaces",
     "background": "background responses",
-    "require_reasoning": "reasoning controls",
     "max_thinking_tokens": "reasoning controls",
     "multi_item_delimiter_indices": "multi-item scoring",
 }
@@ -119,6 +118,8 @@ class GenerateRequest(BaseModel):
     return_text_in_logprobs: StrictBool = False
     return_prompt_token_ids: StrictBool = False
     stream: StrictBool = False
+    # The model thinks first (--reasoning-parser): a constraint applies from the end of its reasoning on.
+    require_reasoning: StrictBool = False
     # Accepted, no effect (see ACCEPTED_FIELDS); typed loosely as upstream types them.
     session_id: Optional[StrictStr] = None
     log_metrics: StrictBool = True
@@ -214,5 +215,6 @@ def to_generate_input(req: GenerateRequest) -> Tuple[GenerateReqInput, List[str]
         return_prompt_token_ids=req.return_prompt_token_ids,
         stream=req.stream,
         log_metrics=req.log_metrics,
+        require_reasoning=req.require_reasoning,
     )
     return obj, rids

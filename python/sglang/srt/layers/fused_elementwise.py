@@ -9,6 +9,8 @@ torch versions, which match transformers bit for bit.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
@@ -118,21 +120,22 @@ def _rotary_kernel(
     v_row,
     HEAD_DIM: tl.constexpr,
     HALF: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_PASS: tl.constexpr,
     BLOCK_H: tl.constexpr,
     STORE_KV: tl.constexpr,
     BLOCK_V: tl.constexpr,
     PDL: tl.constexpr,
-    TAIL: tl.constexpr = 0,
-    BLOCK_TAIL: tl.constexpr = 1,
 ):
-    # HALF: half the rotated width; TAIL = HEAD_DIM - 2 * HALF values of each head pass through (partial rotary):
-    # untouched in q/k, copied to the pool with the rotated K.
+    # HALF: half the rotating width (rotary_dim / 2; head_dim / 2 unless partial rotary); the features from
+    # 2 * HALF to HEAD_DIM pass through (in place: only the pool copy of K needs them written).
     pdl_prologue(PDL)
     token = tl.program_id(0)
     pos = tl.load(pos_ptr + token)
-    d = tl.arange(0, HALF)
-    cos = tl.load(cos_ptr + pos * stride_cos + d).to(tl.float32)  # cos[:half] == cos[half:]
-    sin = tl.load(sin_ptr + pos * stride_cos + d).to(tl.float32)
+    d = tl.arange(0, BLOCK_HALF)
+    in_half = d < HALF
+    cos = tl.load(cos_ptr + pos * stride_cos + d, mask=in_half, other=0.0).to(tl.float32)  # cos[:half] == cos[half:]
+    sin = tl.load(sin_ptr + pos * stride_cos + d, mask=in_half, other=0.0).to(tl.float32)
     heads = tl.arange(0, BLOCK_H)
     if STORE_KV:
         slot = tl.load(loc_ptr + token).to(tl.int64)
@@ -141,7 +144,7 @@ def _rotary_kernel(
             base, n, stride = q_ptr, num_q_heads, stride_q
         else:
             base, n, stride = k_ptr, num_k_heads, stride_k
-        mask = (heads < n)[:, None]
+        mask = (heads < n)[:, None] & in_half[None, :]
         offs = token * stride + heads[:, None] * HEAD_DIM + d[None, :]
         x1 = tl.load(base + offs, mask=mask, other=0.0).to(tl.float32)
         x2 = tl.load(base + offs + HALF, mask=mask, other=0.0).to(tl.float32)
@@ -153,12 +156,11 @@ def _rotary_kernel(
             row = slot * stride_kb + heads[:, None] * HEAD_DIM + d[None, :]
             tl.store(k_buf + row, y1, mask=mask)
             tl.store(k_buf + row + HALF, y2, mask=mask)
-            if TAIL > 0:
-                t = tl.arange(0, BLOCK_TAIL)
-                t_mask = mask & (t < TAIL)[None, :]
-                t_offs = heads[:, None] * HEAD_DIM + 2 * HALF + t[None, :]
-                tail = tl.load(base + token * stride + t_offs, mask=t_mask)
-                tl.store(k_buf + slot * stride_kb + t_offs, tail, mask=t_mask)
+            if BLOCK_PASS > 0:  # partial rotary: K's unrotated tail goes to the pool too
+                p = 2 * HALF + tl.arange(0, BLOCK_PASS)
+                pmask = (heads < n)[:, None] & (p < HEAD_DIM)[None, :]
+                tail = tl.load(base + token * stride + heads[:, None] * HEAD_DIM + p[None, :], mask=pmask)
+                tl.store(k_buf + slot * stride_kb + heads[:, None] * HEAD_DIM + p[None, :], tail, mask=pmask)
     if STORE_KV:
         offs_v = tl.arange(0, BLOCK_V)
         v = tl.load(v_ptr + token * stride_v + offs_v, mask=offs_v < v_row)
@@ -173,10 +175,10 @@ def apply_rotary_inplace(
     sin_cache: torch.Tensor,
     head_dim: int,
     kv_store=None,
-    rotary_dim: int | None = None,
+    rotary_dim: Optional[int] = None,
 ) -> None:
-    """Rotate-half rotary on q [T, Hq*D] and k [T, Hkv*D] (rows may be strided views of qkv); with `rotary_dim`
-    only each head's first rotary_dim values rotate (partial rotary), the rest pass through.
+    """Rotate-half rotary on q [T, Hq*D] and k [T, Hkv*D] (rows may be strided views of qkv), on the first
+    ``rotary_dim`` features of each head (all by default; partial rotary leaves the rest as they are).
 
     With ``kv_store`` (a FusedSetKVBufferArg) the same kernel also writes the rotated K rows and
     ``kv_store.value``'s V rows into the pool buffers at ``kv_store.cache_loc``: a decode layer then
@@ -185,13 +187,12 @@ def apply_rotary_inplace(
     if n_tokens == 0:
         return
     hq, hk = q.shape[1] // head_dim, k.shape[1] // head_dim
+    rot = rotary_dim or head_dim
     if kv_store is None:
         v, k_buf, v_buf, loc, stride_v, stride_kb, stride_vb, v_row = q, q, q, positions, 0, 0, 0, 1
     else:
         v, k_buf, v_buf, loc = kv_store.value, kv_store.k_buffer, kv_store.v_buffer, kv_store.cache_loc
         stride_v, stride_kb, stride_vb, v_row = v.stride(0), k_buf.stride(0), v_buf.stride(0), v.shape[1]
-    rotary_dim = rotary_dim or head_dim
-    tail = head_dim - rotary_dim
     pdl = pdl_available(q)
     _rotary_kernel[(n_tokens,)](
         q,
@@ -213,13 +214,13 @@ def apply_rotary_inplace(
         stride_vb,
         v_row,
         HEAD_DIM=head_dim,
-        HALF=rotary_dim // 2,
+        HALF=rot // 2,
+        BLOCK_HALF=triton.next_power_of_2(rot // 2),
+        BLOCK_PASS=triton.next_power_of_2(head_dim - rot) if head_dim > rot else 0,
         BLOCK_H=triton.next_power_of_2(max(hq, hk)),
         STORE_KV=kv_store is not None,
         BLOCK_V=triton.next_power_of_2(v_row),
         PDL=pdl,
-        TAIL=tail,
-        BLOCK_TAIL=triton.next_power_of_2(max(tail, 1)),
         launch_pdl=pdl,
         num_warps=4,
     )

@@ -163,6 +163,12 @@ def _copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:
     dst.copy_(src)
 
 
+def _check_fused_rows(layer: LinearBase, param: nn.Parameter, loaded: torch.Tensor, rows: int) -> None:
+    """A fused checkpoint weight or bias must hold every part whole: a short one would load a prefix silently."""
+    if (param is layer.weight or param is layer.bias) and loaded.shape[0] != rows:
+        raise ValueError(f"a fused checkpoint tensor of {loaded.shape[0]} rows for a layer of {rows} (all parts)")
+
+
 class ReplicatedLinear(LinearBase):
     def __init__(
         self,
@@ -257,11 +263,19 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         return shard_range(size, self.tp_size, self.tp_rank)
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Optional[int] = None) -> None:
+        """``shard_id``: which output the checkpoint tensor is; None: the checkpoint holds them fused, back to
+        back (Phi-3's gate_up_proj), and each is cut out of it as its own tensor would be."""
         if shard_id is None:
-            raise ValueError("MergedColumnParallelLinear needs a shard id")
+            _check_fused_rows(self, param, loaded, sum(self.output_sizes))
+            for i in range(len(self.output_sizes)):
+                self._load_output(param, loaded, i, fused_start=sum(self.output_sizes[:i]))
+            return
+        self._load_output(param, loaded, shard_id, fused_start=0)
+
+    def _load_output(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: int, fused_start: int) -> None:
         start, end = self._shard(self.output_sizes[shard_id])
         offset = sum(self._shard(s)[1] - self._shard(s)[0] for s in self.output_sizes[:shard_id])
-        self._load_slice(param, offset, loaded, start, end - start)
+        self._load_slice(param, offset, loaded, fused_start + start, end - start)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -286,7 +300,14 @@ class QKVParallelLinear(ColumnParallelLinear):
             get_tensor_model_parallel_rank(),
         )
         self.num_heads, self.num_kv_heads = self.heads.num_q_heads, self.heads.num_kv_heads
+        # Where k and v start in a checkpoint's fused [q; k; v] tensor (all heads).
+        self.fused_starts = {
+            "q": 0,
+            "k": total_num_heads * head_size,
+            "v": (total_num_heads + total_num_kv_heads) * head_size,
+        }
         output_size = (total_num_heads + 2 * total_num_kv_heads) * head_size  # the checkpoint's
+        self.fused_rows = output_size
         super().__init__(
             hidden_size, output_size, bias, params_dtype=params_dtype, prefix=prefix, quantization=quantization
         )
@@ -303,6 +324,16 @@ class QKVParallelLinear(ColumnParallelLinear):
         return self.num_kv_heads * self.head_size
 
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Union[str, None] = None) -> None:
+        """``shard_id`` "q", "k" or "v": the checkpoint's own projection; None: its fused [q; k; v] tensor over
+        all heads (Phi-3's qkv_proj), each part cut out of it as its own tensor would be."""
+        if shard_id is None:
+            _check_fused_rows(self, param, loaded, self.fused_rows)
+            for part, fused_start in self.fused_starts.items():
+                self._load_part(param, loaded, part, fused_start)
+            return
+        self._load_part(param, loaded, shard_id, 0)
+
+    def _load_part(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: str, fused_start: int) -> None:
         d = self.head_size
         if shard_id == "q":
             offset, src_start, size = 0, self.heads.q_start * d, self.q_size
@@ -311,7 +342,7 @@ class QKVParallelLinear(ColumnParallelLinear):
             src_start, size = self.heads.kv_start * d, self.kv_size
         else:
             raise ValueError(f"QKVParallelLinear shard id must be q, k or v, got {shard_id!r}")
-        self._load_slice(param, offset, loaded, src_start, size)
+        self._load_slice(param, offset, loaded, fused_start + src_start, size)
 
 
 class RowParallelLinear(LinearBase):

@@ -1,9 +1,11 @@
 """Rotary position embedding (rotate-half / NeoX layout), every rope type transformers knows.
 
 The inverse frequencies come from transformers' own rope initialisers, so llama3, yarn, linear and
-dynamic scaling match the reference exactly; cos/sin are precomputed for every position once.
-Partial rotary (GLM-4.5's partial_rotary_factor): only the first `rotary_dim` values of each head rotate,
-the rest pass through unchanged (transformers' apply_rotary_pos_emb for those families).
+dynamic scaling match the reference exactly; cos/sin are precomputed for every position once. With a
+``partial_rotary_factor`` below one (Phi-4-mini: 0.75) only the first ``rotary_dim`` features of each head
+rotate (rotate-half within them) and the rest pass through, as transformers' Phi-3 does. ``longrope``'s
+tables are its short factors (and its attention factor): what transformers computes while a sequence is no
+longer than ``original_max_position_embeddings``, the context ModelConfig allows for it.
 """
 
 from __future__ import annotations
@@ -16,34 +18,21 @@ from torch import nn
 from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-
-def _rope_parameters(config: PretrainedConfig, layer_type: Optional[str] = None) -> dict:
-    """The rope parameters of the model, or, given `layer_type`, those of that kind of layer (configs whose
-    `rope_parameters` are keyed by layer type: Gemma 3's sliding and full attention layers)."""
-    params = getattr(config, "rope_parameters", None)
-    if layer_type is not None:
-        return dict(params[layer_type])
-    if params:
-        return dict(params)
-    scaling = dict(getattr(config, "rope_scaling", None) or {})
-    scaling.setdefault("rope_type", scaling.get("type", "default"))
-    scaling.setdefault("rope_theta", getattr(config, "rope_theta", 10000.0))
-    return scaling
+from sglang.srt.configs.rope import rope_parameters as _rope_parameters
 
 
-def partial_rotary_dim(config: PretrainedConfig, head_dim: int) -> int:
-    """How many values of each head rotate: head_dim x partial_rotary_factor (transformers 5 keeps the factor in
-    rope_parameters; older configs at the top level), all of them without one."""
-    factor = _rope_parameters(config).get("partial_rotary_factor")
-    if factor is None:
-        factor = getattr(config, "partial_rotary_factor", None) or 1.0
-    return int(head_dim * factor)
+def rotary_dim(config: PretrainedConfig, head_dim: int) -> int:
+    """How many features of each head rotate: head_dim times the rope's partial_rotary_factor (transformers'
+    rule, int() truncating), all of them by default."""
+    factor = _rope_parameters(config).get("partial_rotary_factor", getattr(config, "partial_rotary_factor", None))
+    return int(head_dim * (1.0 if factor is None else factor))
 
 
 def compute_inv_freq(
     config: PretrainedConfig, head_dim: int, layer_type: Optional[str] = None
 ) -> Tuple[torch.Tensor, float]:
-    """`head_dim`: the rotated width (the rotary dim under partial rotary); `layer_type`: see _rope_parameters."""
+    """(inverse frequencies, attention scaling of cos/sin); ``head_dim`` is the rotating width (rotary_dim),
+    ``layer_type`` the kind of layer whose parameters apply (configs keyed by layer type: Gemma 3)."""
     params = _rope_parameters(config, layer_type)
     rope_type = params.get("rope_type", "default")
     # A GGUF's rope_freqs.weight (model_loader/gguf_config.py): per-pair factors dividing the base frequencies.
@@ -91,27 +80,21 @@ class RotaryEmbedding(nn.Module):
         max_position: int,
         dtype: torch.dtype,
         interleaved: bool = False,
-        rotary_dim: Optional[int] = None,
         layer_type: Optional[str] = None,
     ) -> None:
         """`interleaved`: rotate the pairs (x0, x1), (x2, x3), ... (DeepSeek's layout) instead of (x_i, x_{i+D/2}).
-        `rotary_dim`: rotate only the first rotary_dim values of each head (default: all head_dim).
-        `layer_type`: the rope parameters of that kind of layer (see _rope_parameters)."""
+        `layer_type`: the rope parameters of that kind of layer (see configs/rope.py:rope_parameters)."""
         super().__init__()
         self.head_dim = head_dim
-        self.rotary_dim = rotary_dim or head_dim
-        if self.rotary_dim % 2 or not 0 < self.rotary_dim <= head_dim:
-            raise ValueError(f"rotary dim {self.rotary_dim} must be even and in (0, head_dim {head_dim}]")
-        if interleaved and self.rotary_dim != head_dim:
-            raise ValueError("partial rotary over interleaved pairs is not supported")
+        self.rotary_dim = rotary_dim(config, head_dim)  # the leading features that rotate; the rest pass
         self.interleaved = interleaved
+        if self.rotary_dim % 2 or not 0 < self.rotary_dim <= head_dim or (interleaved and self.rotary_dim != head_dim):
+            raise ValueError(f"partial_rotary_factor gives rotary_dim {self.rotary_dim} for head_dim {head_dim}")
         device = torch.empty(0).device  # the caller's `with torch.device(...)`; the math runs on the CPU
         with torch.device("cpu"):
             inv_freq, scaling = compute_inv_freq(config, self.rotary_dim, layer_type)
-            if 2 * inv_freq.shape[0] != self.rotary_dim:  # a rope type's own initialiser read another width
-                raise ValueError(
-                    f"the rope parameters give {2 * inv_freq.shape[0]} rotated values per head, expected {self.rotary_dim}"
-                )
+            if inv_freq.shape[0] * 2 != self.rotary_dim:
+                raise ValueError(f"rope gives {inv_freq.shape[0]} frequencies for rotary_dim {self.rotary_dim}")
             freqs = torch.arange(max_position, dtype=torch.float)[:, None] * inv_freq.cpu()[None, :]
             emb = torch.cat((freqs, freqs), dim=-1)
             # Cast like the reference does (fp32 math, then the activation dtype).
@@ -161,7 +144,7 @@ class RotaryEmbedding(nn.Module):
         return self._rotate(qs, cos, sin).view(q.shape), self._rotate(ks, cos, sin).view(k.shape)
 
     def _rotate(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-        """Rotate-half over each head's first rotary_dim values, the rest unchanged."""
+        """Rotate-half on the first rotary_dim features of each head [T, H, D]; the others pass unchanged."""
         if self.rotary_dim == self.head_dim:
             return x * cos + rotate_half(x) * sin
         rot, rest = x[..., : self.rotary_dim], x[..., self.rotary_dim :]
@@ -188,17 +171,18 @@ def get_rope(
     max_position: int,
     dtype: torch.dtype,
     interleaved: bool = False,
-    rotary_dim: Optional[int] = None,
     layer_type: Optional[str] = None,
 ) -> RotaryEmbedding:
     """One RotaryEmbedding per distinct geometry: its cos/sin tables (MBs at 128k context) are shared by all layers.
-    `rotary_dim`: partial rotary's rotated width (partial_rotary_dim), None: the whole head.
     `layer_type`: for configs with rope parameters per kind of layer (Gemma 3), that kind's."""
     device = torch.empty(0).device  # honours the caller's `with torch.device(...)`
     # Everything compute_inv_freq reads: the rope parameters and a GGUF's per-pair frequency factors.
-    params = _rope_parameters(config, layer_type)
-    rope = (repr(sorted(params.items())), getattr(config, "rope_freq_factors", None))
-    key = (head_dim, max_position, dtype, str(device), rope, interleaved, rotary_dim or head_dim)
+    rope = (
+        repr(sorted(_rope_parameters(config, layer_type).items())),
+        getattr(config, "rope_freq_factors", None),
+        rotary_dim(config, head_dim),
+    )
+    key = (head_dim, max_position, dtype, str(device), rope, interleaved)
     if key not in _ROPE_CACHE:
-        _ROPE_CACHE[key] = RotaryEmbedding(config, head_dim, max_position, dtype, interleaved, rotary_dim, layer_type)
+        _ROPE_CACHE[key] = RotaryEmbedding(config, head_dim, max_position, dtype, interleaved, layer_type)
     return _ROPE_CACHE[key]

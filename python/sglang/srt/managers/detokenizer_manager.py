@@ -5,11 +5,12 @@ from __future__ import annotations
 import logging
 import traceback
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import zmq
 
 from sglang.srt.managers.io_struct import BatchStrOut, BatchTokenIDOut
+from sglang.srt.sampling.stop_regex import held_back_from, match_start
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.fault_injection import FaultPlan
 from sglang.srt.utils.process import (
@@ -54,6 +55,7 @@ class IncrementalDetokenizer:
         spaces: bool,
         no_stop_trim: bool,
         stop_str_max_len: int = 0,
+        stop_regexes: Sequence[str] = (),
     ) -> str:
         st = self.states.setdefault(rid, DecodeStatus(ids=[]))
         st.ids.extend(new_ids)
@@ -68,13 +70,18 @@ class IncrementalDetokenizer:
             st.surr_offset, st.read_offset = st.read_offset, len(ids)
         text = st.text
         if finished and isinstance(matched, str) and not no_stop_trim:
-            pos = text.find(matched)
-            if pos >= 0:
+            # a stop string, or a stop regex (reported by its pattern): the text from its first match goes
+            pos = match_start(matched, text) if matched in stop_regexes else text.find(matched)
+            if pos is not None and pos >= 0:
                 text = text[:pos]
-        if not finished and stop_str_max_len > 1 and not no_stop_trim:
-            # A stop string may be completing: hold back its length - 1 characters until it is decided,
-            # so a stream never shows text the final (trimmed) answer does not contain.
-            text = text[: max(st.sent_len, len(text) - (stop_str_max_len - 1))]
+        if not finished and not no_stop_trim:
+            # A stop string or regex may be completing: hold back what it could still cut (a stop string's
+            # length - 1 characters, a regex's possible match), so a stream never shows text the final
+            # (trimmed) answer does not contain.
+            keep = len(text) - max(stop_str_max_len - 1, 0)
+            if stop_regexes:
+                keep = min(keep, held_back_from(stop_regexes, text, st.sent_len))
+            text = text[: max(st.sent_len, keep)]
         delta = text[st.sent_len :]
         st.sent_len = len(text)
         if finished:
@@ -95,6 +102,7 @@ class IncrementalDetokenizer:
                 out.spaces_between_special_tokens[i],
                 out.no_stop_trim[i],
                 out.stop_str_max_len[i],
+                out.stop_regexes[i],
             )
         except Exception as e:  # noqa: BLE001 - one request's bad data must not take the detokenizer down
             logger.exception("Detokenizing request %s failed; it is aborted", rid)

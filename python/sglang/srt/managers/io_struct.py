@@ -24,6 +24,9 @@ class GenerateReqInput:
     return_text_in_logprobs: bool = False
     return_prompt_token_ids: bool = False
     log_metrics: bool = True  # false for internal requests (health checks, warm-up)
+    # The model thinks before answering (upstream's field; the chat endpoints set it from --reasoning-parser):
+    # a constraint then applies from the end of the reasoning on.
+    require_reasoning: bool = False
 
     @property
     def is_batch(self) -> bool:
@@ -55,6 +58,7 @@ class GenerateReqInput:
             return_text_in_logprobs=self.return_text_in_logprobs,
             return_prompt_token_ids=self.return_prompt_token_ids,
             log_metrics=self.log_metrics,
+            require_reasoning=self.require_reasoning,
         )
 
 
@@ -70,6 +74,7 @@ class TokenizedGenerateReqInput:
     logprob_start_len: int = -1
     top_logprobs_num: int = 0
     token_ids_logprob: Optional[List[int]] = None
+    require_reasoning: bool = False
     # Output formatting only (the tokenizer manager's; the scheduler ignores them).
     return_text_in_logprobs: bool = False
     return_prompt_token_ids: bool = False
@@ -140,6 +145,7 @@ class BatchTokenIDOut:
     spaces_between_special_tokens: List[bool]
     no_stop_trim: List[bool]
     stop_str_max_len: List[int]  # the detokenizer holds back this many characters - 1 while streaming
+    stop_regexes: List[List[str]]  # trimmed from like stop strings; text that may still match is held back
     # time.monotonic() of each request's first token in the scheduler (CLOCK_MONOTONIC is one clock for
     # every process of the host), so TTFT is right even when tokens are sent only at the end.
     first_token_times: List[Optional[float]]

@@ -16,9 +16,10 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode, ModelWorke
 from sglang.srt.sampling.logprobs import LogprobRequests
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams
+from sglang.srt.sampling.stop_regex import first_match
 
 if TYPE_CHECKING:
-    from sglang.srt.constrained.xgrammar_backend import RequestGrammar
+    from sglang.srt.constrained.base_backend import RequestGrammar
     from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
     from sglang.srt.mem_cache.radix_cache import RadixCache, TreeNode
@@ -87,6 +88,8 @@ class Req:
         # Its grammar's matcher (constrained decoding), set when the grammar compiled; it has accepted every
         # token of output_ids, and only those (the scheduler never lets a constrained request run ahead of it).
         self.grammar: Optional["RequestGrammar"] = None
+        # The model reasons first (--reasoning-parser, thinking on): its grammar applies after the reasoning.
+        self.require_reasoning = False
         # KV bookkeeping
         self.fill_ids: List[int] = []
         self.prefix_indices = torch.empty(0, dtype=torch.int64)
@@ -144,7 +147,8 @@ class Req:
         self.extend_input_len = len(self.fill_ids) - len(self.prefix_indices)
 
     def check_finished(self, tail_text: Optional[str] = None) -> None:
-        """After a new token: length limit, stop token, or a stop string in `tail_text` (decoded tail)."""
+        """After a new token: length limit, stop token, or a stop string / stop regex in `tail_text` (the
+        decoded tail)."""
         if self.finished():
             return
         params = self.sampling_params
@@ -162,6 +166,9 @@ class Req:
                 if stop in tail_text:
                     self.finished_reason = FinishReason("stop", matched=stop)
                     return
+            pattern = first_match(params.stop_regexes, tail_text)
+            if pattern is not None:  # reported as upstream reports it: the pattern itself
+                self.finished_reason = FinishReason("stop", matched=pattern)
 
     def reset_for_retract(self) -> None:
         self.prefix_indices = torch.empty(0, dtype=torch.int64)

@@ -25,6 +25,7 @@ from collections import deque
 from typing import Any, Callable, Deque, List, Optional
 
 from sglang.srt.configs.engine_config import EngineConfig
+from sglang.srt.constrained.reasoning_gate import reasoning_end_ids
 from sglang.srt.managers.device_timeline import DeviceMark, DeviceTimeline
 from sglang.srt.managers.io_struct import AbortReq, SchedulerStats, TokenizedGenerateReqInput
 from sglang.srt.managers.schedule_batch import FinishReason, Req, ScheduleBatch
@@ -37,6 +38,7 @@ from sglang.srt.managers.scheduler_components.output_processor import OutputProc
 from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.parser.reasoning_parser import FORMATS as REASONING_FORMATS
 from sglang.srt.sampling.sampling_params import SamplingParams, to_int64
 from sglang.srt.utils.fault_injection import FaultPlan
 
@@ -128,16 +130,21 @@ class Scheduler:
         self.grammar_queue = self._grammar_queue()
 
     def _grammar_queue(self) -> GrammarQueue:
-        """Compiles the requests' grammars (--grammar-backend xgrammar) over the model's vocabulary."""
+        """Compiles the requests' grammars (--grammar-backend xgrammar / llguidance) over the model's vocabulary."""
         args = self.args
         if args.grammar_backend == "none":
             return GrammarQueue(None, "constrained decoding is off on this server (--grammar-backend none)", False)
         if self.tokenizer is None:
             return GrammarQueue(None, "constrained decoding needs the tokenizer (--skip-tokenizer-init is set)", False)
-        from sglang.srt.constrained.xgrammar_backend import XGrammarBackend
-
-        backend = XGrammarBackend(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
-        return GrammarQueue(backend, "", wait_for_compile=args.tp_size > 1)
+        if args.grammar_backend == "llguidance":
+            from sglang.srt.constrained.llguidance_backend import LLGuidanceBackend as Backend
+        else:
+            from sglang.srt.constrained.xgrammar_backend import XGrammarBackend as Backend
+        backend = Backend(self.tokenizer, self.model_config.vocab_size, self.eos_token_ids)
+        end = ()
+        if args.reasoning_parser is not None:  # a request that thinks first is constrained after its reasoning
+            end = reasoning_end_ids(self.tokenizer, REASONING_FORMATS[args.reasoning_parser].end)
+        return GrammarQueue(backend, "", wait_for_compile=args.tp_size > 1, reasoning_end=end)
 
     def _kt_slot_lender(self, host_tail_tokens: int) -> Optional[KTPrefillSlotLender]:
         """The KT prefill slot's lender, when the planner lent the slot from the pool's tail (post-capture path),
@@ -188,6 +195,7 @@ class Scheduler:
             recv.stream,
             recv.input_text,
         )
+        req.require_reasoning = recv.require_reasoning
         if recv.return_logprob:
             # SGLang's rule: -1 scores the last prompt token only (the first position it can be asked for).
             start = len(req.origin_input_ids) - 1 if recv.logprob_start_len == -1 else recv.logprob_start_len

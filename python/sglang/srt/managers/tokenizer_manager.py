@@ -355,6 +355,8 @@ class TokenizerManager:
             )
         if params.stop_strs and self.tokenizer is None:
             raise RequestError("stop strings need a tokenizer; this server runs with --skip-tokenizer-init")
+        if params.stop_regexes and self.tokenizer is None:
+            raise RequestError("stop_regex needs a tokenizer; this server runs with --skip-tokenizer-init")
         if len(input_ids) >= self.context_len:
             raise RequestError(
                 f"the prompt has {len(input_ids)} tokens; this model's context length is {self.context_len}"
@@ -387,6 +389,7 @@ class TokenizerManager:
             logprob_start_len=obj.logprob_start_len,
             top_logprobs_num=obj.top_logprobs_num or 0,
             token_ids_logprob=list(ids_lp) if ids_lp else None,
+            require_reasoning=obj.require_reasoning,
             return_text_in_logprobs=obj.return_text_in_logprobs,
             return_prompt_token_ids=obj.return_prompt_token_ids,
         )

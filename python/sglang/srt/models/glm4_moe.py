@@ -25,7 +25,6 @@ from transformers import PretrainedConfig
 from sglang.srt.configs.glm4_moe import check_glm4_moe_config
 from sglang.srt.configs.kt_config import KTConfig
 from sglang.srt.layers.moe.kt_ep_wrapper import KTState
-from sglang.srt.layers.rotary_embedding import partial_rotary_dim
 from sglang.srt.models.deepseek_v2 import DeepseekV2DecoderLayer, DeepseekV2ForCausalLM, DeepseekV2MoE, noaux_tc_routing
 from sglang.srt.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, LlamaModel
 
@@ -37,10 +36,8 @@ class Glm4MoeAttention(LlamaAttention):
         # attention_bias puts biases on q/k/v only (LlamaAttention then leaves o_proj without one).
         self.qkv_bias = bool(getattr(config, "attention_bias", False))
         self.qk_norm = bool(getattr(config, "use_qk_norm", False))
+        # partial_rotary_factor (0.5): the rope reads it from the config (layers/rotary_embedding.py:rotary_dim).
         super().__init__(config, layer_id, dtype, max_position, quantization)
-
-    def rotary_dim(self, config: PretrainedConfig) -> int:
-        return partial_rotary_dim(config, self.head_dim)
 
 
 class Glm4MoeDecoderLayer(DeepseekV2DecoderLayer):

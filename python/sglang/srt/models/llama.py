@@ -48,6 +48,7 @@ class LlamaMLP(nn.Module):
 class LlamaAttention(nn.Module):
     qkv_bias = False
     qk_norm = False
+    reads_attention_bias = True  # False: the family's projections never carry a bias (Phi-3)
 
     def __init__(
         self,
@@ -59,12 +60,13 @@ class LlamaAttention(nn.Module):
     ) -> None:
         super().__init__()
         self.head_dim = attention_head_dim(config)
+        attention_bias = self.reads_attention_bias and getattr(config, "attention_bias", False)
         self.qkv_proj = QKVParallelLinear(
             config.hidden_size,
             self.head_dim,
             config.num_attention_heads,
             total_num_kv_heads(config),
-            bias=self.qkv_bias or getattr(config, "attention_bias", False),
+            bias=self.qkv_bias or attention_bias,
             params_dtype=dtype,
             quantization=quantization,
         )
@@ -72,7 +74,7 @@ class LlamaAttention(nn.Module):
         self.o_proj = RowParallelLinear(
             config.num_attention_heads * self.head_dim,
             config.hidden_size,
-            bias=getattr(config, "attention_bias", False) and not self.qkv_bias,
+            bias=attention_bias and not self.qkv_bias,
             params_dtype=dtype,
             input_range=(heads.q_start * self.head_dim, heads.q_end * self.head_dim),  # this rank's query heads
             quantization=quantization,
@@ -83,7 +85,7 @@ class LlamaAttention(nn.Module):
         if self.qk_norm:
             self.q_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps, params_dtype=dtype)
             self.k_norm = RMSNorm(self.head_dim, eps=config.rms_norm_eps, params_dtype=dtype)
-        self.rotary_emb = get_rope(config, self.head_dim, max_position, dtype, rotary_dim=self.rotary_dim(config))
+        self.rotary_emb = get_rope(config, self.head_dim, max_position, dtype)
         self.attn = RadixAttention(
             self.num_heads,
             self.head_dim,
@@ -92,10 +94,6 @@ class LlamaAttention(nn.Module):
             layer_id=layer_id,
             sliding_window_size=layer_sliding_window(config, layer_id),  # Mistral's window, honoured
         )
-
-    def rotary_dim(self, config: PretrainedConfig) -> int:
-        """How many values of each head rotate: all of them (partial-rotary families say fewer)."""
-        return self.head_dim
 
     def attend(self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch) -> torch.Tensor:
         """Everything up to o_proj: its input (the attention output of every head); the decoder runs o_proj

@@ -16,6 +16,7 @@ _MODELS = {
     "MixtralForCausalLM": "mixtral",
     "Qwen2MoeForCausalLM": "qwen2_moe",
     "OlmoeForCausalLM": "olmoe",
+    "Phi3ForCausalLM": "phi3",
     "DeepseekV2ForCausalLM": "deepseek_v2",
     "DeepseekV3ForCausalLM": "deepseek_v2",  # also Kimi-K2 (model_type kimi_k2)
     "Glm4MoeForCausalLM": "glm4_moe",  # GLM-4.5 / 4.5-Air / 4.6 / 4.7

@@ -14,7 +14,7 @@ is stripped of surrounding whitespace, and so is the start of the answer after i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from sglang.srt.function_call.base_format_detector import held_suffix
 
@@ -28,14 +28,25 @@ class ReasoningFormat:
     force_reasoning: bool  # reasoning from the first character, with or without the start tag
     implicit_ends: Tuple[str, ...] = ()  # text that ends the reasoning and stays in the answer
     needs_special_tokens: bool = False  # its tags are special tokens: the detokenizer must keep them
+    # The chat-template variable that turns thinking off when false (None: the model always thinks).
+    thinking_switch: Optional[str] = None
 
 
 FORMATS: Dict[str, ReasoningFormat] = {
-    "qwen3": ReasoningFormat("<think>", "</think>", False),
+    "qwen3": ReasoningFormat("<think>", "</think>", False, thinking_switch="enable_thinking"),
     "deepseek-r1": ReasoningFormat("<think>", "</think>", True),
-    "glm45": ReasoningFormat("<think>", "</think>", False),
+    "glm45": ReasoningFormat("<think>", "</think>", False, thinking_switch="enable_thinking"),
     "kimi_k2": ReasoningFormat("<think>", "</think>", False, ("<|tool_calls_section_begin|>",), True),
 }
+
+
+def requires_reasoning(model_type: Optional[str], template_kwargs: Dict[str, Any]) -> bool:
+    """Whether a chat request's answer starts with reasoning (so a constraint applies after it): a reasoning
+    parser is set and the request does not turn thinking off through the format's template variable."""
+    if model_type is None:
+        return False
+    switch = FORMATS[model_type].thinking_switch
+    return switch is None or template_kwargs.get(switch, True) is not False
 
 
 class ReasoningParser:

@@ -2,8 +2,8 @@
 
 Every key of upstream SGLang's SamplingParams is accepted. Those this engine honours are checked
 for type and range here, where they are parsed, so no value can reach a tensor (int64 seeds, top-k
-counts) or the detokenizer (booleans) and fail there. Constrained decoding and custom logit
-processors are accepted at their default (None) and refused with a 400 naming the key when set.
+counts) or the detokenizer (booleans) and fail there. Custom logit processors (custom_params) are
+accepted at their default (None) and refused with a 400 naming the key when set.
 The constraints (json_schema, regex, ebnf, structural_tag) are checked here for shape; they compile in
 the scheduler (constrained/xgrammar_backend.py).
 """
@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
 from sglang.srt.constrained.grammar_key import GrammarKey, grammar_key_of, schema_text
+from sglang.srt.sampling.stop_regex import parse_stop_regex
 
 _MAX_NEW_TOKENS_DEFAULT = 128
 INT32_MAX = (1 << 31) - 1
@@ -23,7 +24,6 @@ MAX_STOP_STRING_CHARS = 1024
 MAX_PARALLEL_SAMPLES = 64  # n: parallel samples of one prompt
 # Upstream keys whose features this engine does not have: fine when None, a 400 naming them otherwise.
 UNSUPPORTED_KEYS = {
-    "stop_regex": "regular-expression stop conditions (stop_regex)",
     "custom_params": "custom logit processors (custom_params)",
 }
 
@@ -59,6 +59,7 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     stop: Optional[Union[str, List[str]]] = None
     stop_token_ids: Optional[List[int]] = None
+    stop_regex: Optional[Union[str, List[str]]] = None  # stop once the output matches one (sampling/stop_regex.py)
     ignore_eos: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
@@ -72,9 +73,12 @@ class SamplingParams:
     regex: Optional[str] = None
     ebnf: Optional[str] = None
     structural_tag: Optional[str] = None
-    # Derived in verify(): stop strings as a list, max stop length for the tail check, the bias as ints.
+    # Derived in verify(): stop strings and regexes as lists, their longest match for the tail check, the
+    # bias as ints.
     stop_strs: List[str] = field(default_factory=list)
     stop_str_max_len: int = 0
+    stop_regexes: List[str] = field(default_factory=list)
+    stop_regex_max_len: int = 0
     logit_bias_ids: Dict[int, float] = field(default_factory=dict)
 
     @classmethod
@@ -87,7 +91,7 @@ class SamplingParams:
         for key, feature in UNSUPPORTED_KEYS.items():
             if d.pop(key, None) is not None:
                 raise SamplingParamsError(f"{key}: {feature} is not supported by this server (send null or omit it)")
-        derived = ("stop_strs", "stop_str_max_len", "logit_bias_ids")
+        derived = ("stop_strs", "stop_str_max_len", "stop_regexes", "stop_regex_max_len", "logit_bias_ids")
         known = {f for f in cls.__dataclass_fields__ if f not in derived}
         unknown = sorted(set(d) - known)
         if unknown:
@@ -158,6 +162,11 @@ class SamplingParams:
         )
         self.stop_strs = stops
         self.stop_str_max_len = max((len(s) for s in stops), default=0)
+        if self.stop_regex is not None:
+            try:
+                self.stop_regexes, self.stop_regex_max_len = parse_stop_regex(self.stop_regex)
+            except ValueError as e:
+                raise SamplingParamsError(str(e)) from None
         self.logit_bias_ids = self._verify_logit_bias(vocab_size)
         self._verify_constraints()
 

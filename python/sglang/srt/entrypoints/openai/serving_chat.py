@@ -54,6 +54,7 @@ from sglang.srt.entrypoints.openai.utils import (
 from sglang.srt.function_call.tool_choice_grammar import forced_tool_choice_tag
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
+from sglang.srt.parser.reasoning_parser import requires_reasoning
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
 
@@ -184,6 +185,7 @@ class OpenAIServingChat:
             top_logprobs_num=req.top_logprobs or 0,
             return_text_in_logprobs=True,
             stream=req.stream,
+            require_reasoning=requires_reasoning(self.reasoning_parser, req.chat_template_kwargs or {}),
         )
         try:
             first, agen = await start_generation(self.tm, obj, [rid], raw)

@@ -33,6 +33,7 @@ from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.utils import finish_reason, with_origin
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
+from sglang.srt.parser.reasoning_parser import requires_reasoning
 
 
 class OpenAIServingResponses:
@@ -71,7 +72,10 @@ class OpenAIServingResponses:
         except RequestError as e:
             raise responses_error(e) from None
         rid = uuid.uuid4().hex
-        obj = GenerateReqInput(input_ids=input_ids, sampling_params=sampling_params, rid=rid, stream=req.stream)
+        thinks = requires_reasoning(self.chat.reasoning_parser, chat_req.chat_template_kwargs or {})
+        obj = GenerateReqInput(
+            input_ids=input_ids, sampling_params=sampling_params, rid=rid, stream=req.stream, require_reasoning=thinks
+        )
         try:
             first, agen = await start_generation(self.tm, obj, [rid], raw)
         except RequestError as e:  # e.g. a schema that does not compile: named as text.format

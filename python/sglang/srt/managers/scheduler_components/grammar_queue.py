@@ -16,7 +16,7 @@ from sglang.srt.managers.schedule_batch import FinishReason
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
-    from sglang.srt.constrained.xgrammar_backend import XGrammarBackend
+    from sglang.srt.constrained.base_backend import GrammarBackend
     from sglang.srt.managers.schedule_batch import Req
 
 
@@ -27,11 +27,19 @@ class Compiling:
 
 
 class GrammarQueue:
-    def __init__(self, backend: Optional["XGrammarBackend"], why_off: str, wait_for_compile: bool) -> None:
+    def __init__(
+        self,
+        backend: Optional["GrammarBackend"],
+        why_off: str,
+        wait_for_compile: bool,
+        reasoning_end: Tuple[int, ...] = (),
+    ) -> None:
         """`why_off`: the reason given when `backend` is None. `wait_for_compile`: wait for each compile
         when it is submitted (tensor parallelism: every rank must admit the request at the same step, and a
-        compile may finish at different times on different ranks)."""
+        compile may finish at different times on different ranks). `reasoning_end`: the token ids ending the
+        model's reasoning (--reasoning-parser); a request with `require_reasoning` is constrained after them."""
         self.backend = backend
+        self.reasoning_end = reasoning_end
         self.why_off = why_off
         self.wait_for_compile = wait_for_compile
         self._compiling: List[Compiling] = []
@@ -63,7 +71,8 @@ class GrammarQueue:
                 req.finished_reason = FinishReason("abort", message=str(error), status_code=400)
                 failed.append(req)
             else:
-                req.grammar = self.backend.matcher(item.future.result(), req.sampling_params.grammar_key)
+                end = self.reasoning_end if req.require_reasoning else ()
+                req.grammar = self.backend.matcher(item.future.result(), req.sampling_params.grammar_key, end)
                 ready.append(req)
         self._compiling = still
         return ready, failed

@@ -61,6 +61,7 @@ class OutputStreamer:
             spaces_between_special_tokens=[],
             no_stop_trim=[],
             stop_str_max_len=[],
+            stop_regexes=[],
             first_token_times=[],
             queue_times=[],
             logprob_extras=[],
@@ -80,6 +81,7 @@ class OutputStreamer:
             out.spaces_between_special_tokens.append(req.sampling_params.spaces_between_special_tokens)
             out.no_stop_trim.append(req.sampling_params.no_stop_trim)
             out.stop_str_max_len.append(req.sampling_params.stop_str_max_len)
+            out.stop_regexes.append(req.sampling_params.stop_regexes)
             out.first_token_times.append(req.first_token_time)
             out.queue_times.append(req.queue_time)
         self.sink(out)
@@ -159,8 +161,9 @@ class OutputProcessor:
             return
         tail = None
         params = req.sampling_params
-        if params.stop_strs and self.tokenizer is not None:
-            tail_ids = req.output_ids[-(params.stop_str_max_len + 1) :]
+        if (params.stop_strs or params.stop_regexes) and self.tokenizer is not None:
+            # one token per character at worst, and one more for a match that starts inside a token
+            tail_ids = req.output_ids[-(max(params.stop_str_max_len, params.stop_regex_max_len) + 1) :]
             tail = self.tokenizer.decode(tail_ids, skip_special_tokens=params.skip_special_tokens)
         req.check_finished(tail)
         if req.grammar is not None and not req.finished() and req.grammar.is_terminated():

@@ -2,7 +2,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=10, suite="per-commit-cpu")
 
-# The xgrammar backend over SmolLM2's vocabulary: the compile cache (a repeated (kind, text) is a hit and
+# Both grammar backends (xgrammar, llguidance) over SmolLM2's vocabulary: the compile cache (a repeated (kind, text) is a hit and
 # the same future; a 20-property schema compiles well under a second), errors that name the field for every
 # kind, and a matcher whose bitmask masks CPU logits to the grammar's next tokens, with rollback.
 
@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from sglang.srt.constrained.grammar_key import ANY_JSON, GrammarKey
+from sglang.srt.constrained.llguidance_backend import LLGuidanceBackend
 from sglang.srt.constrained.xgrammar_backend import (
     GrammarCompileError,
     XGrammarBackend,
@@ -30,9 +31,12 @@ def tokenizer():
     return get_tokenizer(SMOLLM2)
 
 
-@pytest.fixture
-def backend(tokenizer):
-    b = XGrammarBackend(tokenizer, VOCAB, [tokenizer.eos_token_id])
+BACKENDS = {"xgrammar": XGrammarBackend, "llguidance": LLGuidanceBackend}
+
+
+@pytest.fixture(params=sorted(BACKENDS))
+def backend(request, tokenizer):
+    b = BACKENDS[request.param](tokenizer, VOCAB, [tokenizer.eos_token_id])
     yield b
     b.shutdown()
 
@@ -81,7 +85,7 @@ def test_cache_is_bounded_lru(tokenizer):
     [
         ("json_schema", '{"type": "object", "properties": {"a": {"$ref": "#/nowhere"}}}'),
         ("regex", "(unclosed"),
-        ("ebnf", "root ::= "),
+        ("ebnf", "root ::= missing_rule"),
         ("structural_tag", '{"type": "structural_tag", "format": {"type": "no_such_format"}}'),
     ],
 )
@@ -89,7 +93,8 @@ def test_a_grammar_that_does_not_compile_names_its_field(backend, kind, text):
     future = backend.compile_async(GrammarKey(kind, text))
     with pytest.raises(GrammarCompileError) as e:
         future.result()
-    assert str(e.value).startswith(f"{kind}: does not compile: ")
+    refused = isinstance(backend, LLGuidanceBackend) and kind == "structural_tag"  # xgrammar's format only
+    assert str(e.value).startswith(f"{kind}: " + ("not served by" if refused else "does not compile: "))
     assert "/project/" not in str(e.value)  # xgrammar's source location is cut off
     assert backend.compile_async(GrammarKey(kind, text)) is future  # a failure is cached too
 
@@ -113,11 +118,12 @@ def test_matcher_masks_logits_to_the_grammar_and_rolls_back(backend, tokenizer):
     for t in yes:
         assert grammar.accept_token(t)
     assert allowed_tokens(grammar, tokenizer) == {tokenizer.eos_token_id}  # complete: only the stop token
-    assert not grammar.accept_token(tokenizer.encode("x", add_special_tokens=False)[0])
+    assert not grammar.is_terminated()  # until the stop token comes
     grammar.rollback(len(yes))
     assert allowed_tokens(grammar, tokenizer) == first
     assert grammar.accept_token(tokenizer.encode("no", add_special_tokens=False)[0])
     assert grammar.accept_token(tokenizer.eos_token_id) and grammar.is_terminated()
+    assert not grammar.accept_token(tokenizer.encode("x", add_special_tokens=False)[0])  # nothing after the end
 
 
 def test_any_json_compiles_the_builtin_json_grammar(backend, tokenizer):

@@ -1,0 +1,73 @@
+"""layers/linear.py: a checkpoint's fused q/k/v and gate/up tensors (Phi-3's qkv_proj, gate_up_proj), taken whole
+by the merged layers' loaders (shard id None), fill each tensor-parallel rank exactly as the separate tensors do:
+weights, biases, and a block-fp8 layer's 128x128 scales; a fused tensor missing rows is refused."""
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=3, suite="per-commit-cpu")
+
+import pytest
+import torch
+
+from sglang.srt.layers import linear
+from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear
+
+
+def ranks(monkeypatch, rank: int, size: int) -> None:
+    monkeypatch.setattr(linear, "get_tensor_model_parallel_rank", lambda: rank)
+    monkeypatch.setattr(linear, "get_tensor_model_parallel_world_size", lambda: size)
+
+
+@pytest.mark.parametrize("tp", [1, 2, 4])
+def test_fused_qkv_equals_separate_tensors(tp, monkeypatch):
+    heads, kv_heads, d, hidden = 8, 2, 16, 64  # tp 4: KV heads replicated over ranks
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(n * d, hidden, generator=g) for n in (heads, kv_heads, kv_heads))
+    bq, bk, bv = (torch.randn(n * d, generator=g) for n in (heads, kv_heads, kv_heads))
+    for rank in range(tp):
+        ranks(monkeypatch, rank, tp)
+        fused = QKVParallelLinear(hidden, d, heads, kv_heads, bias=True, params_dtype=torch.float32)
+        split = QKVParallelLinear(hidden, d, heads, kv_heads, bias=True, params_dtype=torch.float32)
+        fused.weight.weight_loader(fused.weight, torch.cat([q, k, v]))
+        fused.bias.weight_loader(fused.bias, torch.cat([bq, bk, bv]))
+        for shard, w, b in (("q", q, bq), ("k", k, bk), ("v", v, bv)):
+            split.weight.weight_loader(split.weight, w, shard)
+            split.bias.weight_loader(split.bias, b, shard)
+        assert torch.equal(fused.weight, split.weight) and torch.equal(fused.bias, split.bias)
+        # and what this rank holds is its heads' rows of q, then of k, then of v
+        h = fused.heads
+        assert torch.equal(fused.weight[: fused.q_size], q[h.q_start * d : h.q_end * d])
+        assert torch.equal(fused.weight[fused.q_size + fused.kv_size :], v[h.kv_start * d : h.kv_end * d])
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_fused_gate_up_equals_separate_tensors(tp, monkeypatch):
+    inter, hidden = 96, 32
+    g = torch.Generator().manual_seed(1)
+    gate, up = torch.randn(inter, hidden, generator=g), torch.randn(inter, hidden, generator=g)
+    for rank in range(tp):
+        ranks(monkeypatch, rank, tp)
+        fused = MergedColumnParallelLinear(hidden, [inter] * 2, params_dtype=torch.float32)
+        split = MergedColumnParallelLinear(hidden, [inter] * 2, params_dtype=torch.float32)
+        fused.weight.weight_loader(fused.weight, torch.cat([gate, up]))
+        split.weight.weight_loader(split.weight, gate, 0)
+        split.weight.weight_loader(split.weight, up, 1)
+        assert torch.equal(fused.weight, split.weight)
+        rows = slice(rank * inter // tp, (rank + 1) * inter // tp)
+        assert torch.equal(fused.weight, torch.cat([gate[rows], up[rows]]))
+
+
+def test_fused_block_fp8_scales_are_cut_by_block(monkeypatch):
+    ranks(monkeypatch, 1, 2)
+    inter, hidden = 512, 256
+    layer = MergedColumnParallelLinear(hidden, [inter] * 2, params_dtype=torch.float32, quantization="fp8_block")
+    scales = torch.arange(2 * inter // 128 * hidden // 128, dtype=torch.float32).view(2 * inter // 128, -1)
+    layer.weight_scale_inv.weight_loader(layer.weight_scale_inv, scales)
+    # rank 1 of 2: the second half of gate's blocks (rows 2, 3), then of up's (rows 6, 7)
+    assert torch.equal(layer.weight_scale_inv, scales[[2, 3, 6, 7]])
+
+
+def test_fused_tensor_missing_rows_is_refused():
+    layer = QKVParallelLinear(64, 16, 4, 2, params_dtype=torch.float32)
+    with pytest.raises(ValueError, match="fused checkpoint tensor of 96 rows for a layer of 128"):
+        layer.weight.weight_loader(layer.weight, torch.zeros(96, 64))
