@@ -1,6 +1,7 @@
-"""Decode step time of the Llama-3.1-8B shape vs the HBM floor and vs transformers, on one GPU.
+"""Decode step time of the Llama-3.1-8B shape (or a DeepSeek MoE shape) vs the HBM floor and vs transformers, on one GPU.
 
     python benchmark/decode_roofline/bench_decode_roofline.py [--quantization fp8] [--skip-hf] [--out DIR]
+    python benchmark/decode_roofline/bench_decode_roofline.py --shape DeepSeek-V2-Lite --skip-hf --out DIR
 
 Measures, in one run: the device-to-device copy bandwidth; transformers' decode step (generate)
 at batch 1 and 64, context 1k, on the same dummy weights; our decode step (CUDA graph replay,
@@ -9,6 +10,13 @@ throughput for 8k-token chunks. The HBM floor of a step is (weight bytes + KV by
 by the copy bandwidth (bytes read + written per second). With ``--quantization fp8`` our model's linear
 layers hold fp8 weights (the floor counts the bytes the model really holds; transformers stays bf16).
 Prints a table, writes JSON + markdown.
+
+A MoE shape (--shape DeepSeek-V2-Lite: MLA + DeepSeekMoE, batches 1 and 64 at context 1k) is counted by the bytes
+its step really reads, each a printed term: the parameters every step reads whole (attention, dense and shared
+MLPs, norms, routers, lm_head), the embedding rows of the batch's tokens, the routed experts the step touches
+(counted per layer in an eager pass of the same batch, whose routing the graph replays), and the latent KV rows
+(one 576-value row per token and layer). The batch's tokens are random and its KV rows random, so requests route
+apart as real ones do. (The Llama rows keep the committed accounting: every parameter, the embedding table too.)
 """
 
 from __future__ import annotations
@@ -108,8 +116,11 @@ def apply_decode_config(mr, overrides: dict) -> None:
     print(f"decode config: {backend.kernel_config}, min_block_tokens {backend.min_block_tokens}")
 
 
-def decode_step_ms(mr, bs: int, ctx: int, iters: int = 30) -> tuple[float, bool]:
-    """Our decode step; when bs*ctx slots exceed the pool, requests share one context's slots."""
+def decode_step_ms(
+    mr, bs: int, ctx: int, iters: int = 30, random_inputs: bool = False, on_batch=None
+) -> tuple[float, bool]:
+    """Our decode step; when bs*ctx slots exceed the pool, requests share one context's slots. random_inputs:
+    random token ids and KV rows (MoE routing apart per request); on_batch(fb) runs before the timing."""
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
 
     shared = bs * ctx > mr.token_to_kv_pool_allocator.available_size()
@@ -118,14 +129,24 @@ def decode_step_ms(mr, bs: int, ctx: int, iters: int = 30) -> tuple[float, bool]
     slots = mr.token_to_kv_pool_allocator.alloc(n_ctx * ctx).view(n_ctx, ctx).cuda()
     for i, r in enumerate(rows):
         mr.req_to_token_pool.req_to_token[r, :ctx] = slots[0 if shared else i].to(torch.int32)
+    input_ids = [7] * bs
+    if random_inputs:
+        gen = torch.Generator().manual_seed(bs)
+        input_ids = torch.randint(100, mr.model_config.vocab_size, (bs,), generator=gen).tolist()
+        flat = slots.flatten()
+        for buf in mr.token_to_kv_pool.buffers():
+            if buf.is_floating_point():
+                buf[flat] = torch.randn((flat.numel(), *buf.shape[1:]), device=buf.device, dtype=buf.dtype)
     batch = ModelWorkerBatch(
         ForwardMode.DECODE,
-        input_ids=[7] * bs,
+        input_ids=input_ids,
         req_pool_indices=rows,
         seq_lens=[ctx] * bs,
         out_cache_loc=slots[0 if shared else slice(None), -1].reshape(-1).expand(bs).contiguous().cpu(),
     )
     fb = ForwardBatch.init_new(batch, mr)
+    if on_batch is not None:
+        on_batch(fb)
     for _ in range(3):
         mr.forward(fb)
     torch.cuda.synchronize()
@@ -139,6 +160,86 @@ def decode_step_ms(mr, bs: int, ctx: int, iters: int = 30) -> tuple[float, bool]
         mr.req_to_token_pool.free(r)
     mr.token_to_kv_pool_allocator.free(slots.flatten().cpu())
     return start.elapsed_time(end) / iters, shared
+
+
+def experts_touched(mr, fb) -> list:
+    """Distinct routed experts each MoE layer's experts run for batch `fb`: an eager forward (the graph replay
+    routes the same tokens alike) with a hook on each experts module reading the routing it is handed."""
+    touched = []
+
+    def count(module, args, kwargs):
+        touched.append(int(kwargs["topk_output"][1].unique().numel()))
+
+    handles = [
+        m.register_forward_pre_hook(count, with_kwargs=True)
+        for name, m in mr.model.named_modules()
+        if name.endswith(".mlp.experts")
+    ]
+    graphs, mr.cuda_graph_runner = mr.cuda_graph_runner, None
+    try:
+        mr.forward(fb)
+    finally:
+        mr.cuda_graph_runner = graphs
+        for h in handles:
+            h.remove()
+    return touched
+
+
+def moe_floor_terms(mr, bs: int, ctx: int, touched: list) -> dict:
+    """The bytes a MoE decode step reads, by term (see the module docstring)."""
+    params = dict(mr.model.named_parameters())
+    embed = params["model.embed_tokens.weight"]
+    routed = {n: p for n, p in params.items() if ".mlp.experts." in n}
+    nbytes = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
+    per_expert = nbytes(routed.values()) / (len(touched) * mr.model.config.n_routed_experts)
+    return {
+        "whole_params_bytes": nbytes(p for n, p in params.items() if n not in routed and p is not embed),
+        "embedding_rows_bytes": bs * embed.shape[1] * embed.element_size(),
+        "experts_touched_per_layer": round(sum(touched) / len(touched), 2),
+        "experts_touched_bytes": int(sum(touched) * per_expert),
+        "latent_kv_bytes": bs * ctx * mr.memory_plan.cell_size_bytes,
+    }
+
+
+def moe_main(args, bw: float) -> None:
+    """--shape NAME (a DeepSeek MoE shape): batches 1 and 64 at context 1k vs the floor of its terms."""
+    mr = our_runner(shape_config_dir(args.shape))
+    rows = []
+    for bs in (1, 64):
+        touched = []
+        ms, shared = decode_step_ms(
+            mr, bs, 1024, random_inputs=True, on_batch=lambda fb, t=touched: t.extend(experts_touched(mr, fb))
+        )
+        terms = moe_floor_terms(mr, bs, 1024, touched)
+        floor_bytes = sum(v for k, v in terms.items() if k.endswith("_bytes"))
+        floor_ms = floor_bytes / bw * 1000
+        rows.append(
+            {"batch": bs, "context": 1024, "step_ms": round(ms, 3), "hbm_floor_ms": round(floor_ms, 3),
+             "ratio_to_floor": round(ms / floor_ms, 3), "kv_slots_shared": shared, **terms}
+        )  # fmt: skip
+    result = {
+        "device": torch.cuda.get_device_name(),
+        "shape": args.shape,
+        "copy_bandwidth_GBps": round(bw / GB, 1),
+        "decode": rows,
+        "cuda_graph_max_bs": mr.config.args.cuda_graph_max_bs,
+    }
+    lines = [
+        f"{args.shape} shape, bf16, dummy weights, {result['device']}; copy bandwidth {result['copy_bandwidth_GBps']} GB/s",
+        "",
+        "| batch | context | step ms | HBM floor ms | x floor | whole params GB | embedding rows MB | experts touched "
+        "/ layer | experts GB | latent KV GB |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['batch']} | {r['context']} | {r['step_ms']} | {r['hbm_floor_ms']} | {r['ratio_to_floor']} | "
+            f"{r['whole_params_bytes'] / GB:.3f} | {r['embedding_rows_bytes'] / 1e6:.3f} | "
+            f"{r['experts_touched_per_layer']} | {r['experts_touched_bytes'] / GB:.3f} | {r['latent_kv_bytes'] / GB:.3f} |"
+        )
+    table = "\n".join(lines)
+    print(table)
+    write_results(args.out, result, table)
 
 
 def extend_batch(mr, batch: int, length: int):
@@ -171,9 +272,18 @@ def main() -> None:
         help="JSON overrides of the triton backend's decode "
         'choices, e.g. {"block_n": 64, "num_warps": 8, "min_block_tokens": 256} (graphs are re-captured)',
     )
+    parser.add_argument(
+        "--shape",
+        default="Llama-3.1-8B",
+        choices=["Llama-3.1-8B", "DeepSeek-V2-Lite"],
+        help="DeepSeek-V2-Lite: the MoE floor by terms (batches 1 and 64, context 1k)",
+    )
     args = parser.parse_args()
-    config_dir = shape_config_dir("Llama-3.1-8B")
+    config_dir = shape_config_dir(args.shape)
     bw = copy_bandwidth()
+    if args.shape != "Llama-3.1-8B":
+        moe_main(args, bw)
+        return
     hf = {} if args.skip_hf else hf_decode_step_ms(config_dir, [1, 64], 1024)
     mr = our_runner(config_dir, args.quantization)
     if args.decode_config:

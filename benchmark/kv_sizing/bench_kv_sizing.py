@@ -1,6 +1,6 @@
 """Static vs post-capture KV sizing on real model shapes (dummy weights), one fresh process per run.
 
-    python benchmark/kv_sizing/bench_kv_sizing.py [--shapes Llama-3.1-8B Qwen3-8B Qwen3-30B-A3B] [--out DIR]
+    python benchmark/kv_sizing/bench_kv_sizing.py [--shapes Llama-3.1-8B Qwen3-8B Qwen3-30B-A3B DeepSeek-V2-Lite] [--out DIR]
     python benchmark/kv_sizing/bench_kv_sizing.py --shapes Llama-3.1-8B --flag-sets tp-2 --append   # two GPUs
 
 For every shape and flag set (defaults; --cuda-graph-max-bs 32 --max-running-requests 256) it starts
@@ -48,6 +48,7 @@ DEFAULT_PLAN = [
     ("Qwen3-8B", "graph-bs-32+max-running-256"),
     ("Qwen3-30B-A3B", "default"),
     ("Qwen3-30B-A3B", "graph-bs-32+max-running-256"),
+    ("DeepSeek-V2-Lite", "default"),  # MLA: one latent row per token and layer, VMM ranges on the post path
 ]
 
 

@@ -27,8 +27,12 @@
 #   kv-sizing-1         kv_sizing/: Llama-3.1-8B default and graph-bs-32+max-running-256, Qwen3-30B-A3B default
 #   kv-sizing-2         kv_sizing/: the other four rows (-1 and -2 each fit one call on both trees)
 #   kv-sizing-tp2       kv_sizing/: Llama-3.1-8B --tp-size 2 (nvidia-h200-x2)
+#   kv-sizing-mla       kv_sizing/: DeepSeek-V2-Lite default (MLA: the latent buffers on both paths)
 #   roofline            decode_roofline/: bench_decode_roofline.py --skip-hf
 #   roofline-fp8        fp8_linear/: the same with --quantization fp8
+#   roofline-mla        decode_roofline/: bench_decode_roofline.py --shape DeepSeek-V2-Lite (batch 1 and 64, the
+#                       floor's terms: whole parameters, embedding rows, experts touched, latent KV)
+#   mla-prefill         mla/: bench_mla_prefill.py (extend absorbed vs decompressed; the threshold)
 #   profile-decode      decode_roofline/: profile_decode_step.py at batch 1, 64 and 256
 #   tune-gemm           decode_roofline/: tune_decode_gemms.py bf16, --silu, --fp8, --fp8 --silu (in that order:
 #                       --silu compares with the table's gate_up plan); the table lands in the package's configs/
@@ -57,7 +61,8 @@
 #                       ".device/smollm2-b"]) (an ignored path a call does not carry stays there)
 set -o pipefail
 
-STAGES="gpu-tests gpu-tests-2 gpu-files kt-cpu-tests kv-sizing kv-sizing-1 kv-sizing-2 kv-sizing-tp2 roofline roofline-fp8
+STAGES="gpu-tests gpu-tests-2 gpu-files kt-cpu-tests kv-sizing kv-sizing-1 kv-sizing-2 kv-sizing-tp2 kv-sizing-mla
+roofline roofline-fp8 roofline-mla mla-prefill
 profile-decode tune-gemm tune-attention kv-dtype fp8-gemms kt-decode kt-decode-int4-fp8 kt-doorbell kt-prefill
 kt-elastic serving serving-overlap serving-paths serving-fp8 serving-kv-fp8 prefill-decode constrained-itl
 precision"
@@ -87,8 +92,11 @@ run_stage() {
         python3 benchmark/kv_sizing/bench_kv_sizing.py --out $o --append --shapes Qwen3-30B-A3B \
           --flag-sets graph-bs-32+max-running-256 ;;
     kv-sizing-tp2) python3 benchmark/kv_sizing/bench_kv_sizing.py --out $o --shapes Llama-3.1-8B --flag-sets tp-2 ;;
+    kv-sizing-mla) python3 benchmark/kv_sizing/bench_kv_sizing.py --out $o --shapes DeepSeek-V2-Lite --flag-sets default ;;
     roofline) python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --out $o ;;
     roofline-fp8) python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --quantization fp8 --out $o ;;
+    roofline-mla) python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --shape DeepSeek-V2-Lite --out $o ;;
+    mla-prefill) python3 benchmark/mla/bench_mla_prefill.py --out $o ;;
     profile-decode) python3 benchmark/decode_roofline/profile_decode_step.py --batches 1 64 256 --top 12 ;;
     tune-gemm)
       local mode

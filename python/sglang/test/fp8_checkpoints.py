@@ -16,11 +16,26 @@ import torch
 from safetensors.torch import load_file, save_file
 
 E4M3_MAX = 448.0
-QUANTIZED = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+# Every decoder linear of the families here, DeepSeek's MLA projections (kv_b_proj too, as DeepSeek-V3 ships it).
+QUANTIZED = (
+    "q_proj",
+    "k_proj",
+    "v_proj",
+    "o_proj",
+    "gate_proj",
+    "up_proj",
+    "down_proj",
+    "q_a_proj",
+    "q_b_proj",
+    "kv_a_proj_with_mqa",
+    "kv_b_proj",
+)
 
 
 def quantize(w: torch.Tensor, strategy: str):
-    """e4m3 codes and the fp32 scale with w ~= codes x scale (per 128x128 block, ceil-sized, per row, or per tensor)."""
+    """e4m3 codes and the fp32 scale with w ~= codes x scale (per 128x128 block, ceil-sized, per row, or per
+    tensor). A ragged edge (SmolLM2's 576, DeepSeek-V3's kv_a_proj_with_mqa rows) gets a partial block, as the real
+    checkpoints."""
     w = w.float()
     if strategy == "block":  # dims that are not multiples of 128 end in partial blocks (SmolLM2's 576)
         from sglang.srt.layers.quantization.fp8 import Fp8FusedMoEMethod
@@ -125,6 +140,34 @@ def moe_bf16(d: str) -> str:
     return d
 
 
+def deepseek_v3_full(d: str) -> str:
+    """A tiny DeepSeek-V3 (transformers-written, fp32) whose dimensions are multiples of 128 where DeepSeek-V3's
+    are (hidden, q_lora, kv_lora, every MLP): MLA with q_lora_rank, grouped noaux_tc routing with a correction
+    bias, a shared expert, one dense layer; kv_a_proj_with_mqa (kv_lora + rope = 160) and q_b_proj (2 x 96) are
+    ragged, as the real model's 576 and 128 x 192 rows are."""
+    from sglang.test.tiny_deepseek import make_tiny_deepseek
+
+    make_tiny_deepseek(
+        "v3",
+        d,
+        seed=3,
+        hidden_size=128,
+        intermediate_size=256,
+        moe_intermediate_size=128,
+        q_lora_rank=128,
+        kv_lora_rank=128,
+        qk_nope_head_dim=64,
+        qk_rope_head_dim=32,
+        v_head_dim=64,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        n_routed_experts=4,
+        n_group=2,
+        topk_group=1,
+    )
+    return d
+
+
 class FakeQuantLinear(torch.nn.Module):
     """transformers' Linear computing as our fp8 layer does: the checkpoint's dequantized weight, the input
     rounded through e4m3 per token and 128-column group (block) or per token (channel / tensor). With
@@ -158,12 +201,16 @@ def fake_quantized(
     strategy: str,
     attention_only: bool = False,
     activation_dtype: torch.dtype | None = None,
+    weight_only: tuple = (),
 ) -> torch.nn.Module:
-    """transformers' model (holding the dequantized weights) with its decoder Linears computing as our fp8
-    layers do (FakeQuantLinear); `attention_only` for MoE models, whose experts are weight-only fp8."""
+    """transformers' model (holding the dequantized weights) with its decoder Linears, nested ones too (DeepSeek's
+    shared_experts), computing as our fp8 layers do (FakeQuantLinear); `attention_only` for Qwen3-MoE, whose MLPs
+    are all weight-only fp8 experts; `weight_only`: Linear names left as they are (DeepSeek's kv_b_proj, absorbed
+    in full precision). Routed experts and DeepSeek's router are no nn.Linear: weight-only."""
     for layer in model.model.layers:
         for parent in (layer.self_attn,) if attention_only else (layer.self_attn, layer.mlp):
-            for name, child in list(parent.named_children()):
-                if isinstance(child, torch.nn.Linear):
-                    setattr(parent, name, FakeQuantLinear(child, strategy, activation_dtype))
+            for path, child in list(parent.named_modules()):
+                if isinstance(child, torch.nn.Linear) and path.split(".")[-1] not in weight_only:
+                    owner, _, name = path.rpartition(".")
+                    setattr(parent.get_submodule(owner), name, FakeQuantLinear(child, strategy, activation_dtype))
     return model

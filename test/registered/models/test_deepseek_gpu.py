@@ -4,7 +4,12 @@
   bf16 (each token transformers' top-1 or within BF16_TOL of it, >= 90% exact), and CUDA graphs == eager;
 - DeepSeek-V2-Lite whole (dummy weights of the real shapes): starts on the static path with the latent cell
   (27 x 576 x 2 = 31,104 bytes per token) and generates;
-- post-capture sizing with the latent buffers as VMM ranges gives the static path's tokens.
+- post-capture sizing with the latent buffers as VMM ranges gives the static path's tokens;
+- DeepSeek-V2-Lite's shape cut to 4 layers (dummy weights): decode logits of the graph replay == eager;
+- a native block-FP8 DeepSeek-V3 checkpoint (tiny, transformers-written, quantized as DeepSeek ships it) keeps its
+  fp8 in the projections, MLPs and routed experts (kv_b_proj dequantized, absorbed) and answers as transformers
+  does on the dequantized weights with the same activation quantization.
+(KT FP8 experts on a DeepSeek-V3 shape: test_deepseek_kt_fp8_gpu.py.)
 """
 
 from sglang.test.ci.ci_register import register_cuda_ci
@@ -22,6 +27,7 @@ from sglang.test.tiny_deepseek import make_tiny_deepseek
 pytestmark = pytest.mark.skipif(not has_gpu(), reason=REQUIRES_GPU_REASON)
 
 BF16_TOL = 0.15
+FP8_TOL = 0.3  # test_fp8_checkpoints_gpu.py's: bf16 rounding plus e4m3 boundary flips of the activations
 NEW_TOKENS = 16
 GREEDY = {"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True}
 
@@ -101,3 +107,69 @@ def test_post_capture_sizing_with_latent_buffers(monkeypatch):
     cfg = hf.config
     assert plan["cell_size_bytes"] == cfg.num_hidden_layers * (cfg.kv_lora_rank + cfg.qk_rope_head_dim) * 2  # bf16
     assert outs == static
+
+
+def test_v2_lite_shape_decode_graphs_match_eager():
+    """DeepSeek-V2-Lite's layers (16 heads, MLA without q_lora, 64 experts top-6, 2 shared), 4 of them, dummy
+    weights: the decode step replayed from its CUDA graph gives the eager step's logits (random latent KV)."""
+    from sglang.srt.configs.engine_config import resolve_engine_config
+    from sglang.srt.model_executor.model_runner import ModelRunner
+    from sglang.srt.server_args import ServerArgs
+    from sglang.test.gpu_utils import decode_logits_three_ways
+
+    args = ServerArgs(
+        model_path=shape_config_dir("DeepSeek-V2-Lite", num_hidden_layers=4),
+        load_format="dummy",
+        skip_tokenizer_init=True,
+        cuda_graph_max_bs=64,
+        max_running_requests=64,
+        mem_fraction_static=0.5,
+        log_level="warning",
+    )
+    mr = ModelRunner(resolve_engine_config(args))
+    try:
+        assert mr.cuda_graph_runner is not None and mr.kv_geometry.cell_size_bytes == 4 * 576 * 2
+        for bs in (1, 13, 64):
+            graph, eager, _, _ = decode_logits_three_ways(mr, bs, ctx=300)
+            assert graph.shape == (bs, 102400) and torch.isfinite(graph).all()
+            torch.testing.assert_close(graph, eager, rtol=0, atol=1e-3)
+            assert torch.equal(graph.argmax(-1), eager.argmax(-1))
+    finally:
+        mr.shutdown()
+
+
+def test_native_fp8_deepseek_v3_checkpoint_on_the_gpu():
+    from sglang.test.fp8_checkpoints import deepseek_v3_full, fake_quantized, write_fp8_checkpoint
+    from sglang.test.runners import greedy_params, load_hf_model, make_scheduler, run_scheduler
+
+    root = tempfile.mkdtemp(prefix="deepseek-fp8-gpu-")
+    d = write_fp8_checkpoint(deepseek_v3_full(root + "/full"), root + "/fp8", "block")
+    sched = make_scheduler(
+        reuse_model=False, device="cuda", model_path=d, skip_tokenizer_init=True, max_total_tokens=4096,
+        dtype="bfloat16", cuda_graph_max_bs=8, log_level="warning",
+    )  # fmt: skip
+    model = sched.model_runner.model
+    attn, mlp = model.model.layers[1].self_attn, model.model.layers[1].mlp
+    assert attn.q_a_proj.is_block_fp8 and attn.kv_a_proj_with_mqa.is_block_fp8 and attn.o_proj.is_block_fp8
+    assert mlp.shared_experts.gate_up_proj.is_block_fp8 and model.model.layers[0].mlp.down_proj.is_block_fp8
+    assert mlp.experts.quant_method.name == "FP8" and mlp.experts.w13_weight.dtype == torch.float8_e4m3fn
+    assert attn.kv_b_proj.weight.dtype == torch.bfloat16
+    prompts = _prompts(256)
+    outs = run_scheduler(sched, prompts, greedy_params(NEW_TOKENS))
+    # Our layers quantize bf16 activations: the reference rounds through bf16 first (fp8_checkpoints.FakeQuantLinear).
+    reference = fake_quantized(
+        load_hf_model(d + "-dequantized"), "block", activation_dtype=torch.bfloat16, weight_only=("kv_b_proj",)
+    ).to(device="cuda")
+    steps = exact = 0
+    for prompt, out in zip(prompts, outs):
+        ids = out.output_ids
+        assert len(ids) == NEW_TOKENS
+        with torch.no_grad():
+            logits = reference(torch.tensor([prompt + ids], device="cuda")).logits[0, len(prompt) - 1 : -1].float()
+        for step, tok in enumerate(ids):
+            gap = logits[step].max().item() - logits[step, tok].item()
+            assert gap <= FP8_TOL, f"step {step} token {tok} is {gap:.3f} below transformers' top-1"
+            exact += int(logits[step].argmax().item() == tok)
+            steps += 1
+    print(f"native FP8 DeepSeek-V3 (tiny): exact top-1 agreement {exact}/{steps}")
+    assert exact >= 0.9 * steps

@@ -5,7 +5,7 @@ q_lora_rank, n_group/topk_group, a non-zero correction bias, routed_scaling_fact
 - greedy tokens identical and logprobs within the usual tolerance, through the in-process scheduler, with the
   latent KV pool (one row of kv_lora_rank + qk_rope_head_dim per token and layer);
 - chunked prefill and radix-cache hits (extends over a cached prefix) give the same tokens;
-- the triton backend's latent decode kernel (interpreter), KT hybrid experts (BF16 on the CPU kernels, the
+- the triton backend's latent decode kernel and both extend forms (interpreter), KT hybrid experts (BF16 on the CPU kernels, the
   full-GPU prefill slot over 16 tokens);
 - sglang.Engine with --tp-size 2 (heads and experts split over two gloo ranks) and `launch_server` too.
 """
@@ -110,10 +110,13 @@ def test_fp8_latent_cache(tmp_path_factory):
 
 
 def test_triton_backend_decodes_through_the_latent_kernel(tmp_path_factory, monkeypatch):
-    """The triton backend's forward_mla (decode: triton_ops/mla_decode.py; extend: decompressed into the extend
-    kernel, over cached prefixes too: 16-token chunks), here in the interpreter on CPU tensors: the same tokens."""
+    """The triton backend's forward_mla, here in the interpreter on CPU tensors: decode through the latent kernel
+    (triton_ops/mla_decode.py), extends in both forms (layers/attention/mla_triton.py; the threshold lowered to 10:
+    the first 16-token batch, the 6-token prompt and the long one's first 10, is absorbed, its next chunks of 16
+    and 15 over their cached prefix decompressed): the same tokens."""
     import os
 
+    from sglang.srt.layers.attention import mla_triton
     from sglang.srt.layers.attention.triton_backend import TritonAttnBackend
 
     if os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available():
@@ -124,11 +127,13 @@ def test_triton_backend_decodes_through_the_latent_kernel(tmp_path_factory, monk
     )
     mr = sched.model_runner
     mr.attn_backend = TritonAttnBackend(mr)
-    decodes = []
+    monkeypatch.setattr(mla_triton, "ABSORBED_EXTEND_MAX_TOKENS", 10)
+    forms = []
     kernel_path = TritonAttnBackend.forward_mla
 
     def counted(self, q_nope, q_rope, latent, k_rope, w_kv_b, layer, fb):
-        decodes.append(fb.forward_mode.is_decode())
+        absorbed = fb.attn_metadata.token_kv_indptr is not None
+        forms.append("decode" if fb.forward_mode.is_decode() else "absorbed" if absorbed else "decompressed")
         return kernel_path(self, q_nope, q_rope, latent, k_rope, w_kv_b, layer, fb)
 
     monkeypatch.setattr(TritonAttnBackend, "forward_mla", counted)
@@ -136,7 +141,8 @@ def test_triton_backend_decodes_through_the_latent_kernel(tmp_path_factory, monk
     outs = run_scheduler(sched, [prompts[i] for i in picked], greedy_params(4))
     assert [o.output_ids for o in outs] == [ref[i][:4] for i in picked]
     layers = mr.model_config.num_hidden_layers
-    assert sum(decodes) >= 3 * layers and len(decodes) - sum(decodes) >= 3 * layers  # both kernels ran
+    assert forms.count("decode") >= 3 * layers and forms.count("decompressed") >= 2 * layers
+    assert forms.count("absorbed") >= layers
 
 
 def test_kt_hybrid_experts_match_transformers(tmp_path_factory):

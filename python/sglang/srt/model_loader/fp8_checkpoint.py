@@ -90,11 +90,15 @@ def fp8_parameter_filter(
     """keep_fp8 for `model`: whether a checkpoint weight's target parameter (through the model's stacked
     projections, q_proj -> qkv_proj ...) is stored in fp8, i.e. the layer runs the checkpoint's format."""
     fp8 = {name for name, p in model.named_parameters() if p.dtype in FP8_DTYPES}
+    modules = dict(model.named_modules())
 
     def keep(name: str) -> bool:
         m = _EXPERT.match(name)
         if m is not None:  # an expert's matrix: kept where the experts hold block fp8 (FP8 FusedMoE, KT FP8)
-            return quant.strategy == "block" and model.get_submodule(m.group(1)).takes_checkpoint_fp8()
+            # A layer the model does not build (DeepSeek-V3's multi-token-prediction layer, dropped by the model's
+            # loader) has no experts module: its tensors pass dequantized, to be skipped there.
+            experts = modules.get(m.group(1))
+            return experts is not None and quant.strategy == "block" and experts.takes_checkpoint_fp8()
         for param_suffix, ckpt_suffix, _ in stacked_params_mapping:
             if ckpt_suffix in name:
                 return name.replace(ckpt_suffix, param_suffix) in fp8

@@ -15,6 +15,14 @@ checkpoints append (layer num_hidden_layers) is not part of the forward: skipped
 
 Tensor parallelism splits the heads (uneven splits too) and every expert's intermediate dimension; the
 latent projections and the router are replicated.
+
+A native block-FP8 checkpoint (DeepSeek-V3/R1, Kimi-K2: `weight_scale_inv` per 128x128 block) on the GPU keeps
+its fp8 weights and scales in every projection the model multiplies activations by (q, kv_a, o_proj, the dense
+and shared MLPs: the "fp8_block" linear format) and in the routed experts (the FP8 fused-MoE layout, or the KT
+CPU kernels' with --kt-method FP8). kv_b_proj alone arrives dequantized (the loader's choice, through
+fp8_parameter_filter): attention never multiplies an activation by it as a linear layer, it splits it into
+W_UK / W_UV and absorbs them into the query and the latent context (layers/attention/mla_torch.py).
+On the CPU every weight is dequantized at load.
 """
 
 from __future__ import annotations
@@ -37,7 +45,12 @@ from sglang.srt.distributed import (
 )
 from sglang.srt.distributed.partition import shard_range
 from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
+from sglang.srt.layers.linear import (
+    CHECKPOINT_FP8_FORMATS,
+    ColumnParallelLinear,
+    ReplicatedLinear,
+    RowParallelLinear,
+)
 from sglang.srt.layers.mla_attention import MLAAttention
 from sglang.srt.layers.moe.kt_ep_wrapper import KTState, build_moe_experts
 from sglang.srt.layers.moe.kt_prefill_slot import KTPrefillSlot
@@ -76,9 +89,18 @@ def rope_is_interleaved(config: PretrainedConfig) -> bool:
 class HeadParallelLinear(ColumnParallelLinear):
     """Column-parallel by whole heads of `head_size` outputs: this rank holds heads shard_range(num_heads)."""
 
-    def __init__(self, input_size: int, num_heads: int, head_size: int, params_dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        input_size: int,
+        num_heads: int,
+        head_size: int,
+        params_dtype: torch.dtype,
+        quantization: Optional[str] = None,
+    ) -> None:
         self.total_heads, self.head_size = num_heads, head_size
-        super().__init__(input_size, num_heads * head_size, bias=False, params_dtype=params_dtype)
+        super().__init__(
+            input_size, num_heads * head_size, bias=False, params_dtype=params_dtype, quantization=quantization
+        )
 
     def _output_range(self, output_size: int) -> tuple[int, int]:
         start, end = shard_range(self.total_heads, self.tp_size, self.tp_rank)
@@ -104,14 +126,18 @@ class DeepseekV2Attention(nn.Module):
         )
         self.num_heads = end - start
         self.q_lora_rank = config.q_lora_rank
+        quant = quantization  # the checkpoint's fp8 format on the GPU (see the module docstring), else None
         if self.q_lora_rank is None:
-            self.q_proj = HeadParallelLinear(hidden, config.num_attention_heads, qk, dtype)
+            self.q_proj = HeadParallelLinear(hidden, config.num_attention_heads, qk, dtype, quant)
         else:
-            self.q_a_proj = ReplicatedLinear(hidden, self.q_lora_rank, params_dtype=dtype)
+            self.q_a_proj = ReplicatedLinear(hidden, self.q_lora_rank, params_dtype=dtype, quantization=quant)
             self.q_a_layernorm = RMSNorm(self.q_lora_rank, eps=LATENT_NORM_EPS, params_dtype=dtype)
-            self.q_b_proj = HeadParallelLinear(self.q_lora_rank, config.num_attention_heads, qk, dtype)
-        self.kv_a_proj_with_mqa = ReplicatedLinear(hidden, self.kv_lora_rank + self.rope, params_dtype=dtype)
+            self.q_b_proj = HeadParallelLinear(self.q_lora_rank, config.num_attention_heads, qk, dtype, quant)
+        self.kv_a_proj_with_mqa = ReplicatedLinear(
+            hidden, self.kv_lora_rank + self.rope, params_dtype=dtype, quantization=quant
+        )
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, eps=LATENT_NORM_EPS, params_dtype=dtype)
+        # Always in the model's dtype: its weight is W_UK / W_UV, absorbed by the attention (never run as a layer).
         self.kv_b_proj = HeadParallelLinear(
             self.kv_lora_rank, config.num_attention_heads, self.nope + self.v_head_dim, dtype
         )
@@ -120,6 +146,7 @@ class DeepseekV2Attention(nn.Module):
             hidden,
             params_dtype=dtype,
             input_range=(start * self.v_head_dim, end * self.v_head_dim),  # this rank's heads' values
+            quantization=quant,
         )
         self.rotary_emb = get_rope(config, self.rope, max_position, dtype, interleaved=rope_is_interleaved(config))
         self.attn = MLAAttention(
@@ -201,10 +228,12 @@ class DeepseekV2MoE(nn.Module):
         dtype: torch.dtype,
         kt_state: Optional[KTState] = None,
         routing: Optional[GroupedTopKConfig] = None,
+        quantization: Optional[str] = None,
     ) -> None:
         """`kt_state`: the model's KT hybrid state (routed experts split between the model's device and the CPU
         kernels, kt_ep_wrapper.py); the shared experts always stay on the model's device. `routing`: another
-        family's routing (GLM-4.5), else the DeepSeek config's own (routing_config)."""
+        family's routing (GLM-4.5), else the DeepSeek config's own (routing_config). `quantization`: the
+        checkpoint's fp8 linear format (shared experts), block fp8 also keeping the routed experts in FP8."""
         super().__init__()
         self.routing = routing or routing_config(config)
         self.gate = MoEGate(config.hidden_size, config.n_routed_experts, self.routing.topk_method == "noaux_tc")
@@ -217,10 +246,13 @@ class DeepseekV2MoE(nn.Module):
             renormalize=False,  # the routing is computed here (topk_output)
             layer_id=layer_id,
             kt_state=kt_state,
+            quant_method="FP8" if quantization == "fp8_block" else "BF16",
         )
         shared = config.n_shared_experts or 0
         self.shared_experts = (
-            LlamaMLP(config.hidden_size, config.moe_intermediate_size * shared, dtype) if shared else None
+            LlamaMLP(config.hidden_size, config.moe_intermediate_size * shared, dtype, quantization=quantization)
+            if shared
+            else None
         )
 
     def forward(
@@ -250,8 +282,8 @@ class DeepseekV2DecoderLayer(LlamaDecoderLayer):
         kt_state: Optional[KTState] = None,
     ) -> nn.Module:
         if layer_id >= (config.first_k_dense_replace or 0) and config.n_routed_experts:
-            return DeepseekV2MoE(config, layer_id, dtype, kt_state)
-        return LlamaMLP(config.hidden_size, config.intermediate_size, dtype)
+            return DeepseekV2MoE(config, layer_id, dtype, kt_state, quantization=quantization)
+        return LlamaMLP(config.hidden_size, config.intermediate_size, dtype, quantization=quantization)
 
     def mlp_forward_add_norm(
         self, hidden_states: torch.Tensor, residual: torch.Tensor, next_norm: RMSNorm, forward_batch
@@ -282,10 +314,11 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
         kt: Optional[KTConfig] = None,
     ) -> None:
         check_deepseek_config(config)  # the refusals ModelConfig applies, for a model built directly
-        if quantization is not None:
+        # Only a native FP8 checkpoint's own format (ModelConfig refuses online --quantization for MoE models).
+        if quantization not in (None, *CHECKPOINT_FP8_FORMATS):
             raise ValueError(f"--quantization {quantization}: not supported for {type(self).__name__} (a MoE model)")
         kt_state = KTState(kt) if kt is not None else None  # one per model, handed to every MoE layer
-        super().__init__(config, dtype, max_position, kt_state=kt_state)
+        super().__init__(config, dtype, max_position, quantization, kt_state=kt_state)
         self.kt_state = kt_state
 
     def _without_mtp_layers(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> Iterator[Tuple[str, torch.Tensor]]:

@@ -59,3 +59,64 @@ def test_kv_lora_rank_must_be_a_power_of_two():
     with pytest.raises(ValueError, match="power-of-two"):
         mla_decode_fwd(q, torch.zeros(1, 4, 8), torch.zeros(4, 1, 32), torch.zeros(2, dtype=torch.int32),
                        torch.zeros(0, dtype=torch.int32), 1.0)  # fmt: skip
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_both_extend_forms_match_the_torch_path(device):
+    """An extend batch (requests with and without a cached prefix) through mla_triton's absorbed form (the latent
+    kernel over each new token's causal slot list) and its decompressed form (kv_b_proj, then the extend kernel):
+    both equal mla_torch.decompressed_attention per request."""
+    from sglang.srt.layers.attention.mla_torch import decompressed_attention
+    from sglang.srt.layers.attention.mla_triton import absorbed_attention, decompressed_extend, token_row_lists
+
+    dtype, tol = (torch.float32, 1e-4) if device == "cpu" else (torch.bfloat16, 3e-2)
+    gen = torch.Generator().manual_seed(5)
+    heads, slots = 6, 128
+    prefixes, extends = [0, 13, 30], [5, 1, 9]
+    cache = torch.randn(slots, 1, LORA + ROPE, generator=gen).to(device=device, dtype=dtype)
+    perm = torch.randperm(slots, generator=gen)
+    req_to_token = torch.zeros(4, 64, dtype=torch.int32)
+    used = 0
+    for i, (p, n) in enumerate(zip(prefixes, extends)):  # request i in row i + 1, its rows at shuffled slots
+        req_to_token[i + 1, : p + n] = perm[used : used + p + n].to(torch.int32)
+        used += p + n
+    req_to_token = req_to_token.to(device)
+    rows = torch.tensor([1, 2, 3], device=device)
+    tokens = sum(extends)
+    q_nope = torch.randn(tokens, heads, NOPE, generator=gen).to(device=device, dtype=dtype)
+    q_rope = torch.randn(tokens, heads, ROPE, generator=gen).to(device=device, dtype=dtype)
+    w_uk = (0.3 * torch.randn(heads, NOPE, LORA, generator=gen)).to(device=device, dtype=dtype)
+    w_uv = (0.3 * torch.randn(heads, V, LORA, generator=gen)).to(device=device, dtype=dtype)
+    scale = (NOPE + ROPE) ** -0.5
+
+    def indptr(lens):
+        return torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()], dtype=torch.int32, device=device)
+
+    qo_indptr, kv_indptr = indptr(extends), indptr(prefixes)
+    prefix_lens = torch.tensor(prefixes, device=device)
+    kv_indices = torch.cat([req_to_token[r, :p] for r, p in zip(rows.tolist(), prefixes)])
+    new_slots = torch.cat([req_to_token[r, p : p + n].long() for r, p, n in zip(rows.tolist(), prefixes, extends)])
+    latent, k_rope = cache[new_slots, 0, :LORA], cache[new_slots, 0, LORA:]
+
+    tok_indptr, tok_indices = token_row_lists(req_to_token, rows, prefix_lens, qo_indptr, prefixes, extends)
+    assert (
+        tok_indptr[-1].item() == tok_indices.numel() == sum(n * p + n * (n + 1) // 2 for p, n in zip(prefixes, extends))
+    )
+    absorbed = absorbed_attention(q_nope, q_rope, cache, w_uk, w_uv, tok_indptr, tok_indices, scale)
+    decompressed = decompressed_extend(
+        q_nope, q_rope, latent, k_rope, cache, w_uk, w_uv, qo_indptr, kv_indptr, kv_indices, max(extends), scale
+    )
+    start = 0
+    for r, p, n in zip(rows.tolist(), prefixes, extends):
+        own = cache[req_to_token[r, : p + n].long(), 0]
+        ref = decompressed_attention(q_nope[start : start + n], q_rope[start : start + n], own, w_uk, w_uv, p, scale)
+        torch.testing.assert_close(absorbed[start : start + n].float(), ref.float(), rtol=tol, atol=tol)
+        torch.testing.assert_close(decompressed[start : start + n].float(), ref.float(), rtol=tol, atol=tol)
+        start += n
+
+
+def test_extend_form_rule_is_one_threshold():
+    from sglang.srt.layers.attention.mla_triton import ABSORBED_EXTEND_MAX_TOKENS, use_absorbed_extend
+
+    assert use_absorbed_extend([1, ABSORBED_EXTEND_MAX_TOKENS])
+    assert not use_absorbed_extend([1, ABSORBED_EXTEND_MAX_TOKENS + 1])

@@ -13,6 +13,12 @@ from typing import Optional
 import torch
 
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+from sglang.srt.layers.attention.mla_triton import (
+    absorbed_attention,
+    decompressed_extend,
+    token_row_lists,
+    use_absorbed_extend,
+)
 from sglang.srt.layers.attention.triton_ops import (
     MIN_BLOCK_TOKENS,
     DecodeKernelConfig,
@@ -34,6 +40,10 @@ class TritonMetadata:
     attn_logits: Optional[torch.Tensor] = None
     attn_lse: Optional[torch.Tensor] = None
     max_kv_splits: int = 1
+    # An MLA extend batch the absorbed form serves (mla_triton.use_absorbed_extend): every new token's causal
+    # slot list (the prefix and the new tokens up to itself).
+    token_kv_indptr: Optional[torch.Tensor] = None
+    token_kv_indices: Optional[torch.Tensor] = None
 
 
 # Split-KV scratch is [bs, heads, splits, head_dim] fp32. Large eager batches need no splits for
@@ -85,6 +95,7 @@ class TritonAttnBackend(AttentionBackend):
         self.min_block_tokens = MIN_BLOCK_TOKENS
         self.req_to_token = model_runner.req_to_token_pool.req_to_token
         self.max_context_len = self.req_to_token.shape[1]
+        self.is_mla = mc.is_mla
         self.graph: Optional[TritonMetadata] = None
 
     # ------------------------------------------------------------- metadata
@@ -118,7 +129,17 @@ class TritonAttnBackend(AttentionBackend):
         kv_indices = torch.empty(prefix_total, dtype=torch.int32, device=self.device)
         self._fill(kv_indices, fb.req_pool_indices, fb.extend_prefix_lens, kv_indptr, prefix_total)
         qo_indptr = self._indptr(fb.extend_seq_lens)
-        fb.attn_metadata = TritonMetadata(kv_indptr, kv_indices, qo_indptr, max(fb.extend_seq_lens_cpu))
+        md = TritonMetadata(kv_indptr, kv_indices, qo_indptr, max(fb.extend_seq_lens_cpu))
+        if self.is_mla and use_absorbed_extend(fb.extend_seq_lens_cpu):
+            md.token_kv_indptr, md.token_kv_indices = token_row_lists(
+                self.req_to_token,
+                fb.req_pool_indices,
+                fb.extend_prefix_lens,
+                qo_indptr,
+                fb.extend_prefix_lens_cpu,
+                fb.extend_seq_lens_cpu,
+            )
+        fb.attn_metadata = md
 
     def _fill(self, indices, req_pool_indices, lens, indptr, total: int, splits=None, max_splits: int = 1) -> None:
         """kv_indices (and, given `splits`, the decode split counts) of a batch: one triton kernel on
@@ -254,60 +275,36 @@ class TritonAttnBackend(AttentionBackend):
         return o.view(n, -1)
 
     def forward_mla(self, q_nope, q_rope, latent, k_rope, w_kv_b, layer, forward_batch) -> torch.Tensor:
-        """MLA on this backend's metadata (so decode also runs inside CUDA graphs). Decode: the triton latent
-        kernel (triton_ops/mla_decode.py, W_UK absorbed into the query, W_UV after). Extend: keys and values
-        decompressed through kv_b_proj (the prefix's from its cached rows), then the extend kernel."""
+        """MLA on this backend's metadata (so decode also runs inside CUDA graphs), layers/attention/mla_triton.py:
+        decode absorbed (the triton latent kernel); an extend absorbed or decompressed, as the batch's metadata
+        says (use_absorbed_extend decided it once for every layer)."""
         from sglang.srt.layers.attention.mla_torch import split_kv_b
-        from sglang.srt.layers.attention.triton_ops.mla_decode import mla_decode_fwd
 
         fb = forward_batch
         md, pool = fb.attn_metadata, fb.token_to_kv_pool
         pool.set_mla_kv_buffer(layer.layer_id, fb.out_cache_loc, latent, k_rope)
+        cache = pool.get_key_buffer(layer.layer_id)
         w_uk, w_uv = split_kv_b(w_kv_b, layer.num_heads, layer.qk_nope_head_dim)
         n = q_nope.shape[0]
         if fb.forward_mode.is_decode():
-            q_latent = torch.einsum("bhn,hnc->bhc", q_nope, w_uk)  # W_UK absorbed into the query
-            context = mla_decode_fwd(
-                q_latent,
+            out = absorbed_attention(q_nope, q_rope, cache, w_uk, w_uv, md.kv_indptr, md.kv_indices, layer.scaling)
+        elif md.token_kv_indptr is not None:
+            out = absorbed_attention(
+                q_nope, q_rope, cache, w_uk, w_uv, md.token_kv_indptr, md.token_kv_indices, layer.scaling
+            )
+        else:
+            out = decompressed_extend(
+                q_nope,
                 q_rope,
-                pool.get_key_buffer(layer.layer_id),
+                latent,
+                k_rope,
+                cache,
+                w_uk,
+                w_uv,
+                md.qo_indptr,
                 md.kv_indptr,
                 md.kv_indices,
+                md.max_len_extend,
                 layer.scaling,
-                num_kv_splits=mla_decode_splits(n),
             )
-            return torch.einsum("bhc,hvc->bhv", context.to(q_nope.dtype), w_uv).reshape(n, -1)
-        k_new, v_new = _decompress(latent, k_rope, w_uk, w_uv)
-        prefix = pool.get_key_buffer(layer.layer_id)[md.kv_indices.long(), 0].to(q_nope.dtype)  # [P, kv_lora + rope]
-        k_prefix, v_prefix = _decompress(prefix[:, : layer.kv_lora_rank], prefix[:, layer.kv_lora_rank :], w_uk, w_uv)
-        o = torch.empty((n, layer.num_heads, layer.v_head_dim), dtype=q_nope.dtype, device=q_nope.device)
-        extend_attention_fwd(
-            torch.cat([q_nope, q_rope], dim=-1),
-            k_new,
-            v_new,
-            o,
-            k_prefix,
-            v_prefix,
-            md.qo_indptr,
-            md.kv_indptr,
-            torch.arange(prefix.shape[0], dtype=torch.int32, device=q_nope.device),  # the gathered prefix rows
-            md.max_len_extend,
-            layer.scaling,
-            is_causal=True,
-        )
-        return o.view(n, -1)
-
-
-def _decompress(latent: torch.Tensor, k_rope: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor):
-    """Latent rows [T, kv_lora] and their rotated keys [T, rope] -> every head's keys [T, H, nope + rope] and
-    values [T, H, v] (kv_b_proj; the rope part of the key is shared by all heads)."""
-    heads = w_uk.shape[0]
-    k_nope = torch.einsum("tc,hnc->thn", latent, w_uk)
-    k = torch.cat([k_nope, k_rope[:, None, :].expand(-1, heads, -1)], dim=-1)
-    return k, torch.einsum("tc,hvc->thv", latent, w_uv).contiguous()
-
-
-def mla_decode_splits(bs: int) -> int:
-    """Chunks per request for the MLA decode kernel: small batches get more (programs to fill the SMs), large
-    ones one. A function of the batch size alone, so a captured graph keeps its grid."""
-    return max(1, min(8, 64 // max(bs, 1)))
+        return out.reshape(n, -1)
