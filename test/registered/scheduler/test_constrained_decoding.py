@@ -11,7 +11,10 @@ register_cpu_ci(est_time=45, suite="per-commit-cpu")
 #   * a grammar that does not compile answers its request with a 400 naming the field while a normal
 #     request in the same batch finishes;
 #   * chunked prefill and retraction (a 192-token pool): each constrained output equals the same request run
-#     in a roomy pool, so a retracted request resumes with its matcher where its tokens left it.
+#     in a roomy pool, so a retracted request resumes with its matcher where its tokens left it;
+#   * constrained decode steps keep overlapping: step N + 1's forward goes out before step N's result is
+#     processed, its sampling (with the masks the matchers give once they accepted step N) after; the outputs
+#     equal those of the overlap-off scheduler.
 
 import json
 import re
@@ -218,3 +221,30 @@ def test_chunked_prefill_and_retraction_keep_each_matcher_in_step(sched, tok):
         assert out.output_ids == ref.output_ids
         assert out.finish_reason["type"] == "length"
         assert re.fullmatch("([a-z]+ )*[a-z]*", text_of(tok, out)), text_of(tok, out)
+
+
+def test_constrained_steps_overlap_and_match_overlap_off(sched, tok):
+    prompts = [chat(tok, "Tell me about your day."), chat(tok, "What is your phone number?")]
+    params = [
+        {"max_new_tokens": NEW, "temperature": 0.0, "json_schema": json.dumps(SCHEMAS[3])},
+        {"max_new_tokens": 40, "temperature": 0.0, "regex": r"\+1 [0-9]{3}-[0-9]{4}"},
+    ]
+    events = []
+    for method, label in (("run_batch", "forward"), ("sample", "sample"), ("process_batch_result", "process")):
+        original = getattr(sched, method)
+        setattr(sched, method, lambda *a, original=original, label=label: (events.append(label), original(*a))[1])
+    try:
+        outs = run_scheduler(sched, prompts, params)
+    finally:
+        for method in ("run_batch", "sample", "process_batch_result"):
+            delattr(sched, method)  # the instance's wrappers: the class's methods again
+    off = make_scheduler(model_path=SMOLLM2, max_total_tokens=4096, log_level="warning", disable_overlap_schedule=True)
+    for out, ref in zip(outs, run_scheduler(off, prompts, params)):
+        assert out.output_ids == ref.output_ids and out.finish_reason == ref.finish_reason
+    jsonschema.validate(json.loads(text_of(tok, outs[0])), SCHEMAS[3])
+    assert re.fullmatch(r"\+1 [0-9]{3}-[0-9]{4}", text_of(tok, outs[1]))
+    # Overlapped steps: a forward, then the result of the step before, then this step's sampling.
+    overlapped = sum(events[i : i + 3] == ["forward", "process", "sample"] for i in range(len(events) - 2))
+    decodes = sum(len(o.output_ids) for o in outs[:1]) - 1  # the longer request's decode steps, at least
+    assert overlapped >= decodes - 2, events
+    assert not sched.has_work() and sched.in_flight is None

@@ -30,7 +30,12 @@ from sglang.srt.managers.device_timeline import DeviceMark, DeviceTimeline
 from sglang.srt.managers.io_struct import AbortReq, SchedulerStats, TokenizedGenerateReqInput
 from sglang.srt.managers.schedule_batch import FinishReason, Req, ScheduleBatch
 from sglang.srt.managers.schedule_policy import PrefillAdder, estimated_future_tokens, sort_waiting_queue
-from sglang.srt.managers.scheduler_components.batch_result import BatchResult, LaunchedBatch, PendingResult
+from sglang.srt.managers.scheduler_components.batch_result import (
+    BatchResult,
+    LaunchedBatch,
+    PendingResult,
+    UnsampledForward,
+)
 from sglang.srt.managers.scheduler_components.failure_policy import BatchFailurePolicy
 from sglang.srt.managers.scheduler_components.grammar_queue import GrammarQueue
 from sglang.srt.managers.scheduler_components.kt_prefill_slot_lender import HostSlotMemory, KTPrefillSlotLender
@@ -39,6 +44,7 @@ from sglang.srt.mem_cache.radix_cache import RadixCache
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.parser.reasoning_parser import FORMATS as REASONING_FORMATS
+from sglang.srt.sampling.sampling_batch_info import grammar_bitmask
 from sglang.srt.sampling.sampling_params import SamplingParams, to_int64
 from sglang.srt.utils.fault_injection import FaultPlan
 
@@ -325,14 +331,11 @@ class Scheduler:
 
     def needs_outputs_before_decode(self, batch: ScheduleBatch) -> bool:
         """Whether the next decode step must wait for the step in flight: when the pool may not hold it
-        (retraction decides on the requests' real lengths, and finished ones free room), when a request's
-        penalties count its output tokens, or when a request has a grammar: its token mask is filled from
-        its matcher, which must have accepted the token in flight first (a constrained request never runs
-        ahead of its matcher). Batches without such requests keep overlapping."""
+        (retraction decides on the requests' real lengths, and finished ones free room), or when a request's
+        penalties count its output tokens. Batches without such requests keep overlapping; so do requests
+        with a grammar: only their sampling waits for the step in flight (`sample_when_matchers_ready`)."""
         room = self.allocator.available_size() + self.tree_cache.evictable_size()
-        return room < batch.decode_tokens_needed() or any(
-            r.sampling_params.has_penalties or r.grammar is not None for r in batch.reqs
-        )
+        return room < batch.decode_tokens_needed() or any(r.sampling_params.has_penalties for r in batch.reqs)
 
     def has_prefill_work(self) -> bool:
         return bool(self.waiting_queue) or self.chunked_req is not None
@@ -432,18 +435,24 @@ class Scheduler:
         logger.info("KV cache full: retracted request %s (%d tokens) to the waiting queue", victim.rid, victim.seqlen)
 
     # -------------------------------------------------------------- running
-    def run_batch(self, batch: ScheduleBatch) -> PendingResult:
-        """Launch the forward and sampling of `batch`; the result is read later (PendingResult.resolve)."""
+    def run_batch(self, batch: ScheduleBatch) -> UnsampledForward:
+        """Launch the forward of `batch`; its sampling is launched by `sample`."""
         self.forward_ct += 1
         self.faults.before_forward(self.forward_ct)
-        worker_batch = batch.get_model_worker_batch()
-        forward_batch = ForwardBatch.init_new(worker_batch, self.model_runner)
+        forward_batch = ForwardBatch.init_new(batch.get_model_worker_batch(), self.model_runner)
         start = DeviceMark.now(on_cuda=self.device == "cuda")
-        logits_output = self.model_runner.forward(forward_batch)
-        sampled = self.model_runner.sample(logits_output, forward_batch)
-        return PendingResult.launch(
-            sampled, logits_output.input_logprobs, worker_batch.sampling_info.logprob_requests, start
-        )
+        return UnsampledForward(self.model_runner.forward(forward_batch), forward_batch, start)
+
+    def sample(self, forward: UnsampledForward, reqs: tuple[Req, ...]) -> PendingResult:
+        """Launch the sampling of a launched forward whose rows are `reqs`; the result is read later
+        (PendingResult.resolve). Rows with a grammar get their token masks now, from their matchers."""
+        info = forward.forward_batch.sampling_info
+        if any(r.grammar is not None for r in reqs):
+            info.grammar_bitmask = grammar_bitmask(reqs, self.model_config.vocab_size).to(
+                forward.logits.next_token_logits.device, non_blocking=True
+            )
+        sampled = self.model_runner.sample(forward.logits, forward.forward_batch)
+        return PendingResult.launch(sampled, forward.logits.input_logprobs, info.logprob_requests, forward.start)
 
     def step(self) -> bool:
         """One turn of the overlap loop: run at most one batch; False when there was nothing to do.
@@ -487,6 +496,8 @@ class Scheduler:
         previous, self.in_flight = self.in_flight, launched
         if previous is not None:
             self.finish_batch(previous)  # the previous step's result, processed while this one runs
+        if launched is not None and launched.result is None:
+            self.in_flight = self.sample_when_matchers_ready(launched)
         if not self.enable_overlap:
             self.drain()  # overlap off: each batch's result before the next batch is formed
         if lender is not None and lender.stats.lent and self.chunked_req is None:
@@ -501,10 +512,26 @@ class Scheduler:
             self.stats.decode_periods += 1
             self.stats.decode_period_seconds += now - last
         self._last_decode_launch = now if decode else None
-        pending = self.run_batch(batch)
+        forward = self.run_batch(batch)
         for req in launched.reqs:
             req.tokens_in_flight += 1
-        return dataclasses.replace(launched, result=pending)
+        if self.in_flight is not None and any(r.grammar is not None for r in launched.reqs):
+            # A matcher must accept its request's token in flight before it says what may follow: this batch's
+            # sampling waits for that step's result, which the host processes while the device runs this forward.
+            return dataclasses.replace(launched, unsampled=forward)
+        return dataclasses.replace(launched, result=self.sample(forward, launched.reqs))
+
+    def sample_when_matchers_ready(self, launched: LaunchedBatch) -> Optional[LaunchedBatch]:
+        """Launch the sampling that waited for the step before (`launch_batch`), now processed: the batch in
+        flight, or None when the sampling failed (its requests then answered as a failed batch's)."""
+        try:
+            result = self.sample(launched.unsampled, launched.reqs)
+        except Exception as e:  # noqa: BLE001 - as a failed launch: fail this batch, keep serving
+            for req in launched.reqs:
+                req.tokens_in_flight -= 1
+            self.handle_batch_failure(launched, e)
+            return None
+        return dataclasses.replace(launched, result=result, unsampled=None)
 
     def finish_batch(self, launched: LaunchedBatch) -> None:
         """Wait for a launched batch's result and hand its tokens to the requests."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, List, Optional
+from typing import TYPE_CHECKING, List, Optional, Sequence
 
 import torch
 
@@ -38,7 +38,8 @@ class SamplingBatchInfo:
     block_cols: Optional[torch.Tensor] = None
     logprob_requests: Optional[LogprobRequests] = None  # top-k / chosen-id / prompt logprobs some row asked for
     # Constrained decoding: [bs, ceil(vocab / 32)] int32, bit set = token allowed; only when some row has a
-    # grammar. Filled on the host from each matcher while the device may still run the step before.
+    # grammar. Set by the scheduler just before it launches the sampling (Scheduler.sample), from each row's
+    # matcher, while the device runs this batch's forward.
     grammar_bitmask: Optional[torch.Tensor] = None
 
     @classmethod
@@ -73,8 +74,6 @@ class SamplingBatchInfo:
         if blocked:
             info.block_rows = f([i for i, _ in blocked], torch.int64)
             info.block_cols = f([t for _, t in blocked], torch.int64)
-        if any(r.grammar is not None for r in reqs):
-            info.grammar_bitmask = _grammar_bitmask(reqs, vocab_size).to(device, non_blocking=True)
         return info
 
     def _build_penalties(self, reqs: List["Req"], f) -> None:
@@ -110,16 +109,17 @@ class SamplingBatchInfo:
             self.repetition_factor = f(rfac)
 
 
-def _grammar_bitmask(reqs: List["Req"], vocab_size: int) -> torch.Tensor:
-    """The allowed next tokens of each row with a grammar (every token for the other rows)."""
+def grammar_bitmask(reqs: Sequence["Req"], vocab_size: int) -> torch.Tensor:
+    """The allowed next tokens of each row with a grammar (every token for the other rows; a finished request's
+    row too: its token is dropped). Each request's only token in flight must be the one this mask is for."""
     from sglang.srt.constrained.xgrammar_backend import allocate_bitmask
 
     bitmask = allocate_bitmask(len(reqs), vocab_size)
     for i, r in enumerate(reqs):
         if r.grammar is None or r.finished():
             continue
-        if r.tokens_in_flight:
-            # The scheduler finishes the step in flight first (Scheduler.needs_outputs_before_decode).
+        if r.tokens_in_flight > 1:
+            # The scheduler samples after the step before is processed (Scheduler.sample_when_matchers_ready).
             raise RuntimeError(f"request {r.rid}: its grammar needs its last token, which is still in flight")
         r.grammar.fill_bitmask(bitmask, i)
     return bitmask

@@ -8,9 +8,10 @@ from typing import TYPE_CHECKING, List, Optional, Tuple
 import torch
 
 from sglang.srt.managers.device_timeline import DeviceMark
-from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
 if TYPE_CHECKING:
+    from sglang.srt.layers.logits_processor import LogitsProcessorOutput
     from sglang.srt.layers.sampler import SampleOutput
     from sglang.srt.managers.schedule_batch import Req, ScheduleBatch
     from sglang.srt.sampling.logprobs import InputLogprobs, LogprobExtras, LogprobRequests
@@ -27,6 +28,17 @@ def _host_copy(x: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     if x is None:
         return None
     return x.to("cpu", non_blocking=True) if x.device.type != "cpu" else x
+
+
+@dataclass(frozen=True)
+class UnsampledForward:
+    """A forward launched on the device whose sampling is not launched yet: a batch with grammar rows waits
+    for the step in flight to be processed (its matchers must accept that step's tokens before they say what
+    may come next), while the device already runs this forward."""
+
+    logits: "LogitsProcessorOutput"
+    forward_batch: "ForwardBatch"
+    start: DeviceMark  # before the forward
 
 
 @dataclass(frozen=True)
@@ -139,7 +151,8 @@ class LaunchedBatch:
     extend_lens: Tuple[int, ...]
     chunked_req: Optional["Req"]  # the request whose prefill continues in a later chunk (it gets no token)
     num_decode: int = 0  # a mixed prefill: its last num_decode requests are running decodes
-    result: Optional[PendingResult] = None  # None until the forward is launched
+    result: Optional[PendingResult] = None  # None until the forward and its sampling are launched
+    unsampled: Optional[UnsampledForward] = None  # the forward, while its sampling waits (grammar rows)
 
     @classmethod
     def of(cls, batch: "ScheduleBatch", chunked_req: Optional["Req"]) -> "LaunchedBatch":

@@ -345,8 +345,11 @@ def extend_attention_fwd(
         kv_group_num=hq // hkv,
         D=d,
         DV=dv,
-        BLOCK_D=max(16, triton.next_power_of_2(d)),
-        BLOCK_DV=max(16, triton.next_power_of_2(dv)),
+        # At least 32 wide: triton 3.6 miscompiles the 128x64 tile with a 32-wide Q/K and a 16-wide V block
+        # (wrong outputs, out-of-bounds shared-memory reads under compute-sanitizer; H200, 2026-12-03: the
+        # MLA extend test's D=24, DV=12). Real heads (64 and up) are unaffected.
+        BLOCK_D=max(32, triton.next_power_of_2(d)),
+        BLOCK_DV=max(32, triton.next_power_of_2(dv)),
         BLOCK_M=block_m,
         BLOCK_N=block_n,
         IS_CAUSAL=bool(is_causal),
