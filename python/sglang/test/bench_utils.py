@@ -7,12 +7,12 @@ import os
 from typing import Any, Callable
 
 
-def write_results(out_dir: str, data: Any, markdown: str) -> None:
-    """results.json (the measured data) and results.md (the table the script printed) in out_dir."""
+def write_results(out_dir: str, data: Any, markdown: str, name: str = "results") -> None:
+    """<name>.json (the measured data) and <name>.md (the table the script printed) in out_dir."""
     os.makedirs(out_dir, exist_ok=True)
-    with open(os.path.join(out_dir, "results.json"), "w") as f:
+    with open(os.path.join(out_dir, f"{name}.json"), "w") as f:
         json.dump(data, f, indent=1)
-    with open(os.path.join(out_dir, "results.md"), "w") as f:
+    with open(os.path.join(out_dir, f"{name}.md"), "w") as f:
         f.write(markdown.rstrip("\n") + "\n")
 
 
