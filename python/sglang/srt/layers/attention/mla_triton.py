@@ -24,12 +24,10 @@ from sglang.srt.layers.attention.triton_ops.kv_indices import fill_kv_indices_tr
 from sglang.srt.layers.attention.triton_ops.mla_decode import mla_decode_fwd
 
 # An extend batch is absorbed when none of its requests adds more new tokens than this, decompressed otherwise.
-# The crossover of benchmark/mla/bench_mla_prefill.py (DeepSeek-V3 and V2-Lite attention shapes, prefixes 0-16k):
-# the largest extend size up to which the absorbed form wins, its time summed over the prefixes (its
-# `suggested_threshold`, the smaller of the two shapes'). 64 is the FLOP estimate's side of the crossover (the
-# absorbed form does ~3.4x the attention FLOPs per (query, key) pair, the decompressed one 2 x kv_lora x
-# (nope + v) per key row and head: equal near 170 new tokens) until the H200 run replaces it.
-ABSORBED_EXTEND_MAX_TOKENS = 64
+# The crossover of benchmark/mla/bench_mla_prefill.py on the H200 (2026-12-04; DeepSeek-V3 and V2-Lite attention
+# shapes, prefixes 0-16k): the largest extend size up to which the absorbed form wins, its time summed over the
+# prefixes (its `suggested_threshold`, the smaller of the two shapes': V3 16, V2-Lite 32).
+ABSORBED_EXTEND_MAX_TOKENS = 16
 
 
 def use_absorbed_extend(extend_seq_lens: Sequence[int]) -> bool:
