@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sglang.srt.layers.sampler import Sampler, filter_probs, uniform_noise, unit_interval
-from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo, grammar_bitmask
 from sglang.srt.sampling.sampling_params import SamplingParams
 
 V = 64
@@ -41,7 +41,10 @@ def make_info(params, seeds, steps=None, vocab=V, output_ids=None, grammars=None
                 finished=lambda: False,
             )
         )
-    return SamplingBatchInfo.from_reqs(reqs, vocab, "cpu")
+    info = SamplingBatchInfo.from_reqs(reqs, vocab, "cpu")
+    if grammars:  # as Scheduler.sample sets it, just before the sampling
+        info.grammar_bitmask = grammar_bitmask(reqs, vocab)
+    return info
 
 
 class OnlyToken:
