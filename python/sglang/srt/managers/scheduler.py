@@ -513,13 +513,15 @@ class Scheduler:
             self.stats.decode_period_seconds += now - last
         self._last_decode_launch = now if decode else None
         forward = self.run_batch(batch)
-        for req in launched.reqs:
-            req.tokens_in_flight += 1
         if self.in_flight is not None and any(r.grammar is not None for r in launched.reqs):
             # A matcher must accept its request's token in flight before it says what may follow: this batch's
             # sampling waits for that step's result, which the host processes while the device runs this forward.
-            return dataclasses.replace(launched, unsampled=forward)
-        return dataclasses.replace(launched, result=self.sample(forward, launched.reqs))
+            launched = dataclasses.replace(launched, unsampled=forward)
+        else:
+            launched = dataclasses.replace(launched, result=self.sample(forward, launched.reqs))
+        for req in launched.reqs:  # only once the launch went through (a failed one raised above)
+            req.tokens_in_flight += 1
+        return launched
 
     def sample_when_matchers_ready(self, launched: LaunchedBatch) -> Optional[LaunchedBatch]:
         """Launch the sampling that waited for the step before (`launch_batch`), now processed: the batch in
