@@ -111,10 +111,13 @@ def model_dir(shape: str, layers: int) -> str:
 def shape_info(shape: str, gpu_experts: int) -> dict:
     """What the table and the JSON say of the shape: its MoE geometry and the experts' split."""
     import json
+    from types import SimpleNamespace
+
+    from sglang.srt.configs.model_config import num_routed_experts
 
     with open(os.path.join(model_dir(shape, 1), "config.json")) as f:
         config = json.load(f)
-    experts = config.get("n_routed_experts") or config["num_experts"]
+    experts = num_routed_experts(SimpleNamespace(**config))  # whichever name the family gives them
     if not 0 <= gpu_experts < experts:
         raise SystemExit(f"--gpu-experts {gpu_experts}: {shape} has {experts} experts per layer (some on the CPU)")
     return {
