@@ -163,6 +163,13 @@ def smollm2_gguf_path() -> str:
     return builtin_gguf_path(SMOLLM2)
 
 
+@lru_cache(maxsize=2)
+def _gguf_reader(path: str):
+    import gguf
+
+    return gguf.GGUFReader(path)
+
+
 @contextmanager
 def _memoised_gguf_parsing(path: str):
     """transformers parses a GGUF header twice per load (seconds each for SmolLM2's 49k-token
@@ -170,9 +177,7 @@ def _memoised_gguf_parsing(path: str):
     transformers still reads and dequantizes every tensor of the file itself."""
     import gguf
 
-    from sglang.srt.model_loader.gguf_config import open_gguf
-
-    reader = open_gguf(path)  # parsed once, shared with our own loader in this process
+    reader = _gguf_reader(path)  # parsed once per process
     real = os.path.realpath(path)
     orig_reader, orig_map = gguf.GGUFReader, gguf.get_tensor_name_map
 

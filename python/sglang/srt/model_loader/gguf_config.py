@@ -12,6 +12,8 @@ from transformers.models.qwen2 import Qwen2Config
 from transformers.models.qwen3 import Qwen3Config
 from transformers.models.qwen3_moe import Qwen3MoeConfig
 
+from sglang.srt.model_loader.gguf_index import GGUFIndex, read_gguf_index
+
 # GGUF architecture -> (HF config class, HF architecture name)
 GGUF_ARCHS = {
     "llama": (LlamaConfig, "LlamaForCausalLM"),
@@ -22,13 +24,13 @@ GGUF_ARCHS = {
 
 
 @lru_cache(maxsize=4)
-def open_gguf(path: str) -> gguf.GGUFReader:
-    return gguf.GGUFReader(path)
+def open_gguf(path: str) -> GGUFIndex:
+    """The file's metadata and tensor table, read once per process (the config and the weights share it)."""
+    return read_gguf_index(path)
 
 
-def _field(reader: gguf.GGUFReader, key: str, default: Any = None) -> Any:
-    f = reader.fields.get(key)
-    return default if f is None else f.contents()
+def _field(reader: GGUFIndex, key: str, default: Any = None) -> Any:
+    return reader.field(key, default)
 
 
 def config_from_gguf(path: str) -> PretrainedConfig:
@@ -71,7 +73,7 @@ def config_from_gguf(path: str) -> PretrainedConfig:
     return config
 
 
-def _rope_freq_factors(reader: gguf.GGUFReader) -> Any:
+def _rope_freq_factors(reader: GGUFIndex) -> Any:
     """llama.cpp stores Llama-3.1+ rope scaling as `rope_freqs.weight`: one factor per rotary pair that divides
     the base inverse frequency (its rope kernels compute theta = pos * base^(-2i/d) / factor[i]); the factors
     encode transformers' llama3 rope_type. A tuple of floats (a handful: head_dim / 2), or None."""
