@@ -36,9 +36,6 @@ import triton.language as tl
 from sglang.srt.layers.pdl import pdl_available, pdl_prologue
 from sglang.srt.layers.triton_loops import use_while_loops
 
-_LN2 = 0.6931471805599453
-_LOG2E = 1.4426950408889634
-
 
 @dataclass(frozen=True)
 class MLADecodeConfig:
@@ -98,11 +95,11 @@ def _attend_rows(
     offs_r,
     rope_ok,
     KV_LORA: tl.constexpr,
-    dtype: tl.constexpr,
 ):
     """One BLOCK_N step of the online softmax over rows kv_indices[first + offs_n] (the first n_left of them
     real), scores in base 2."""
     n_ok = offs_n < n_left
+    dtype = ql.dtype  # the activation dtype: the cache's rows (fp8 too) go to it for the dots
     slots = tl.load(kv_indices + first + offs_n, mask=n_ok, other=0).to(tl.int64)
     rows = cache + slots[:, None] * stride_c
     latent = tl.load(rows + offs_c[None, :], mask=n_ok[:, None], other=0.0).to(dtype)  # [N, KV_LORA]
@@ -171,7 +168,6 @@ def _mla_decode_stage1(
 
     # The dots run in the activation dtype (tensor cores for bf16) with fp32 accumulation; softmax in fp32, in
     # base 2 (log2(e) folded into the scale: exp2 is the hardware's instruction).
-    dtype = q_latent.dtype.element_ty
     m_i = tl.full([BLOCK_H], -1e30, dtype=tl.float32)  # finite: no (-inf) - (-inf)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, KV_LORA], dtype=tl.float32)
@@ -191,14 +187,14 @@ def _mla_decode_stage1(
             while n0 < end:
                 acc, m_i, l_i = _attend_rows(
                     acc, m_i, l_i, ql, qr, cache, kv_indices, start_req + n0, offs_n, end - n0,
-                    stride_c, scaling_log2, offs_c, offs_r, rope_ok, KV_LORA, dtype,
+                    stride_c, scaling_log2, offs_c, offs_r, rope_ok, KV_LORA,
                 )  # fmt: skip
                 n0 += BLOCK_N
         else:  # a `for` loop, so num_stages can software-pipeline the gathers
             for n0 in range(start, end, BLOCK_N):
                 acc, m_i, l_i = _attend_rows(
                     acc, m_i, l_i, ql, qr, cache, kv_indices, start_req + n0, offs_n, end - n0,
-                    stride_c, scaling_log2, offs_c, offs_r, rope_ok, KV_LORA, dtype,
+                    stride_c, scaling_log2, offs_c, offs_r, rope_ok, KV_LORA,
                 )  # fmt: skip
 
     ctx = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # no rows: acc is 0, so zeros
@@ -210,7 +206,7 @@ def _mla_decode_stage1(
         )
     else:
         # Natural-log LSE of the chunk; -inf for an empty one, whose partial stage 2 never reads.
-        chunk_lse = tl.where(l_i > 0, (m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0))) * _LN2, float("-inf"))
+        chunk_lse = tl.where(l_i > 0, (m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
         tl.store(lse + b * stride_l_b + heads * stride_l_h + split, chunk_lse, mask=head_ok)
         if end > start:
             tl.store(
@@ -247,7 +243,7 @@ def _mla_merge_splits(
     chunk_lse = tl.load(lse + b * stride_l_b + h * stride_l_h + offs_s, mask=offs_s < num_splits, other=float("-inf"))
     top = tl.max(chunk_lse, axis=0)
     top = tl.where(top > float("-inf"), top, 0.0)
-    w = tl.exp2((chunk_lse - top) * _LOG2E)  # exp2(-inf) = 0
+    w = tl.exp2((chunk_lse - top) * 1.4426950408889634)  # log2(e); exp2(-inf) = 0
     part = tl.load(
         partial + b * stride_p_b + h * stride_p_h + offs_s[:, None] * stride_p_s + offs_d[None, :],
         mask=(w > 0)[:, None],
