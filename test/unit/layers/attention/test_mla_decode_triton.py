@@ -84,6 +84,41 @@ def test_many_splits_with_empty_chunks_match_the_torch_path(device, block_n, spl
     torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the GPU machine)")
+def test_cuda_graph_replay_reads_new_lengths():
+    """A captured decode (the config's split count for 4 rows: a fixed grid, several chunks) replayed after the
+    lengths and slots changed in place: equal to the torch path on the new rows, the emptied request zeros."""
+    dtype, tol, heads = torch.bfloat16, 2e-2, 16
+    gen = torch.Generator().manual_seed(11)
+    first = _case("cuda", dtype, [300, 5, 0, 64], heads, gen, 1024)
+    second = _case("cuda", dtype, [17, 0, 290, 64], heads, gen, 1024)
+    cache, indptr, indices, q_nope, q_rope, w_uk, w_uv = first[:7]
+    scale = (NOPE + ROPE) ** -0.5
+    q_latent = torch.einsum("bhn,hnc->bhc", q_nope, w_uk)
+    indices = torch.cat([indices, torch.zeros(400, dtype=indices.dtype, device="cuda")])  # room for both
+    out = torch.empty_like(q_latent)
+
+    def step() -> None:
+        mla_decode_fwd(q_latent, q_rope, cache, indptr, indices, scale, out=out)
+
+    step()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    cache2, indptr2, indices2, q_nope2, q_rope2, _, _, table2, valid2 = second
+    cache.copy_(cache2)
+    indptr.copy_(indptr2)
+    indices[: indices2.numel()].copy_(indices2)
+    q_latent.copy_(torch.einsum("bhn,hnc->bhc", q_nope2, w_uk))
+    q_rope.copy_(q_rope2)
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = absorbed_decode(q_nope2, q_rope2, cache2[:, 0][table2], valid2, w_uk, w_uv, scale)
+    got = torch.einsum("bhc,hvc->bhv", out, w_uv)
+    torch.testing.assert_close(got[[0, 2, 3]].float(), ref[[0, 2, 3]].float(), rtol=tol, atol=tol)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+
+
 def _merge_float64(partial: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
     """The merge by definition, in float64: sum_s exp(lse_s) ctx_s / sum_s exp(lse_s), 0 where no chunk has rows."""
     p, w = partial.double(), torch.exp(lse.double())
