@@ -10,7 +10,12 @@ import pytest
 import torch
 
 from sglang.srt.layers.attention.mla_torch import absorbed_decode
-from sglang.srt.layers.attention.triton_ops.mla_decode import MLADecodeConfig, merge_splits, mla_decode_fwd
+from sglang.srt.layers.attention.triton_ops.mla_decode import (
+    MLADecodeConfig,
+    merge_splits,
+    mla_decode_fwd,
+    store_latent_rows,
+)
 from sglang.test.gpu_utils import triton_test_devices
 
 DEVICES = triton_test_devices()
@@ -117,6 +122,28 @@ def test_cuda_graph_replay_reads_new_lengths():
     got = torch.einsum("bhc,hvc->bhv", out, w_uv)
     torch.testing.assert_close(got[[0, 2, 3]].float(), ref[[0, 2, 3]].float(), rtol=tol, atol=tol)
     assert torch.equal(out[1], torch.zeros_like(out[1]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_latent_rows_are_stored_at_their_slots_only(device):
+    """store_latent_rows (the kernel) and MLATokenToKVPool.set_mla_kv_buffer (the kernel on the GPU, torch on the
+    CPU) write [latent | k_rope] at the given slots, k_rope a strided view of kv_a's rows; other slots untouched."""
+    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    gen = torch.Generator().manual_seed(3)
+    kv_a = torch.randn(3, LORA + ROPE, generator=gen).to(device, dtype)
+    latent, k_rope = torch.randn(3, LORA, generator=gen).to(device, dtype), kv_a[:, LORA:]
+    loc = torch.tensor([7, 0, 4], device=device)
+    want = torch.full((10, 1, LORA + ROPE), -1.0, dtype=dtype, device=device)
+    want[loc, 0] = torch.cat([latent, k_rope], dim=-1)
+    cache = torch.full_like(want, -1.0)
+    store_latent_rows(cache, loc, latent, k_rope)
+    assert torch.equal(cache, want)
+    pool = MLATokenToKVPool(9, 1, dtype, LORA, ROPE, 1, device)
+    pool.get_key_buffer(0).fill_(-1.0)
+    pool.set_mla_kv_buffer(0, loc, latent, k_rope)
+    assert torch.equal(pool.get_key_buffer(0), want)
 
 
 def _merge_float64(partial: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
