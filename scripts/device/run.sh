@@ -33,6 +33,8 @@
 #   roofline-mla        decode_roofline/: bench_decode_roofline.py --shape DeepSeek-V2-Lite (batch 1 and 64, the
 #                       floor's terms: whole parameters, embedding rows, experts touched, latent KV)
 #   mla-prefill         mla/: bench_mla_prefill.py (extend absorbed vs decompressed; the threshold)
+#   mla-decode          mla/: bench_mla_decode.py (the latent decode kernel + merge per launch config, V2-Lite and
+#                       V3 shapes, batch 1-256; which config wins, x of the copy-bandwidth floor; ~90 s)
 #   profile-decode      decode_roofline/: profile_decode_step.py at batch 1, 64 and 256
 #   profile-decode-mla  decode_roofline/: the same on the DeepSeek-V2-Lite shape, batch 1 and 64
 #   tune-gemm           decode_roofline/: tune_decode_gemms.py bf16, --silu, --fp8, --fp8 --silu (in that order:
@@ -67,7 +69,7 @@
 set -o pipefail
 
 STAGES="gpu-tests gpu-tests-2 gpu-files kt-cpu-tests kv-sizing kv-sizing-1 kv-sizing-2 kv-sizing-tp2 kv-sizing-mla
-roofline roofline-fp8 roofline-mla mla-prefill
+roofline roofline-fp8 roofline-mla mla-prefill mla-decode
 profile-decode profile-decode-mla tune-gemm tune-attention kv-dtype fp8-gemms kt-decode kt-decode-check kt-decode-int4-fp8 kt-decode-deepseek
 kt-doorbell kt-prefill kt-elastic serving serving-overlap serving-paths serving-fp8 serving-kv-fp8 prefill-decode
 constrained-itl precision"
@@ -102,6 +104,7 @@ run_stage() {
     roofline-fp8) python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --quantization fp8 --out $o ;;
     roofline-mla) python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --shape DeepSeek-V2-Lite --out $o ;;
     mla-prefill) python3 benchmark/mla/bench_mla_prefill.py --out $o ;;
+    mla-decode) python3 benchmark/mla/bench_mla_decode.py --out $o ;;
     profile-decode) python3 benchmark/decode_roofline/profile_decode_step.py --batches 1 64 256 --top 12 ;;
     profile-decode-mla)
       python3 benchmark/decode_roofline/profile_decode_step.py --shape DeepSeek-V2-Lite --batches 1 64 --top 30 ;;

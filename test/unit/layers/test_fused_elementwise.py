@@ -73,6 +73,30 @@ def test_rotary_inplace_matches_reference(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_interleaved_rotary_inplace_on_strided_head_views(device):
+    """DeepSeek's rotary (interleaved pairs, the result de-interleaved) in place on [T, H, rope] views inside each
+    head's row of q and on the rope columns of kv_a's rows: equal to RotaryEmbedding's torch path, the other
+    columns untouched."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    config = LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=64)
+    with torch.device(device):
+        rope = RotaryEmbedding(config, 16, 64, dtype, interleaved=True)
+    g = torch.Generator().manual_seed(6)
+    q = torch.randn(5, 3, 24 + 16, generator=g).to(device, dtype)  # [T, H, nope + rope]
+    kv_a = torch.randn(5, 32 + 16, generator=g).to(device, dtype)  # [T, kv_lora + rope]
+    q_rope, k_rope = q[..., 24:], kv_a[:, 32:]
+    pos = torch.tensor([0, 7, 63, 2, 31], device=device)
+    ref = RotaryEmbedding(config, 16, 64, torch.float32, interleaved=True)
+    want_q, want_k = ref(pos.cpu(), q_rope.float().cpu().reshape(5, -1), k_rope.float().cpu())
+    q_nope, latent, before = q[..., :24].clone(), kv_a[:, :32].clone(), q_rope.float().cpu().reshape(5, -1)
+    fe.apply_rotary_inplace(pos, q_rope, k_rope, rope.cos_cache, rope.sin_cache, 16, interleaved=True)
+    torch.testing.assert_close(q_rope.float().cpu().reshape(5, -1), want_q, **_tol(dtype))
+    torch.testing.assert_close(k_rope.float().cpu(), want_k, **_tol(dtype))
+    assert torch.equal(q[..., :24], q_nope) and torch.equal(kv_a[:, :32], latent)
+    assert not torch.allclose(before, want_q)  # positions > 0 rotate: the comparison above is not vacuous
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("use_kernel", [True, False], ids=["kernel", "layer"])
 def test_rotary_with_fused_kv_store(device, use_kernel):
     """Rotary with a FusedSetKVBufferArg rotates q/k in place and writes rotated K and V to the pool

@@ -107,6 +107,8 @@ def _rotary_kernel(
     pos_ptr,
     stride_q,
     stride_k,
+    stride_qh,
+    stride_kh,
     stride_cos,
     num_q_heads,
     num_k_heads,
@@ -125,8 +127,11 @@ def _rotary_kernel(
     BLOCK_H: tl.constexpr,
     STORE_KV: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    # INTERLEAVED (DeepSeek): the pairs (x_2i, x_2i+1) rotate, and the result is laid out de-interleaved, as
+    # rotary_embedding.rotate_pairs writes it (each head's whole row is rotated: no partial rotary).
     # HALF: half the rotating width (rotary_dim / 2; head_dim / 2 unless partial rotary); the features from
     # 2 * HALF to HEAD_DIM pass through (in place: only the pool copy of K needs them written).
     pdl_prologue(PDL)
@@ -141,13 +146,18 @@ def _rotary_kernel(
         slot = tl.load(loc_ptr + token).to(tl.int64)
     for which in tl.static_range(2):
         if which == 0:
-            base, n, stride = q_ptr, num_q_heads, stride_q
+            base, n, stride, stride_h = q_ptr, num_q_heads, stride_q, stride_qh
         else:
-            base, n, stride = k_ptr, num_k_heads, stride_k
+            base, n, stride, stride_h = k_ptr, num_k_heads, stride_k, stride_kh
         mask = (heads < n)[:, None] & in_half[None, :]
-        offs = token * stride + heads[:, None] * HEAD_DIM + d[None, :]
-        x1 = tl.load(base + offs, mask=mask, other=0.0).to(tl.float32)
-        x2 = tl.load(base + offs + HALF, mask=mask, other=0.0).to(tl.float32)
+        offs = token * stride + heads[:, None] * stride_h + d[None, :]
+        if INTERLEAVED:
+            x1 = tl.load(base + offs + d[None, :], mask=mask, other=0.0).to(tl.float32)  # x[2d]
+            x2 = tl.load(base + offs + d[None, :] + 1, mask=mask, other=0.0).to(tl.float32)  # x[2d + 1]
+            tl.debug_barrier()  # the row is rewritten in another order: every thread's loads come first
+        else:
+            x1 = tl.load(base + offs, mask=mask, other=0.0).to(tl.float32)
+            x2 = tl.load(base + offs + HALF, mask=mask, other=0.0).to(tl.float32)
         y1 = (x1 * cos - x2 * sin).to(base.dtype.element_ty)
         y2 = (x2 * cos + x1 * sin).to(base.dtype.element_ty)
         tl.store(base + offs, y1, mask=mask)
@@ -159,7 +169,7 @@ def _rotary_kernel(
             if BLOCK_PASS > 0:  # partial rotary: K's unrotated tail goes to the pool too
                 p = 2 * HALF + tl.arange(0, BLOCK_PASS)
                 pmask = (heads < n)[:, None] & (p < HEAD_DIM)[None, :]
-                tail = tl.load(base + token * stride + heads[:, None] * HEAD_DIM + p[None, :], mask=pmask)
+                tail = tl.load(base + token * stride + heads[:, None] * stride_h + p[None, :], mask=pmask)
                 tl.store(k_buf + slot * stride_kb + heads[:, None] * HEAD_DIM + p[None, :], tail, mask=pmask)
     if STORE_KV:
         offs_v = tl.arange(0, BLOCK_V)
@@ -176,9 +186,14 @@ def apply_rotary_inplace(
     head_dim: int,
     kv_store=None,
     rotary_dim: Optional[int] = None,
+    interleaved: bool = False,
 ) -> None:
     """Rotate-half rotary on q [T, Hq*D] and k [T, Hkv*D] (rows may be strided views of qkv), on the first
-    ``rotary_dim`` features of each head (all by default; partial rotary leaves the rest as they are).
+    ``rotary_dim`` features of each head (all by default; partial rotary leaves the rest as they are). q and k may
+    also be [T, H, D] views with any head stride (DeepSeek's rope part of each head, inside q's rows).
+
+    ``interleaved``: the pairs (x_2i, x_2i+1) rotate instead, the result de-interleaved
+    (rotary_embedding.rotate_pairs; the whole head rotates).
 
     With ``kv_store`` (a FusedSetKVBufferArg) the same kernel also writes the rotated K rows and
     ``kv_store.value``'s V rows into the pool buffers at ``kv_store.cache_loc``: a decode layer then
@@ -186,8 +201,11 @@ def apply_rotary_inplace(
     n_tokens = q.shape[0]
     if n_tokens == 0:
         return
-    hq, hk = q.shape[1] // head_dim, k.shape[1] // head_dim
+    hq, stride_qh = _heads_and_stride(q, head_dim)
+    hk, stride_kh = _heads_and_stride(k, head_dim)
     rot = rotary_dim or head_dim
+    if interleaved and rot != head_dim:
+        raise ValueError(f"interleaved rotary rotates whole heads, got rotary_dim {rot} of {head_dim}")
     if kv_store is None:
         v, k_buf, v_buf, loc, stride_v, stride_kb, stride_vb, v_row = q, q, q, positions, 0, 0, 0, 1
     else:
@@ -202,6 +220,8 @@ def apply_rotary_inplace(
         positions,
         q.stride(0),
         k.stride(0),
+        stride_qh,
+        stride_kh,
         cos_cache.stride(0),
         hq,
         hk,
@@ -220,10 +240,22 @@ def apply_rotary_inplace(
         BLOCK_H=triton.next_power_of_2(max(hq, hk)),
         STORE_KV=kv_store is not None,
         BLOCK_V=triton.next_power_of_2(v_row),
+        INTERLEAVED=interleaved,
         PDL=pdl,
         launch_pdl=pdl,
         num_warps=4,
     )
+
+
+def _heads_and_stride(x: torch.Tensor, head_dim: int) -> tuple[int, int]:
+    """(heads, head stride) of [T, H * D] rows (heads side by side) or a [T, H, D] view (rows contiguous)."""
+    if x.dim() == 3:
+        if x.shape[2] != head_dim or x.stride(2) != 1:
+            raise ValueError(f"rotary wants [T, H, {head_dim}] with contiguous heads, got {tuple(x.shape)}")
+        return x.shape[1], x.stride(1)
+    if x.stride(1) != 1:
+        raise ValueError("rotary wants contiguous rows")
+    return x.shape[1] // head_dim, head_dim
 
 
 @triton.jit

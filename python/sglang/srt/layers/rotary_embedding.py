@@ -109,9 +109,10 @@ class RotaryEmbedding(nn.Module):
         k: torch.Tensor,
         fused_set_kv_buffer_arg: Optional[FusedSetKVBufferArg] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """q: [T, Hq * D], k: [T, Hkv * D]; returns rotated q, k (on the GPU rotated in place).
+        """q: [T, Hq * D], k: [T, Hkv * D] (or [T, H, D] views, e.g. the rope part of each head); returns rotated
+        q, k (on the GPU rotated in place, one kernel for both, interleaved pairs too).
         With ``fused_set_kv_buffer_arg`` the rotated K and the given V are also written to the pool."""
-        if q.is_cuda and not self.interleaved:
+        if q.is_cuda:
             from sglang.srt.layers.fused_elementwise import apply_rotary_inplace
 
             apply_rotary_inplace(
@@ -123,6 +124,7 @@ class RotaryEmbedding(nn.Module):
                 self.head_dim,
                 kv_store=fused_set_kv_buffer_arg,
                 rotary_dim=self.rotary_dim,
+                interleaved=self.interleaved,
             )
             return q, k
         q, k = self._forward_torch(positions, q, k)

@@ -285,7 +285,14 @@ class MLATokenToKVPool:
         self.kv_buffer[layer_id][loc] = self._stored(cache_k.reshape(-1, 1, self.row_dim))
 
     def set_mla_kv_buffer(self, layer_id: int, loc: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor) -> None:
-        """Store `latent` [T, kv_lora] and `k_rope` [T, rope] as the rows at `loc`."""
+        """Store `latent` [T, kv_lora] and `k_rope` [T, rope] as the rows at `loc`. On the GPU, rows already in
+        the cache's dtype go in one triton kernel (a decode layer's cat and index_put were two)."""
+        buf = self.kv_buffer[layer_id]
+        if latent.is_cuda and latent.dtype == k_rope.dtype == buf.dtype and latent.stride(-1) == k_rope.stride(-1) == 1:
+            from sglang.srt.layers.attention.triton_ops.mla_decode import store_latent_rows
+
+            store_latent_rows(buf, loc, latent, k_rope)
+            return
         self.set_kv_buffer(layer_id, loc, torch.cat([latent, k_rope], dim=-1))
 
     def _stored(self, rows: torch.Tensor) -> torch.Tensor:

@@ -169,9 +169,10 @@ class DeepseekV2Attention(nn.Module):
         q = q.view(n, self.num_heads, self.nope + self.rope)
         q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
         latent, k_rope = self.kv_a_proj_with_mqa(hidden_states).split([self.kv_lora_rank, self.rope], dim=-1)
-        latent = self.kv_a_layernorm(latent.contiguous())  # a strided view of kv_a's output: the GPU norm wants rows
-        q_rope, k_rope = self.rotary_emb(positions, q_rope.reshape(n, -1), k_rope.contiguous())
-        q_rope = q_rope.view(n, self.num_heads, self.rope)
+        # Both are strided views of kv_a's rows: the norm reads them in place (and writes new rows); rotary rotates
+        # q's and kv_a's rope columns in place on the GPU, one kernel, no copies ([n, H, rope] / [n, rope] views).
+        latent = self.kv_a_layernorm(latent)
+        q_rope, k_rope = self.rotary_emb(positions, q_rope, k_rope)
         return self.attn(q_nope, q_rope, latent, k_rope, self.kv_b_proj.weight, forward_batch)
 
 

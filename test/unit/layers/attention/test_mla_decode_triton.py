@@ -10,7 +10,12 @@ import pytest
 import torch
 
 from sglang.srt.layers.attention.mla_torch import absorbed_decode
-from sglang.srt.layers.attention.triton_ops.mla_decode import mla_decode_fwd
+from sglang.srt.layers.attention.triton_ops.mla_decode import (
+    MLADecodeConfig,
+    merge_splits,
+    mla_decode_fwd,
+    store_latent_rows,
+)
 from sglang.test.gpu_utils import triton_test_devices
 
 DEVICES = triton_test_devices()
@@ -59,6 +64,126 @@ def test_kv_lora_rank_must_be_a_power_of_two():
     with pytest.raises(ValueError, match="power-of-two"):
         mla_decode_fwd(q, torch.zeros(1, 4, 8), torch.zeros(4, 1, 32), torch.zeros(2, dtype=torch.int32),
                        torch.zeros(0, dtype=torch.int32), 1.0)  # fmt: skip
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "block_n,splits",
+    [(16, 8), (32, 16), (16, 64)],  # 64 chunks of 16 rows: every request leaves most chunks empty
+)
+def test_many_splits_with_empty_chunks_match_the_torch_path(device, block_n, splits):
+    """Chunks are whole BLOCK_N steps, so contexts shorter than splits x BLOCK_N leave the later chunks empty
+    (they must weigh 0 in the merge), a request of 0 rows gets zeros, and the output comes in q's dtype."""
+    dtype, tol = (torch.float32, 1e-4) if device == "cpu" else (torch.bfloat16, 2e-2)
+    heads = 4
+    gen = torch.Generator().manual_seed(block_n + splits)
+    lens = [0, 3, block_n + 1, 5 * block_n - 1, 130]  # fewer rows than chunks, one step and a bit, several
+    cache, indptr, indices, q_nope, q_rope, w_uk, w_uv, table, valid = _case(device, dtype, lens, heads, gen, 512)
+    scale = (NOPE + ROPE) ** -0.5
+    q_latent = torch.einsum("bhn,hnc->bhc", q_nope, w_uk)
+    config = MLADecodeConfig(block_n=block_n)
+    context = mla_decode_fwd(q_latent, q_rope, cache, indptr, indices, scale, num_kv_splits=splits, config=config)
+    assert context.dtype == dtype and torch.equal(context[0], torch.zeros_like(context[0]))
+    ref = absorbed_decode(q_nope[1:], q_rope[1:], cache[:, 0][table[1:]], valid[1:], w_uk, w_uv, scale)
+    out = torch.einsum("bhc,hvc->bhv", context[1:], w_uv)
+    torch.testing.assert_close(out.float(), ref.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the GPU machine)")
+def test_cuda_graph_replay_reads_new_lengths():
+    """A captured decode (the config's split count for 4 rows: a fixed grid, several chunks) replayed after the
+    lengths and slots changed in place: equal to the torch path on the new rows, the emptied request zeros."""
+    dtype, tol, heads = torch.bfloat16, 2e-2, 16
+    gen = torch.Generator().manual_seed(11)
+    first = _case("cuda", dtype, [300, 5, 0, 64], heads, gen, 1024)
+    second = _case("cuda", dtype, [17, 0, 290, 64], heads, gen, 1024)
+    cache, indptr, indices, q_nope, q_rope, w_uk, w_uv = first[:7]
+    scale = (NOPE + ROPE) ** -0.5
+    q_latent = torch.einsum("bhn,hnc->bhc", q_nope, w_uk)
+    indices = torch.cat([indices, torch.zeros(400, dtype=indices.dtype, device="cuda")])  # room for both
+    out = torch.empty_like(q_latent)
+
+    def step() -> None:
+        mla_decode_fwd(q_latent, q_rope, cache, indptr, indices, scale, out=out)
+
+    step()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    cache2, indptr2, indices2, q_nope2, q_rope2, _, _, table2, valid2 = second
+    cache.copy_(cache2)
+    indptr.copy_(indptr2)
+    indices[: indices2.numel()].copy_(indices2)
+    q_latent.copy_(torch.einsum("bhn,hnc->bhc", q_nope2, w_uk))
+    q_rope.copy_(q_rope2)
+    graph.replay()
+    torch.cuda.synchronize()
+    ref = absorbed_decode(q_nope2, q_rope2, cache2[:, 0][table2], valid2, w_uk, w_uv, scale)
+    got = torch.einsum("bhc,hvc->bhv", out, w_uv)
+    torch.testing.assert_close(got[[0, 2, 3]].float(), ref[[0, 2, 3]].float(), rtol=tol, atol=tol)
+    assert torch.equal(out[1], torch.zeros_like(out[1]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_latent_rows_are_stored_at_their_slots_only(device):
+    """store_latent_rows (the kernel) and MLATokenToKVPool.set_mla_kv_buffer (the kernel on the GPU, torch on the
+    CPU) write [latent | k_rope] at the given slots, k_rope a strided view of kv_a's rows; other slots untouched."""
+    from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
+
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    gen = torch.Generator().manual_seed(3)
+    kv_a = torch.randn(3, LORA + ROPE, generator=gen).to(device, dtype)
+    latent, k_rope = torch.randn(3, LORA, generator=gen).to(device, dtype), kv_a[:, LORA:]
+    loc = torch.tensor([7, 0, 4], device=device)
+    want = torch.full((10, 1, LORA + ROPE), -1.0, dtype=dtype, device=device)
+    want[loc, 0] = torch.cat([latent, k_rope], dim=-1)
+    cache = torch.full_like(want, -1.0)
+    store_latent_rows(cache, loc, latent, k_rope)
+    assert torch.equal(cache, want)
+    pool = MLATokenToKVPool(9, 1, dtype, LORA, ROPE, 1, device)
+    pool.get_key_buffer(0).fill_(-1.0)
+    pool.set_mla_kv_buffer(0, loc, latent, k_rope)
+    assert torch.equal(pool.get_key_buffer(0), want)
+
+
+def _merge_float64(partial: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
+    """The merge by definition, in float64: sum_s exp(lse_s) ctx_s / sum_s exp(lse_s), 0 where no chunk has rows."""
+    p, w = partial.double(), torch.exp(lse.double())
+    total = w.sum(-1, keepdim=True)
+    return torch.where(total > 0, (w[..., None] * p).sum(2) / total.clamp_min(1e-300), torch.zeros_like(p[:, :, 0]))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("splits,out_dtype", [(5, torch.float32), (16, torch.float32), (3, torch.bfloat16)])
+def test_merge_kernel_matches_a_float64_merge(device, splits, out_dtype):
+    """Stage 2 against the float64 definition: large LSE gaps (one chunk dominates), empty chunks (lse -inf, their
+    partial garbage: NaN, never read), a request whose chunks are all empty (zeros), output in the given dtype."""
+    gen = torch.Generator().manual_seed(splits)
+    bs, heads, d = 3, 4, 256  # 256 columns: two stage-2 column blocks
+    partial = torch.randn(bs, heads, splits, d, generator=gen)
+    lse = 20 * torch.randn(bs, heads, splits, generator=gen)
+    lse[0, :, splits // 2 :] = float("-inf")
+    lse[2] = float("-inf")
+    partial[lse == float("-inf")] = float("nan")
+    out = torch.full((bs, heads, d), 7.0, dtype=out_dtype, device=device)
+    merged = merge_splits(partial.to(device), lse.to(device), out)
+    assert merged is out
+    ref = _merge_float64(torch.nan_to_num(partial, nan=0.0), lse)
+    tol = 1e-5 if out_dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(out.double().cpu(), ref.to(out_dtype).double(), rtol=tol, atol=tol)
+    assert torch.equal(out[2].cpu(), torch.zeros(heads, d, dtype=out_dtype))
+
+
+def test_split_count_fills_the_sms_and_stays_bounded():
+    config = MLADecodeConfig(block_h=16, programs_per_sm=2, max_splits=32)
+    sms = 132
+    counts = [config.num_splits(rows, 16, sms) for rows in (1, 2, 16, 64, 132, 256, 1024)]
+    assert counts == [32, 32, 17, 5, 2, 2, 1]  # batch 1: capped; batch 64: 64 x 5 = 320 >= 264 programs
+    assert counts == sorted(counts, reverse=True)
+    for rows in (1, 16, 64, 256):
+        n = config.num_splits(rows, 128, sms)  # DeepSeek-V3: 8 head blocks per row
+        assert 1 <= n <= 32 and (n == 32 or rows * 8 * n >= 2 * sms)
+    assert config.num_splits(64, 128, sms) == 1  # 512 programs: one chunk, stage 1 writes the output
 
 
 @pytest.mark.parametrize("device", DEVICES)

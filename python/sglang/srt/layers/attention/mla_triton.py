@@ -35,12 +35,6 @@ def use_absorbed_extend(extend_seq_lens: Sequence[int]) -> bool:
     return max(extend_seq_lens, default=0) <= ABSORBED_EXTEND_MAX_TOKENS
 
 
-def mla_decode_splits(rows: int) -> int:
-    """Chunks per query row for the latent kernel: few rows get more (programs to fill the SMs), many get one.
-    A function of the row count alone, so a captured decode graph keeps its grid."""
-    return max(1, min(8, 64 // max(rows, 1)))
-
-
 def token_row_lists(
     req_to_token: torch.Tensor,
     req_pool_indices: torch.Tensor,
@@ -76,12 +70,18 @@ def absorbed_attention(
     scaling: float,
 ) -> torch.Tensor:
     """One query row per token over its slot list (kv_indices[kv_indptr[t]:kv_indptr[t+1]] of `cache`
-    [slots, 1, kv_lora + rope]): q_nope [T, H, nope], q_rope [T, H, rope] -> [T, H, v]."""
-    q_latent = torch.einsum("bhn,hnc->bhc", q_nope, w_uk)  # W_UK absorbed into the query
-    context = mla_decode_fwd(
-        q_latent, q_rope, cache, kv_indptr, kv_indices, scaling, num_kv_splits=mla_decode_splits(q_nope.shape[0])
-    )
-    return torch.einsum("bhc,hvc->bhv", context.to(q_nope.dtype), w_uv)
+    [slots, 1, kv_lora + rope]): q_nope [T, H, nope], q_rope [T, H, rope] -> [T, H, v] (contiguous).
+
+    Both projections are batched over heads ([H, T, .] operands), so every intermediate is laid out as the next
+    op reads it: no copy kernels between them (an einsum's [T, H, v] result would need one before the reshape).
+    """
+    tokens, heads = q_nope.shape[:2]
+    q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk)  # [H, T, kv_lora]: W_UK absorbed into the query
+    context = torch.empty_like(q_latent)  # [H, T, kv_lora], written by the kernel as [T, H, kv_lora]
+    mla_decode_fwd(q_latent.transpose(0, 1), q_rope, cache, kv_indptr, kv_indices, scaling, out=context.transpose(0, 1))
+    out = torch.empty((tokens, heads, w_uv.shape[1]), dtype=q_nope.dtype, device=q_nope.device)
+    torch.bmm(context, w_uv.transpose(1, 2), out=out.transpose(0, 1))  # [H, T, v] into the [T, H, v] buffer
+    return out
 
 
 def decompress(latent: torch.Tensor, k_rope: torch.Tensor, w_uk: torch.Tensor, w_uv: torch.Tensor):

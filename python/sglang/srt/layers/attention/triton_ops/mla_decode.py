@@ -3,24 +3,115 @@ request's latent rows [c_kv | k_rope].
 
 Inputs (one layer):
   * ``q_latent [bs, H, KV_LORA]``: q_nope already through W_UK (mla_torch.absorbed_decode's first einsum);
-    ``q_rope [bs, H, ROPE]`` rotated;
+    ``q_rope [bs, H, ROPE]`` rotated; any strides with contiguous rows (a [H, bs, .] buffer transposed is fine);
   * ``cache [num_slots, 1, KV_LORA + ROPE]``: MLATokenToKVPool's buffer (any float dtype; fp8 read as bytes
     viewed back, converted on load);
   * ``kv_indptr [bs+1]`` / ``kv_indices``: request ``i`` owns slots ``kv_indices[kv_indptr[i]:kv_indptr[i+1]]``
     (the triton backend's decode metadata, also in CUDA graphs).
-Output: the latent context ``[bs, H, KV_LORA]`` (fp32); W_UV maps it to each head's values after.
+Output: the latent context ``[bs, H, KV_LORA]`` in q_latent's dtype (or ``out``'s); W_UV maps it to each head's
+values after. A request with no rows (graph padding) gets zeros.
 
-One program serves BLOCK_H heads of one request over one chunk of its rows, so each latent row is read once per
-BLOCK_H heads (once for all heads when H <= BLOCK_H, e.g. DeepSeek-V2-Lite's 16), instead of once per head as
-a decompressed cache would need. Chunks (``num_kv_splits``, a host int: graphs capture a fixed grid) give a
-batch of 1 enough programs; their partial contexts and log-sum-exps merge in torch (no host sync).
+Stage 1: one program serves BLOCK_H heads of one request over one chunk of its rows, so each latent row is read
+once per BLOCK_H heads (once for all heads when H <= BLOCK_H, e.g. DeepSeek-V2-Lite's 16), instead of once per
+head as a decompressed cache would need. The head blocks of one (request, chunk) get adjacent program ids, so a
+model with several head blocks (DeepSeek-V3's 128 heads: 8) reads each row from HBM about once and from L2 after.
+
+Chunks: their count (``num_kv_splits``, a host int: graphs capture a fixed grid) comes from the row count alone
+(MLADecodeConfig.num_splits): enough programs to cover the SMs ``programs_per_sm`` times. Each chunk's length is
+rounded up to BLOCK_N, so a short context leaves the later chunks empty (they exit at once, weigh 0 in the merge).
+Stage 2 merges the chunks' softmax-normalised contexts by their log-sum-exps into the output dtype; with one chunk
+stage 1 writes the output itself and stage 2 is not launched. Nothing syncs with the host.
 """
 
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
+
+from sglang.srt.layers.pdl import pdl_available, pdl_prologue
+from sglang.srt.layers.triton_loops import use_while_loops
+
+
+@dataclass(frozen=True)
+class MLADecodeConfig:
+    """Launch choices of the latent kernel. benchmark/mla/bench_mla_decode.py sweeps them on the GPU (with this
+    default marked): which BLOCK_N / warps / stages / split target wins on V2-Lite's and V3's shapes."""
+
+    block_n: int = 32  # latent rows per loop step (and the chunk alignment): 16 left the loads latency-bound
+    num_warps: int = 8  # the [BLOCK_H, KV_LORA] fp32 accumulator: 8 warps hold it in 32 registers a thread
+    num_stages: int = 2  # software pipelining of the row gathers (GPU only: the interpreter has none)
+    block_h: int = 16  # heads per program; tl.dot needs >= 16 rows
+    # Chunks per row: enough that rows x head blocks x chunks >= programs_per_sm x SMs (a fixed grid per row
+    # count), at most max_splits, so each chunk still has rows: 1k context / 32 = one 32-row step a chunk.
+    programs_per_sm: int = 2
+    max_splits: int = 32
+    merge_block_d: int = 128  # latent columns per stage-2 program
+
+    def num_splits(self, rows: int, heads: int, num_sms: int) -> int:
+        """Chunks per query row for `rows` rows of `heads` heads on a GPU of `num_sms` SMs (a function of the
+        shapes only, so a captured decode graph keeps its grid)."""
+        programs = max(rows, 1) * triton.cdiv(heads, self.block_h)
+        return max(1, min(self.max_splits, triton.cdiv(self.programs_per_sm * num_sms, programs)))
+
+
+DEFAULT_CONFIG = MLADecodeConfig()
+# The interpreter (CPU tests) has no SMs to fill: this many keeps its grids small.
+INTERPRETER_SMS = 4
+
+
+@functools.lru_cache(maxsize=None)
+def _cuda_sms(device_index: int) -> int:
+    """A fact of the device: asked once per device, not before every launch."""
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def num_sms(device: torch.device) -> int:
+    """The SM count the split choice targets on `device` (INTERPRETER_SMS off CUDA)."""
+    if device.type != "cuda":
+        return INTERPRETER_SMS
+    return _cuda_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@triton.jit
+def _attend_rows(
+    acc,
+    m_i,
+    l_i,
+    ql,
+    qr,
+    cache,
+    kv_indices,
+    first,
+    offs_n,
+    n_left,
+    stride_c,
+    scaling_log2,
+    offs_c,
+    offs_r,
+    rope_ok,
+    KV_LORA: tl.constexpr,
+):
+    """One BLOCK_N step of the online softmax over rows kv_indices[first + offs_n] (the first n_left of them
+    real), scores in base 2."""
+    n_ok = offs_n < n_left
+    dtype = ql.dtype  # the activation dtype: the cache's rows (fp8 too) go to it for the dots
+    slots = tl.load(kv_indices + first + offs_n, mask=n_ok, other=0).to(tl.int64)
+    rows = cache + slots[:, None] * stride_c
+    latent = tl.load(rows + offs_c[None, :], mask=n_ok[:, None], other=0.0).to(dtype)  # [N, KV_LORA]
+    k_rope = tl.load(rows + KV_LORA + offs_r[None, :], mask=n_ok[:, None] & rope_ok[None, :], other=0.0).to(dtype)
+    scores = tl.dot(ql, tl.trans(latent)) + tl.dot(qr, tl.trans(k_rope))
+    scores = tl.where(n_ok[None, :], scores * scaling_log2, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(scores - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(dtype), latent)
+    return acc, m_new, l_i
 
 
 @triton.jit
@@ -32,7 +123,8 @@ def _mla_decode_stage1(
     kv_indices,
     partial,
     lse,
-    scaling,
+    out,
+    scaling_log2,
     stride_ql_b,
     stride_ql_h,
     stride_qr_b,
@@ -43,70 +135,154 @@ def _mla_decode_stage1(
     stride_p_s,
     stride_l_b,
     stride_l_h,
+    stride_o_b,
+    stride_o_h,
     num_heads,
-    NUM_SPLITS: tl.constexpr,
     KV_LORA: tl.constexpr,
     ROPE: tl.constexpr,
     BLOCK_ROPE: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    DIRECT: tl.constexpr,  # one chunk: write the normalised context to `out` (no partials, no stage 2)
+    WHILE_LOOPS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    b = tl.program_id(0)
-    head_block = tl.program_id(1)
+    pdl_prologue(PDL)
+    head_block = tl.program_id(0)
+    b = tl.program_id(1)
     split = tl.program_id(2)
+    num_splits = tl.num_programs(2)
     heads = head_block * BLOCK_H + tl.arange(0, BLOCK_H)
     head_ok = heads < num_heads
     offs_c = tl.arange(0, KV_LORA)
     offs_r = tl.arange(0, BLOCK_ROPE)
     rope_ok = offs_r < ROPE
+    offs_n = tl.arange(0, BLOCK_N)
 
     start_req = tl.load(kv_indptr + b)
     kv_len = tl.load(kv_indptr + b + 1) - start_req
-    split_len = tl.cdiv(kv_len, NUM_SPLITS)
+    # Chunks of whole BLOCK_N steps: a short context fills the first chunks, the rest stay empty.
+    split_len = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
     start = split * split_len
     end = tl.minimum(start + split_len, kv_len)
 
-    # The dots run in the activation dtype (tensor cores for bf16) with fp32 accumulation; softmax in fp32.
-    dtype = q_latent.dtype.element_ty
-    ql = tl.load(
-        q_latent + b * stride_ql_b + heads[:, None] * stride_ql_h + offs_c[None, :], mask=head_ok[:, None], other=0.0
-    )
-    qr = tl.load(
-        q_rope + b * stride_qr_b + heads[:, None] * stride_qr_h + offs_r[None, :],
-        mask=head_ok[:, None] & rope_ok[None, :],
-        other=0.0,
-    )
-
-    m_i = tl.full([BLOCK_H], float("-inf"), dtype=tl.float32)
+    # The dots run in the activation dtype (tensor cores for bf16) with fp32 accumulation; softmax in fp32, in
+    # base 2 (log2(e) folded into the scale: exp2 is the hardware's instruction).
+    m_i = tl.full([BLOCK_H], -1e30, dtype=tl.float32)  # finite: no (-inf) - (-inf)
     l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, KV_LORA], dtype=tl.float32)
-    n0 = start
-    while n0 < end:  # a while loop: the triton interpreter's range() rejects device-read bounds (triton_loops.py)
-        offs_n = n0 + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < end
-        slots = tl.load(kv_indices + start_req + offs_n, mask=n_ok, other=0).to(tl.int64)
-        rows = cache + slots[:, None] * stride_c
-        latent = tl.load(rows + offs_c[None, :], mask=n_ok[:, None], other=0.0).to(dtype)  # [N, KV_LORA]
-        k_rope = tl.load(rows + KV_LORA + offs_r[None, :], mask=n_ok[:, None] & rope_ok[None, :], other=0.0).to(dtype)
-        scores = tl.dot(ql, tl.trans(latent)) + tl.dot(qr, tl.trans(k_rope))
-        scores = tl.where(n_ok[None, :], scores * scaling, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
-        alpha = tl.exp(m_i - m_new)
-        p = tl.exp(scores - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(dtype), latent)
-        m_i = m_new
-        n0 += BLOCK_N
+    if end > start:  # an empty chunk reads nothing
+        ql = tl.load(
+            q_latent + b * stride_ql_b + heads[:, None] * stride_ql_h + offs_c[None, :],
+            mask=head_ok[:, None],
+            other=0.0,
+        )
+        qr = tl.load(
+            q_rope + b * stride_qr_b + heads[:, None] * stride_qr_h + offs_r[None, :],
+            mask=head_ok[:, None] & rope_ok[None, :],
+            other=0.0,
+        )
+        if WHILE_LOOPS:  # the interpreter: see triton_loops.use_while_loops
+            n0 = start
+            while n0 < end:
+                acc, m_i, l_i = _attend_rows(
+                    acc, m_i, l_i, ql, qr, cache, kv_indices, start_req + n0, offs_n, end - n0,
+                    stride_c, scaling_log2, offs_c, offs_r, rope_ok, KV_LORA,
+                )  # fmt: skip
+                n0 += BLOCK_N
+        else:  # a `for` loop, so num_stages can software-pipeline the gathers
+            for n0 in range(start, end, BLOCK_N):
+                acc, m_i, l_i = _attend_rows(
+                    acc, m_i, l_i, ql, qr, cache, kv_indices, start_req + n0, offs_n, end - n0,
+                    stride_c, scaling_log2, offs_c, offs_r, rope_ok, KV_LORA,
+                )  # fmt: skip
 
-    has_rows = end > start
-    out = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
-    tl.store(
-        partial + b * stride_p_b + heads[:, None] * stride_p_h + split * stride_p_s + offs_c[None, :],
-        out,
-        mask=head_ok[:, None],
+    ctx = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]  # no rows: acc is 0, so zeros
+    if DIRECT:
+        tl.store(
+            out + b * stride_o_b + heads[:, None] * stride_o_h + offs_c[None, :],
+            ctx.to(out.dtype.element_ty),
+            mask=head_ok[:, None],
+        )
+    else:
+        # Natural-log LSE of the chunk; -inf for an empty one, whose partial stage 2 never reads.
+        chunk_lse = tl.where(l_i > 0, (m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0))) * 0.6931471805599453, float("-inf"))
+        tl.store(lse + b * stride_l_b + heads * stride_l_h + split, chunk_lse, mask=head_ok)
+        if end > start:
+            tl.store(
+                partial + b * stride_p_b + heads[:, None] * stride_p_h + split * stride_p_s + offs_c[None, :],
+                ctx,
+                mask=head_ok[:, None],
+            )
+
+
+@triton.jit
+def _mla_merge_splits(
+    partial,
+    lse,
+    out,
+    num_splits,
+    stride_p_b,
+    stride_p_h,
+    stride_p_s,
+    stride_l_b,
+    stride_l_h,
+    stride_o_b,
+    stride_o_h,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    """out[b, h, d-block] = the chunks' contexts weighted by exp(lse) / their sum. An empty chunk (lse -inf)
+    weighs 0 and its partial is not read (never written); a request with no rows gets zeros."""
+    pdl_prologue(PDL)
+    b = tl.program_id(0)
+    h = tl.program_id(1)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
+    chunk_lse = tl.load(lse + b * stride_l_b + h * stride_l_h + offs_s, mask=offs_s < num_splits, other=float("-inf"))
+    top = tl.max(chunk_lse, axis=0)
+    top = tl.where(top > float("-inf"), top, 0.0)
+    w = tl.exp2((chunk_lse - top) * 1.4426950408889634)  # log2(e); exp2(-inf) = 0
+    part = tl.load(
+        partial + b * stride_p_b + h * stride_p_h + offs_s[:, None] * stride_p_s + offs_d[None, :],
+        mask=(w > 0)[:, None],
+        other=0.0,
     )
-    chunk_lse = tl.where(has_rows, m_i + tl.log(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))
-    tl.store(lse + b * stride_l_b + heads * stride_l_h + split, chunk_lse, mask=head_ok)
+    total = tl.sum(w, axis=0)
+    merged = tl.sum(w[:, None] * part, axis=0) / tl.where(total > 0, total, 1.0)
+    tl.store(out + b * stride_o_b + h * stride_o_h + offs_d, merged.to(out.dtype.element_ty))
+
+
+def merge_splits(
+    partial: torch.Tensor, lse: torch.Tensor, out: torch.Tensor, config: MLADecodeConfig = DEFAULT_CONFIG
+) -> torch.Tensor:
+    """Stage 2 into `out` [bs, H, KV_LORA] (any dtype, contiguous rows): partial [bs, H, S, KV_LORA] fp32,
+    lse [bs, H, S] (natural log; -inf: an empty chunk). Returns `out`."""
+    bs, heads, splits, kv_lora = partial.shape
+    if bs == 0:
+        return out
+    block_d = min(config.merge_block_d, kv_lora)
+    pdl = pdl_available(partial)
+    extra = {"num_warps": 4, "num_stages": 1, "launch_pdl": pdl} if partial.is_cuda else {}
+    _mla_merge_splits[(bs, heads, triton.cdiv(kv_lora, block_d))](
+        partial,
+        lse,
+        out,
+        splits,
+        partial.stride(0),
+        partial.stride(1),
+        partial.stride(2),
+        lse.stride(0),
+        lse.stride(1),
+        out.stride(0),
+        out.stride(1),
+        BLOCK_S=triton.next_power_of_2(splits),
+        BLOCK_D=block_d,
+        PDL=pdl,
+        **extra,
+    )
+    return out
 
 
 def mla_decode_fwd(
@@ -116,24 +292,36 @@ def mla_decode_fwd(
     kv_indptr: torch.Tensor,
     kv_indices: torch.Tensor,
     scaling: float,
-    num_kv_splits: int = 4,
-    block_h: int = 16,
-    block_n: int = 16,
+    num_kv_splits: Optional[int] = None,
+    config: MLADecodeConfig = DEFAULT_CONFIG,
+    out: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """q_latent [bs, H, KV_LORA], q_rope [bs, H, ROPE], cache [slots, 1, KV_LORA + ROPE] -> latent context
-    [bs, H, KV_LORA] fp32 (zeros for a request with no rows). KV_LORA must be a power of two (512 for DeepSeek)."""
+    [bs, H, KV_LORA] in `out` (allocated in q_latent's dtype if None; any strides with contiguous rows), zeros for
+    a request with no rows. KV_LORA must be a power of two (512 for DeepSeek). `num_kv_splits` None: the
+    config's choice for bs rows (an explicit count is for tests and the benchmark's baseline)."""
     bs, heads, kv_lora = q_latent.shape
     rope = q_rope.shape[-1]
     if kv_lora & (kv_lora - 1) or kv_lora < 16:
         raise ValueError(f"the MLA decode kernel needs a power-of-two kv_lora_rank >= 16, got {kv_lora}")
     if cache.shape[-1] != kv_lora + rope or cache.stride(-1) != 1:
         raise ValueError(f"cache rows must be {kv_lora} + {rope} contiguous values, got {tuple(cache.shape)}")
-    partial = torch.empty((bs, heads, num_kv_splits, kv_lora), dtype=torch.float32, device=q_latent.device)
-    lse = torch.empty((bs, heads, num_kv_splits), dtype=torch.float32, device=q_latent.device)
+    if out is None:
+        out = torch.empty((bs, heads, kv_lora), dtype=q_latent.dtype, device=q_latent.device)
     if bs == 0:
-        return partial.sum(2)
-    grid = (bs, triton.cdiv(heads, block_h), num_kv_splits)
-    _mla_decode_stage1[grid](
+        return out
+    splits = num_kv_splits or config.num_splits(bs, heads, num_sms(q_latent.device))
+    direct = splits == 1
+    if direct:  # unused placeholders: stage 1 writes `out`
+        partial, lse = out.new_empty((1, 1, 1, 1), dtype=torch.float32), out.new_empty((1, 1, 1), dtype=torch.float32)
+    else:
+        partial = torch.empty((bs, heads, splits, kv_lora), dtype=torch.float32, device=q_latent.device)
+        lse = torch.empty((bs, heads, splits), dtype=torch.float32, device=q_latent.device)
+    pdl = pdl_available(q_latent)
+    extra = {} if not q_latent.is_cuda else {"num_warps": config.num_warps, "num_stages": config.num_stages}
+    if q_latent.is_cuda:
+        extra["launch_pdl"] = pdl
+    _mla_decode_stage1[(triton.cdiv(heads, config.block_h), bs, splits)](
         q_latent,
         q_rope,
         cache,
@@ -141,7 +329,8 @@ def mla_decode_fwd(
         kv_indices,
         partial,
         lse,
-        scaling,
+        out,
+        float(scaling) * 1.4426950408889634,  # log2(e): the kernel's softmax runs in base 2
         q_latent.stride(0),
         q_latent.stride(1),
         q_rope.stride(0),
@@ -152,22 +341,72 @@ def mla_decode_fwd(
         partial.stride(2),
         lse.stride(0),
         lse.stride(1),
+        out.stride(0),
+        out.stride(1),
         heads,
-        NUM_SPLITS=num_kv_splits,
         KV_LORA=kv_lora,
         ROPE=rope,
         BLOCK_ROPE=max(16, triton.next_power_of_2(rope)),
-        BLOCK_H=block_h,
-        BLOCK_N=block_n,
-        num_warps=8 if q_latent.is_cuda else 4,  # a [BLOCK_H, KV_LORA] fp32 accumulator per program
+        BLOCK_H=config.block_h,
+        BLOCK_N=config.block_n,
+        DIRECT=direct,
+        WHILE_LOOPS=use_while_loops(q_latent),
+        PDL=pdl,
+        **extra,
     )
-    return merge_splits(partial, lse)
+    if not direct:
+        merge_splits(partial, lse, out, config)
+    return out
 
 
-def merge_splits(partial: torch.Tensor, lse: torch.Tensor) -> torch.Tensor:
-    """Combine the chunks' softmax-normalised contexts by their log-sum-exps (empty chunks weigh 0)."""
-    top = lse.max(dim=-1, keepdim=True).values
-    weights = torch.exp(lse - torch.where(torch.isfinite(top), top, torch.zeros_like(top)))  # [bs, H, S]
-    total = weights.sum(dim=-1, keepdim=True)
-    merged = (weights[..., None] * partial).sum(dim=2) / torch.where(total > 0, total, torch.ones_like(total))
-    return merged
+@triton.jit
+def _store_latent_rows(
+    cache,
+    loc,
+    latent,
+    k_rope,
+    stride_c,
+    stride_lat,
+    stride_kr,
+    KV_LORA: tl.constexpr,
+    ROPE: tl.constexpr,
+    BLOCK_LORA: tl.constexpr,
+    BLOCK_ROPE: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pdl_prologue(PDL)
+    t = tl.program_id(0)
+    row = cache + tl.load(loc + t).to(tl.int64) * stride_c
+    c = tl.arange(0, BLOCK_LORA)
+    tl.store(row + c, tl.load(latent + t * stride_lat + c, mask=c < KV_LORA), mask=c < KV_LORA)
+    r = tl.arange(0, BLOCK_ROPE)
+    tl.store(row + KV_LORA + r, tl.load(k_rope + t * stride_kr + r, mask=r < ROPE), mask=r < ROPE)
+
+
+def store_latent_rows(cache: torch.Tensor, loc: torch.Tensor, latent: torch.Tensor, k_rope: torch.Tensor) -> None:
+    """cache[loc[t], 0] = [latent[t] | k_rope[t]] in one kernel (a torch cat and an index_put were two): cache
+    [slots, 1, kv_lora + rope] with contiguous rows, latent [T, kv_lora] / k_rope [T, rope] of the cache's dtype
+    (strided rows are fine: kv_a's rope columns)."""
+    tokens, kv_lora = latent.shape
+    rope = k_rope.shape[-1]
+    if cache.dtype != latent.dtype or cache.dtype != k_rope.dtype or cache.shape[-1] != kv_lora + rope:
+        raise ValueError(f"rows {latent.dtype} {kv_lora} + {k_rope.dtype} {rope} for a {cache.dtype} cache")
+    if tokens == 0:
+        return
+    pdl = pdl_available(latent)
+    extra = {"num_warps": 4, "launch_pdl": pdl} if latent.is_cuda else {}
+    _store_latent_rows[(tokens,)](
+        cache,
+        loc,
+        latent,
+        k_rope,
+        cache.stride(0),
+        latent.stride(0),
+        k_rope.stride(0),
+        KV_LORA=kv_lora,
+        ROPE=rope,
+        BLOCK_LORA=triton.next_power_of_2(kv_lora),
+        BLOCK_ROPE=triton.next_power_of_2(rope),
+        PDL=pdl,
+        **extra,
+    )
