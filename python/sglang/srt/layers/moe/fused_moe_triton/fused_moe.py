@@ -21,6 +21,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from sglang.srt.layers.moe.fused_moe_triton.moe_align import AlignedRouting, moe_align_block_size
 from sglang.srt.layers.moe.weight_format import MoEGemmWeight, WeightQuant
 
 # WeightQuant values as kernel-visible constants (triton only reads constexpr globals).
@@ -48,52 +49,6 @@ def default_config(num_tokens: int, top_k: int, num_experts: int) -> MoEKernelCo
     if num_tokens * top_k <= 2 * num_experts:
         return MoEKernelConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4)
     return MoEKernelConfig(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=3)
-
-
-@dataclass(frozen=True)
-class AlignedRouting:
-    sorted_slot_ids: torch.Tensor  # int32 [capacity]; padding rows hold num_slots
-    expert_ids: torch.Tensor  # int32 [capacity // block_m]; -1 past the last used tile
-    num_padded: torch.Tensor  # int32 [1]: rows in use (tiles past it exit at once)
-
-
-def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int) -> AlignedRouting:
-    """Group slots by expert with torch ops only: no host sync, so it is CUDA-graph capturable.
-
-    Slots with id -1 (experts computed elsewhere) get no rows at all. The capacity is a static upper
-    bound: each of the at most min(T*k, E) used experts pads by fewer than block_m rows.
-    """
-    flat = topk_ids.reshape(-1).long()
-    num_slots = flat.numel()
-    dev = flat.device
-    bucket = torch.where(flat < 0, torch.full_like(flat, num_experts), flat)  # bucket E = skipped
-    counts = torch.zeros(num_experts + 1, dtype=torch.long, device=dev)
-    counts.scatter_add_(0, bucket, torch.ones_like(bucket))
-    padded = (counts[:num_experts] + block_m - 1) // block_m * block_m
-    padded_end = torch.cumsum(padded, 0)
-    padded_start = padded_end - padded
-
-    order = torch.sort(bucket, stable=True).indices
-    sorted_bucket = bucket[order]
-    count_start = torch.cumsum(counts, 0) - counts
-    rank = torch.arange(num_slots, device=dev) - count_start[sorted_bucket]
-
-    capacity = -(-(num_slots + min(num_slots, num_experts) * (block_m - 1)) // block_m) * block_m
-    # Skipped slots all land on one trash row past the capacity, which is sliced off.
-    # torch.full, not torch.tensor([...]): a host->device copy would break CUDA-graph capture.
-    start = torch.cat((padded_start, torch.full((1,), capacity, dtype=torch.long, device=dev)))
-    dest = torch.where(sorted_bucket < num_experts, start[sorted_bucket] + rank, capacity)
-    sorted_ids = torch.full((capacity + 1,), num_slots, dtype=torch.long, device=dev)
-    sorted_ids.scatter_(0, dest, order)
-
-    tile_start = torch.arange(0, capacity, block_m, device=dev)
-    expert_ids = torch.searchsorted(padded_end, tile_start, right=True)
-    expert_ids = torch.where(expert_ids < num_experts, expert_ids, -1)
-    return AlignedRouting(
-        sorted_slot_ids=sorted_ids[:capacity].to(torch.int32),
-        expert_ids=expert_ids.to(torch.int32),
-        num_padded=padded_end[-1:].to(torch.int32),
-    )
 
 
 @triton.jit
