@@ -18,6 +18,7 @@ from sglang.srt.layers.moe.fused_moe_triton import (
     fused_experts_triton,
     moe_align_block_size_torch,
     moe_align_block_size_triton,
+    moe_sum,
 )
 from sglang.srt.layers.moe.layer import FusedMoE
 from sglang.srt.layers.moe.topk import select_experts
@@ -162,6 +163,22 @@ def test_moe_align_kernel_matches_torch(
     if skipped < ids.numel():  # at least one expert has tokens: some tile is owned and some is past the end
         assert int(out.expert_ids[0]) >= 0
     assert int(out.num_padded) % block_m == 0
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+def test_moe_sum_skips_unrouted_slots(device: str) -> None:
+    """Skipped slots' rows are never written by the GEMM (garbage, here NaN): the sum must not read them."""
+    ids = _random_ids(5, 3, 8, skipped=4, seed=7)
+    ids[2] = -1  # a token with no routed slot comes out as exact zeros
+    cache = torch.randn(15, 1100, generator=torch.Generator().manual_seed(8))  # 1100: a ragged second block
+    cache[ids.view(-1) < 0] = float("nan")
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    out = moe_sum(cache.to(device, dtype), ids.to(device)).cpu()
+    routed = torch.where((ids.view(-1) >= 0)[:, None], cache.to(dtype).float(), 0.0)
+    ref = routed.view(5, 3, -1).sum(dim=1).to(dtype)
+    assert out.dtype == dtype and bool(torch.isfinite(out).all())
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+    assert bool((out[2] == 0).all())
 
 
 # ---------------------------------------------------------------- torch MoE

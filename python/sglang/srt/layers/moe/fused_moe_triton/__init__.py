@@ -5,6 +5,7 @@ from sglang.srt.layers.moe.fused_moe_triton.fused_moe import (
     default_config,
     fused_experts_triton,
     invoke_moe_gemm,
+    moe_sum,
 )
 from sglang.srt.layers.moe.fused_moe_triton.moe_align import (
     AlignedRouting,
@@ -22,4 +23,5 @@ __all__ = [
     "moe_align_block_size",
     "moe_align_block_size_torch",
     "moe_align_block_size_triton",
+    "moe_sum",
 ]
