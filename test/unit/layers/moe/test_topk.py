@@ -95,17 +95,18 @@ def _sorted_by_expert(weights: torch.Tensor, ids: torch.Tensor):
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("renormalize", [True, False])
-def test_softmax_topk_kernel_matches_torch(device, dtype, renormalize):
+@pytest.mark.parametrize("experts,top_k", [(64, 6), (60, 4), (8, 2)])  # V2-Lite, Qwen2-MoE (not a power of 2), Mixtral
+def test_softmax_topk_kernel_matches_torch(device, dtype, renormalize, experts, top_k):
     gen = torch.Generator().manual_seed(3)
     # Distinct logits per row (a permutation / 16, exact in bf16): no ties the two could break differently.
-    logits = (torch.stack([torch.randperm(64, generator=gen) for _ in range(9)]) / 16).to(device, dtype)
-    w, ids = route_topk_triton(logits, 6, renormalize=renormalize)
-    ref_w, ref_ids = select_experts_native(logits, 6, renormalize)
-    assert ids.dtype == torch.int32 and w.dtype == torch.float32 and ids.shape == (9, 6)
+    logits = (torch.stack([torch.randperm(experts, generator=gen) for _ in range(9)]) / 16).to(device, dtype)
+    w, ids = route_topk_triton(logits, top_k, renormalize=renormalize)
+    ref_w, ref_ids = select_experts_native(logits, top_k, renormalize)
+    assert ids.dtype == torch.int32 and w.dtype == torch.float32 and ids.shape == (9, top_k)
     assert torch.equal(ids.cpu(), ref_ids.cpu())  # same experts, same (descending) order as torch.topk
     torch.testing.assert_close(w.cpu(), ref_w.cpu(), rtol=1e-5, atol=1e-7)
     if device == "cuda":  # select_experts dispatches CUDA logits to the kernel
-        assert torch.equal(select_experts(logits, 6, renormalize)[1], ids)
+        assert torch.equal(select_experts(logits, top_k, renormalize)[1], ids)
 
 
 GROUPED_KERNEL_CASES = [
