@@ -13,7 +13,13 @@ import torch
 import torch.nn.functional as F
 
 from sglang.srt.layers.moe.fused_moe_native import fused_moe_native
-from sglang.srt.layers.moe.fused_moe_triton import MoEKernelConfig, fused_experts_triton, moe_align_block_size
+from sglang.srt.layers.moe.fused_moe_triton import (
+    MoEKernelConfig,
+    fused_experts_triton,
+    moe_align_block_size_torch,
+    moe_align_block_size_triton,
+    moe_sum,
+)
 from sglang.srt.layers.moe.layer import FusedMoE
 from sglang.srt.layers.moe.topk import select_experts
 from sglang.srt.layers.quantization import get_moe_method
@@ -98,10 +104,17 @@ def test_select_experts_matches_softmax_topk(renormalize: bool, dtype: torch.dty
         assert bool((weights.sum(-1) < 1).all())
 
 
-def test_moe_align_block_size_groups_slots_by_expert() -> None:
+ALIGN_IMPLS = [
+    pytest.param(moe_align_block_size_torch, id="torch"),
+    pytest.param(moe_align_block_size_triton, id="triton", marks=INTERP_SKIP),
+]
+
+
+@pytest.mark.parametrize("align", ALIGN_IMPLS)
+def test_moe_align_block_size_groups_slots_by_expert(align) -> None:
     num_experts, block_m = 5, 4
     _, ids = _routing(11, num_experts, 3, seed=2, masked=4)
-    r = moe_align_block_size(ids, block_m, num_experts)
+    r = align(ids, block_m, num_experts)
     flat = ids.view(-1).long()
     num_slots = flat.numel()
     used = int(r.num_padded.item())
@@ -120,6 +133,52 @@ def test_moe_align_block_size_groups_slots_by_expert() -> None:
             continue
         rows = rows[rows < num_slots]
         assert rows.numel() > 0 and bool((flat[rows] == expert).all())
+
+
+def _random_ids(num_tokens: int, top_k: int, num_experts: int, skipped: int, seed: int) -> torch.Tensor:
+    """Distinct experts per token (as a top-k gives), `skipped` random slots set to -1."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.stack([torch.randperm(num_experts, generator=g)[:top_k] for _ in range(num_tokens)]).int()
+    ids.view(-1)[torch.randperm(ids.numel(), generator=g)[:skipped]] = -1
+    return ids
+
+
+# (tokens, top_k, experts, skipped slots): decode batches, skipped ids, experts with no tokens, more experts
+# than slots, several slot chunks in the kernel (V3's 256 experts: 32-slot chunks), every slot skipped.
+ALIGN_CASES = [(1, 6, 64, 0), (7, 2, 6, 3), (33, 4, 8, 10), (3, 8, 256, 0), (64, 6, 64, 20), (40, 2, 4, 80)]
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+@pytest.mark.parametrize("block_m", [16, 32, 64])
+@pytest.mark.parametrize("num_tokens,top_k,num_experts,skipped", ALIGN_CASES)
+def test_moe_align_kernel_matches_torch(
+    device: str, block_m: int, num_tokens: int, top_k: int, num_experts: int, skipped: int
+) -> None:
+    ids = _random_ids(num_tokens, top_k, num_experts, skipped, seed=num_tokens * 31 + block_m).to(device)
+    ref = moe_align_block_size_torch(ids, block_m, num_experts)
+    out = moe_align_block_size_triton(ids, block_m, num_experts)
+    for field in ("sorted_slot_ids", "expert_ids", "num_padded"):
+        got, want = getattr(out, field), getattr(ref, field)
+        assert got.dtype == want.dtype == torch.int32 and torch.equal(got, want), field
+    if skipped < ids.numel():  # at least one expert has tokens: some tile is owned and some is past the end
+        assert int(out.expert_ids[0]) >= 0
+    assert int(out.num_padded) % block_m == 0
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+def test_moe_sum_skips_unrouted_slots(device: str) -> None:
+    """Skipped slots' rows are never written by the GEMM (garbage, here NaN): the sum must not read them."""
+    ids = _random_ids(5, 3, 8, skipped=4, seed=7)
+    ids[2] = -1  # a token with no routed slot comes out as exact zeros
+    cache = torch.randn(15, 1100, generator=torch.Generator().manual_seed(8))  # 1100: a ragged second block
+    cache[ids.view(-1) < 0] = float("nan")
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    out = moe_sum(cache.to(device, dtype), ids.to(device)).cpu()
+    routed = torch.where((ids.view(-1) >= 0)[:, None], cache.to(dtype).float(), 0.0)
+    ref = routed.view(5, 3, -1).sum(dim=1).to(dtype)
+    assert out.dtype == dtype and bool(torch.isfinite(out).all())
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+    assert bool((out[2] == 0).all())
 
 
 # ---------------------------------------------------------------- torch MoE

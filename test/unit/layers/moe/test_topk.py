@@ -11,7 +11,16 @@ from transformers import DeepseekV2Config, DeepseekV3Config
 from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkRouter
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
 
-from sglang.srt.layers.moe.topk import GroupedTopKConfig, select_experts_grouped
+from sglang.srt.layers.moe.topk import (
+    GROUPED_RENORM_EPS,
+    GroupedTopKConfig,
+    select_experts,
+    select_experts_grouped,
+    select_experts_grouped_native,
+    select_experts_native,
+)
+from sglang.srt.layers.moe.topk_triton import route_topk_triton
+from sglang.test.gpu_utils import triton_test_devices
 
 HIDDEN, EXPERTS, TOKENS = 32, 16, 64
 
@@ -71,3 +80,81 @@ def test_v3_noaux_tc_routing_matches_transformers(renormalize):
 def test_unknown_method_is_refused():
     with pytest.raises(ValueError, match="topk_method"):
         GroupedTopKConfig(2, "sqrtsoftplus")
+
+
+# ---------------------------------------------------------------- the triton routing kernel (the CUDA path)
+
+DEVICES = triton_test_devices()
+
+
+def _sorted_by_expert(weights: torch.Tensor, ids: torch.Tensor):
+    ids, weights = _by_expert(weights.cpu(), ids.cpu())
+    return ids, weights
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("renormalize", [True, False])
+@pytest.mark.parametrize("experts,top_k", [(64, 6), (60, 4), (8, 2)])  # V2-Lite, Qwen2-MoE (not a power of 2), Mixtral
+def test_softmax_topk_kernel_matches_torch(device, dtype, renormalize, experts, top_k):
+    gen = torch.Generator().manual_seed(3)
+    # Distinct logits per row (a permutation / 16, exact in bf16): no ties the two could break differently.
+    logits = (torch.stack([torch.randperm(experts, generator=gen) for _ in range(9)]) / 16).to(device, dtype)
+    w, ids = route_topk_triton(logits, top_k, renormalize=renormalize)
+    ref_w, ref_ids = select_experts_native(logits, top_k, renormalize)
+    assert ids.dtype == torch.int32 and w.dtype == torch.float32 and ids.shape == (9, top_k)
+    assert torch.equal(ids.cpu(), ref_ids.cpu())  # same experts, same (descending) order as torch.topk
+    torch.testing.assert_close(w.cpu(), ref_w.cpu(), rtol=1e-5, atol=1e-7)
+    if device == "cuda":  # select_experts dispatches CUDA logits to the kernel
+        assert torch.equal(select_experts(logits, top_k, renormalize)[1], ids)
+
+
+GROUPED_KERNEL_CASES = [
+    # (config, experts): V2-Lite's greedy, V2's group_limited_greedy, V3's noaux_tc (256 experts, 8 groups)
+    (GroupedTopKConfig(6, "greedy", routed_scaling_factor=1.0), 64),
+    (GroupedTopKConfig(3, "group_limited_greedy", n_group=4, topk_group=2, routed_scaling_factor=1.5), 16),
+    (GroupedTopKConfig(8, "noaux_tc", n_group=8, topk_group=4, renormalize=True, routed_scaling_factor=2.5), 256),
+    (GroupedTopKConfig(4, "noaux_tc", n_group=4, topk_group=2, renormalize=False, routed_scaling_factor=2.5), 16),
+]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("config,experts", GROUPED_KERNEL_CASES)
+def test_grouped_topk_kernel_matches_torch(device, config, experts):
+    gen = torch.Generator().manual_seed(experts)
+    logits = torch.randn(TOKENS, experts, generator=gen).to(device)
+    bias = (torch.randn(experts, generator=gen) * 0.3).to(device)
+    ref_ids, ref_w = _sorted_by_expert(*select_experts_grouped_native(logits, config, bias))
+    noaux = config.topk_method == "noaux_tc"
+    grouped = config.topk_method != "greedy"
+    w, ids = route_topk_triton(
+        logits,
+        config.top_k,
+        sigmoid=noaux,
+        n_group=config.n_group if grouped else 1,
+        topk_group=config.topk_group if grouped else 1,
+        group_score=("top2_sum" if noaux else "max") if grouped else "none",
+        correction_bias=bias if noaux else None,
+        renormalize=config.renormalize,
+        renorm_eps=GROUPED_RENORM_EPS,
+        scaling=config.routed_scaling_factor,
+    )
+    ids, w = _sorted_by_expert(w, ids)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(w, ref_w, rtol=1e-5, atol=1e-7)
+    if grouped:  # every pick inside topk_group groups
+        size = experts // config.n_group
+        assert all(len(set((row // size).tolist())) <= config.topk_group for row in ids)
+    if device == "cuda":  # select_experts_grouped dispatches CUDA logits to the kernel with these arguments
+        got_ids, got_w = _sorted_by_expert(*select_experts_grouped(logits, config, bias))
+        assert torch.equal(got_ids, ids)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_kernel_breaks_ties_by_lowest_expert(device):
+    """Equal scores (the documented rule): the lowest expert index wins, picks in descending score order."""
+    logits = torch.tensor([[0.0, 1.0, 0.0, 1.0, 0.5, 1.0, 0.0, 0.0]], device=device)
+    _, ids = route_topk_triton(logits, 3)
+    assert ids.cpu().tolist() == [[1, 3, 5]]
+    _, ids = route_topk_triton(logits, 4)
+    assert ids.cpu().tolist() == [[1, 3, 5, 4]]

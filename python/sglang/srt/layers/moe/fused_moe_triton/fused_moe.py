@@ -1,12 +1,13 @@
 """Triton fused MoE for the GPU: tokens sorted by expert, two grouped GEMMs, weight-only dequant in-kernel.
 
-Flow for x [T, H] routed to k experts each ("slots" s = t * k + j):
+Flow for x [T, H] routed to k experts each ("slots" s = t * k + j), four launches for a decode batch:
   1. moe_align_block_size: slot ids sorted by expert, each expert's run padded to BLOCK_M, so every
-     BLOCK_M-row tile of the GEMM belongs to exactly one expert.
+     BLOCK_M-row tile of the GEMM belongs to exactly one expert (one kernel, moe_align.py).
   2. GEMM 1: cache1[s] = x[s // k] @ w13[e].T                  [T*k, 2I]
-  3. act[s] = silu(cache1[s, :I]) * cache1[s, I:]            [T*k, I]
-  4. GEMM 2: cache2[s] = topk_weight[s] * act[s] @ w2[e].T     [T*k, H]
-  5. out[t] = sum_j cache2[t * k + j]
+  3. GEMM 2: cache2[s] = topk_weight[s] * act[s] @ w2[e].T     [T*k, H]
+     with act[s] = silu(cache1[s, :I]) * cache1[s, I:] computed as GEMM 2 loads its A tiles
+  4. out[t] = sum_j cache2[t * k + j] over the routed (id >= 0) slots only: one kernel, so cache2
+     needs no zero-fill and the sum no separate cast
 Quantized weights are decoded tile by tile inside the GEMM (never to a full-precision copy of the
 layer), so a layer's GPU memory is exactly its parameters plus these per-call activations.
 """
@@ -17,10 +18,10 @@ from dataclasses import dataclass
 from typing import Optional
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from sglang.srt.layers.moe.fused_moe_triton.moe_align import AlignedRouting, moe_align_block_size
 from sglang.srt.layers.moe.weight_format import MoEGemmWeight, WeightQuant
 
 # WeightQuant values as kernel-visible constants (triton only reads constexpr globals).
@@ -50,52 +51,6 @@ def default_config(num_tokens: int, top_k: int, num_experts: int) -> MoEKernelCo
     return MoEKernelConfig(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=3)
 
 
-@dataclass(frozen=True)
-class AlignedRouting:
-    sorted_slot_ids: torch.Tensor  # int32 [capacity]; padding rows hold num_slots
-    expert_ids: torch.Tensor  # int32 [capacity // block_m]; -1 past the last used tile
-    num_padded: torch.Tensor  # int32 [1]: rows in use (tiles past it exit at once)
-
-
-def moe_align_block_size(topk_ids: torch.Tensor, block_m: int, num_experts: int) -> AlignedRouting:
-    """Group slots by expert with torch ops only: no host sync, so it is CUDA-graph capturable.
-
-    Slots with id -1 (experts computed elsewhere) get no rows at all. The capacity is a static upper
-    bound: each of the at most min(T*k, E) used experts pads by fewer than block_m rows.
-    """
-    flat = topk_ids.reshape(-1).long()
-    num_slots = flat.numel()
-    dev = flat.device
-    bucket = torch.where(flat < 0, torch.full_like(flat, num_experts), flat)  # bucket E = skipped
-    counts = torch.zeros(num_experts + 1, dtype=torch.long, device=dev)
-    counts.scatter_add_(0, bucket, torch.ones_like(bucket))
-    padded = (counts[:num_experts] + block_m - 1) // block_m * block_m
-    padded_end = torch.cumsum(padded, 0)
-    padded_start = padded_end - padded
-
-    order = torch.sort(bucket, stable=True).indices
-    sorted_bucket = bucket[order]
-    count_start = torch.cumsum(counts, 0) - counts
-    rank = torch.arange(num_slots, device=dev) - count_start[sorted_bucket]
-
-    capacity = -(-(num_slots + min(num_slots, num_experts) * (block_m - 1)) // block_m) * block_m
-    # Skipped slots all land on one trash row past the capacity, which is sliced off.
-    # torch.full, not torch.tensor([...]): a host->device copy would break CUDA-graph capture.
-    start = torch.cat((padded_start, torch.full((1,), capacity, dtype=torch.long, device=dev)))
-    dest = torch.where(sorted_bucket < num_experts, start[sorted_bucket] + rank, capacity)
-    sorted_ids = torch.full((capacity + 1,), num_slots, dtype=torch.long, device=dev)
-    sorted_ids.scatter_(0, dest, order)
-
-    tile_start = torch.arange(0, capacity, block_m, device=dev)
-    expert_ids = torch.searchsorted(padded_end, tile_start, right=True)
-    expert_ids = torch.where(expert_ids < num_experts, expert_ids, -1)
-    return AlignedRouting(
-        sorted_slot_ids=sorted_ids[:capacity].to(torch.int32),
-        expert_ids=expert_ids.to(torch.int32),
-        num_padded=padded_end[-1:].to(torch.int32),
-    )
-
-
 @triton.jit
 def _moe_gemm_kernel(
     a_ptr, b_ptr, scale_ptr, c_ptr, topk_weights_ptr,
@@ -108,6 +63,7 @@ def _moe_gemm_kernel(
     N: tl.constexpr,  # constexpr: fixed per layer (2I or H), and the interpreter needs static loop bounds
     K: tl.constexpr,
     A_ROW_DIV: tl.constexpr,  # A row of slot s is s // A_ROW_DIV (top_k for x, 1 for act)
+    A_GATED: tl.constexpr,  # A is [gate | up] (2K wide): the GEMM reads silu(gate) * up, rounded to A's dtype
     MUL_ROUTED_WEIGHT: tl.constexpr,
     QUANT: tl.constexpr,
     GROUP_N: tl.constexpr,
@@ -138,11 +94,14 @@ def _moe_gemm_kernel(
         k0 = kt * BLOCK_K
         offs_k = k0 + tl.arange(0, BLOCK_K)
         k_mask = offs_k < K
-        a = tl.load(
-            a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak,
-            mask=slot_mask[:, None] & k_mask[None, :],
-            other=0.0,
-        )
+        a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+        a_mask = slot_mask[:, None] & k_mask[None, :]
+        a = tl.load(a_ptrs, mask=a_mask, other=0.0)
+        if A_GATED:
+            # What torch computed as its own kernels: silu in fp32, times up, rounded once to the dtype.
+            gate = a.to(tl.float32)
+            up = tl.load(a_ptrs + K * stride_ak, mask=a_mask, other=0.0).to(tl.float32)
+            a = (gate / (1.0 + tl.exp(-gate)) * up).to(a_ptr.dtype.element_ty)
         b_mask = k_mask[:, None] & n_mask[None, :]
         # Decode the [BLOCK_K, BLOCK_N] weight tile to the activation dtype. Masked elements decode
         # to finite zeros so padding never injects NaN into the dot.
@@ -200,8 +159,10 @@ def invoke_moe_gemm(
     a_row_div: int,
     topk_weights: Optional[torch.Tensor],
     config: MoEKernelConfig,
+    a_gated: bool = False,
 ) -> None:
-    """out[s] = (topk_weights[s] *) a[s // a_row_div] @ w[expert(s)].T for every routed slot s."""
+    """out[s] = (topk_weights[s] *) a[s // a_row_div] @ w[expert(s)].T for every routed slot s; with
+    `a_gated`, a is [gate | up] rows (2 * w.k wide) and the GEMM multiplies silu(gate) * up."""
     n, k = w.n, w.k
     scale, s_e, s_n, s_k = _scale_strides(w)
     per_tile = w.group_k > 0 and w.group_k % config.block_k == 0
@@ -217,6 +178,7 @@ def invoke_moe_gemm(
         N=n,
         K=k,
         A_ROW_DIV=a_row_div,
+        A_GATED=a_gated,
         MUL_ROUTED_WEIGHT=topk_weights is not None,
         QUANT=int(w.quant),
         GROUP_N=max(w.group_n, 1),
@@ -238,17 +200,47 @@ def _fused_experts_chunk(
 ) -> torch.Tensor:
     num_tokens, top_k = topk_ids.shape
     num_slots = num_tokens * top_k
-    inter = w2.k
     routing = moe_align_block_size(topk_ids, config.block_m, w13.weight.shape[0])
     cache1 = torch.empty((num_slots, w13.n), dtype=x.dtype, device=x.device)
     invoke_moe_gemm(x, w13, cache1, routing, num_slots, top_k, None, config)
-    # Rows of skipped (-1) slots are garbage here, but GEMM 2 never reads them.
-    act = F.silu(cache1[:, :inter].float()).mul_(cache1[:, inter:]).to(x.dtype)
-    # Zeros: skipped slots are never written and must add nothing to the sum.
-    cache2 = torch.zeros((num_slots, w2.n), dtype=x.dtype, device=x.device)
+    # Rows of skipped (-1) slots are garbage in both caches, but no GEMM tile and no sum reads them.
+    cache2 = torch.empty((num_slots, w2.n), dtype=x.dtype, device=x.device)
     weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
-    invoke_moe_gemm(act, w2, cache2, routing, num_slots, 1, weights, config)
-    return cache2.view(num_tokens, top_k, -1).sum(dim=1, dtype=torch.float32).to(x.dtype)
+    invoke_moe_gemm(cache1, w2, cache2, routing, num_slots, 1, weights, config, a_gated=True)
+    return moe_sum(cache2, topk_ids)
+
+
+@triton.jit
+def _moe_sum_kernel(
+    cache_ptr, ids_ptr, out_ptr,
+    stride_cm, stride_om, H,
+    TOP_K: tl.constexpr, BLOCK_H: tl.constexpr,
+):  # fmt: skip
+    token = tl.program_id(0).to(tl.int64)
+    offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_mask = offs < H
+    acc = tl.zeros((BLOCK_H,), dtype=tl.float32)
+    for j in tl.static_range(TOP_K):
+        slot = token * TOP_K + j
+        routed = tl.load(ids_ptr + slot) >= 0  # a skipped slot's row was never written
+        acc += tl.load(cache_ptr + slot * stride_cm + offs, mask=h_mask & routed, other=0.0).to(tl.float32)
+    tl.store(out_ptr + token * stride_om + offs, acc.to(out_ptr.dtype.element_ty), mask=h_mask)
+
+
+def moe_sum(cache: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
+    """cache [T*k, H] -> out [T, H] = sum_j cache[t * k + j] over the slots with topk_ids >= 0, in fp32,
+    rounded once to cache's dtype (tokens with no routed slot come out as exact zeros)."""
+    num_tokens, top_k = topk_ids.shape
+    hidden = cache.shape[1]
+    out = torch.empty((num_tokens, hidden), dtype=cache.dtype, device=cache.device)
+    block_h = min(1024, triton.next_power_of_2(hidden))
+    _moe_sum_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
+        cache, topk_ids.contiguous(), out,
+        cache.stride(0), out.stride(0), hidden,
+        TOP_K=top_k, BLOCK_H=block_h,
+        num_warps=4,
+    )  # fmt: skip
+    return out
 
 
 def fused_experts_triton(
