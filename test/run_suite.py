@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import os
 import subprocess
 import sys
 import tempfile
@@ -31,6 +32,11 @@ CPU_SUITE = "per-commit-cpu"
 # The CPU suite's two parts: (registered suite, folder under test/) per part.
 CPU_PARTS: Dict[str, Tuple[str, str]] = {"unit-cpu": (CPU_SUITE, "unit"), "process-cpu": (CPU_SUITE, "registered")}
 PYTEST_NO_TESTS = 5  # pytest's exit status when it collected nothing
+# torch's intra-op threads per process in the CPU suites: by default each process takes every core, and the suites'
+# processes (two pytest runs at once, each test's servers with three processes) then oversubscribe the cores, whose
+# OpenMP threads spin-wait for each other. One core's share each: test_overlap_schedule.py took 128 s with the
+# default and 47 s with OMP_NUM_THREADS=1 on the 2-core machine (the other core busy). A value the user set wins.
+THREADS_ENV = "OMP_NUM_THREADS"
 # Plugins that other packages install and no test here uses; importing them costs seconds per pytest run.
 UNUSED_PLUGINS = ["langsmith_plugin", "hypothesispytest"]
 
@@ -90,6 +96,14 @@ def plan(suite: str) -> Optional[List[Registration]]:
     return chosen
 
 
+def suite_env(suite: str, parts_at_once: int) -> Dict[str, str]:
+    """The environment of a suite's pytest run: a CPU suite's processes get their share of the cores' threads."""
+    env = dict(os.environ)
+    if suite in CPU_PARTS or suite == CPU_SUITE:
+        env.setdefault(THREADS_ENV, str(max(1, (os.cpu_count() or 1) // parts_at_once)))
+    return env
+
+
 def pytest_command(chosen: List[Registration], durations: int, extra: List[str]) -> List[str]:
     blocked = [arg for name in UNUSED_PLUGINS for arg in ("-p", f"no:{name}")]
     return [
@@ -117,7 +131,7 @@ def run_one(suite: str, durations: int, extra: List[str]) -> int:
     if chosen is None:
         return 2
     start = time.monotonic()
-    rc = subprocess.call(pytest_command(chosen, durations, extra), cwd=ROOT.parent)
+    rc = subprocess.call(pytest_command(chosen, durations, extra), cwd=ROOT.parent, env=suite_env(suite, 1))
     return verdict(suite, rc, time.monotonic() - start)
 
 
@@ -130,7 +144,11 @@ def run_parallel(suites: List[str], durations: int, extra: List[str]) -> Dict[st
     for suite, chosen in plans.items():
         log = tempfile.TemporaryFile(mode="w+")
         proc = subprocess.Popen(
-            pytest_command(chosen, durations, extra), cwd=ROOT.parent, stdout=log, stderr=subprocess.STDOUT
+            pytest_command(chosen, durations, extra),
+            cwd=ROOT.parent,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=suite_env(suite, len(plans)),
         )
         running[proc] = (suite, log)
     print(f"Running {', '.join(suites)} at the same time", flush=True)

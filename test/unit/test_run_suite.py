@@ -1,0 +1,39 @@
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=2, suite="per-commit-cpu")
+
+# test/run_suite.py: a CPU suite's pytest runs get their share of the cores' intra-op threads (OMP_NUM_THREADS),
+# a value the user set is kept, and the GPU suite's environment is left alone.
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+
+RUN_SUITE = Path(__file__).resolve().parents[1] / "run_suite.py"
+
+
+@pytest.fixture(scope="module")
+def run_suite():
+    spec = importlib.util.spec_from_file_location("run_suite", RUN_SUITE)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["run_suite"] = module  # its dataclasses look their module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cpu_parts_share_the_cores(run_suite, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(run_suite.os, "cpu_count", lambda: 8)
+    assert run_suite.suite_env("unit-cpu", 2)["OMP_NUM_THREADS"] == "4"
+    assert run_suite.suite_env("process-cpu", 1)["OMP_NUM_THREADS"] == "8"
+    monkeypatch.setattr(run_suite.os, "cpu_count", lambda: 1)
+    assert run_suite.suite_env("process-cpu", 2)["OMP_NUM_THREADS"] == "1"  # never 0
+
+
+def test_the_users_value_and_the_gpu_suite_are_left_alone(run_suite, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert run_suite.suite_env("unit-cpu", 2)["OMP_NUM_THREADS"] == "3"
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    assert "OMP_NUM_THREADS" not in run_suite.suite_env("per-commit-cuda", 1)
