@@ -289,7 +289,7 @@ class MLATokenToKVPool:
         the cache's dtype go in one triton kernel (a decode layer's cat and index_put were two)."""
         buf = self.kv_buffer[layer_id]
         if latent.is_cuda and latent.dtype == k_rope.dtype == buf.dtype and latent.stride(-1) == k_rope.stride(-1) == 1:
-            from sglang.srt.layers.attention.triton_ops.mla_decode import store_latent_rows
+            from sglang.srt.mem_cache.latent_store import store_latent_rows
 
             store_latent_rows(buf, loc, latent, k_rope)
             return

@@ -10,12 +10,8 @@ import pytest
 import torch
 
 from sglang.srt.layers.attention.mla_torch import absorbed_decode
-from sglang.srt.layers.attention.triton_ops.mla_decode import (
-    MLADecodeConfig,
-    merge_splits,
-    mla_decode_fwd,
-    store_latent_rows,
-)
+from sglang.srt.layers.attention.triton_ops.mla_decode import MLADecodeConfig, merge_splits, mla_decode_fwd
+from sglang.srt.mem_cache.latent_store import store_latent_rows
 from sglang.test.gpu_utils import triton_test_devices
 
 DEVICES = triton_test_devices()
