@@ -214,3 +214,24 @@ def fake_quantized(
                     owner, _, name = path.rpartition(".")
                     setattr(parent.get_submodule(owner), name, FakeQuantLinear(child, strategy, activation_dtype))
     return model
+
+
+def glm4_moe_full(d: str) -> str:
+    """A tiny GLM-4.5 (transformers-written, fp32; tiny_moe_families' glm4_moe) whose merged parts are multiples of
+    128 as the real ones are: q|k|v of 2 heads x 64 (partial rotary 0.5, qk-norm, q/k/v biases), one leading dense
+    MLP of 256, routed experts and one shared expert of 128, grouped noaux_tc routing with a correction bias."""
+    from sglang.test.tiny_moe_families import make_tiny_family
+
+    make_tiny_family(
+        "glm4_moe",
+        d,
+        seed=1,
+        init_std=0.15,
+        hidden_size=128,
+        head_dim=64,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=256,
+        moe_intermediate_size=128,
+    )
+    return d
