@@ -235,3 +235,26 @@ def glm4_moe_full(d: str) -> str:
         moe_intermediate_size=128,
     )
     return d
+
+
+# tiny_moe_families' checkpoints with every merged part a multiple of 128 (q|k|v of 2 heads x 64, gate|up of the
+# experts, the shared expert and the dense layers), each keeping what its family has that others do not.
+BLOCK_ALIGNED_FAMILIES = {
+    "qwen2_moe": dict(  # q/k/v biases, a shared expert and its sigmoid gate, layer 1 dense (mlp_only_layers)
+        hidden_size=128,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=256,
+        moe_intermediate_size=128,
+        shared_expert_intermediate_size=128,
+    ),
+    "olmoe": dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=2, intermediate_size=128),  # q/k norms
+}
+
+
+def block_aligned_family(family: str, d: str) -> str:
+    """A tiny transformers-written `family` checkpoint (fp32) in `d`, shaped for block-fp8 (BLOCK_ALIGNED_FAMILIES)."""
+    from sglang.test.tiny_moe_families import make_tiny_family
+
+    make_tiny_family(family, d, seed=2, init_std=0.15, **BLOCK_ALIGNED_FAMILIES[family])
+    return d

@@ -151,6 +151,9 @@ def block_fp8_merged_widths(text: PretrainedConfig, head_dim: int, kv_heads: int
         shared = getattr(text, "n_shared_experts", 0) or 0
         if shared:
             widths["n_shared_experts x moe_intermediate_size"] = shared * moe_width
+    shared_width = getattr(text, "shared_expert_intermediate_size", 0) or 0  # Qwen2-MoE's one shared expert
+    if shared_width:
+        widths["shared_expert_intermediate_size"] = shared_width
     return widths
 
 

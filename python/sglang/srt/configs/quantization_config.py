@@ -188,6 +188,8 @@ CHECKPOINT_FP8_ARCHITECTURES = (
     "DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM",
     "Glm4MoeForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "OlmoeForCausalLM",
 )
 
 
