@@ -190,6 +190,7 @@ CHECKPOINT_FP8_ARCHITECTURES = (
     "Glm4MoeForCausalLM",
     "Qwen2MoeForCausalLM",
     "OlmoeForCausalLM",
+    "Phi3ForCausalLM",
 )
 
 
