@@ -31,6 +31,9 @@ QUANTIZED = (
     "kv_b_proj",
     "qkv_proj",  # Phi-3's fused q|k|v and gate|up, quantized whole (128-row blocks over the fused rows)
     "gate_up_proj",
+    "w1",  # Mixtral's experts: gate, down, up
+    "w2",
+    "w3",
 )
 
 
@@ -251,6 +254,7 @@ BLOCK_ALIGNED_FAMILIES = {
         shared_expert_intermediate_size=128,
     ),
     "olmoe": dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=2, intermediate_size=128),  # q/k norms
+    "mixtral": dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=2, intermediate_size=128),  # w1/w2/w3
     # fused qkv_proj / gate_up_proj in the checkpoint, partial rotary 0.75
     "phi3": dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=2, intermediate_size=256),
 }

@@ -2,7 +2,8 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=25, suite="per-commit-cpu")
 
-# Native block-FP8 checkpoints of the softmax-routed MoE families that share models/sparse_moe.py: Qwen2-MoE (q/k/v
+# Native block-FP8 checkpoints of the softmax-routed MoE families that share models/sparse_moe.py: Mixtral (experts
+# named block_sparse_moe.experts.N.w1/w2/w3 in the checkpoint), Qwen2-MoE (q/k/v
 # biases, a shared expert behind its sigmoid gate, a dense layer) and OLMoE (q/k norms over the whole projection,
 # clip_qkv). Tiny transformers-written models (merged parts multiples of 128), every decoder linear quantized to e4m3
 # with `weight_scale_inv` per 128x128 block; routers, the shared expert's gate, norms, embeddings, lm_head in full
@@ -40,7 +41,7 @@ def _scheduler(d: str):
     return make_scheduler(reuse_model=False, model_path=d, skip_tokenizer_init=True, max_total_tokens=1024)
 
 
-@pytest.mark.parametrize("family", ["qwen2_moe", "olmoe"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "olmoe"])
 def test_cpu_dequantizes_every_weight(family, tmp_path_factory):
     d, prompts, _ = _checkpoint(family, tmp_path_factory)
     ref = hf_greedy(d + "-dequantized", prompts, NEW_TOKENS)
@@ -50,7 +51,7 @@ def test_cpu_dequantizes_every_weight(family, tmp_path_factory):
     assert [o.output_ids for o in run_scheduler(sched, prompts, greedy_params(NEW_TOKENS))] == ref
 
 
-@pytest.mark.parametrize("family", ["qwen2_moe", "olmoe"])
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "olmoe"])
 def test_gpu_format_keeps_the_checkpoints_fp8(family, tmp_path_factory, monkeypatch):
     """What the GPU builds (linear_weight_format "fp8_block"), run on the CPU: every decoder linear holds the
     checkpoint's e4m3 codes and block scales (q/k/v biases in full precision), the routed experts the FP8 fused-MoE
@@ -73,10 +74,12 @@ def test_gpu_format_keeps_the_checkpoints_fp8(family, tmp_path_factory, monkeypa
     )
     experts = layer.mlp.experts
     assert experts.quant_method.name == "FP8"
-    e = L0 + "mlp.experts.4."
-    gate_up = torch.cat([ckpt[e + "gate_proj.weight"], ckpt[e + "up_proj.weight"]])
-    assert torch.equal(experts.w13_weight[4].view(torch.uint8), gate_up.view(torch.uint8))
-    assert torch.equal(experts.w2_weight_scale_inv[4], ckpt[e + "down_proj.weight_scale_inv"])
+    e, (gate, up, down) = L0 + "mlp.experts.3.", ("gate_proj", "up_proj", "down_proj")
+    if family == "mixtral":  # the checkpoint's own names
+        e, (gate, up, down) = L0 + "block_sparse_moe.experts.3.", ("w1", "w3", "w2")
+    gate_up = torch.cat([ckpt[f"{e}{gate}.weight"], ckpt[f"{e}{up}.weight"]])
+    assert torch.equal(experts.w13_weight[3].view(torch.uint8), gate_up.view(torch.uint8))
+    assert torch.equal(experts.w2_weight_scale_inv[3], ckpt[f"{e}{down}.weight_scale_inv"])
     full_precision = {"mlp.gate", "mlp.shared_expert_gate"}
     for name, m in model.named_modules():
         if isinstance(m, LinearBase):

@@ -191,6 +191,7 @@ CHECKPOINT_FP8_ARCHITECTURES = (
     "Qwen2MoeForCausalLM",
     "OlmoeForCausalLM",
     "Phi3ForCausalLM",
+    "MixtralForCausalLM",
 )
 
 

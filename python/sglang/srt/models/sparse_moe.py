@@ -6,10 +6,9 @@ Routing is softmax over all experts, top-k, renormalised to sum to one when `ren
 Qwen2-MoE / OLMoE with norm_topk_prob): layers/moe/topk.py:select_experts, the one routing path of the GPU
 experts, the CPU kernels and the KT prefill slot.
 
-A native FP8 checkpoint on the GPU (configs/quantization_config.py: Qwen2-MoE, OLMoE) keeps its fp8 in the shared
-expert and dense MLPs (the linear format) and, block-fp8, in the routed experts (the fused MoE's FP8 layout, or with
---kt-method FP8 the CPU kernels'). Mixtral's experts are not wired: its checkpoint names them w1/w2/w3, which the
-loader's fp8 filter does not map, so Mixtral stays dequantized at load.
+A native FP8 checkpoint on the GPU (configs/quantization_config.py: Mixtral, Qwen2-MoE, OLMoE) keeps its fp8 in the
+attention, shared expert and dense MLPs (the linear format) and, block-fp8, in the routed experts (the fused MoE's
+FP8 layout, or with --kt-method FP8 the CPU kernels'; Mixtral's w1/w2/w3 found through its checkpoint_name).
 """
 
 from __future__ import annotations
