@@ -192,6 +192,8 @@ CHECKPOINT_FP8_ARCHITECTURES = (
     "OlmoeForCausalLM",
     "Phi3ForCausalLM",
     "MixtralForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
 )
 
 
