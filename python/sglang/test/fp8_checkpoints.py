@@ -29,6 +29,11 @@ QUANTIZED = (
     "q_b_proj",
     "kv_a_proj_with_mqa",
     "kv_b_proj",
+    "qkv_proj",  # Phi-3's fused q|k|v and gate|up, quantized whole (128-row blocks over the fused rows)
+    "gate_up_proj",
+    "w1",  # Mixtral's experts: gate, down, up
+    "w2",
+    "w3",
 )
 
 
@@ -214,3 +219,50 @@ def fake_quantized(
                     owner, _, name = path.rpartition(".")
                     setattr(parent.get_submodule(owner), name, FakeQuantLinear(child, strategy, activation_dtype))
     return model
+
+
+def glm4_moe_full(d: str) -> str:
+    """A tiny GLM-4.5 (transformers-written, fp32; tiny_moe_families' glm4_moe) whose merged parts are multiples of
+    128 as the real ones are: q|k|v of 2 heads x 64 (partial rotary 0.5, qk-norm, q/k/v biases), one leading dense
+    MLP of 256, routed experts and one shared expert of 128, grouped noaux_tc routing with a correction bias."""
+    from sglang.test.tiny_moe_families import make_tiny_family
+
+    make_tiny_family(
+        "glm4_moe",
+        d,
+        seed=1,
+        init_std=0.15,
+        hidden_size=128,
+        head_dim=64,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=256,
+        moe_intermediate_size=128,
+    )
+    return d
+
+
+# tiny_moe_families' checkpoints with every merged part a multiple of 128 (q|k|v of 2 heads x 64, gate|up of the
+# experts, the shared expert and the dense layers), each keeping what its family has that others do not.
+BLOCK_ALIGNED_FAMILIES = {
+    "qwen2_moe": dict(  # q/k/v biases, a shared expert and its sigmoid gate, layer 1 dense (mlp_only_layers)
+        hidden_size=128,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        intermediate_size=256,
+        moe_intermediate_size=128,
+        shared_expert_intermediate_size=128,
+    ),
+    "olmoe": dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=2, intermediate_size=128),  # q/k norms
+    "mixtral": dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=2, intermediate_size=128),  # w1/w2/w3
+    # fused qkv_proj / gate_up_proj in the checkpoint, partial rotary 0.75
+    "phi3": dict(hidden_size=128, num_attention_heads=2, num_key_value_heads=2, intermediate_size=256),
+}
+
+
+def block_aligned_family(family: str, d: str) -> str:
+    """A tiny transformers-written `family` checkpoint (fp32) in `d`, shaped for block-fp8 (BLOCK_ALIGNED_FAMILIES)."""
+    from sglang.test.tiny_moe_families import make_tiny_family
+
+    make_tiny_family(family, d, seed=2, init_std=0.15, **BLOCK_ALIGNED_FAMILIES[family])
+    return d

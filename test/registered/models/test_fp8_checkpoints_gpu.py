@@ -1,6 +1,6 @@
 """Native FP8 checkpoints on the GPU: the linear layers keep the checkpoint's fp8 weights and scales (block-128:
-the triton block-scaled GEMM; per channel: the row-scaled fp8 GEMM), a Qwen3-MoE's experts keep their e4m3 codes
-and 128x128 scales in the fused-MoE FP8 layout. Greedy tokens through sglang.Engine (triton attention, CUDA
+the triton block-scaled GEMM; per channel: the row-scaled fp8 GEMM), a Qwen3-MoE's and a GLM-4.5's routed experts keep
+their e4m3 codes and 128x128 scales in the fused-MoE FP8 layout (GLM's shared expert and dense MLP: fp8 linears). Greedy tokens through sglang.Engine (triton attention, CUDA
 graphs, bf16) vs transformers fp32 on the dequantized weights with the same activation quantization.
 
 Criterion: each generated token is transformers' top-1 or within FP8_TOL of its top-1 logit, and at least 80%
@@ -19,7 +19,7 @@ register_cuda_ci(est_time=180, suite="per-commit-cuda")
 import pytest
 import torch
 
-from sglang.test.fp8_checkpoints import dense_bf16, fake_quantized, moe_bf16, write_fp8_checkpoint
+from sglang.test.fp8_checkpoints import dense_bf16, fake_quantized, glm4_moe_full, moe_bf16, write_fp8_checkpoint
 from sglang.test.gpu_utils import REQUIRES_GPU_REASON, has_gpu
 from sglang.test.runners import load_hf_model
 
@@ -27,19 +27,24 @@ pytestmark = pytest.mark.skipif(not has_gpu(), reason=REQUIRES_GPU_REASON)
 
 FP8_TOL = 0.3
 NEW_TOKENS = 24
+# arch -> (the tiny checkpoint's writer, its vocabulary); "glm": GLM-4.5 (q/k/v biases, partial rotary, a dense
+# layer, a shared expert, grouped routing), whose dense and shared MLPs are fp8 linears and routed experts FP8.
+ARCHS = {"dense": (dense_bf16, 512), "moe": (moe_bf16, 256), "glm": (glm4_moe_full, 256)}
 
 
-@pytest.mark.parametrize("arch,strategy", [("dense", "block"), ("dense", "channel"), ("moe", "block")])
+@pytest.mark.parametrize(
+    "arch,strategy", [("dense", "block"), ("dense", "channel"), ("moe", "block"), ("glm", "block")]
+)
 def test_fp8_checkpoint_on_the_gpu(arch, strategy, tmp_path):
     import sglang
     from sglang.srt.configs.model_config import ModelConfig, load_hf_config
     from sglang.srt.model_loader.model_source import resolve_model_source
 
-    bf16 = (dense_bf16 if arch == "dense" else moe_bf16)(str(tmp_path / "bf16"))
+    write, vocab = ARCHS[arch]
+    bf16 = write(str(tmp_path / "bf16"))
     d = write_fp8_checkpoint(bf16, str(tmp_path / "fp8"), strategy)
     mc = ModelConfig.from_hf_config(load_hf_config(resolve_model_source(d)), device="cuda", dtype="bfloat16")
     assert mc.quantization == f"fp8_{strategy}"  # the layers keep the checkpoint's format
-    vocab = 512 if arch == "dense" else 256
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, vocab, (n,), generator=gen).tolist() for n in (5, 17, 64, 200)]
     engine = sglang.Engine(

@@ -6,6 +6,7 @@ register_cpu_ci(est_time=5, suite="per-commit-cpu")
 # parse into a CheckpointQuantization, every other method is refused by name with the supported list.
 
 import pytest
+import torch
 
 from sglang.srt.configs.quantization_config import (
     CheckpointQuantization,
@@ -124,3 +125,18 @@ def test_block_fp8_on_the_gpu_refuses_merged_parts_off_the_scale_blocks():
     assert ModelConfig.from_hf_config(_smollm2_shaped(), device="cpu").quantization is None
     aligned = _smollm2_shaped(hidden_size=512, num_attention_heads=8, num_key_value_heads=2)
     assert ModelConfig.from_hf_config(aligned, dtype="bfloat16", device="cuda").quantization == "fp8_block"
+
+
+@pytest.mark.parametrize(
+    "architecture",
+    ["Glm4MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM", "Phi3ForCausalLM",
+     "Gemma2ForCausalLM", "Gemma3ForCausalLM"],
+)  # fmt: skip
+def test_block_fp8_stays_fp8_on_the_gpu_for(architecture):
+    """The architectures whose layers take the checkpoint's format (each has its CPU test of the GPU's format:
+    test/registered/models/test_*fp8_checkpoint*.py); the CPU still dequantizes at load."""
+    from sglang.srt.configs.quantization_config import linear_weight_format
+
+    quant = parse_checkpoint_quantization(FP8_BLOCK)
+    assert linear_weight_format(quant, "cuda", torch.bfloat16, architecture) == "fp8_block"
+    assert linear_weight_format(quant, "cpu", torch.float32, architecture) is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from transformers import AutoConfig, PretrainedConfig
@@ -17,7 +17,7 @@ from sglang.srt.configs.deepseek import (
     uses_mla,
 )
 from sglang.srt.configs.gemma import check_gemma_config, is_gemma
-from sglang.srt.configs.glm4_moe import check_glm4_moe_config
+from sglang.srt.configs.glm4_moe import GLM4_MOE_ARCH, check_glm4_moe_config
 from sglang.srt.configs.quantization_config import (
     CheckpointQuantization,
     UnsupportedQuantization,
@@ -132,6 +132,29 @@ def attention_kind(config: PretrainedConfig) -> str:
 PARTIAL_ROTARY_ARCHITECTURES = ("Phi3ForCausalLM", "Glm4MoeForCausalLM")
 ATTENTION_BIAS_IGNORED = ("MistralForCausalLM", "MixtralForCausalLM", "Qwen2MoeForCausalLM")
 SLIDING_WINDOW_IGNORED = ("LlamaForCausalLM", "OlmoeForCausalLM")
+
+
+def block_fp8_merged_widths(text: PretrainedConfig, head_dim: int, kv_heads: int, architecture: str) -> Dict[str, int]:
+    """The width of each part of the merged projections that keep a block-fp8 checkpoint's weights on the GPU,
+    named by the config fields it comes from (check_block_fp8_layout): q|k|v, the dense gate|up, the routed
+    experts' gate|up (w13) and the shared experts' gate|up. GLM's leading dense MLPs are not among them: one
+    whose width is not block-aligned (GLM-4.5-Air's 10944) keeps full precision instead (block_aligned_format)."""
+    widths = {
+        "num_attention_heads x head_dim": text.num_attention_heads * head_dim,
+        "num_key_value_heads x head_dim": kv_heads * head_dim,
+    }
+    if architecture != GLM4_MOE_ARCH:
+        widths["intermediate_size"] = getattr(text, "intermediate_size", 0) or 0
+    moe_width = getattr(text, "moe_intermediate_size", 0) or 0
+    if moe_width and num_routed_experts(text):
+        widths["moe_intermediate_size"] = moe_width
+        shared = getattr(text, "n_shared_experts", 0) or 0
+        if shared:
+            widths["n_shared_experts x moe_intermediate_size"] = shared * moe_width
+    shared_width = getattr(text, "shared_expert_intermediate_size", 0) or 0  # Qwen2-MoE's one shared expert
+    if shared_width:
+        widths["shared_expert_intermediate_size"] = shared_width
+    return widths
 
 
 def architecture_of(config: PretrainedConfig) -> str:
@@ -299,13 +322,7 @@ class ModelConfig:
         architecture = architecture_of(hf_config)
         quantization = quantization or linear_weight_format(checkpoint_format, device, model_dtype, architecture)
         if quantization == "fp8_block" and kind == "mha":
-            check_block_fp8_layout(
-                {
-                    "num_attention_heads x head_dim": text.num_attention_heads * head_dim,
-                    "num_key_value_heads x head_dim": kv_heads * head_dim,
-                    "intermediate_size": getattr(text, "intermediate_size", 0) or 0,
-                }
-            )
+            check_block_fp8_layout(block_fp8_merged_widths(text, head_dim, kv_heads, architecture))
         return cls(
             hf_config=hf_config,
             source=source,

@@ -187,6 +187,13 @@ CHECKPOINT_FP8_ARCHITECTURES = (
     "Qwen3MoeForCausalLM",
     "DeepseekV2ForCausalLM",
     "DeepseekV3ForCausalLM",
+    "Glm4MoeForCausalLM",
+    "Qwen2MoeForCausalLM",
+    "OlmoeForCausalLM",
+    "Phi3ForCausalLM",
+    "MixtralForCausalLM",
+    "Gemma2ForCausalLM",
+    "Gemma3ForCausalLM",
 )
 
 
@@ -203,6 +210,15 @@ def linear_weight_format(
     if str(dtype) != "torch.bfloat16":  # torch._scaled_mm's row-wise scales produce bf16 only
         raise ValueError(f"a {quant.method} per-{quant.strategy} fp8 checkpoint on the GPU needs --dtype bfloat16")
     return "fp8_channel"
+
+
+def block_aligned_format(quantization: Optional[str], width: int) -> Optional[str]:
+    """A merged gate|up layer's format: block fp8 only where `width` (each part's) is a multiple of 128, else
+    full precision (None: the loader dequantizes the checkpoint's fp8 into it). For a layer that may fall back
+    rather than refuse the model: GLM-4.5-Air's one leading dense MLP is 10944 wide."""
+    if quantization == "fp8_block" and width % BLOCK:
+        return None
+    return quantization
 
 
 def check_block_fp8_layout(widths: Mapping[str, int]) -> None:

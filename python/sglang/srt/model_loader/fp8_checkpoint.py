@@ -92,7 +92,8 @@ def fp8_parameter_filter(
     fp8 = {name for name, p in model.named_parameters() if p.dtype in FP8_DTYPES}
     modules = dict(model.named_modules())
 
-    def keep(name: str) -> bool:
+    def keep(checkpoint_name: str) -> bool:
+        name = model.checkpoint_name(checkpoint_name)  # as the model's loader will name it (Mixtral's experts)
         m = _EXPERT.match(name)
         if m is not None:  # an expert's matrix: kept where the experts hold block fp8 (FP8 FusedMoE, KT FP8)
             # A layer the model does not build (DeepSeek-V3's multi-token-prediction layer, dropped by the model's

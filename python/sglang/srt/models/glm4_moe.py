@@ -11,6 +11,12 @@ top-k (n_group, topk_group), norm_topk_prob, routed_scaling_factor; routed exper
 always on the model's device. The checkpoint names are DeepSeek-V3's. The multi-token-prediction layers the
 checkpoints append (layer num_hidden_layers on, num_nextn_predict_layers of them) are skipped at load.
 
+A native block-FP8 checkpoint (GLM-4.5/4.6/4.7-FP8: `weight_scale_inv` per 128x128 block) on the GPU keeps its fp8
+weights and scales in q|k|v (biases in the model's dtype), o_proj, the dense and shared MLPs (the "fp8_block" linear
+format) and the routed experts (the FP8 fused-MoE layout, or with --kt-method FP8 the CPU kernels' and the GPU
+experts' own copies of the checkpoint's codes). A leading dense MLP whose width is not a multiple of 128
+(GLM-4.5-Air's 10944) holds the dequantized weights instead. On the CPU every weight is dequantized at load.
+
 What we do not run is refused at start-up by name (configs/glm4_moe.py).
 """
 
@@ -24,6 +30,7 @@ from transformers import PretrainedConfig
 
 from sglang.srt.configs.glm4_moe import check_glm4_moe_config
 from sglang.srt.configs.kt_config import KTConfig
+from sglang.srt.configs.quantization_config import block_aligned_format
 from sglang.srt.layers.moe.kt_ep_wrapper import KTState
 from sglang.srt.models.deepseek_v2 import DeepseekV2DecoderLayer, DeepseekV2ForCausalLM, DeepseekV2MoE, noaux_tc_routing
 from sglang.srt.models.llama import LlamaAttention, LlamaForCausalLM, LlamaMLP, LlamaModel
@@ -51,9 +58,14 @@ class Glm4MoeDecoderLayer(DeepseekV2DecoderLayer):
         quantization: Optional[str],
         kt_state: Optional[KTState] = None,
     ) -> nn.Module:
+        # A block-fp8 checkpoint on the GPU ("fp8_block"): the shared experts keep it as linear layers, the routed
+        # experts in the fused MoE's FP8 layout (with the KT flags --kt-method decides); a leading dense MLP too
+        # where its width is block-aligned, else it holds the dequantized weights (block_aligned_format).
         if layer_id >= config.first_k_dense_replace and config.n_routed_experts:
-            return DeepseekV2MoE(config, layer_id, dtype, kt_state, routing=noaux_tc_routing(config))
-        return LlamaMLP(config.hidden_size, config.intermediate_size, dtype)
+            routing = noaux_tc_routing(config)
+            return DeepseekV2MoE(config, layer_id, dtype, kt_state, routing=routing, quantization=quantization)
+        dense_format = block_aligned_format(quantization, config.intermediate_size)
+        return LlamaMLP(config.hidden_size, config.intermediate_size, dtype, quantization=dense_format)
 
 
 class Glm4MoeModel(LlamaModel):

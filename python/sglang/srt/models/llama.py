@@ -231,6 +231,12 @@ class LlamaForCausalLM(nn.Module):
         hidden_states = self.model(input_ids, positions, forward_batch)
         return self.logits_processor(hidden_states, self.lm_head, forward_batch)
 
+    @staticmethod
+    def checkpoint_name(name: str) -> str:
+        """The name a checkpoint tensor is loaded under (Mixtral renames its experts'); the FP8 loader asks it
+        which parameter a checkpoint weight lands in before load_weights sees the tensor."""
+        return name
+
     def kt_prefill_slot(self):
         """The model's KT prefill slot (MoE models with --kt-gpu-prefill-token-threshold); None: no slot."""
         return None

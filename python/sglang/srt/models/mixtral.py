@@ -54,6 +54,7 @@ class MixtralForCausalLM(Qwen3MoeForCausalLM):
         return super().load_weights(renamed(weights))
 
     kt_checkpoint_names = staticmethod(renamed)  # --kt-weight-path is a Mixtral-named checkpoint too
+    checkpoint_name = staticmethod(hf_name)  # the FP8 loader's view of which experts' parameter a tensor fills
 
 
 EntryClass = MixtralForCausalLM

@@ -10,7 +10,10 @@ What differs from Llama, and where it is handled:
 - `rope_scaling` longrope: the short factors and the attention factor, the context capped at
   `original_max_position_embeddings` (configs/model_config.py: transformers switches every position, cached
   ones included, to the long factors past it);
-- `sliding_window` (Phi-3-mini-4k: 2047) windows every layer (configs/sliding_window.py).
+- `sliding_window` (Phi-3-mini-4k: 2047) windows every layer (configs/sliding_window.py);
+- a native FP8 checkpoint on the GPU keeps its fused tensors' fp8 codes and scales (block fp8: the 128-row scale
+  blocks of the fused tensor are cut at q|k|v and gate|up as the weights are, so every part must be a multiple of
+  128 wide: refused at start-up by name otherwise, configs/quantization_config.py:check_block_fp8_layout).
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@ optional shared expert scaled by sigmoid(shared_expert_gate(x)) (Qwen2-MoE).
 Routing is softmax over all experts, top-k, renormalised to sum to one when `renormalize` (Mixtral always,
 Qwen2-MoE / OLMoE with norm_topk_prob): layers/moe/topk.py:select_experts, the one routing path of the GPU
 experts, the CPU kernels and the KT prefill slot.
+
+A native FP8 checkpoint on the GPU (configs/quantization_config.py: Mixtral, Qwen2-MoE, OLMoE) keeps its fp8 in the
+attention, shared expert and dense MLPs (the linear format) and, block-fp8, in the routed experts (the fused MoE's
+FP8 layout, or with --kt-method FP8 the CPU kernels'; Mixtral's w1/w2/w3 found through its checkpoint_name).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from transformers import PretrainedConfig
 
 from sglang.srt.distributed import tensor_model_parallel_all_reduce
 from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.linear import ReplicatedLinear
+from sglang.srt.layers.linear import CHECKPOINT_FP8_FORMATS, ReplicatedLinear
 from sglang.srt.layers.moe.kt_ep_wrapper import KTState, build_moe_experts
 from sglang.srt.models.llama import LlamaDecoderLayer, LlamaMLP
 
@@ -34,7 +38,17 @@ class SparseMoeShape:
 
 
 class SparseMoeBlock(nn.Module):
-    def __init__(self, shape: SparseMoeShape, layer_id: int, dtype: torch.dtype, kt_state: Optional[KTState]) -> None:
+    def __init__(
+        self,
+        shape: SparseMoeShape,
+        layer_id: int,
+        dtype: torch.dtype,
+        kt_state: Optional[KTState],
+        quantization: Optional[str] = None,
+    ) -> None:
+        """`quantization`: a native FP8 checkpoint's linear format on the GPU (the shared expert's); block fp8
+        also keeps the routed experts in the fused MoE's FP8 layout (per-channel experts arrive dequantized).
+        The routers stay in full precision."""
         super().__init__()
         self.gate = ReplicatedLinear(shape.hidden_size, shape.num_experts, bias=False, params_dtype=dtype)
         self.experts = build_moe_experts(
@@ -46,10 +60,12 @@ class SparseMoeBlock(nn.Module):
             renormalize=shape.renormalize,
             layer_id=layer_id,
             kt_state=kt_state,
+            quant_method="FP8" if quantization == "fp8_block" else "BF16",
         )
         self.shared_expert: Optional[LlamaMLP] = None
         if shape.shared_expert_intermediate_size:
-            self.shared_expert = LlamaMLP(shape.hidden_size, shape.shared_expert_intermediate_size, dtype)
+            width = shape.shared_expert_intermediate_size
+            self.shared_expert = LlamaMLP(shape.hidden_size, width, dtype, quantization=quantization)
             self.shared_expert_gate = ReplicatedLinear(shape.hidden_size, 1, bias=False, params_dtype=dtype)
 
     def forward(
@@ -80,12 +96,13 @@ class SparseMoeDecoderLayer(LlamaDecoderLayer):
         quantization: Optional[str],
         kt_state: Optional[KTState] = None,
     ) -> nn.Module:
-        if quantization is not None:
+        # Only a native FP8 checkpoint's own format (ModelConfig refuses online --quantization for MoE models).
+        if quantization not in (None, *CHECKPOINT_FP8_FORMATS):
             raise ValueError(f"quantization {quantization!r} is not supported for {config.architectures[0]}")
         shape = self.moe_shape(config, layer_id)
         if shape is not None:
-            return SparseMoeBlock(shape, layer_id, dtype, kt_state)
-        return LlamaMLP(config.hidden_size, config.intermediate_size, dtype)
+            return SparseMoeBlock(shape, layer_id, dtype, kt_state, quantization)
+        return LlamaMLP(config.hidden_size, config.intermediate_size, dtype, quantization=quantization)
 
     def mlp_forward_add_norm(
         self, hidden_states: torch.Tensor, residual: torch.Tensor, next_norm: RMSNorm, forward_batch
