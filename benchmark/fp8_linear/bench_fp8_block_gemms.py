@@ -218,6 +218,19 @@ def prefill_verdict(results: list[dict]) -> dict:
     return verdict
 
 
+def report(results: list[dict], rows: list[int], header: str) -> str:
+    """The table, then the prefill target's verdict (the four projections' rows measured so far)."""
+    done = [m for m in rows if any(r["rows"] == m for r in results)]
+    text = table(results, done, header)
+    verdict = prefill_verdict(results)
+    if verdict:
+        text += "\n\nPrefill target (engine block-fp8 >= 1.5x bf16 TFLOP/s, all four): " + ", ".join(
+            f"{m} rows {v['engine_over_bf16_tflops']:.2f}x ({'met' if v['meets_1_5x'] else 'not met'})"
+            for m, v in verdict.items()
+        )
+    return text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64, 256, 2048, 8192])
@@ -230,26 +243,21 @@ def main() -> None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     elif not torch.cuda.is_available():
         raise SystemExit("needs a CUDA GPU (--dry-run checks the script on the CPU)")
-    results = []
-    for name, (n, k) in shapes.items():
-        results += [{"gemm": name, **r} for r in time_shape(n, k, args.rows, layers, device)]
-        if device == "cuda":
-            torch.cuda.empty_cache()
     gpu = torch.cuda.get_device_name() if device == "cuda" else "CPU (dry run)"
     header = (
         f"{'Qwen3-8B' if not args.dry_run else 'Tiny'} projections, {layers} distinct weights each, one CUDA graph; "
         f"{gpu}, torch {torch.__version__}; speedup = bf16 ms / engine ms (= the TFLOP/s ratio)"
     )
-    verdict = prefill_verdict(results)
-    text = table(results, args.rows, header)
-    if verdict:
-        text += "\n\nPrefill target (engine block-fp8 >= 1.5x bf16 TFLOP/s, all four): " + ", ".join(
-            f"{m} rows {v['engine_over_bf16_tflops']:.2f}x ({'met' if v['meets_1_5x'] else 'not met'})"
-            for m, v in verdict.items()
-        )
+    results = []
+    for name, (n, k) in shapes.items():
+        results += [{"gemm": name, **r} for r in time_shape(n, k, args.rows, layers, device)]
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        # Written after every projection: a run cut short keeps what it measured.
+        text = report(results, args.rows, header)
+        data = {"device": gpu, "torch": torch.__version__, "layers": layers, "results": results}
+        write_results(args.out, {**data, "prefill": prefill_verdict(results)}, text)
     print(text)
-    data = {"device": gpu, "torch": torch.__version__, "layers": layers, "results": results, "prefill": verdict}
-    write_results(args.out, data, text)
     print("results in", args.out)
 
 
