@@ -566,8 +566,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         args.roofline = True
     if len(args.concurrency) != len(args.num_prompts):
         p.error("--concurrency and --num-prompts need the same number of values")
-    if args.write_fp8_checkpoint and (args.model_path or any(CHECKPOINT_FP8 in v for v in args.variants)):
+    fp8_variants = any(CHECKPOINT_FP8 in flags for _, flags in parse_variants(args.variants))
+    if args.write_fp8_checkpoint and (args.model_path or fp8_variants):
         p.error("--write-fp8-checkpoint serves the checkpoint it writes: no --model-path, no --checkpoint-fp8 variants")
+    if args.model_path and fp8_variants:
+        p.error("--checkpoint-fp8 variants serve the shape's dummy-weight config: not with --model-path")
     if args.graph_steps_from is None:
         args.graph_steps_from = ROOFLINE if args.shape == "Llama-3.1-8B" else ""
     run(args)
