@@ -2,6 +2,9 @@
 
     python benchmark/decode_roofline/bench_decode_roofline.py [--quantization fp8] [--skip-hf] [--out DIR]
     python benchmark/decode_roofline/bench_decode_roofline.py --shape DeepSeek-V2-Lite --skip-hf --out DIR
+    python benchmark/decode_roofline/bench_decode_roofline.py --shape Qwen3-8B --checkpoint-fp8 --skip-hf \
+        --contexts 1024 --out DIR                                    # a native block-fp8 checkpoint's decode step
+    python benchmark/decode_roofline/bench_decode_roofline.py --shape Qwen3-8B --checkpoint-fp8 --dry-run   # CPU
 
 Measures, in one run: the device-to-device copy bandwidth; transformers' decode step (generate)
 at batch 1 and 64, context 1k, on the same dummy weights; our decode step (CUDA graph replay,
@@ -17,6 +20,14 @@ MLPs, norms, routers, lm_head), the embedding rows of the batch's tokens, the ro
 (counted per layer in an eager pass of the same batch, whose routing the graph replays), and the latent KV rows
 (one 576-value row per token and layer). The batch's tokens are random and its KV rows random, so requests route
 apart as real ones do. (The Llama rows keep the committed accounting: every parameter, the embedding table too.)
+
+Another dense shape (--shape Qwen3-8B) is counted by terms too: the fp8 weights, their scales, the other parameters
+(norms, lm_head, any bf16 linear), the embedding rows of the batch's tokens, and the KV rows. With --checkpoint-fp8
+its config carries a native block-fp8 checkpoint's quantization_config (quant_method fp8, weight_block_size
+[128, 128]): --load-format dummy fills the layers in that format (e4m3 weights, weight_scale_inv per 128x128
+block), which the GPU keeps and runs as such (layers/quantization/fp8_block_linear.py). --dry-run runs the same
+code on the CPU (a tiny model of the shape's family, eager steps, no CUDA graph; fp8 layers kept as the GPU keeps
+them, computed by the torch reference) to check the script, not to measure.
 """
 
 from __future__ import annotations
@@ -26,7 +37,9 @@ import dataclasses
 import json
 import os
 import sys
+import tempfile
 import time
+from typing import Callable
 
 import torch
 
@@ -38,6 +51,21 @@ from sglang.test.bench_utils import write_results  # noqa: E402
 from sglang.test.gpu_utils import shape_config_dir  # noqa: E402
 
 GB = 1e9
+DEFAULT_OUT = os.path.dirname(os.path.abspath(__file__))  # the committed results.json (a dry run never writes it)
+MOE_SHAPES = ("DeepSeek-V2-Lite",)
+# --dry-run: the shape's family at dimensions the CPU runs in a second (multiples of 128: the fp8 blocks).
+DRY_OVERRIDES = dict(
+    hidden_size=256,
+    intermediate_size=384,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    head_dim=128,
+    vocab_size=512,
+    max_position_embeddings=2048,
+    bos_token_id=1,
+    eos_token_id=2,
+)
 
 
 def copy_bandwidth() -> float:
@@ -86,7 +114,17 @@ def hf_decode_step_ms(config_dir: str, batches, ctx: int) -> dict:
     return out
 
 
-def our_runner(config_dir: str, quantization=None):
+def cpu_copy_bandwidth(nbytes: int = 256 * 1024**2) -> float:
+    """copy_bandwidth's quantity on the CPU (the dry run's floor: only that the arithmetic runs)."""
+    x = torch.empty(nbytes, dtype=torch.uint8)
+    y = torch.empty_like(x)
+    y.copy_(x)
+    t = time.perf_counter()
+    y.copy_(x)
+    return 2 * nbytes / (time.perf_counter() - t)
+
+
+def our_runner(config_dir: str, quantization=None, **server_args):
     from sglang.srt.configs.engine_config import resolve_engine_config
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.server_args import ServerArgs
@@ -98,8 +136,35 @@ def our_runner(config_dir: str, quantization=None):
         max_running_requests=256,
         log_level="warning",
         quantization=quantization,
+        **server_args,
     )
     return ModelRunner(resolve_engine_config(args))
+
+
+def _on_cuda(mr) -> bool:
+    return torch.device(mr.device).type == "cuda"
+
+
+def _sync(mr) -> None:
+    if _on_cuda(mr):
+        torch.cuda.synchronize()
+
+
+def _elapsed_ms(mr, step: Callable[[], None], iters: int) -> float:
+    """Milliseconds per call of `step`, `iters` calls back to back: CUDA events on the GPU, wall time on the CPU."""
+    _sync(mr)
+    if not _on_cuda(mr):
+        t = time.perf_counter()
+        for _ in range(iters):
+            step()
+        return (time.perf_counter() - t) * 1000 / iters
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        step()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / iters
 
 
 def apply_decode_config(mr, overrides: dict) -> None:
@@ -126,7 +191,7 @@ def decode_step_ms(
     shared = bs * ctx > mr.token_to_kv_pool_allocator.available_size()
     rows = mr.req_to_token_pool.alloc(bs)
     n_ctx = 1 if shared else bs
-    slots = mr.token_to_kv_pool_allocator.alloc(n_ctx * ctx).view(n_ctx, ctx).cuda()
+    slots = mr.token_to_kv_pool_allocator.alloc(n_ctx * ctx).view(n_ctx, ctx).to(mr.device)
     for i, r in enumerate(rows):
         mr.req_to_token_pool.req_to_token[r, :ctx] = slots[0 if shared else i].to(torch.int32)
     input_ids = [7] * bs
@@ -149,17 +214,11 @@ def decode_step_ms(
         on_batch(fb)
     for _ in range(3):
         mr.forward(fb)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        mr.forward(fb)
-    end.record()
-    torch.cuda.synchronize()
+    ms = _elapsed_ms(mr, lambda: mr.forward(fb), iters)
     for r in rows:
         mr.req_to_token_pool.free(r)
     mr.token_to_kv_pool_allocator.free(slots.flatten().cpu())
-    return start.elapsed_time(end) / iters, shared
+    return ms, shared
 
 
 def experts_touched(mr, fb) -> list:
@@ -251,21 +310,74 @@ def extend_batch(mr, batch: int, length: int):
 def prefill_tokens_per_s(mr, chunk: int = 8192, iters: int = 5) -> float:
     fb, release = extend_batch(mr, 1, chunk)
     mr.forward(fb)
-    torch.cuda.synchronize()
+    _sync(mr)
     t = time.perf_counter()
     for _ in range(iters):
         mr.forward(fb)
-    torch.cuda.synchronize()
+    _sync(mr)
     elapsed = (time.perf_counter() - t) / iters
     release()
     return chunk / elapsed
 
 
-def main() -> None:
+def dense_floor_terms(mr, bs: int, ctx: int) -> dict:
+    """The bytes a dense model's decode step reads, by term: fp8 weights, their scales (a native checkpoint's
+    weight_scale_inv parameters, --quantization fp8's weight_scale buffers), the other parameters but the
+    embedding table (norms, lm_head, bf16 linears), the batch's embedding rows, and the KV rows."""
+    params = dict(mr.model.named_parameters())
+    embed = params.pop("model.embed_tokens.weight")
+    # Tied embeddings: lm_head reads the whole table every step (then counted with the other parameters).
+    tied = any(p is embed for n, p in mr.model.named_parameters(remove_duplicate=False) if "embed_tokens" not in n)
+    if tied:
+        params["model.embed_tokens.weight"] = embed
+    named = [*params.items(), *mr.model.named_buffers()]
+    scales = {n for n, _ in named if n.endswith((".weight_scale", ".weight_scale_inv"))}
+    nbytes = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
+    fp8 = [p for n, p in params.items() if p.dtype == torch.float8_e4m3fn]
+    return {
+        "fp8_weights_bytes": nbytes(fp8),
+        "scales_bytes": nbytes(t for n, t in named if n in scales),
+        "other_params_bytes": nbytes(
+            p for n, p in params.items() if n not in scales and p.dtype != torch.float8_e4m3fn
+        ),
+        "embedding_rows_bytes": 0 if tied else bs * embed.shape[1] * embed.element_size(),
+        "kv_bytes": bs * ctx * mr.memory_plan.cell_size_bytes,
+    }
+
+
+def whole_weight_bytes(mr) -> int:
+    """The committed Llama accounting: every parameter (the embedding table too) and fp8 scale buffers."""
+    scales = [b for name, b in mr.model.named_buffers() if name.endswith("weight_scale")]
+    return sum(t.numel() * t.element_size() for t in [*mr.model.parameters(), *scales])
+
+
+def keep_block_fp8_on_cpu() -> None:
+    """The dry run: keep a block-fp8 checkpoint's layers in fp8 on the CPU as the GPU does (the CPU dequantizes them
+    at load otherwise; its fp8 layers compute the same sum with the torch reference), so the floor's fp8 terms and
+    the block layers' loading run here as they will there."""
+    import sglang.srt.configs.model_config as model_config
+
+    model_config.linear_weight_format = lambda quant, *rest: (
+        "fp8_block" if quant and quant.strategy == "block" else None
+    )
+
+
+def _variant(args) -> str:
+    if args.checkpoint_fp8:
+        return "native block-fp8 checkpoint (dummy weights)"
+    return "fp8 linear layers (--quantization fp8)" if args.quantization else "bf16"
+
+
+def parse_args():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
+    parser.add_argument("--out", default=DEFAULT_OUT)
     parser.add_argument("--skip-hf", action="store_true")
     parser.add_argument("--quantization", default=None, choices=["fp8"], help="our model's linear layers")
+    parser.add_argument(
+        "--checkpoint-fp8",
+        action="store_true",
+        help="the shape as a native block-fp8 checkpoint (quantization_config fp8, weight_block_size [128, 128])",
+    )
     parser.add_argument(
         "--decode-config",
         default="",
@@ -275,28 +387,43 @@ def main() -> None:
     parser.add_argument(
         "--shape",
         default="Llama-3.1-8B",
-        choices=["Llama-3.1-8B", "DeepSeek-V2-Lite"],
-        help="DeepSeek-V2-Lite: the MoE floor by terms (batches 1 and 64, context 1k)",
+        choices=["Llama-3.1-8B", "Qwen3-8B", *MOE_SHAPES],
+        help="DeepSeek-V2-Lite: the MoE floor by terms (batches 1 and 64, context 1k); Qwen3-8B: a dense floor by "
+        "terms",
     )
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
+    parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 8192])
+    parser.add_argument("--dry-run", action="store_true", help="CPU check of the script: a tiny model, eager steps")
     args = parser.parse_args()
-    config_dir = shape_config_dir(args.shape)
-    bw = copy_bandwidth()
-    if args.shape != "Llama-3.1-8B":
-        moe_main(args, bw)
-        return
-    hf = {} if args.skip_hf else hf_decode_step_ms(config_dir, [1, 64], 1024)
-    mr = our_runner(config_dir, args.quantization)
-    if args.decode_config:
-        apply_decode_config(mr, json.loads(args.decode_config))
-    # Parameters and the fp8 layers' scales: what a step reads (rotary tables and other buffers are not).
-    scales = [b for name, b in mr.model.named_buffers() if name.endswith("weight_scale")]
-    weight_bytes = sum(t.numel() * t.element_size() for t in [*mr.model.parameters(), *scales])
+    if args.checkpoint_fp8 and args.quantization:
+        parser.error("--checkpoint-fp8 is a pre-quantized checkpoint: --quantization does not apply")
+    if args.checkpoint_fp8 and args.shape in MOE_SHAPES:
+        parser.error("--checkpoint-fp8 is for the dense shapes")
+    return args
+
+
+def dense_config_dir(args) -> str:
+    """The shape's config (tiny in a dry run), with a block-fp8 quantization_config for --checkpoint-fp8."""
+    from sglang.test.fp8_checkpoints import quantization_config
+
+    overrides = dict(DRY_OVERRIDES) if args.dry_run else {}
+    if args.checkpoint_fp8:
+        overrides["quantization_config"] = quantization_config("block")
+    return shape_config_dir(args.shape, **overrides)
+
+
+def decode_rows(mr, args, bw: float, iters: int) -> list:
+    """Our decode step at every batch and context vs the HBM floor (by terms for shapes other than Llama's)."""
+    by_terms = args.shape != "Llama-3.1-8B"
+    weight_bytes = whole_weight_bytes(mr)
     cell = mr.memory_plan.cell_size_bytes
     rows = []
-    for ctx in (1024, 8192):
-        for bs in (1, 8, 64, 256):
-            ms, shared = decode_step_ms(mr, bs, ctx)
-            floor_ms = (weight_bytes + bs * ctx * cell) / bw * 1000
+    for ctx in args.contexts:
+        for bs in args.batches:
+            ms, shared = decode_step_ms(mr, bs, ctx, iters=iters)
+            terms = dense_floor_terms(mr, bs, ctx) if by_terms else {}
+            floor_bytes = sum(terms.values()) if by_terms else weight_bytes + bs * ctx * cell
+            floor_ms = floor_bytes / bw * 1000
             rows.append(
                 {
                     "batch": bs,
@@ -305,38 +432,81 @@ def main() -> None:
                     "hbm_floor_ms": round(floor_ms, 3),
                     "ratio_to_floor": round(ms / floor_ms, 3),
                     "tokens_per_s": round(bs / ms * 1000, 1),
-                    "hf_step_ms": round(hf[bs], 2) if ctx == 1024 and bs in hf else None,
                     "kv_slots_shared": shared,
+                    **terms,
                 }
             )
-    prefill = prefill_tokens_per_s(mr)
-    result = {
-        "device": torch.cuda.get_device_name(),
-        "torch": torch.__version__,
-        "quantization": args.quantization,
-        "copy_bandwidth_GBps": round(bw / GB, 1),
-        "weight_GB": round(weight_bytes / GB, 3),
-        "kv_cell_bytes": cell,
-        "decode": rows,
-        "prefill_8k_tokens_per_s": round(prefill, 1),
-        "cuda_graph_max_bs": mr.config.args.cuda_graph_max_bs,
-        "decode_kernel_config": vars(mr.attn_backend.kernel_config),
-        "min_block_tokens": mr.attn_backend.min_block_tokens,
-    }
+    return rows
+
+
+def decode_table(result: dict, rows: list, hf: dict) -> str:
+    terms = "fp8_weights_bytes" in rows[0]
     lines = [
-        f"Llama-3.1-8B shape, {'fp8 linear layers' if args.quantization else 'bf16'}, {result['device']}; copy bandwidth {result['copy_bandwidth_GBps']} GB/s; "
-        f"weights {result['weight_GB']} GB; prefill (8k-token chunk) {result['prefill_8k_tokens_per_s']} tokens/s",
+        f"{result['shape']} shape, {result['variant']}, {result['device']}; copy bandwidth "
+        f"{result['copy_bandwidth_GBps']} GB/s; weights {result['weight_GB']} GB; prefill (8k-token chunk) "
+        f"{result['prefill_8k_tokens_per_s']} tokens/s",
         "",
-        "| batch | context | step ms | HBM floor ms | x floor | tokens/s | transformers step ms |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| batch | context | step ms | HBM floor ms | x floor | tokens/s | transformers step ms |"
+        + (" fp8 weights GB | scales MB | other params GB | embedding rows MB | KV GB |" if terms else ""),
+        "|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" * 5 if terms else ""),
     ]
     for r in rows:
         note = " (slots shared)" if r["kv_slots_shared"] else ""
-        lines.append(
+        hf_ms = hf.get(r["batch"]) if r["context"] == 1024 else None
+        line = (
             f"| {r['batch']} | {r['context']}{note} | {r['step_ms']} | {r['hbm_floor_ms']} | {r['ratio_to_floor']} | "
-            f"{r['tokens_per_s']} | {r['hf_step_ms'] if r['hf_step_ms'] is not None else '-'} |"
+            f"{r['tokens_per_s']} | {round(hf_ms, 2) if hf_ms is not None else '-'} |"
         )
-    table = "\n".join(lines)
+        if terms:
+            line += (
+                f" {r['fp8_weights_bytes'] / GB:.3f} | {r['scales_bytes'] / 1e6:.1f} | "
+                f"{r['other_params_bytes'] / GB:.3f} | {r['embedding_rows_bytes'] / 1e6:.3f} | {r['kv_bytes'] / GB:.3f} |"
+            )
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def main() -> None:
+    args = parse_args()
+    if args.dry_run:
+        args.skip_hf, args.batches, args.contexts = True, [1, 8], [128]
+        args.out = args.out if args.out != DEFAULT_OUT else tempfile.mkdtemp(prefix="roofline-dry-run-")
+        keep_block_fp8_on_cpu()
+        bw = cpu_copy_bandwidth()
+    else:
+        bw = copy_bandwidth()
+    if args.shape in MOE_SHAPES:
+        moe_main(args, bw)
+        return
+    config_dir = dense_config_dir(args)
+    hf = {} if args.skip_hf else hf_decode_step_ms(config_dir, [1, 64], 1024)
+    runner_args = dict(device="cpu", max_total_tokens=4096) if args.dry_run else {}
+    mr = our_runner(config_dir, args.quantization, **runner_args)
+    if args.decode_config:
+        apply_decode_config(mr, json.loads(args.decode_config))
+    rows = decode_rows(mr, args, bw, iters=3 if args.dry_run else 30)
+    for r in rows:
+        r["hf_step_ms"] = round(hf[r["batch"]], 2) if r["context"] == 1024 and r["batch"] in hf else None
+    prefill = prefill_tokens_per_s(mr, chunk=256 if args.dry_run else 8192, iters=1 if args.dry_run else 5)
+    on_gpu = _on_cuda(mr)
+    result = {
+        "device": torch.cuda.get_device_name() if on_gpu else "CPU (dry run)",
+        "torch": torch.__version__,
+        "shape": args.shape,
+        "variant": _variant(args),
+        "quantization": args.quantization,
+        "checkpoint_fp8": args.checkpoint_fp8,
+        "copy_bandwidth_GBps": round(bw / GB, 1),
+        "weight_GB": round(whole_weight_bytes(mr) / GB, 3),
+        "kv_cell_bytes": mr.memory_plan.cell_size_bytes,
+        "decode": rows,
+        "prefill_8k_tokens_per_s": round(prefill, 1),
+        "cuda_graph_max_bs": mr.config.args.cuda_graph_max_bs,
+    }
+    if on_gpu:
+        result["decode_kernel_config"] = vars(mr.attn_backend.kernel_config)
+        result["min_block_tokens"] = mr.attn_backend.min_block_tokens
+    table = decode_table(result, rows, hf)
     print(table)
     write_results(args.out, result, table)
 

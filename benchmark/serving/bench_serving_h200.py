@@ -5,6 +5,20 @@ server: Llama-3.1-8B shape, dummy weights, a real tokenizer, static vs post-capt
     python3 benchmark/serving/bench_serving_h200.py --out-dir $OUT   # the GPU machine (no network; carry .device)
     python benchmark/serving/bench_serving_h200.py --dry-run         # this CPU machine: tiny model, tiny counts
 
+Native FP8 checkpoints (block fp8: e4m3 weights, ``weight_scale_inv`` per 128x128 block, the layout of DeepSeek-V3
+and Qwen3-*-FP8): a variant whose flags hold ``--checkpoint-fp8`` (taken here, not passed to the server) serves the
+shape's config with that quantization_config, dummy weights drawn in the checkpoint's format (no disk write):
+
+    python3 benchmark/serving/bench_serving_h200.py --paths post-capture --backend sglang-oai --concurrency 256 \
+      --num-prompts 512 --variants "fp8=--quantization fp8" "native-fp8=--checkpoint-fp8"
+
+and ``--write-fp8-checkpoint`` writes the shape as a real checkpoint first (random e4m3 codes and block scales,
+safetensors shards and index, sglang.test.fp8_checkpoints.write_random_block_fp8_checkpoint; Qwen3-8B: ~8 GB, drawn
+on the GPU) and serves it with a real load (no --load-format dummy):
+
+    python3 benchmark/serving/bench_serving_h200.py --shape Qwen3-8B --write-fp8-checkpoint --paths post-capture \
+      --backend sglang-oai --concurrency 64 256 --num-prompts 128 512
+
 For each path (static: SGLANG_ENABLE_POST_CAPTURE_KV_SIZING=0; post-capture: =1) it starts
 `python -m sglang.launch_server --model-path DIR --load-format dummy`, where DIR holds the Llama-3.1-8B
 config (vocab_size 49152, SmolLM2's) and SmolLM2's tokenizer, runs one unrecorded warm-up benchmark, then
@@ -26,12 +40,14 @@ import argparse
 import glob
 import importlib.util
 import json
+import multiprocessing
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
@@ -73,21 +89,58 @@ def prepare() -> None:
     print("tokenizer:", save_portable_tokenizer(get_tokenizer("SmolLM2-135M-Instruct"), TOKENIZER_DIR))
 
 
-def model_dir(work: str, shape: str) -> str:
-    """A dummy-weight model directory: the shape's config with SmolLM2's vocabulary, plus its tokenizer."""
-    if shape == "tiny-llama":  # the CPU dry run
+def shape_config(shape: str) -> dict:
+    """The shape's config.json with SmolLM2's vocabulary (its tokenizer's)."""
+    if shape.startswith("tiny-"):  # the CPU dry run: tiny-llama, tiny-qwen3
         from sglang.test.runners import TINY_CONFIGS
 
-        cfg = dict(TINY_CONFIGS["llama"], model_type="llama", torch_dtype="float32", max_position_embeddings=4096)
+        arch = shape[len("tiny-") :]
+        cfg = dict(TINY_CONFIGS[arch], model_type=arch, torch_dtype="float32", max_position_embeddings=4096)
     else:
         shapes = _load_script(os.path.join(ROOT, "scripts", "make_model_configs.py"), "make_model_configs").SHAPES
         cfg = dict(shapes[shape])
     cfg.update(vocab_size=SMOLLM2_VOCAB, bos_token_id=SMOLLM2_BOS, eos_token_id=SMOLLM2_EOS)
-    d = os.path.join(work, f"{shape}-vocab{SMOLLM2_VOCAB}")
+    return cfg
+
+
+def model_dir(work: str, shape: str, checkpoint_fp8: bool = False) -> str:
+    """A dummy-weight model directory: the shape's config with SmolLM2's vocabulary, plus its tokenizer; with
+    `checkpoint_fp8` the config declares a native block-fp8 checkpoint (dummy weights are drawn in its format)."""
+    from sglang.test.fp8_checkpoints import quantization_config
+
+    cfg = shape_config(shape)
+    if checkpoint_fp8:
+        cfg["quantization_config"] = quantization_config("block")
+    d = os.path.join(work, f"{shape}-vocab{SMOLLM2_VOCAB}{'-block-fp8' if checkpoint_fp8 else ''}")
     shutil.copytree(TOKENIZER_DIR, d)
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
     return d
+
+
+def written_fp8_checkpoint(work: str, shape: str) -> tuple[str, dict]:
+    """The shape written to disk as a native block-fp8 checkpoint (random weights, drawn on the GPU where there is
+    one), with SmolLM2's tokenizer: its directory and what writing it took."""
+    import torch
+
+    from sglang.srt.model_loader.weight_utils import checkpoint_files
+    from sglang.test.fp8_checkpoints import write_random_block_fp8_checkpoint
+
+    d = os.path.join(work, f"{shape}-vocab{SMOLLM2_VOCAB}-block-fp8-written")
+    shutil.copytree(TOKENIZER_DIR, d)
+    t = time.monotonic()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    # In a process of its own: its CUDA context and cached blocks leave with it, the servers get the whole GPU.
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        pool.submit(write_random_block_fp8_checkpoint, shape_config(shape), d, device=device).result()
+    files = checkpoint_files(d)
+    facts = {
+        "checkpoint_write_s": round(time.monotonic() - t, 1),
+        "checkpoint_bytes": sum(os.path.getsize(f) for f in files),
+        "checkpoint_shards": len(files),
+    }
+    print(f"wrote {d}: {facts}", flush=True)
+    return d, facts
 
 
 def write_corpus(path: str, rows: int, words_per_row: int) -> str:
@@ -184,6 +237,8 @@ def server_facts(base_url: str) -> dict:
         "cuda_graph_max_bs": info.get("cuda_graph_max_bs"),
         "max_running_requests": info.get("max_running_requests"),
         "kv_path": plan.get("path"),
+        # What the weights took (native block-fp8 Llama-3.1-8B ~9 GB vs 16 GB in bf16): which format was served.
+        "weights_gb": plan.get("weights_gb"),
     }
 
 
@@ -229,7 +284,7 @@ def device_time_columns(before: Dict[str, float], after: Dict[str, float], durat
 def markdown(data: dict) -> str:
     lines = [
         f"Upstream `bench_serving.py` (sglang {UPSTREAM_VERSION}) `--backend {data['backend']}`, random dataset "
-        f"{data['input_len']} in / {data['output_len']} out, model {data['model']} ({data['weights']} weights); "
+        f"{data['input_len']} in / {data['output_len']} out, model {data['model']} (weights: {data['weights']}); "
         "graph step ms: benchmark/decode_roofline/ at the same batch size, context 1024.",
         "",
         "| variant | path | concurrency | prompts | completed | output tok/s | TTFT median ms | TTFT p99 ms "
@@ -287,28 +342,53 @@ class Setup:
     model_dir: str
     dataset: str
     graph_steps: Dict[int, float]  # decode graph step ms by batch size (H200 runs only)
+    dummy: bool  # --load-format dummy (False: the model directory holds real weights)
+    fp8_model_dir: Optional[str]  # the shape as a native block-fp8 checkpoint (variants with --checkpoint-fp8)
+
+
+CHECKPOINT_FP8 = "--checkpoint-fp8"  # a variant's flag taken here: serve Setup.fp8_model_dir
+
+
+def _model_dirs(work: str, args) -> tuple[str, bool, Optional[str], dict]:
+    """(the model directory, whether its weights are dummy, the block-fp8 one for variants that ask, facts to
+    record): --model-path as given, the written checkpoint, or the shape's dummy-weight directories."""
+    if args.model_path:
+        return args.model_path, False, None, {}
+    if args.write_fp8_checkpoint:
+        d, facts = written_fp8_checkpoint(work, args.shape)
+        return d, False, None, facts
+    wants_fp8 = any(CHECKPOINT_FP8 in flags for _, flags in parse_variants(args.variants))
+    fp8_dir = model_dir(work, args.shape, checkpoint_fp8=True) if wants_fp8 else None
+    return model_dir(work, args.shape), True, fp8_dir, {}
 
 
 def _run_in(work: str, wheel: str, args) -> dict:
+    main_dir, dummy, fp8_dir, facts = _model_dirs(work, args)
     setup = Setup(
         work=work,
         bench_py=os.path.join(unpack_wheel(wheel, os.path.join(work, "upstream")), "bench_serving.py"),
         python=args.client_python or sys.executable,
-        model_dir=args.model_path or model_dir(work, args.shape),
+        model_dir=main_dir,
         dataset=write_corpus(os.path.join(work, "corpus.json"), max(args.num_prompts) + 1, args.input_len * 2),
         graph_steps=roofline_steps(args.graph_steps_from)
         if args.roofline
         else {},  # H200 step times: meaningless next to a CPU run
+        dummy=dummy,
+        fp8_model_dir=fp8_dir,
     )
     os.makedirs(args.out_dir, exist_ok=True)
+    weights = "dummy" if dummy else "real"
+    if args.write_fp8_checkpoint:
+        weights = "random block-fp8 checkpoint written to disk"
     data = {
         "upstream": UPSTREAM_VERSION,
         "backend": args.backend,
         "model": args.model_label or args.shape,
-        "weights": "real" if args.model_path else "dummy",
+        "weights": weights,
         "input_len": args.input_len,
         "output_len": args.output_len,
         "server_args": args.server_args,
+        **facts,
         "rows": [],
     }
     with open(os.path.join(args.out_dir, "bench_serving_runs.log"), "a") as log:
@@ -317,6 +397,15 @@ def _run_in(work: str, wheel: str, args) -> dict:
                 run_server(args, setup, data, log, label, flags, path)
     print(markdown(data))
     return data
+
+
+def _checkpoint_kind(args, fp8_dir: bool) -> str:
+    """What a row's server loaded (its flags may quantize it further: --quantization fp8)."""
+    if args.model_path:
+        return "as given"
+    if args.write_fp8_checkpoint:
+        return "block-fp8, written"
+    return "block-fp8, dummy" if fp8_dir else "bf16, dummy"
 
 
 def parse_variants(specs: Sequence[str]) -> List[tuple]:
@@ -333,12 +422,13 @@ def parse_variants(specs: Sequence[str]) -> List[tuple]:
 def run_server(args, setup: Setup, data: dict, log, label: str, flags: List[str], path: str) -> None:
     """One server (a variant on a KV sizing path): the warm-up, then every concurrency, rows into `data`."""
     name = path if label == "default" else f"{label}-{path}"
+    model = setup.fp8_model_dir if CHECKPOINT_FP8 in flags else setup.model_dir
     server_cmd = [
         "--model-path",
-        setup.model_dir,
-        *([] if args.model_path else ["--load-format", "dummy"]),
+        model,
+        *(["--load-format", "dummy"] if setup.dummy else []),
         *args.server_args,
-        *flags,
+        *[f for f in flags if f != CHECKPOINT_FP8],
     ]
     t0 = time.monotonic()
     proc = popen_launch_server(server_cmd, timeout=900, env={"SGLANG_ENABLE_POST_CAPTURE_KV_SIZING": PATHS[path]})
@@ -377,6 +467,7 @@ def run_server(args, setup: Setup, data: dict, log, label: str, flags: List[str]
             device = device_time_columns(before, scheduler_counters(proc.base_url), res["duration"])
             row = {
                 "variant": label,
+                "checkpoint": _checkpoint_kind(args, model != setup.model_dir),
                 "path": path,
                 "concurrency": conc,
                 "num_prompts": n,
@@ -422,6 +513,11 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     p.add_argument("--out-dir", default=HERE)
     p.add_argument("--shape", default="Llama-3.1-8B")
     p.add_argument("--model-path", help="serve this model (real weights) instead of the shape with dummy weights")
+    p.add_argument(
+        "--write-fp8-checkpoint",
+        action="store_true",
+        help="write the shape as a native block-fp8 checkpoint (random weights) and serve it with a real load",
+    )
     p.add_argument("--model-label")
     p.add_argument("--backend", default="sglang", choices=["sglang", "sglang-oai", "vllm"])
     p.add_argument("--paths", nargs="+", default=list(PATHS), choices=list(PATHS))
@@ -446,8 +542,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     )
     p.add_argument(
         "--graph-steps-from",
-        default=ROOFLINE,
-        help="the decode roofline results.json whose step times sit next to the ITL (default: the committed one)",
+        help="the decode roofline results.json whose step times sit next to the ITL (default: the committed one, "
+        "Llama-3.1-8B's; none for other shapes)",
     )
     p.add_argument("--client-python", help="interpreter for bench_serving (default: this one)")
     p.add_argument("--server-args", nargs=argparse.REMAINDER, default=[], help="extra launch_server flags (last)")
@@ -457,7 +553,7 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if args.dry_run:
         from sglang.test.upstream_clients import ensure_upstream_venv
 
-        args.shape = "tiny-llama" if args.shape == "Llama-3.1-8B" else args.shape
+        args.shape = "tiny-qwen3" if args.shape.startswith("Qwen3") else "tiny-llama"
         args.out_dir = args.out_dir if args.out_dir != HERE else tempfile.mkdtemp(prefix="bench-serving-dry-")
         args.concurrency, args.num_prompts, args.input_len, args.output_len = [1, 2, 4], [2, 4, 8], 32, 8
         args.warmup_concurrency, args.warmup_prompts = 2, 2
@@ -470,6 +566,13 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         args.roofline = True
     if len(args.concurrency) != len(args.num_prompts):
         p.error("--concurrency and --num-prompts need the same number of values")
+    fp8_variants = any(CHECKPOINT_FP8 in flags for _, flags in parse_variants(args.variants))
+    if args.write_fp8_checkpoint and (args.model_path or fp8_variants):
+        p.error("--write-fp8-checkpoint serves the checkpoint it writes: no --model-path, no --checkpoint-fp8 variants")
+    if args.model_path and fp8_variants:
+        p.error("--checkpoint-fp8 variants serve the shape's dummy-weight config: not with --model-path")
+    if args.graph_steps_from is None:
+        args.graph_steps_from = ROOFLINE if args.shape == "Llama-3.1-8B" else ""
     run(args)
     print("results in", args.out_dir)
 

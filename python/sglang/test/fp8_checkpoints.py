@@ -5,6 +5,10 @@ embeddings, norms, the router and lm_head stay in full precision. Each is writte
 model holding the dequantized weights, full precision, no quantization_config.
 
     d = write_fp8_checkpoint(dense_bf16(tmp + "/bf16"), tmp + "/fp8", "block")   # + tmp/fp8-dequantized
+
+Benchmarks write a large one straight from a config, random codes and scales, shard by shard (no bf16 model first):
+
+    write_random_block_fp8_checkpoint(config_dict, out_dir, device="cuda")   # Qwen3-8B: ~8 GB in seconds
 """
 
 from __future__ import annotations
@@ -16,6 +20,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 E4M3_MAX = 448.0
+# Random codes' standard deviation: three sigmas (192) stay well inside e4m3's range, so few codes saturate.
+CODE_STD = 64.0
 # Every decoder linear of the families here, DeepSeek's MLA projections (kv_b_proj too, as DeepSeek-V3 ships it).
 QUANTIZED = (
     "q_proj",
@@ -98,6 +104,89 @@ def write_fp8_checkpoint(bf16_dir: str, out_dir: str, strategy: str) -> str:
         save_file(tensors, os.path.join(d, "model.safetensors"))
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump({**config, **extra}, f)
+    return out_dir
+
+
+def _is_quantized(name: str) -> bool:
+    return name.endswith(".weight") and name.split(".")[-2] in QUANTIZED
+
+
+def _random_tensors(
+    name: str, shape: tuple, dtype: torch.dtype, gen: torch.Generator, std: float
+) -> dict[str, torch.Tensor]:
+    """One checkpoint tensor (on the generator's device): a decoder linear as e4m3 codes with fp32 scales per
+    128x128 block (each block's scale drawn in [0.5, 1.5) x std / CODE_STD, so weights ~ N(0, std) and no two
+    blocks alike), a norm as ones, anything else N(0, std) in `dtype`."""
+    device = gen.device
+    if _is_quantized(name):
+        rows, cols = shape
+        codes = torch.randn(shape, generator=gen, device=device).mul_(CODE_STD).clamp_(-E4M3_MAX, E4M3_MAX)
+        blocks = (-(-rows // 128), -(-cols // 128))
+        scale = torch.rand(blocks, generator=gen, device=device).add_(0.5).mul_(std / CODE_STD)
+        return {name: codes.to(torch.float8_e4m3fn), name[: -len("weight")] + "weight_scale_inv": scale}
+    if len(shape) == 1 and "norm" in name:
+        return {name: torch.ones(shape, dtype=dtype, device=device)}
+    return {name: torch.randn(shape, generator=gen, device=device).mul_(std).to(dtype)}
+
+
+def _tensor_bytes(name: str, shape: tuple, dtype: torch.dtype) -> int:
+    numel = 1
+    for n in shape:
+        numel *= n
+    return numel if _is_quantized(name) else numel * dtype.itemsize
+
+
+def plan_shards(shapes: dict[str, tuple], dtype: torch.dtype, shard_bytes: int) -> list[list[str]]:
+    """Checkpoint tensor names grouped into shards of at most `shard_bytes` each (a tensor larger than that gets
+    a shard of its own), in the order given."""
+    shards: list[list[str]] = [[]]
+    size = 0
+    for name, shape in shapes.items():
+        n = _tensor_bytes(name, shape, dtype)
+        if shards[-1] and size + n > shard_bytes:
+            shards.append([])
+            size = 0
+        shards[-1].append(name)
+        size += n
+    return shards
+
+
+def write_random_block_fp8_checkpoint(
+    config: dict,
+    out_dir: str,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.bfloat16,
+    seed: int = 0,
+    std: float = 0.02,
+    shard_bytes: int = 2 * 1024**3,
+) -> str:
+    """A native block-fp8 checkpoint of `config`'s shapes (config.json's dict) with random weights, as DeepSeek-V3
+    and Qwen3-*-FP8 ship theirs: every decoder linear e4m3 with ``weight_scale_inv`` per 128x128 block, the rest
+    (embeddings, norms, lm_head) in `dtype`; config.json with the block quantization_config, safetensors shards
+    of at most `shard_bytes` and model.safetensors.index.json. Tensors are drawn on `device` (the GPU draws
+    Qwen3-8B's ~8 GB in well under a second) one shard at a time, so memory holds one shard, not the model."""
+    from transformers import AutoConfig
+
+    from sglang.srt.model_loader.dummy_weights import checkpoint_shapes
+
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
+        json.dump({**config, "quantization_config": quantization_config("block")}, f, indent=2)
+    shapes = checkpoint_shapes(AutoConfig.from_pretrained(out_dir))
+    shards = plan_shards(shapes, dtype, shard_bytes)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    weight_map, total = {}, 0
+    for i, names in enumerate(shards):
+        file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        tensors = {}
+        for name in names:
+            for key, t in _random_tensors(name, shapes[name], dtype, gen, std).items():
+                tensors[key] = t.cpu()
+                weight_map[key] = file
+                total += t.numel() * t.element_size()
+        save_file(tensors, os.path.join(out_dir, file), metadata={"format": "pt"})
+    with open(os.path.join(out_dir, "model.safetensors.index.json"), "w") as f:
+        json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)
     return out_dir
 
 

@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=70, suite="per-commit-cpu")
+register_cpu_ci(est_time=85, suite="per-commit-cpu")
 
 # Native FP8 checkpoints on the CPU: tiny models written by transformers (dims multiples of 128), their linear
 # weights quantized here to e4m3 the way the real checkpoints are (block fp8: `weight_scale_inv` per 128x128
@@ -120,4 +120,71 @@ def test_moe_experts_keep_the_checkpoints_fp8(tmp_path, monkeypatch):
     ref_model = fake_quantized(load_hf_model(d + "-dequantized"), "block", attention_only=True)
     ref = hf_greedy(ref_model, prompts(256), NEW_TOKENS)
     outs = run_scheduler(sched, prompts(256), greedy_params(NEW_TOKENS))
+    assert [o.output_ids for o in outs] == ref
+
+
+def test_random_block_fp8_checkpoint_is_served_as_written(tmp_path, monkeypatch):
+    """write_random_block_fp8_checkpoint (the serving benchmark's Qwen3-8B-shaped checkpoint, tiny here): shards
+    and index name every tensor of the config's model once, each decoder linear as e4m3 codes with a 128x128
+    block scale; the engine, in the GPU's format, holds those bytes, and its greedy tokens equal transformers'
+    on the dequantized weights with the same activation quantization."""
+    import json
+
+    from safetensors.torch import load_file
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    import sglang.srt.configs.model_config as model_config
+    from sglang.srt.model_loader.dummy_weights import checkpoint_shapes
+    from sglang.test.fp8_checkpoints import dequantize, write_random_block_fp8_checkpoint
+
+    config = dict(
+        architectures=["Qwen3ForCausalLM"],
+        model_type="qwen3",
+        hidden_size=256,
+        intermediate_size=384,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=128,
+        vocab_size=512,
+        max_position_embeddings=256,
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+    )
+    d = write_random_block_fp8_checkpoint(config, str(tmp_path / "fp8"), std=0.08, shard_bytes=400_000)
+    with open(f"{d}/model.safetensors.index.json") as f:
+        weight_map = json.load(f)["weight_map"]
+    assert len(set(weight_map.values())) > 2  # written shard by shard
+    tensors = {}
+    for file in set(weight_map.values()):
+        part = load_file(f"{d}/{file}")
+        assert all(weight_map[name] == file for name in part)
+        tensors.update(part)
+    assert set(tensors) == set(weight_map)
+    shapes = checkpoint_shapes(AutoConfig.from_pretrained(d))
+    quantized = [n for n in shapes if n.endswith("_proj.weight")]
+    assert len(quantized) == 2 * 7
+    assert set(tensors) == set(shapes) | {n + "_scale_inv" for n in quantized}
+    for name in quantized:
+        q, scale = tensors[name], tensors[name + "_scale_inv"]
+        assert q.dtype == torch.float8_e4m3fn and q.float().isfinite().all()
+        assert scale.shape == (-(-q.shape[0] // 128), -(-q.shape[1] // 128)) and len(scale.unique()) == scale.numel()
+    assert tensors["model.norm.weight"].dtype == torch.bfloat16
+
+    monkeypatch.setattr(model_config, "linear_weight_format", lambda *a: "fp8_block")  # as on the GPU
+    sched = make_scheduler(reuse_model=False, model_path=d, skip_tokenizer_init=True, max_total_tokens=1024)
+    down = sched.model_runner.model.model.layers[1].mlp.down_proj
+    assert torch.equal(down.weight.view(torch.uint8), tensors["model.layers.1.mlp.down_proj.weight"].view(torch.uint8))
+    assert torch.equal(down.weight_scale_inv, tensors["model.layers.1.mlp.down_proj.weight_scale_inv"])
+
+    reference = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(d), dtype=torch.float32)
+    state = {
+        n: dequantize(t, tensors[n + "_scale_inv"], "block") if n in quantized else t.float()
+        for n, t in tensors.items()
+        if not n.endswith("_scale_inv")
+    }
+    reference.load_state_dict(state)
+    ref = hf_greedy(fake_quantized(reference.eval(), "block"), prompts(512), NEW_TOKENS)
+    assert len({tuple(r) for r in ref}) == len(ref)  # not degenerate
+    outs = run_scheduler(sched, prompts(512), greedy_params(NEW_TOKENS))
     assert [o.output_ids for o in outs] == ref

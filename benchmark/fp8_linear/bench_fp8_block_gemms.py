@@ -1,0 +1,265 @@
+"""Qwen3-8B's projections in bf16 vs block-scaled fp8 (a native FP8 checkpoint's format), decode to prefill sizes.
+
+    python3 benchmark/fp8_linear/bench_fp8_block_gemms.py [--rows 1 8 64 256 2048 8192] [--out DIR]   # GPU machine
+    python benchmark/fp8_linear/bench_fp8_block_gemms.py --dry-run    # CPU: tiny shapes, the triton interpreter
+
+For each projection (qkv, o, gate_up, down) and row count M it captures 36 calls on 36 distinct weights (as the
+36 layers are, so nothing is served from L2) in a CUDA graph and times the replay:
+  bf16          F.linear (cuBLAS), what the engine runs for a bf16 checkpoint;
+  engine        what the engine runs for a block-fp8 checkpoint (fp8_block_linear's CUDA branch): activations
+                quantized per token and 128-column group (one triton kernel), then the triton block-scaled GEMM;
+  gemm alone    that GEMM on pre-quantized activations (the quantization kernel's cost is the difference);
+  scaled_mm     torch's own block-scaled GEMM (F.scaled_mm, BlockWise1x128 activations x BlockWise128x128
+                weights; cuBLAS on sm90 with CUDA >= 12.9), after the same quantization kernel and the copy of
+                the activation scales into the column-major layout cuBLAS takes; "unsupported: <error>" where
+                this torch refuses it, "mismatch" where its output disagrees with the engine's;
+  scaled_mm alone  that call on pre-quantized activations.
+Model TFLOP/s (2 M N K per call) and speedup over bf16 for each. The issue's target: at prefill sizes (2,048
+and 8,192 rows) the engine's block-fp8 path at >= 1.5x bf16's TFLOP/s. Prints a table, writes JSON + markdown.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+import sys
+import time
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+if "--dry-run" in sys.argv and not torch.cuda.is_available():
+    # The CPU check runs the triton kernels in the interpreter, which must be chosen before any kernel is defined.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "python"))
+
+from sglang.srt.layers.quantization.fp8 import Fp8FusedMoEMethod  # noqa: E402
+from sglang.srt.layers.quantization.fp8_block_kernels import block_fp8_gemm, quantize_groups  # noqa: E402
+from sglang.test.bench_utils import cuda_graph_ms, write_results  # noqa: E402
+
+# Qwen3-8B: hidden 4096, 32 query and 8 KV heads of 128, intermediate 12288, 36 layers. (N, K) of each weight.
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (24576, 4096), "down": (4096, 12288)}
+LAYERS = 36
+# The CPU dry run: the same code on multiples of 128 small enough for the interpreter.
+DRY_SHAPES = {"qkv": (384, 256), "o": (256, 256), "gate_up": (512, 256), "down": (256, 384)}
+DRY_LAYERS, DRY_ROWS = 2, [1, 8, 64]
+PREFILL_ROWS = 2048  # rows from which a GEMM counts as prefill-sized (the issue's 1.5x target)
+MISMATCH_TOL = 2e-2  # relative error of scaled_mm vs the engine's GEMM above which its layout is wrong
+
+
+Weight = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # fp8 [N, K], scale_inv [N/128, K/128], cuBLAS's scale
+
+
+def quantize_weight(w: torch.Tensor) -> Weight:
+    """A checkpoint's block-fp8 weight (as --load-format dummy makes it) and the weight scale laid out as cuBLAS
+    takes BlockWise128x128: [ceil(K/128) rounded up to 4, N/128], K-major (a load-time cost, not timed)."""
+    q, scale = Fp8FusedMoEMethod().quantize(w)
+    k_blocks = scale.shape[1]
+    cublas_scale = F.pad(scale, (0, -k_blocks % 4)).t()
+    return q, scale, cublas_scale
+
+
+def scaled_mm_block(qx: torch.Tensor, sx_col: torch.Tensor, qw: torch.Tensor, sw_cublas: torch.Tensor) -> torch.Tensor:
+    """torch's block-scaled GEMM: qx [M, K] with column-major [M, K/128] scales x qw [N, K] with 128x128 scales."""
+    if hasattr(F, "scaled_mm") and hasattr(F, "ScalingType"):  # torch >= 2.10: the recipes are named
+        st = F.ScalingType
+        return F.scaled_mm(
+            qx, qw.t(), sx_col, st.BlockWise1x128, sw_cublas, st.BlockWise128x128, output_dtype=torch.bfloat16
+        )
+    # Older torch infers the block recipes from the scales' shapes.
+    return torch._scaled_mm(qx, qw.t(), scale_a=sx_col, scale_b=sw_cublas, out_dtype=torch.bfloat16)
+
+
+def quantize_for_scaled_mm(x: torch.Tensor, pad_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The engine's activation quantization, rows padded to a multiple of `pad_rows` (cuBLAS may need 4) and the
+    scales copied column-major (BlockWise1x128 wants them outer-dim-major)."""
+    qx, sx = quantize_groups(x)
+    extra = -x.shape[0] % pad_rows
+    if extra:
+        qx = F.pad(qx.view(torch.uint8), (0, 0, 0, extra)).view(qx.dtype)
+        sx = F.pad(sx, (0, 0, 0, extra), value=1.0)
+    # Built with explicit strides: .t().contiguous().t() keeps a 1-row tensor row-major (a no-op copy).
+    sx_col = torch.empty_strided(sx.shape, (1, sx.shape[0]), dtype=sx.dtype, device=sx.device)
+    return qx, sx_col.copy_(sx)
+
+
+def _bf16(x: torch.Tensor, weights: list[torch.Tensor]) -> None:
+    for w in weights:
+        F.linear(x, w)
+
+
+def _engine(x: torch.Tensor, quantized: list[Weight]) -> None:
+    # fp8_block_linear's CUDA branch for a 2-D contiguous x: one quantization per call, as each layer does.
+    for qw, sw, _ in quantized:
+        qx, sx = quantize_groups(x)
+        block_fp8_gemm(qx, sx, qw, sw, None, torch.bfloat16)
+
+
+def _gemm_alone(qx: torch.Tensor, sx: torch.Tensor, quantized: list[Weight]) -> None:
+    for qw, sw, _ in quantized:
+        block_fp8_gemm(qx, sx, qw, sw, None, torch.bfloat16)
+
+
+def _scaled_mm(x: torch.Tensor, quantized: list[Weight], pad_rows: int) -> None:
+    for qw, _, sw_cublas in quantized:
+        qx, sx_col = quantize_for_scaled_mm(x, pad_rows)
+        scaled_mm_block(qx, sx_col, qw, sw_cublas)
+
+
+def _scaled_mm_alone(qx: torch.Tensor, sx_col: torch.Tensor, quantized: list[Weight]) -> None:
+    for qw, _, sw_cublas in quantized:
+        scaled_mm_block(qx, sx_col, qw, sw_cublas)
+
+
+def time_ms(step: Callable[[], None], replays: int) -> float:
+    """One CUDA graph's replay on the GPU (launch gaps included, as the engine's decode step); wall time per call
+    on the CPU (the dry run: only that the code runs)."""
+    if torch.cuda.is_available():
+        return cuda_graph_ms(step, replays=replays)
+    step()
+    t = time.perf_counter()
+    step()
+    return (time.perf_counter() - t) * 1000
+
+
+def probe_scaled_mm(x: torch.Tensor, quantized: list[Weight]) -> tuple[Optional[int], str]:
+    """(row padding that torch's block-scaled GEMM accepts for x's rows, or None; a note): unpadded first, then
+    rows padded to 4; an answer that disagrees with the engine's GEMM counts as a failure (a misread layout)."""
+    qw, sw, sw_cublas = quantized[0]
+    qx, sx = quantize_groups(x)
+    want = block_fp8_gemm(qx, sx, qw, sw, None, torch.bfloat16).float()
+    note = ""
+    for pad_rows in (1, 4):
+        try:
+            got = scaled_mm_block(*quantize_for_scaled_mm(x, pad_rows), qw, sw_cublas)[: x.shape[0]].float()
+        except Exception as e:  # noqa: BLE001 (any refusal is the answer: this torch/GPU lacks it)
+            first_line = (str(e).splitlines() or [""])[0][:160]
+            note = note or f"unsupported: {type(e).__name__}: {first_line}"  # the unpadded call's reason
+            continue
+        err = ((got - want).norm() / want.norm().clamp(min=1e-30)).item()
+        if err > MISMATCH_TOL:
+            return None, f"mismatch: relative error {err:.3g} vs the engine's GEMM"
+        return pad_rows, "" if pad_rows == 1 else "rows padded to 4"
+    return None, note
+
+
+def time_shape(n: int, k: int, rows: list[int], layers: int, device: str) -> list[dict]:
+    weights = [torch.randn(n, k, device=device, dtype=torch.bfloat16) * 0.02 for _ in range(layers)]
+    quantized = [quantize_weight(w) for w in weights]
+    out = []
+    for m in rows:
+        x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
+        qx, sx = quantize_groups(x)
+        flop = 2 * layers * m * n * k
+        pad_rows, note = probe_scaled_mm(x, quantized)
+        steps = {
+            "bf16": functools.partial(_bf16, x, weights),
+            "engine": functools.partial(_engine, x, quantized),
+            "gemm_alone": functools.partial(_gemm_alone, qx, sx, quantized),
+        }
+        if pad_rows is not None:
+            steps["scaled_mm"] = functools.partial(_scaled_mm, x, quantized, pad_rows)
+            steps["scaled_mm_alone"] = functools.partial(
+                _scaled_mm_alone, *quantize_for_scaled_mm(x, pad_rows), quantized
+            )
+        row = {"n": n, "k": k, "rows": m, "calls": layers, "scaled_mm_note": note}
+        for name, fn in steps.items():
+            ms = time_ms(fn, replays=10 if m >= PREFILL_ROWS else 20)
+            row[f"{name}_ms"] = ms
+            row[f"{name}_tflops"] = flop / ms / 1e9
+        out.append(row)
+    return out
+
+
+def _fmt(r: dict, key: str, spec: str = ".3f") -> str:
+    return "-" if r.get(key) is None else format(r[key], spec)
+
+
+def table(results: list[dict], rows: list[int], header: str) -> str:
+    lines = [
+        header,
+        "",
+        "| gemm | rows | bf16 ms | TFLOP/s | engine fp8 ms | TFLOP/s | engine speedup | gemm alone ms "
+        "| scaled_mm ms | TFLOP/s | scaled_mm alone ms | note |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['gemm']} | {r['rows']} | {r['bf16_ms']:.3f} | {r['bf16_tflops']:.0f} | {r['engine_ms']:.3f} | "
+            f"{r['engine_tflops']:.0f} | {r['bf16_ms'] / r['engine_ms']:.2f} | {r['gemm_alone_ms']:.3f} | "
+            f"{_fmt(r, 'scaled_mm_ms')} | {_fmt(r, 'scaled_mm_tflops', '.0f')} | {_fmt(r, 'scaled_mm_alone_ms')} | "
+            f"{r['scaled_mm_note']} |"
+        )
+    for m in rows:
+        sel = [r for r in results if r["rows"] == m]
+        bf16, engine = sum(r["bf16_ms"] for r in sel), sum(r["engine_ms"] for r in sel)
+        flop = sum(r["bf16_tflops"] * r["bf16_ms"] for r in sel)  # TFLOP/s x ms: the same work for every path
+        smm = [r.get("scaled_mm_ms") for r in sel]
+        smm_ms = f"{sum(smm):.3f}" if None not in smm else "-"
+        smm_tf = f"{flop / sum(smm):.0f}" if None not in smm else "-"
+        lines.append(
+            f"| all four | {m} | {bf16:.3f} | {flop / bf16:.0f} | {engine:.3f} | {flop / engine:.0f} | "
+            f"{bf16 / engine:.2f} | | {smm_ms} | {smm_tf} | | |"
+        )
+    return "\n".join(lines)
+
+
+def prefill_verdict(results: list[dict]) -> dict:
+    """The issue's target at prefill sizes: the engine's block-fp8 TFLOP/s over bf16's, all four projections."""
+    verdict = {}
+    for m in sorted({r["rows"] for r in results if r["rows"] >= PREFILL_ROWS}):
+        sel = [r for r in results if r["rows"] == m]
+        speedup = sum(r["bf16_ms"] for r in sel) / sum(r["engine_ms"] for r in sel)
+        verdict[m] = {"engine_over_bf16_tflops": round(speedup, 3), "meets_1_5x": speedup >= 1.5}
+    return verdict
+
+
+def report(results: list[dict], rows: list[int], header: str) -> str:
+    """The table, then the prefill target's verdict (the four projections' rows measured so far)."""
+    done = [m for m in rows if any(r["rows"] == m for r in results)]
+    text = table(results, done, header)
+    verdict = prefill_verdict(results)
+    if verdict:
+        text += "\n\nPrefill target (engine block-fp8 >= 1.5x bf16 TFLOP/s, all four): " + ", ".join(
+            f"{m} rows {v['engine_over_bf16_tflops']:.2f}x ({'met' if v['meets_1_5x'] else 'not met'})"
+            for m, v in verdict.items()
+        )
+    return text
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 64, 256, 2048, 8192])
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "block_gemms"))
+    parser.add_argument("--dry-run", action="store_true", help="CPU check: tiny shapes, the triton interpreter")
+    args = parser.parse_args()
+    shapes, layers, device = SHAPES, LAYERS, "cuda"
+    if args.dry_run:
+        shapes, layers, args.rows = DRY_SHAPES, DRY_LAYERS, DRY_ROWS
+        device = "cuda" if torch.cuda.is_available() else "cpu"
+    elif not torch.cuda.is_available():
+        raise SystemExit("needs a CUDA GPU (--dry-run checks the script on the CPU)")
+    gpu = torch.cuda.get_device_name() if device == "cuda" else "CPU (dry run)"
+    header = (
+        f"{'Qwen3-8B' if not args.dry_run else 'Tiny'} projections, {layers} distinct weights each, one CUDA graph; "
+        f"{gpu}, torch {torch.__version__}; speedup = bf16 ms / engine ms (= the TFLOP/s ratio)"
+    )
+    results = []
+    for name, (n, k) in shapes.items():
+        results += [{"gemm": name, **r} for r in time_shape(n, k, args.rows, layers, device)]
+        if device == "cuda":
+            torch.cuda.empty_cache()
+        # Written after every projection: a run cut short keeps what it measured.
+        text = report(results, args.rows, header)
+        data = {"device": gpu, "torch": torch.__version__, "layers": layers, "results": results}
+        write_results(args.out, {**data, "prefill": prefill_verdict(results)}, text)
+    print(text)
+    print("results in", args.out)
+
+
+if __name__ == "__main__":
+    main()
