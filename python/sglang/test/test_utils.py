@@ -25,7 +25,8 @@ from typing import Dict, List, Optional, Sequence
 from sglang.srt.utils.process import free_port
 
 PYTHON_DIR = str(Path(__file__).resolve().parents[2])  # .../python, so the child imports this checkout
-# Measured: ~20-30 s on 2 CPU cores with the built-in SmolLM2 (first start also converts its tokenizer).
+# Measured: 9-10 s on an idle 2-core machine with the built-in SmolLM2, 13-16 s in the CPU suite's fixture setups
+# (2026-12-04; the first start also converts its tokenizer).
 DEFAULT_SERVER_START_TIMEOUT = 120.0
 
 
