@@ -29,21 +29,17 @@ def open_gguf(path: str) -> GGUFIndex:
     return read_gguf_index(path)
 
 
-def _field(reader: GGUFIndex, key: str, default: Any = None) -> Any:
-    return reader.field(key, default)
-
-
 def config_from_gguf(path: str) -> PretrainedConfig:
     reader = open_gguf(path)
-    arch = _field(reader, "general.architecture")
+    arch = reader.field("general.architecture")
     if arch not in GGUF_ARCHS:
         raise ValueError(f"GGUF architecture {arch!r} is not supported (supported: {', '.join(GGUF_ARCHS)})")
     cls, hf_arch = GGUF_ARCHS[arch]
-    a = lambda key, default=None: _field(reader, f"{arch}.{key}", default)  # noqa: E731
+    a = lambda key, default=None: reader.field(f"{arch}.{key}", default)  # noqa: E731
     num_heads = a("attention.head_count")
     hidden = a("embedding_length")
     tensor_names = {t.name for t in reader.tensors}
-    vocab = a("vocab_size") or len(_field(reader, "tokenizer.ggml.tokens", []))
+    vocab = a("vocab_size") or len(reader.field("tokenizer.ggml.tokens", []))
     kwargs = dict(
         architectures=[hf_arch],
         vocab_size=vocab,
@@ -57,8 +53,8 @@ def config_from_gguf(path: str) -> PretrainedConfig:
         rms_norm_eps=a("attention.layer_norm_rms_epsilon", 1e-6),
         rope_theta=a("rope.freq_base", 10000.0),
         tie_word_embeddings="output.weight" not in tensor_names,
-        bos_token_id=_field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_id=_field(reader, "tokenizer.ggml.eos_token_id"),
+        bos_token_id=reader.field("tokenizer.ggml.bos_token_id"),
+        eos_token_id=reader.field("tokenizer.ggml.eos_token_id"),
     )
     if arch == "qwen3moe":
         kwargs.update(
