@@ -42,13 +42,15 @@ class MLADecodeConfig:
     """Launch choices of the latent kernel. benchmark/mla/bench_mla_decode.py sweeps them on the GPU (with this
     default marked): which BLOCK_N / warps / stages / split target wins on V2-Lite's and V3's shapes."""
 
-    block_n: int = 32  # latent rows per loop step (and the chunk alignment): 16 left the loads latency-bound
-    num_warps: int = 8  # the [BLOCK_H, KV_LORA] fp32 accumulator: 8 warps hold it in 32 registers a thread
+    # Chosen by benchmark/mla/bench_mla_decode.py on the H200 (2026-12-04): n64 w4 s2 p1 was the fastest or within
+    # 1.3x of the fastest in every cell (geomean 1.02x the cell's best; the earlier n32 w8 s2 p2 1.55x).
+    block_n: int = 64  # latent rows per loop step (and the chunk alignment): 16 left the loads latency-bound
+    num_warps: int = 4  # 4 warps beat 8 on every V3 cell: the [BLOCK_H, KV_LORA] accumulator fits their registers
     num_stages: int = 2  # software pipelining of the row gathers (GPU only: the interpreter has none)
     block_h: int = 16  # heads per program; tl.dot needs >= 16 rows
     # Chunks per row: enough that rows x head blocks x chunks >= programs_per_sm x SMs (a fixed grid per row
-    # count), at most max_splits, so each chunk still has rows: 1k context / 32 = one 32-row step a chunk.
-    programs_per_sm: int = 2
+    # count), at most max_splits, so each chunk still has rows: 1k context / 32 chunks = one 32-row step a chunk.
+    programs_per_sm: int = 1
     max_splits: int = 32
     merge_block_d: int = 128  # latent columns per stage-2 program
 
