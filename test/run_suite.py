@@ -9,8 +9,9 @@
 
 The markers are read from the source text (files are not imported), so a file is in a suite exactly
 when it says so. The CPU files register for `per-commit-cpu`; where they live splits them into the two
-CPU suites. Each suite is one pytest run that prints its 15 slowest tests; `per-commit-cpu` runs both
-(`--parallel`: at the same time, each one's output printed when it ends) and fails if either fails.
+CPU suites. Each suite is one pytest run that prints its 15 slowest tests (process-cpu's with two pytest-xdist
+workers taking whole files); `per-commit-cpu` runs both (`--parallel`: at the same time, each one's output printed
+when it ends) and fails if either fails.
 """
 
 from __future__ import annotations
@@ -24,13 +25,28 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional
 
 ROOT = Path(__file__).resolve().parent
 MARKERS = {"register_cpu_ci": "per-commit-cpu", "register_cuda_ci": "per-commit-cuda"}
 CPU_SUITE = "per-commit-cpu"
-# The CPU suite's two parts: (registered suite, folder under test/) per part.
-CPU_PARTS: Dict[str, Tuple[str, str]] = {"unit-cpu": (CPU_SUITE, "unit"), "process-cpu": (CPU_SUITE, "registered")}
+# The CPU suite's two parts: the registered suite, the folder under test/, the pytest processes.
+
+
+@dataclass(frozen=True)
+class CpuPart:
+    registered_suite: str
+    folder: str  # under test/
+    # pytest-xdist worker processes, each taking whole files (--dist loadfile: a module's shared server stays in
+    # one process). The process-level tests wait on servers, clients and timeouts, and each of their servers
+    # computes on one thread: one pytest process left a core idle once the unit tests were done.
+    workers: int
+
+
+CPU_PARTS: Dict[str, CpuPart] = {
+    "unit-cpu": CpuPart(CPU_SUITE, "unit", workers=1),
+    "process-cpu": CpuPart(CPU_SUITE, "registered", workers=2),
+}
 PYTEST_NO_TESTS = 5  # pytest's exit status when it collected nothing
 # torch's intra-op threads per process in the CPU suites: by default each process takes every core, and the suites'
 # processes (two pytest runs at once, each test's servers with three processes) then oversubscribe the cores, whose
@@ -65,7 +81,8 @@ def read_registrations(path: Path) -> List[Registration]:
 
 def collect(suite: str) -> tuple[list[Registration], list[Path]]:
     """The registrations of `suite` (a registered suite name or one of CPU_PARTS) and the unregistered files."""
-    registered_suite, folder = CPU_PARTS.get(suite, (suite, ""))
+    part = CPU_PARTS.get(suite, CpuPart(suite, "", workers=1))
+    registered_suite, folder = part.registered_suite, part.folder
     under = ROOT / folder
     chosen, unregistered = [], []
     for path in sorted(ROOT.rglob("test_*.py")):
@@ -96,18 +113,28 @@ def plan(suite: str) -> Optional[List[Registration]]:
     return chosen
 
 
-def suite_env(suite: str, parts_at_once: int) -> Dict[str, str]:
-    """The environment of a suite's pytest run: a CPU suite's processes get their share of the cores' threads."""
+def workers(suite: str) -> int:
+    return CPU_PARTS[suite].workers if suite in CPU_PARTS else 1
+
+
+def suite_env(suite: str, processes_at_once: int) -> Dict[str, str]:
+    """The environment of a suite's pytest run: a CPU suite's processes (`processes_at_once` pytest processes in
+    all, xdist workers counted) get their share of the cores' threads."""
     env = dict(os.environ)
     if suite in CPU_PARTS or suite == CPU_SUITE:
-        env.setdefault(THREADS_ENV, str(max(1, (os.cpu_count() or 1) // parts_at_once)))
+        env.setdefault(THREADS_ENV, str(max(1, (os.cpu_count() or 1) // processes_at_once)))
     return env
 
 
-def pytest_command(chosen: List[Registration], durations: int, extra: List[str]) -> List[str]:
+def pytest_command(chosen: List[Registration], durations: int, extra: List[str], num_workers: int = 1) -> List[str]:
+    """One pytest run over `chosen`; with several workers (pytest-xdist, whole files each) the files longest by
+    their est_time go first, so the last file to start is a short one."""
     blocked = [arg for name in UNUSED_PLUGINS for arg in ("-p", f"no:{name}")]
+    if num_workers > 1:
+        chosen = sorted(chosen, key=lambda r: -r.est_time)
+    spread = ["-n", str(num_workers), "--dist", "loadfile"] if num_workers > 1 else []
     return [
-        sys.executable, "-m", "pytest", "-q", "-rs", f"--durations={durations}", *blocked,
+        sys.executable, "-m", "pytest", "-q", "-rs", f"--durations={durations}", *blocked, *spread,
         *[str(r.path) for r in chosen], *extra,
     ]  # fmt: skip
 
@@ -131,7 +158,8 @@ def run_one(suite: str, durations: int, extra: List[str]) -> int:
     if chosen is None:
         return 2
     start = time.monotonic()
-    rc = subprocess.call(pytest_command(chosen, durations, extra), cwd=ROOT.parent, env=suite_env(suite, 1))
+    n = workers(suite)
+    rc = subprocess.call(pytest_command(chosen, durations, extra, n), cwd=ROOT.parent, env=suite_env(suite, n))
     return verdict(suite, rc, time.monotonic() - start)
 
 
@@ -141,14 +169,15 @@ def run_parallel(suites: List[str], durations: int, extra: List[str]) -> Dict[st
     if any(p is None for p in plans.values()):
         return {s: 2 for s in suites}
     start, running, rcs = time.monotonic(), {}, {}
+    processes = sum(workers(s) for s in suites)
     for suite, chosen in plans.items():
         log = tempfile.TemporaryFile(mode="w+")
         proc = subprocess.Popen(
-            pytest_command(chosen, durations, extra),
+            pytest_command(chosen, durations, extra, workers(suite)),
             cwd=ROOT.parent,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env=suite_env(suite, len(plans)),
+            env=suite_env(suite, processes),
         )
         running[proc] = (suite, log)
     print(f"Running {', '.join(suites)} at the same time", flush=True)

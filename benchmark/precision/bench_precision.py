@@ -9,7 +9,10 @@ Variants, each a fresh `sglang.Engine` with --dtype bfloat16:
   fp8          --quantization fp8 (linear weights e4m3 per output row, activations per token)
   kv-fp8       --kv-cache-dtype fp8_e4m3 (no scales in this checkpoint: scale 1)
   native-fp8   a block-128 FP8 checkpoint written from the same weights (python/sglang/test/fp8_checkpoints.py:
-               weight_scale_inv per 128x128 block; SmolLM2's 576/1536 dims end in half blocks)
+               weight_scale_inv per 128x128 block; SmolLM2's 576/1536 dims end in half blocks). The GPU refuses
+               it by name (its q|k|v parts, 576 and 192 wide, would share scale blocks); the CPU dequantizes it
+  native-fp8-channel  the same weights as a per-channel FP8 checkpoint (compressed-tensors float-quantized, one
+               scale per output row): the native-checkpoint format SmolLM2's shapes run in on the GPU
 
 Measured on each:
   * prompt NLL: the mean negative log-likelihood per token of real English text (newton_opticks_queries.txt,
@@ -63,12 +66,16 @@ VARIANTS: Dict[str, Dict[str, str]] = {
     "fp8": {"quantization": "fp8"},
     "kv-fp8": {"kv_cache_dtype": "fp8_e4m3"},
     "native-fp8": {},  # model_path: the FP8 checkpoint written at run time
+    "native-fp8-channel": {},
 }
+# The native variants' checkpoint layouts (fp8_checkpoints.write_fp8_checkpoint's strategies).
+NATIVE_STRATEGY = {"native-fp8": "block", "native-fp8-channel": "channel"}
 FLAGS = {
     "bf16": "--dtype bfloat16",
     "fp8": "--quantization fp8",
     "kv-fp8": "--kv-cache-dtype fp8_e4m3",
     "native-fp8": "block-128 FP8 checkpoint",
+    "native-fp8-channel": "per-channel FP8 checkpoint",
 }
 
 
@@ -122,9 +129,10 @@ def chat_prompts(tokenizer) -> List[List[int]]:
     return [tokenizer.encode(t, add_special_tokens=False) for t in texts]
 
 
-def write_native_fp8(work: str) -> str:
+def write_native_fp8(work: str, strategy: str) -> str:
     """The weights our engine loads from the GGUF (fp32, HF names: model_loader/gguf_loader.py), written as a
-    full-precision checkpoint, then as a block-128 FP8 one (python/sglang/test/fp8_checkpoints.py)."""
+    full-precision checkpoint, then as an FP8 one of `strategy` ("block": 128x128 block scales, "channel": one
+    scale per output row; python/sglang/test/fp8_checkpoints.py)."""
     import torch
     from safetensors.torch import save_file
 
@@ -135,7 +143,7 @@ def write_native_fp8(work: str) -> str:
     from sglang.test.runners import smollm2_gguf_path
 
     path = smollm2_gguf_path()
-    full = os.path.join(work, "fp32")
+    full = os.path.join(work, f"fp32-{strategy}")
     os.makedirs(full)
     config = config_from_gguf(path).to_dict()
     tensors = {name: t.float().contiguous() for name, t in gguf_weights_iterator(path, show_progress=False)}
@@ -146,7 +154,7 @@ def write_native_fp8(work: str) -> str:
     gc.collect()
     with open(os.path.join(full, "config.json"), "w") as f:
         json.dump({**config, "dtype": "bfloat16"}, f)
-    out = write_fp8_checkpoint(full, os.path.join(work, "fp8"), "block")
+    out = write_fp8_checkpoint(full, os.path.join(work, f"fp8-{strategy}"), strategy)
     shutil.rmtree(full)
     shutil.rmtree(out + "-dequantized")
     get_tokenizer(SMOLLM2).save_pretrained(out)
@@ -280,8 +288,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="precision-") as work:
         for name in args.variants:
             kwargs = dict(VARIANTS[name])
-            if name == "native-fp8":
-                kwargs["model_path"] = write_native_fp8(work)
+            if name in NATIVE_STRATEGY:
+                kwargs["model_path"] = write_native_fp8(work, NATIVE_STRATEGY[name])
             results.append(measure(name, kwargs, args, windows, prompts))
     rows = summarize(results, args.new_tokens)
     md_table = table(rows, args.new_tokens)

@@ -3,7 +3,8 @@ from sglang.test.ci.ci_register import register_cpu_ci
 register_cpu_ci(est_time=2, suite="per-commit-cpu")
 
 # test/run_suite.py: a CPU suite's pytest runs get their share of the cores' intra-op threads (OMP_NUM_THREADS),
-# a value the user set is kept, and the GPU suite's environment is left alone.
+# a value the user set is kept, and the GPU suite's environment is left alone; process-cpu's run spreads whole
+# files over its xdist workers, longest first, and counts them when sharing the cores.
 
 import importlib.util
 import sys
@@ -37,3 +38,20 @@ def test_the_users_value_and_the_gpu_suite_are_left_alone(run_suite, monkeypatch
     assert run_suite.suite_env("unit-cpu", 2)["OMP_NUM_THREADS"] == "3"
     monkeypatch.delenv("OMP_NUM_THREADS")
     assert "OMP_NUM_THREADS" not in run_suite.suite_env("per-commit-cuda", 1)
+
+
+def test_process_cpu_spreads_whole_files_longest_first(run_suite):
+    Reg = run_suite.Registration
+    chosen = [Reg(Path("a.py"), "per-commit-cpu", 10.0), Reg(Path("b.py"), "per-commit-cpu", 90.0)]
+    cmd = run_suite.pytest_command(chosen, 15, ["-x"], run_suite.workers("process-cpu"))
+    assert cmd[cmd.index("-n") + 1] == "2" and cmd[cmd.index("--dist") + 1] == "loadfile"
+    assert cmd.index("b.py") < cmd.index("a.py") and cmd[-1] == "-x"
+    one = run_suite.pytest_command(chosen, 15, [], run_suite.workers("unit-cpu"))
+    assert "-n" not in one and one.index("a.py") < one.index("b.py")  # a single process keeps the files' order
+
+
+def test_the_cores_are_shared_by_every_pytest_process(run_suite, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    monkeypatch.setattr(run_suite.os, "cpu_count", lambda: 6)
+    at_once = run_suite.workers("unit-cpu") + run_suite.workers("process-cpu")
+    assert at_once == 3 and run_suite.suite_env("process-cpu", at_once)["OMP_NUM_THREADS"] == "2"
