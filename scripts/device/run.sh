@@ -44,6 +44,8 @@
 #                       --silu compares with the table's gate_up plan); the table lands in the package's configs/
 #                       on the device and in the stage's folder
 #   tune-attention      decode_roofline/: tune_decode_attention.py --focused
+#   tune-moe            decode_roofline/: tune_fused_moe.py (the fused MoE's tile configs at decode sizes, V2-Lite bf16
+#                       and V3 FP8 experts, batch 1-64; which config default_config should take; not run yet)
 #   kv-dtype            decode_roofline/: bench_kv_cache_dtype.py (bf16 / fp8 KV cache, decode attention alone)
 #   fp8-gemms           fp8_linear/: bench_fp8_gemms.py
 #   fp8-block-gemms     fp8_linear/: bench_fp8_block_gemms.py (Qwen3-8B projections: bf16 vs the engine's block-fp8
@@ -78,7 +80,7 @@ set -o pipefail
 
 STAGES="gpu-tests gpu-tests-2 gpu-files kt-cpu-tests kv-sizing kv-sizing-1 kv-sizing-2 kv-sizing-tp2 kv-sizing-mla
 roofline roofline-fp8 roofline-fp8-native roofline-mla mla-prefill mla-decode
-profile-decode profile-decode-mla tune-gemm tune-attention kv-dtype fp8-gemms fp8-block-gemms kt-decode kt-decode-check
+profile-decode profile-decode-mla tune-gemm tune-attention tune-moe kv-dtype fp8-gemms fp8-block-gemms kt-decode kt-decode-check
 kt-decode-int4-fp8 kt-decode-deepseek kt-doorbell kt-prefill kt-elastic serving serving-overlap serving-paths
 serving-fp8 serving-fp8-native serving-kv-fp8 prefill-decode
 constrained-itl precision"
@@ -127,6 +129,7 @@ run_stage() {
           --out $o/gemm_tuning$(echo $mode | sed 's/--/_/g; s/ //g') || return 1
       done
       cp python/sglang/srt/layers/decode_gemm/configs/NVIDIA_H200.json $o/ ;;
+    tune-moe) python3 benchmark/decode_roofline/tune_fused_moe.py --out $o ;;
     tune-attention) python3 benchmark/decode_roofline/tune_decode_attention.py --focused --out $o ;;
     kv-dtype) python3 benchmark/decode_roofline/bench_kv_cache_dtype.py --out $o ;;
     fp8-gemms) python3 benchmark/fp8_linear/bench_fp8_gemms.py --out $o ;;

@@ -1,0 +1,204 @@
+"""Which tile config should the fused MoE (``srt/layers/moe/fused_moe_triton/fused_moe.py``) run at decode sizes?
+
+    python3 benchmark/decode_roofline/tune_fused_moe.py --out DIR        # = scripts/device/run.sh tune-moe
+    python benchmark/decode_roofline/tune_fused_moe.py --dry-run          # CPU check (interpreter, tiny shapes)
+
+The question comes from the DeepSeek-V2-Lite decode step (README: 3.05x its HBM floor at batch 1), whose largest
+item is the two expert GEMMs: 1.343 ms a step for 52 launches at ~2 TB/s, half the copy bandwidth, on the untuned
+``default_config``. For each shape (the routed experts of one GPU: DeepSeek-V2-Lite in bf16, DeepSeek-V3 with the
+native checkpoint's block-FP8 experts) and batch of decode tokens it times ``fused_experts_triton`` (align, both
+GEMMs, sum) as one CUDA graph over enough layers of distinct weights that the touched experts are several times the
+L2, with every token routed to top-k distinct random experts, for every (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
+of the grid; each config's output is checked against ``default_config``'s. The floor is the bytes of the experts
+the batch touches (both matrices, scales included) at the measured copy bandwidth. It prints per cell the best
+config, the default's time and both against the floor, then the configs ranked by the geometric mean of their time
+over each cell's best; ``default_config`` takes the winner (per BLOCK_M regime).
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import itertools
+import math
+import os
+import sys
+
+import torch
+
+if "--dry-run" in sys.argv and not torch.cuda.is_available():
+    # The CPU check runs the triton kernels in the interpreter, which must be chosen before any kernel is defined.
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_decode_roofline import copy_bandwidth  # noqa: E402
+
+from sglang.srt.layers.moe.fused_moe_triton import MoEKernelConfig, default_config, fused_experts_triton  # noqa: E402
+from sglang.srt.layers.moe.layer import make_moe_layer  # noqa: E402
+from sglang.test.bench_utils import cuda_graph_ms, write_results  # noqa: E402
+
+# name -> (experts, hidden, moe intermediate, top-k, the experts' method on the GPU)
+SHAPES = {
+    "DeepSeek-V2-Lite": (64, 2048, 1408, 6, "BF16"),
+    "DeepSeek-V3": (256, 7168, 2048, 8, "FP8"),
+}
+DRY_SHAPES = {"tiny-bf16": (8, 128, 128, 2, "BF16"), "tiny-fp8": (8, 256, 128, 2, "FP8")}
+BATCHES = (1, 8, 32, 64)
+L2_BYTES = 50 * 1024**2
+TOUCHED_OVER_L2 = 4  # distinct layers until the touched experts are this many L2s
+MAX_LAYER_BYTES = 40 * 1024**3  # the layers' weights of one shape stay under this
+GRID = dict(
+    block_m=(16, 32, 64),
+    block_n=(32, 64, 128),
+    block_k=(64, 128, 256),
+    warps_stages=((4, 3), (4, 4), (8, 3), (8, 4)),
+)
+DRY_GRID = dict(block_m=(16,), block_n=(32, 64), block_k=(64, 128), warps_stages=((4, 3),))
+MAX_REL_DIFF = 2e-2  # configs differ by accumulation order only
+
+
+def configs(grid: dict) -> list[MoEKernelConfig]:
+    return [
+        MoEKernelConfig(block_m=m, block_n=n, block_k=k, num_warps=w, num_stages=s)
+        for m, n, k, (w, s) in itertools.product(
+            grid["block_m"], grid["block_n"], grid["block_k"], grid["warps_stages"]
+        )
+    ]
+
+
+def label(c: MoEKernelConfig) -> str:
+    return f"m{c.block_m}n{c.block_n}k{c.block_k}w{c.num_warps}s{c.num_stages}"
+
+
+def random_layer(experts: int, hidden: int, inter: int, method: str, device: str, seed: int):
+    """One layer's expert weights in `method`'s layout, random (fp8: random codes and block scales)."""
+    with torch.device(device):
+        layer = make_moe_layer(experts, hidden, inter, torch.bfloat16, method)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for p in layer.parameters():
+        if p.dtype == torch.float8_e4m3fn:
+            p.data.copy_((torch.randn(p.shape, generator=gen, device=device) * 64).clamp(-448, 448).to(p.dtype))
+        elif p.dtype == torch.float32:  # block scales
+            p.data.copy_(torch.rand(p.shape, generator=gen, device=device) * 1e-3 + 1e-4)
+        else:
+            p.data.copy_(torch.randn(p.shape, generator=gen, device=device, dtype=torch.float32).to(p.dtype) * 0.02)
+    return layer.quant_method.gemm_weights(layer)
+
+
+def touched_bytes(w13, w2, topk_ids: torch.Tensor) -> int:
+    """Bytes of the experts the batch routes to: both matrices and their scales."""
+    per_expert = sum(
+        (w.weight[0].numel() * w.weight.element_size()) + (0 if w.scale is None else w.scale[0].numel() * 4)
+        for w in (w13, w2)
+    )
+    return int(torch.unique(topk_ids).numel()) * per_expert
+
+
+def routing(batch: int, experts: int, top_k: int, device: str, seed: int):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    ids = torch.stack([torch.randperm(experts, generator=gen)[:top_k] for _ in range(batch)]).to(torch.int32)
+    weights = torch.rand(batch, top_k, generator=gen)
+    return (weights / weights.sum(-1, keepdim=True)).to(device), ids.to(device)
+
+
+def run_layers(weights: list, x, topk_w, topk_ids, cfg: MoEKernelConfig) -> None:
+    for w13, w2 in weights:
+        fused_experts_triton(x, w13, w2, topk_w, topk_ids, cfg)
+
+
+def tune_shape(name: str, shape: tuple, batches: tuple, grid: dict, device: str, gbps: float) -> list[dict]:
+    experts, hidden, inter, top_k, method = shape
+    first = random_layer(experts, hidden, inter, method, device, 0)
+    per_layer = sum(w.weight.numel() * w.weight.element_size() for w in first)
+    bs1 = touched_bytes(*first, routing(1, experts, top_k, device, 1)[1])
+    layers = (
+        1
+        if device != "cuda"
+        else max(1, min(math.ceil(TOUCHED_OVER_L2 * L2_BYTES / bs1), MAX_LAYER_BYTES // per_layer))
+    )
+    weights = [first] + [random_layer(experts, hidden, inter, method, device, i) for i in range(1, layers)]
+    rows = []
+    for batch in batches:
+        topk_w, topk_ids = routing(batch, experts, top_k, device, batch)
+        x = (torch.randn(batch, hidden, generator=torch.Generator().manual_seed(batch)) * 0.5).to(
+            device, torch.bfloat16
+        )
+        floor_ms = layers * touched_bytes(*first, topk_ids) / (gbps * 1e9) * 1e3 if gbps else 0.0
+        default = default_config(batch, top_k, experts)
+        ref = fused_experts_triton(x, *first, topk_w, topk_ids, default).float()
+        cells = {}
+        for cfg in [default] + [c for c in configs(grid) if c != default]:
+            try:
+                out = fused_experts_triton(x, *first, topk_w, topk_ids, cfg).float()
+            except Exception as e:  # a config triton cannot build (shared memory) is skipped, counted
+                cells[label(cfg)] = {"error": f"{type(e).__name__}: {str(e)[:120]}"}
+                continue
+            rel = ((out - ref).abs().max() / ref.abs().max().clamp_min(1e-6)).item()
+            if rel > MAX_REL_DIFF:
+                raise AssertionError(f"{name} batch {batch} {label(cfg)}: {rel:.3g} off the default config's output")
+            step = functools.partial(run_layers, weights, x, topk_w, topk_ids, cfg)
+            ms = cuda_graph_ms(step) if device == "cuda" else 0.0
+            cells[label(cfg)] = {"ms": ms, "x_floor": ms / floor_ms if floor_ms else None}
+        timed = {k: v for k, v in cells.items() if "ms" in v}
+        best = min(timed, key=lambda k: timed[k]["ms"])
+        rows.append(dict(shape=name, method=method, batch=batch, layers=layers, floor_ms=floor_ms, default=label(default),
+                         best=best, cells=cells))  # fmt: skip
+        print(f"{name} ({method}) batch {batch}: best {best} {timed[best]['ms']:.3f} ms, default {label(default)} "
+              f"{timed[label(default)]['ms']:.3f} ms, floor {floor_ms:.3f} ms ({layers} layers)", flush=True)  # fmt: skip
+    return rows
+
+
+def ranking(rows: list[dict], block_m: int) -> list[tuple[str, float]]:
+    """Configs of one BLOCK_M ranked by the geometric mean of time over each cell's best (cells where all ran)."""
+    names = [k for k in rows[0]["cells"] if k.startswith(f"m{block_m}n")]
+    scores = []
+    for k in names:
+        ratios = []
+        for r in rows:
+            timed = {n: v["ms"] for n, v in r["cells"].items() if "ms" in v}
+            if k not in timed or not timed[k]:
+                break
+            ratios.append(timed[k] / min(timed.values()))
+        else:
+            scores.append((k, math.exp(sum(map(math.log, ratios)) / len(ratios))))
+    return sorted(scores, key=lambda s: s[1])
+
+
+def table(rows: list[dict]) -> str:
+    out = ["| shape | experts | batch | layers | floor ms | best | ms | x floor | default | ms | x floor |",
+           "| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | --- | ---: | ---: |"]  # fmt: skip
+    for r in rows:
+        b, d = r["cells"][r["best"]], r["cells"][r["default"]]
+        xf = lambda c: f"{c['x_floor']:.2f}" if c.get("x_floor") else "-"  # noqa: E731
+        out.append(f"| {r['shape']} | {r['method']} | {r['batch']} | {r['layers']} | {r['floor_ms']:.3f} | {r['best']} | "
+                   f"{b['ms']:.3f} | {xf(b)} | {r['default']} | {d['ms']:.3f} | {xf(d)} |")  # fmt: skip
+    return "\n".join(out)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
+    ap.add_argument("--out", default=None, help="folder for results.json / results.md")
+    ap.add_argument("--dry-run", action="store_true", help="tiny shapes and grid on the CPU (TRITON_INTERPRET=1)")
+    args = ap.parse_args()
+    device = "cpu" if args.dry_run else "cuda"
+    shapes = DRY_SHAPES if args.dry_run else {k: SHAPES[k] for k in args.shapes}
+    grid = DRY_GRID if args.dry_run else GRID
+    batches = (1, 4) if args.dry_run else tuple(args.batches)
+    gbps = 0.0 if args.dry_run else copy_bandwidth() / 1e9
+    print(f"copy bandwidth {gbps:.0f} GB/s; {len(configs(grid))} configs" + (" (dry run)" if args.dry_run else ""))
+    rows = [r for name, shape in shapes.items() for r in tune_shape(name, shape, batches, grid, device, gbps)]
+    text = table(rows)
+    for m in grid["block_m"]:
+        ranked = ranking(rows, m)[:6]
+        text += f"\n\nBLOCK_M {m}, ranked (geomean of time / cell best): " + ", ".join(
+            f"{k} {s:.3f}" for k, s in ranked
+        )
+    print(text)
+    if args.out:
+        write_results(args.out, dict(copy_bandwidth_GBps=gbps, rows=rows), text)
+
+
+if __name__ == "__main__":
+    main()
