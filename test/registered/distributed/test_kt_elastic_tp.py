@@ -6,7 +6,7 @@ and --tp-size 2 generates exactly what --tp-size 1 does."""
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=60, suite="per-commit-cpu")
+register_cpu_ci(est_time=10, suite="per-commit-cpu")
 
 import re
 

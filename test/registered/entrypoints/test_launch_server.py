@@ -6,7 +6,7 @@ Start-up promise checked here: /health answers within STARTUP_BUDGET_S on 2 CPU 
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=45, suite="per-commit-cpu")
+register_cpu_ci(est_time=105, suite="per-commit-cpu")
 
 import os
 import signal

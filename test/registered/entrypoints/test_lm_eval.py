@@ -10,7 +10,7 @@ The tokenizer is a local directory saved from the server's own (lm-eval's `remot
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=150, suite="per-commit-cpu")
+register_cpu_ci(est_time=20, suite="per-commit-cpu")
 
 import json
 import subprocess

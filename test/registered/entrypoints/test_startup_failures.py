@@ -6,7 +6,7 @@ creates an Engine without the `if __name__ == "__main__":` guard (the spawn re-i
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=110, suite="per-commit-cpu")
+register_cpu_ci(est_time=80, suite="per-commit-cpu")
 
 import os
 import signal

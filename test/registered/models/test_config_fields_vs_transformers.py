@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=50, suite="per-commit-cpu")
+register_cpu_ci(est_time=5, suite="per-commit-cpu")
 
 # The math-changing config fields of docs/model_support.md that no other model test sets, honoured: tiny random
 # checkpoints written by transformers with the field set give greedy tokens identical to transformers' through

@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=60, suite="per-commit-cpu")
+register_cpu_ci(est_time=5, suite="per-commit-cpu")
 
 # Native block-FP8 DeepSeek-V3 checkpoints (the format DeepSeek-V3/R1 and Kimi-K2 ship): a tiny DeepSeek-V3 written
 # by transformers (dims multiples of 128, MLA with q_lora_rank, grouped routing, a shared expert, one dense layer),

@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=85, suite="per-commit-cpu")
+register_cpu_ci(est_time=5, suite="per-commit-cpu")
 
 # Native FP8 checkpoints on the CPU: tiny models written by transformers (dims multiples of 128), their linear
 # weights quantized here to e4m3 the way the real checkpoints are (block fp8: `weight_scale_inv` per 128x128

@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=30, suite="per-commit-cpu")
+register_cpu_ci(est_time=5, suite="per-commit-cpu")
 
 # --quantization fp8 on tiny random Llama / Qwen2 checkpoints (CPU, fp32 activations): the decoder's linear
 # layers hold float8_e4m3fn weights with one scale per output row, quantized while loading, and greedy

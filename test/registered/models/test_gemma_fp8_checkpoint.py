@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=20, suite="per-commit-cpu")
+register_cpu_ci(est_time=5, suite="per-commit-cpu")
 
 # Native block-FP8 Gemma 2 / Gemma 3 (text) checkpoints: tiny_gemma's models (sliding window, soft-caps, Gemma 3's
 # q/k norms and rope per layer type) with every part block-aligned (2 heads x 64, gate|up 256), every decoder linear

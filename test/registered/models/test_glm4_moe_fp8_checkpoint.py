@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=25, suite="per-commit-cpu")
+register_cpu_ci(est_time=5, suite="per-commit-cpu")
 
 # Native block-FP8 GLM-4.5 checkpoints (the format of GLM-4.5/4.6/4.7-FP8): a tiny GLM-4.5 written by transformers
 # (merged parts multiples of 128, partial rotary, qk-norm, q/k/v biases, one leading dense layer, a shared expert,

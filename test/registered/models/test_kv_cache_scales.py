@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=40, suite="per-commit-cpu")
+register_cpu_ci(est_time=5, suite="per-commit-cpu")
 
 # A checkpoint that ships KV cache scales (model.layers.N.self_attn.k_scale / v_scale, as fp8 checkpoints
 # calibrated for an fp8 KV cache do), on a tiny random Llama (CPU, fp32 activations, in-process scheduler):

@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=20, suite="per-commit-cpu")
+register_cpu_ci(est_time=5, suite="per-commit-cpu")
 
 # A Mistral Hub repo: sharded HF safetensors with model.safetensors.index.json, and beside them
 # consolidated.safetensors (the same weights under Mistral's own names). Only the shards the index names are

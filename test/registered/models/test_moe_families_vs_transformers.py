@@ -6,7 +6,7 @@ Glm4Moe; and the config fields we do not run refused at start-up by name."""
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=60, suite="per-commit-cpu")
+register_cpu_ci(est_time=5, suite="per-commit-cpu")
 
 import random
 

@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=40, suite="per-commit-cpu")
+register_cpu_ci(est_time=5, suite="per-commit-cpu")
 
 # Phi3ForCausalLM (Phi-3 / Phi-3.5-mini / Phi-4-mini) against transformers on tiny random checkpoints that
 # transformers wrote (fused qkv_proj / gate_up_proj), fp32 on the CPU, through the in-process scheduler:

@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=45, suite="per-commit-cpu")
+register_cpu_ci(est_time=5, suite="per-commit-cpu")
 
 # MistralForCausalLM with a sliding window shorter than the prompts (and a Qwen2 whose upper layers slide):
 # greedy tokens identical to transformers on the same weights, through the in-process scheduler on the CPU

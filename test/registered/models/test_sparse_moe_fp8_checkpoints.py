@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=25, suite="per-commit-cpu")
+register_cpu_ci(est_time=5, suite="per-commit-cpu")
 
 # Native block-FP8 checkpoints of the softmax-routed MoE families that share models/sparse_moe.py: Mixtral (experts
 # named block_sparse_moe.experts.N.w1/w2/w3 in the checkpoint), Qwen2-MoE (q/k/v

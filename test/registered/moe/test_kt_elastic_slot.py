@@ -12,7 +12,7 @@ radix cache, the KT state and the scheduler's decisions run for real:
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=40, suite="per-commit-cpu")
+register_cpu_ci(est_time=5, suite="per-commit-cpu")
 
 import pytest
 import torch

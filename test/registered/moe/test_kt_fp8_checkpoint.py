@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=20, suite="per-commit-cpu")
+register_cpu_ci(est_time=5, suite="per-commit-cpu")
 
 # --kt-method FP8 straight from a native block-FP8 checkpoint (tiny Qwen3-MoE, transformers-written, quantized
 # per 128x128 block): the GPU-side experts and the CPU backend's experts hold the checkpoint's own e4m3 codes and

@@ -10,7 +10,7 @@ device's, the rest go through the CPU expert backend).
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=120, suite="per-commit-cpu")
+register_cpu_ci(est_time=5, suite="per-commit-cpu")
 
 import logging
 

@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=25, suite="per-commit-cpu")
+register_cpu_ci(est_time=5, suite="per-commit-cpu")
 
 # A batch that fails (out of device memory, or a bug) is answered and cleaned up, and the scheduler keeps
 # serving (SmolLM2, CPU, in-process, KV slots poisoned with NaN so a wrongly reused slot shows at once):

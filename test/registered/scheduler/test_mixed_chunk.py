@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=60, suite="per-commit-cpu")
+register_cpu_ci(est_time=15, suite="per-commit-cpu")
 
 # Mixed chunks (--enable-mixed-chunk) on SmolLM2 (real weights, CPU): running requests take their decode step
 # inside the prefill batches of newly arrived prompts.

@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=90, suite="per-commit-cpu")
+register_cpu_ci(est_time=40, suite="per-commit-cpu")
 
 # Overlap scheduling (on by default; --disable-overlap-schedule turns it off) on SmolLM2 (real weights, CPU):
 #   * the scheduler really launches decode step N + 1 before it processes step N's result, and a new

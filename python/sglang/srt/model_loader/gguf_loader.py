@@ -16,6 +16,7 @@ from tqdm.auto import tqdm
 
 from sglang.srt.configs.model_config import total_num_kv_heads
 from sglang.srt.model_loader.gguf_config import config_from_gguf, open_gguf
+from sglang.srt.model_loader.gguf_dequant import dequantize_torch
 
 # GGUF per-block tensor name -> HF name (within model.layers.{i}.)
 _BLOCK_NAMES = {
@@ -56,7 +57,8 @@ def undo_rotary_permute(w: np.ndarray, n_head: int) -> np.ndarray:
 
 
 def dequantize(tensor) -> np.ndarray:
-    data = gguf.quants.dequantize(tensor.data, tensor.tensor_type)
+    values = dequantize_torch(tensor.data, tensor.tensor_type)  # the legacy block types, else gguf's numpy code
+    data = values.numpy() if values is not None else gguf.quants.dequantize(tensor.data, tensor.tensor_type)
     # GGUF lists dims fastest-first; numpy data is already [rows, cols] for 2-D tensors.
     return np.asarray(data, dtype=np.float32).reshape([int(d) for d in reversed(tensor.shape)])
 
