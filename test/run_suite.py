@@ -37,8 +37,8 @@ CPU_SUITE = "per-commit-cpu"
 class CpuPart:
     registered_suite: str
     folder: str  # under test/
-    # pytest-xdist worker processes, each taking whole files (--dist loadfile: a module's shared server stays in
-    # one process). The process-level tests wait on servers, clients and timeouts, and each of their servers
+    # pytest-xdist worker processes, each taking whole files (--dist loadgroup over test/conftest.py's groups: a
+    # module's shared server stays in one process, and so does a session server several files share). The process-level tests wait on servers, clients and timeouts, and each of their servers
     # computes on one thread: one pytest process left a core idle once the unit tests were done.
     workers: int
 
@@ -132,7 +132,8 @@ def pytest_command(chosen: List[Registration], durations: int, extra: List[str],
     blocked = [arg for name in UNUSED_PLUGINS for arg in ("-p", f"no:{name}")]
     if num_workers > 1:
         chosen = sorted(chosen, key=lambda r: -r.est_time)
-    spread = ["-n", str(num_workers), "--dist", "loadfile"] if num_workers > 1 else []
+    # loadgroup: test/conftest.py makes each file a group (files sharing a session server, one group)
+    spread = ["-n", str(num_workers), "--dist", "loadgroup"] if num_workers > 1 else []
     return [
         sys.executable, "-m", "pytest", "-q", "-rs", f"--durations={durations}", *blocked, *spread,
         *[str(r.path) for r in chosen], *extra,

@@ -44,7 +44,7 @@ def test_process_cpu_spreads_whole_files_longest_first(run_suite):
     Reg = run_suite.Registration
     chosen = [Reg(Path("a.py"), "per-commit-cpu", 10.0), Reg(Path("b.py"), "per-commit-cpu", 90.0)]
     cmd = run_suite.pytest_command(chosen, 15, ["-x"], run_suite.workers("process-cpu"))
-    assert cmd[cmd.index("-n") + 1] == "2" and cmd[cmd.index("--dist") + 1] == "loadfile"
+    assert cmd[cmd.index("-n") + 1] == "2" and cmd[cmd.index("--dist") + 1] == "loadgroup"
     assert cmd.index("b.py") < cmd.index("a.py") and cmd[-1] == "-x"
     one = run_suite.pytest_command(chosen, 15, [], run_suite.workers("unit-cpu"))
     assert "-n" not in one and one.index("a.py") < one.index("b.py")  # a single process keeps the files' order
@@ -55,3 +55,25 @@ def test_the_cores_are_shared_by_every_pytest_process(run_suite, monkeypatch):
     monkeypatch.setattr(run_suite.os, "cpu_count", lambda: 6)
     at_once = run_suite.workers("unit-cpu") + run_suite.workers("process-cpu")
     assert at_once == 3 and run_suite.suite_env("process-cpu", at_once)["OMP_NUM_THREADS"] == "2"
+
+
+def test_files_sharing_a_session_server_form_one_xdist_group():
+    spec = importlib.util.spec_from_file_location("suite_conftest", RUN_SUITE.parent / "conftest.py")
+    conftest = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(conftest)
+
+    class Item:
+        def __init__(self, path: str, fixtures: tuple) -> None:
+            self.path, self.fixturenames, self.groups = Path(path), fixtures, []
+
+        def add_marker(self, mark) -> None:
+            self.groups += [mark.args[0]] if mark.name == "xdist_group" else []
+
+    items = [
+        Item("a/test_http.py", ("base_url", "smollm2_server")),
+        Item("a/test_http.py", ("tok",)),  # same file, no server: stays with its file
+        Item("a/test_fuzz.py", ("smollm2_server",)),
+        Item("a/test_own.py", ("base_url",)),
+    ]
+    conftest.pytest_collection_modifyitems(None, items)
+    assert [i.groups for i in items] == [["smollm2_server"], ["smollm2_server"], ["smollm2_server"], ["a/test_own.py"]]
