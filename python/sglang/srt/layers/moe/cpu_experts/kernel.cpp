@@ -92,6 +92,9 @@ inline uint16_t float_to_bf16(float f) {  // round to nearest even (finite input
 // float8_e4m3fn: the 7 magnitude bits placed at fp32's exponent/mantissa boundary, then scaled by 2^120
 // (the exponent-bias difference, 127 - 7). Subnormals come out right because fp32 keeps them too.
 constexpr float kFp8Rescale = 1.329227995784916e36f;  // 2^120
+// decode16<FP8> gives value * 2^-8 (fp16's exponent bias is 8 above e4m3's: the AVX-512 path converts through fp16
+// with no multiply); the vector loop folds the 2^8 into each group's scale.
+constexpr float kFp8VectorUnit = 1.0f / 256.0f;
 inline float fp8_to_float(uint8_t b) {
   uint32_t u = (uint32_t(b & 0x80) << 24) | (uint32_t(b & 0x7f) << 20);
   float f;
@@ -139,11 +142,11 @@ inline v16f decode16(const uint8_t* row, int k) {
     v = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
   } else if constexpr (FMT == INT8) {
     v = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k))));
-  } else {  // FP8 e4m3: sign to bit 31, the 7 magnitude bits to fp32's bits 26..20, then * 2^120
-    __m512i u = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k)));
-    __m512i bits = _mm512_or_si512(_mm512_slli_epi32(_mm512_and_si512(u, _mm512_set1_epi32(0x80)), 24),
-                                   _mm512_slli_epi32(_mm512_and_si512(u, _mm512_set1_epi32(0x7f)), 20));
-    v = _mm512_mul_ps(_mm512_castsi512_ps(bits), _mm512_set1_ps(kFp8Rescale));
+  } else {  // FP8 e4m3 as fp16 bits (value * 2^-8, kFp8VectorUnit): sign-extend, shift the 7 magnitude bits to
+            // fp16's bits 13..7, keep the sign in bit 15, then the hardware's fp16 -> fp32 (subnormals exact)
+    __m256i h = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + k)));
+    h = _mm256_and_si256(_mm256_slli_epi16(h, 7), _mm256_set1_epi16(static_cast<short>(0xBF80)));
+    v = _mm512_cvtph_ps(h);
   }
   v16f out;
   std::memcpy(&out, &v, 64);
@@ -155,9 +158,9 @@ inline v16f decode16(const uint8_t* row, int k) {
     return (v16f)(__builtin_convertvector(load<v16u16>(row + 2 * k), v16u) << 16);
   } else if constexpr (FMT == INT8) {
     return __builtin_convertvector(load<v16i8>(row + k), v16f);
-  } else {
+  } else {  // FP8: value * 2^-8 as on the AVX-512 path (fp32 bits, rescaled by 2^(120 - 8))
     v16u u = __builtin_convertvector(load<v16u8>(row + k), v16u);
-    return (v16f)(((u & 0x80) << 24) | ((u & 0x7f) << 20)) * kFp8Rescale;
+    return (v16f)(((u & 0x80) << 24) | ((u & 0x7f) << 20)) * (kFp8Rescale * kFp8VectorUnit);
   }
 #endif
 }
@@ -230,8 +233,19 @@ inline void rows_dot(const Matrix& m, int e, const int* rows, const float* const
   v16f acc[R][N] = {};
   int k = 0;
   if (vector) {
+    // Group formats: each row's scale is looked up once per group of group_k columns, not per chunk (the lookup
+    // divides by the group sizes); FP8's scale also takes decode16's 2^8 (kFp8VectorUnit).
+    constexpr float unit = FMT == FP8 ? 1.0f / kFp8VectorUnit : 1.0f;
+    float s[R];
+    int group_end = 0;
     for (; k + C <= cols; k += C) {
       const int64_t byte = int64_t(k / C) * bytes_per_chunk;
+      if constexpr (grouped) {
+        if (k == group_end) {
+          for (int j = 0; j < R; ++j) s[j] = scale_at<FMT>(m, e, rows[j], k) * unit;
+          group_end += m.group_k;
+        }
+      }
 #pragma GCC unroll 2
       for (int j = 0; j < R; ++j) {
         __builtin_prefetch(base[j] + byte + kPrefetchBytes, 0, 3);
@@ -242,9 +256,8 @@ inline void rows_dot(const Matrix& m, int e, const int* rows, const float* const
           a = decode16<FMT>(base[j], k);
         }
         if constexpr (grouped) {
-          const float s = scale_at<FMT>(m, e, rows[j], k);
-          a *= s;
-          if constexpr (C == 32) b *= s;
+          a *= s[j];
+          if constexpr (C == 32) b *= s[j];
         }
 #pragma GCC unroll 4
         for (int i = 0; i < N; ++i) {
