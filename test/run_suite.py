@@ -38,8 +38,10 @@ class CpuPart:
     registered_suite: str
     folder: str  # under test/
     # pytest-xdist worker processes, each taking whole files (--dist loadgroup over test/conftest.py's groups: a
-    # module's shared server stays in one process, and so does a session server several files share). The process-level tests wait on servers, clients and timeouts, and each of their servers
-    # computes on one thread: one pytest process left a core idle once the unit tests were done.
+    # module's shared server stays in one process, and so does a session server several files share). Each server
+    # computes on one thread, so one pytest process left a core idle once the unit tests were done: on the 2-core
+    # machine process-cpu took 878 s in one process, 595 s in two, and the whole suite 729 s with three (each
+    # process's share of the cores then rounds down to one thread and they oversubscribe).
     workers: int
 
 

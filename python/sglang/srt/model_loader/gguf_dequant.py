@@ -17,8 +17,7 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType
 
-BLOCK_VALUES = 32
-# type -> bytes per block
+# type -> bytes per block (32 values a block)
 BLOCK_BYTES = {GGMLQuantizationType.Q8_0: 34, GGMLQuantizationType.Q4_0: 18, GGMLQuantizationType.Q4_1: 20}
 
 
