@@ -12,6 +12,7 @@ register_cpu_ci(est_time=30, suite="per-commit-cpu")
 import functools
 import gc
 import os
+import platform
 import threading
 import time
 import weakref
@@ -112,7 +113,12 @@ def _destroy_engines():
 
 
 def make_engine(
-    layer: torch.nn.Module, top_k: int, threads: int = 2, capacity: int = CAPACITY, int8_activations: bool = False
+    layer: torch.nn.Module,
+    top_k: int,
+    threads: int = 2,
+    capacity: int = CAPACITY,
+    int8_activations: bool = False,
+    library=None,
 ):
     spec = layer.moe_weight_spec
     engine = CpuExpertsEngine(
@@ -126,6 +132,7 @@ def make_engine(
         pin_memory=False,
         spin_us=50,
         int8_activations=int8_activations,
+        library=library,
     )
     _ENGINES.append(weakref.ref(engine))
     return engine, engine.add_layer(layer, layer.quant_method)
@@ -306,6 +313,24 @@ def test_matches_fp32_reference(name: str, tokens: int, top_k: int):
     if tokens > 1:
         assert bool(gpu_only.any())
     assert torch.equal(out[gpu_only], torch.zeros_like(out[gpu_only]))
+
+
+@pytest.mark.skipif(platform.machine() not in ("x86_64", "AMD64"), reason="x86-64-v3 is an x86 target")
+@pytest.mark.parametrize("name", list(CASES))
+def test_portable_build_matches_fp32_reference(name: str):
+    """The kernel built for x86-64-v3 (AVX2, no AVX-512: its generic vector code, no bf16 or int8 dot paths)
+    matches the fp32 reference: a CPU without AVX-512 builds and runs every format (it once did not build)."""
+    from sglang.srt.layers.moe.cpu_experts.build import load_kernel_library
+
+    layer = loaded_layer(name)
+    x, weights, ids = inputs(layer.moe_weight_spec.hidden_size, 5, 4, seed=7)
+    library = load_kernel_library(march="x86-64-v3")
+    engine, handle = make_engine(layer, 4, int8_activations=CASES[name].int8_activations, library=library)
+    out = engine.run_on_host(handle, x, weights, ids)
+    assert not handle.bf16_dot and not handle.int8_dot
+    ref = reference_fp32(layer, x, weights, ids)
+    err, scale = (out - ref).abs().max().item(), ref.abs().max().item()
+    assert scale > 0 and err <= REL_TOL * scale, f"{name}: max error {err:.3e} vs reference max {scale:.3e}"
 
 
 def test_duplicate_ids_and_out_of_range_ids():

@@ -2,7 +2,8 @@
 
 The library is plain C ABI (no torch headers, no Python API), so any C++20 compiler builds it in a
 second or two. -march=native tunes it to this CPU (AVX-512 / AMX machines get 16-wide loops), so
-the cache key holds the compiler, its flags, the source and the CPU's feature flags. Several
+the cache key holds the compiler, its flags, the source and the CPU's feature flags. Another `march`
+(the tests' x86-64-v3: AVX2, no AVX-512) builds the paths a CPU without AVX-512 takes. Several
 processes (tensor-parallel ranks) may build at once: each writes its own temporary file and renames
 it into place, and the rename is atomic.
 """
@@ -21,7 +22,7 @@ import tempfile
 from sglang.srt.environ import envs
 
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "kernel.cpp")
-FLAGS = ("-O3", "-march=native", "-std=c++20", "-shared", "-fPIC", "-pthread")
+FLAGS = ("-O3", "-std=c++20", "-shared", "-fPIC", "-pthread")
 
 
 class KernelBuildError(RuntimeError):
@@ -59,19 +60,20 @@ def _cache_dir() -> str:
     return root
 
 
-@functools.lru_cache(maxsize=1)
-def load_kernel_library() -> ctypes.CDLL:
-    """The compiled kernel (built on first use, then taken from the cache)."""
+@functools.lru_cache(maxsize=None)
+def load_kernel_library(march: str = "native") -> ctypes.CDLL:
+    """The kernel compiled with -march=`march` (built on first use, then taken from the cache)."""
     cxx = _compiler()
     with open(SOURCE, "rb") as f:
         source = f.read()
     version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
-    key = hashlib.sha256(b"\0".join([source, version.encode(), " ".join(FLAGS).encode(), _cpu_flags().encode()]))
+    flags = (*FLAGS, f"-march={march}")
+    key = hashlib.sha256(b"\0".join([source, version.encode(), " ".join(flags).encode(), _cpu_flags().encode()]))
     target = os.path.join(_cache_dir(), f"kt_cpu_experts_{key.hexdigest()[:16]}.so")
     if not os.path.exists(target):
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(target))
         os.close(fd)
-        result = subprocess.run([cxx, *FLAGS, "-o", tmp, SOURCE, "-ldl"], capture_output=True, text=True)
+        result = subprocess.run([cxx, *flags, "-o", tmp, SOURCE, "-ldl"], capture_output=True, text=True)
         if result.returncode != 0:
             os.unlink(tmp)
             raise KernelBuildError(f"building the KT CPU experts kernel with {cxx} failed:\n{result.stderr[-4000:]}")

@@ -116,13 +116,15 @@ class CpuExpertsEngine:
         spin_us: int,
         int8_activations: bool = False,
         doorbell: bool = False,
+        library: Optional[ctypes.CDLL] = None,
     ) -> None:
         """`int8_activations`: INT8 layers quantize their activations to int8 (one scale per token, and per
         pair for down_proj) and use int8 dot products where the CPU has AVX512-VNNI (KT models: always; tests and
         benchmarks compare with fp32 activations).
         `doorbell` (CUDA models): stream steps hand over through stream memory operations on pinned words
-        where a self-test passes, else through host functions; `self.handover` says which."""
-        self.lib = load_kernel_library()
+        where a self-test passes, else through host functions; `self.handover` says which. `library`: the
+        compiled kernel (default: built for this CPU; tests pass a portable build)."""
+        self.lib = library or load_kernel_library()
         self.int8_activations = int8_activations
         self.hidden, self.top_k, self.capacity, self.threads = hidden, top_k, capacity, threads
 

@@ -408,6 +408,10 @@ inline void rows_dots_bf16(const Matrix& m, int e, const int* rows, const uint16
 constexpr bool kHaveBf16Dot = false;
 #endif
 
+// A row of a quantized buffer: a 64-byte header holding its scale (a float), then the bytes. Outside the VNNI block:
+// the engine lays out its buffers with it on every CPU (without it the kernel did not build on AVX2-only hosts).
+constexpr int kInt8RowHeader = 64;
+
 #if defined(__AVX512VNNI__) && defined(__AVX512BW__)
 constexpr bool kHaveInt8Dot = true;
 
@@ -419,9 +423,6 @@ constexpr bool kHaveInt8Dot = true;
 // shared by every token of the call. The fp32 path decodes each 16 weights with two conversions before its
 // FMAs. down_proj's inputs (silu(gate) * up, one row per pair) are complete only once phase A is, so a middle
 // phase quantizes them, one scale per pair.
-// A row of a quantized buffer: a 64-byte header holding its scale (a float), then the bytes.
-constexpr int kInt8RowHeader = 64;
-
 inline float int8_row_scale(const uint8_t* x) { return *reinterpret_cast<const float*>(x - kInt8RowHeader); }
 
 // Quantize n floats to q + 128 bytes with one scale, stored in the row's header.
