@@ -12,8 +12,8 @@ from transformers.models.deepseek_v2.modeling_deepseek_v2 import DeepseekV2TopkR
 from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
 
 from sglang.srt.layers.moe.topk import (
-    GROUPED_RENORM_EPS,
     GroupedTopKConfig,
+    route_grouped_triton,
     select_experts,
     select_experts_grouped,
     select_experts_grouped_native,
@@ -125,24 +125,11 @@ def test_grouped_topk_kernel_matches_torch(device, config, experts):
     logits = torch.randn(TOKENS, experts, generator=gen).to(device)
     bias = (torch.randn(experts, generator=gen) * 0.3).to(device)
     ref_ids, ref_w = _sorted_by_expert(*select_experts_grouped_native(logits, config, bias))
-    noaux = config.topk_method == "noaux_tc"
-    grouped = config.topk_method != "greedy"
-    w, ids = route_topk_triton(
-        logits,
-        config.top_k,
-        sigmoid=noaux,
-        n_group=config.n_group if grouped else 1,
-        topk_group=config.topk_group if grouped else 1,
-        group_score=("top2_sum" if noaux else "max") if grouped else "none",
-        correction_bias=bias if noaux else None,
-        renormalize=config.renormalize,
-        renorm_eps=GROUPED_RENORM_EPS,
-        scaling=config.routed_scaling_factor,
-    )
+    w, ids = route_grouped_triton(logits, config, bias)
     ids, w = _sorted_by_expert(w, ids)
     assert torch.equal(ids, ref_ids)
     torch.testing.assert_close(w, ref_w, rtol=1e-5, atol=1e-7)
-    if grouped:  # every pick inside topk_group groups
+    if config.topk_method != "greedy":  # every pick inside topk_group groups
         size = experts // config.n_group
         assert all(len(set((row // size).tolist())) <= config.topk_group for row in ids)
     if device == "cuda":  # select_experts_grouped dispatches CUDA logits to the kernel with these arguments

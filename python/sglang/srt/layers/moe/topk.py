@@ -74,23 +74,30 @@ def select_experts_grouped(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """select_experts_grouped_native's routing: the triton kernel on CUDA, torch elsewhere."""
     if router_logits.is_cuda:
-        from sglang.srt.layers.moe.topk_triton import route_topk_triton
-
-        noaux = config.topk_method == "noaux_tc"
-        grouped = config.topk_method != "greedy"
-        return route_topk_triton(
-            router_logits,
-            config.top_k,
-            sigmoid=noaux,
-            n_group=config.n_group if grouped else 1,
-            topk_group=config.topk_group if grouped else 1,
-            group_score=("top2_sum" if noaux else "max") if grouped else "none",
-            correction_bias=correction_bias if noaux else None,
-            renormalize=config.renormalize,
-            renorm_eps=GROUPED_RENORM_EPS,
-            scaling=config.routed_scaling_factor,
-        )
+        return route_grouped_triton(router_logits, config, correction_bias)
     return select_experts_grouped_native(router_logits, config, correction_bias)
+
+
+def route_grouped_triton(
+    router_logits: torch.Tensor, config: GroupedTopKConfig, correction_bias: Optional[torch.Tensor] = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`config`'s routing as the one triton kernel computes it (CUDA, or the interpreter in the CPU tests)."""
+    from sglang.srt.layers.moe.topk_triton import route_topk_triton
+
+    noaux = config.topk_method == "noaux_tc"
+    grouped = config.topk_method != "greedy"
+    return route_topk_triton(
+        router_logits,
+        config.top_k,
+        sigmoid=noaux,
+        n_group=config.n_group if grouped else 1,
+        topk_group=config.topk_group if grouped else 1,
+        group_score=("top2_sum" if noaux else "max") if grouped else "none",
+        correction_bias=correction_bias if noaux else None,
+        renormalize=config.renormalize,
+        renorm_eps=GROUPED_RENORM_EPS,
+        scaling=config.routed_scaling_factor,
+    )
 
 
 def select_experts_grouped_native(
