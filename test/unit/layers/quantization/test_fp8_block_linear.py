@@ -11,7 +11,12 @@ import torch
 import torch.nn.functional as F
 
 from sglang.srt.layers.quantization.fp8 import FP8_DTYPE, FP8_MAX, Fp8FusedMoEMethod
-from sglang.srt.layers.quantization.fp8_block_kernels import block_fp8_gemm, quantize_groups
+from sglang.srt.layers.quantization.fp8_block_kernels import (
+    block_fp8_gemm,
+    cublas_block_fp8_gemm,
+    quantize_groups,
+    takes_cublas_block_gemm,
+)
 from sglang.srt.layers.quantization.fp8_block_linear import (
     block_fp8_matmul_reference,
     dequantize_blocks,
@@ -59,6 +64,28 @@ def test_quantize_groups_kernel_equals_reference(device):
         same |= carried.cpu()
         assert carried.float().mean() < 0.2
     assert same.all()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_quantize_groups_pads_rows_and_lays_scales_out_column_major(device):
+    """cuBLAS's operand layout: rows padded to a multiple of 4 with zero rows, scales [M, K/128] column-major; the
+    real rows equal the unpadded quantization's."""
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(5, 384, generator=g) * 3).to(device, torch.bfloat16 if device == "cuda" else torch.float32)
+    q, s = quantize_groups(x)
+    pq, ps = quantize_groups(x, pad_rows_to=4, column_major_scales=True)
+    assert pq.shape == (8, 384) and ps.shape == (8, 3) and ps.stride() == (1, 8)
+    assert torch.equal(ps[:5].cpu(), s.cpu()) and torch.equal(pq[:5].view(torch.uint8), q.view(torch.uint8))
+    assert not pq[5:].float().any() and (ps[5:] > 0).all()
+
+
+def test_cublas_branch_is_not_taken_on_the_cpu_or_for_other_shapes_and_dtypes():
+    qw = torch.zeros(256, 512, dtype=FP8_DTYPE)
+    assert not takes_cublas_block_gemm(qw, torch.bfloat16)  # a CPU tensor
+    if torch.cuda.is_available():
+        assert not takes_cublas_block_gemm(qw.cuda(), torch.float32)
+        assert not takes_cublas_block_gemm(torch.zeros(256, 384, dtype=FP8_DTYPE, device="cuda"), torch.bfloat16)
+        assert not takes_cublas_block_gemm(torch.zeros(192, 512, dtype=FP8_DTYPE, device="cuda"), torch.bfloat16)
 
 
 # (M, N, K): decode and prefill rows, ragged N and K (partial blocks), several K steps.
@@ -118,3 +145,23 @@ def test_gpu_block_gemm_against_bf16(m):
     exact = x.float() @ dequantize_blocks(qw, sw).t()
     assert got.dtype == torch.bfloat16
     assert ((got.float() - exact).norm() / exact.norm()).item() < 0.05
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=REQUIRES_GPU_REASON)
+@pytest.mark.parametrize("m", [1, 8, 13, 64, 300])  # 1, 13 and 300 rows padded to 4
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gpu_cublas_branch_equals_the_triton_gemm(m, with_bias):
+    """On the H200 the engine sends block-fp8 products to cuBLAS's block-scaled GEMM: the same quantized operands
+    give the triton GEMM's product to the rounding of the accumulation order."""
+    g = torch.Generator().manual_seed(100 + m)
+    n, k = 1024, 2048
+    qw, sw = (t.cuda() for t in block_quantized(n, k, g))
+    x = torch.randn(m, k, generator=g).cuda().bfloat16()
+    bias = torch.randn(n, generator=g).cuda().bfloat16() if with_bias else None
+    assert takes_cublas_block_gemm(qw, torch.bfloat16), "the H200 with CUDA >= 12.9 takes cuBLAS block scaling"
+    got = cublas_block_fp8_gemm(x, qw, sw, bias)
+    qx, sx = quantize_groups(x)
+    want = block_fp8_gemm(qx, sx, qw, sw, bias, torch.bfloat16)
+    assert got.shape == (m, n) and got.dtype == torch.bfloat16 and got.is_contiguous()
+    assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 1e-2
+    torch.testing.assert_close(fp8_block_linear(x, qw, sw, bias), got, rtol=0, atol=0)

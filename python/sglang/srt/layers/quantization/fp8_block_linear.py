@@ -7,9 +7,11 @@ quantized at every call with one scale per token and 128-column group (DeepSeek-
 
     out[m, n] = sum_kb  sx[m, kb] * sw[n // 128, kb] * sum_{k in kb} qx[m, k] qw[n, k]
 
-The GPU runs this in two triton kernels (``fp8_block_kernels.py``: the per-group activation quantization, then
-the GEMM: fp8 x fp8 dots accumulated in fp32 per 128-wide K block, scaled, summed); the CPU computes the same sum from the
-dequantized operands in fp32 (tests; on the CPU the engine dequantizes such checkpoints at load instead).
+The GPU quantizes the activations in one triton kernel (``fp8_block_kernels.py``), then runs the GEMM (fp8 x fp8
+dots accumulated in fp32 per 128-wide K block, scaled, summed): cuBLAS's block-scaled GEMM (``F.scaled_mm``)
+where the GPU, shape and dtype allow (measured faster at every row count), else a triton kernel. The CPU
+computes the same sum from the dequantized operands in fp32 (tests; on the CPU the engine dequantizes such
+checkpoints at load instead).
 """
 
 from __future__ import annotations
@@ -64,8 +66,7 @@ def fp8_block_linear(
         out = (out if bias is None else out + bias.float()).to(x.dtype)
     else:
         # Imported here: triton is only installed with the GPU extras.
-        from sglang.srt.layers.quantization.fp8_block_kernels import block_fp8_gemm, quantize_groups
+        from sglang.srt.layers.quantization.fp8_block_kernels import block_fp8_linear_gpu
 
-        qx, sx = quantize_groups(x2)
-        out = block_fp8_gemm(qx, sx, qweight, weight_scale_inv, bias, x.dtype)
+        out = block_fp8_linear_gpu(x2, qweight, weight_scale_inv, bias)
     return out.view(*lead, qweight.shape[0])
