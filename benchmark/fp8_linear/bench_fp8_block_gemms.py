@@ -9,7 +9,8 @@ For each projection (qkv, o, gate_up, down) and row count M it captures 36 calls
   engine        what the engine runs for a block-fp8 checkpoint (fp8_block_kernels.block_fp8_linear_gpu): the
                 cuBLAS path below where this GPU and the shape allow it, else the triton path;
   triton        activations quantized per token and 128-column group (one triton kernel), then the triton
-                block-scaled GEMM; "gemm alone" is that GEMM on pre-quantized activations;
+                block-scaled GEMM; "gemm alone" is that GEMM on pre-quantized activations, "quantize alone" the
+                quantization kernel alone (both paths run it before their GEMM);
   cublas        the same quantization kernel (rows padded, scales column-major), then torch's block-scaled GEMM
                 (F.scaled_mm, BlockWise1x128 x BlockWise128x128; cuBLAS on sm90 with CUDA >= 12.9), each output
                 checked against the triton GEMM's; "-" where this GPU or torch lacks it;
@@ -158,6 +159,11 @@ def _triton(x: torch.Tensor, quantized: list[Weight]) -> None:
         block_fp8_gemm(qx, sx, qw, sw, None, torch.bfloat16)
 
 
+def _quantize_alone(x: torch.Tensor, calls: int) -> None:
+    for _ in range(calls):
+        quantize_groups(x)
+
+
 def _gemm_alone(qx: torch.Tensor, sx: torch.Tensor, quantized: list[Weight]) -> None:
     for qw, sw in quantized:
         block_fp8_gemm(qx, sx, qw, sw, None, torch.bfloat16)
@@ -232,6 +238,7 @@ def time_shape(n: int, k: int, rows: list[int], layers: int, device: str, skinny
             "engine": functools.partial(_engine, x, quantized),
             "triton": functools.partial(_triton, x, quantized),
             "gemm_alone": functools.partial(_gemm_alone, qx, sx, quantized),
+            "quantize_alone": functools.partial(_quantize_alone, x, layers),
         }
         if not note:
             steps["cublas"] = functools.partial(_cublas, x, quantized)
@@ -255,14 +262,14 @@ def table(results: list[dict], rows: list[int], header: str) -> str:
         header,
         "",
         "| gemm | rows | bf16 ms | TFLOP/s | engine fp8 ms | TFLOP/s | engine speedup | triton ms | gemm alone ms "
-        "| cublas ms | TFLOP/s | skinny ms | skinny config | note |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "| quantize alone ms | cublas ms | TFLOP/s | skinny ms | skinny config | note |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in results:
         lines.append(
             f"| {r['gemm']} | {r['rows']} | {r['bf16_ms']:.3f} | {r['bf16_tflops']:.0f} | {r['engine_ms']:.3f} | "
             f"{r['engine_tflops']:.0f} | {r['bf16_ms'] / r['engine_ms']:.2f} | {r['triton_ms']:.3f} | "
-            f"{r['gemm_alone_ms']:.3f} | {_fmt(r, 'cublas_ms')} | {_fmt(r, 'cublas_tflops', '.0f')} | "
+            f"{r['gemm_alone_ms']:.3f} | {r['quantize_alone_ms']:.3f} | {_fmt(r, 'cublas_ms')} | {_fmt(r, 'cublas_tflops', '.0f')} | "
             f"{_fmt(r, 'skinny_ms')} | {r.get('skinny_config', '')} | {r['cublas_note']} |"
         )
     for m in rows:
@@ -276,7 +283,7 @@ def table(results: list[dict], rows: list[int], header: str) -> str:
         skinny_ms = f"{sum(skinny):.3f}" if None not in skinny else "-"
         lines.append(
             f"| all four | {m} | {total['bf16']:.3f} | {flop / total['bf16']:.0f} | {total['engine']:.3f} | "
-            f"{flop / total['engine']:.0f} | {total['bf16'] / total['engine']:.2f} | {total['triton']:.3f} | | "
+            f"{flop / total['engine']:.0f} | {total['bf16'] / total['engine']:.2f} | {total['triton']:.3f} | | | "
             f"{cublas_ms} | {cublas_tf} | {skinny_ms} | | |"
         )
     return "\n".join(lines)
