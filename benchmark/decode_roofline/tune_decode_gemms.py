@@ -3,8 +3,8 @@
     python benchmark/decode_roofline/tune_decode_gemms.py [--model Llama-3.1-8B] [--tp-size 1]
         [--batches 1 4 8 16 32 64] [--fp8] [--silu] [--out DIR] [--table FILE]
 
-For each projection of the model (qkv, o and, dense models, gate_up and down, with the shapes one
-tensor-parallel rank holds: ``decode_gemm/shapes.py``) and batch size it times, as one CUDA graph
+For each projection of the model (qkv, o and, dense models, gate_up and down; MLA models their query, latent KV,
+o, dense and shared-expert MLP projections; the shapes one tensor-parallel rank holds: ``decode_gemm/shapes.py``) and batch size it times, as one CUDA graph
 over 32 distinct weights (the 32 layers; nothing is served from L2): cuBLAS (torch's default) and every
 skinny-kernel tile config of the sweep (split-K 1 first, then split-K 1 / 2 / 4 / 8, each with and without
 programmatic dependent launch, for the four best tiles and the best tile of each BLOCK_N: a wide tile has few
@@ -208,8 +208,13 @@ def main() -> None:
         with open(table_path) as f:
             current_raw = json.load(f)
     current = parse_table(current_raw) if args.silu else {}  # without --silu the baseline is plain cuBLAS
-    if args.silu:
-        shapes = {"gate_up_silu": shapes["gate_up"]}  # KeyError for MoE models: their experts are fused-MoE
+    if args.silu:  # every merged gate/up projection (dense and, MLA models, shared experts; none for MoE's experts)
+        shapes = {f"{name}_silu": nk for name, nk in shapes.items() if name.endswith("gate_up")}
+    unique = {}  # one entry per weight shape: the table is keyed by shape, so projections of one shape share a plan
+    for name, nk in shapes.items():
+        if nk not in unique.values():
+            unique[name] = nk
+    shapes = unique
     bw = copy_bandwidth()
     rows, shapes_table = [], {}
     start = time.perf_counter()

@@ -52,6 +52,35 @@ def test_shapes_are_the_models_linear_layers(arch):
     assert built == set(projection_shapes(config).values())
 
 
+def test_deepseek_v2_lite_shapes():
+    config = AutoConfig.from_pretrained(shape_config_dir("DeepSeek-V2-Lite"))
+    assert projection_shapes(config) == {
+        "q": (16 * 192, 2048),
+        "kv_a": (512 + 64, 2048),
+        "o": (2048, 16 * 128),
+        "gate_up": (2 * 10944, 2048),
+        "down": (2048, 10944),
+        "shared_gate_up": (2 * 2 * 1408, 2048),
+        "shared_down": (2048, 2 * 1408),
+    }
+
+
+@pytest.mark.parametrize("version", ["v2", "v3"])
+def test_mla_shapes_are_the_models_linear_layers(version):
+    """Every linear layer the tiny DeepSeek model runs, and no other (kv_b_proj's weight is absorbed)."""
+    from sglang.srt.models.registry import get_model_class
+    from sglang.test.tiny_deepseek import tiny_deepseek_config
+
+    config = tiny_deepseek_config(version)
+    model = get_model_class(f"DeepseekV{version[1]}ForCausalLM")(config, torch.float32)
+    built = {
+        tuple(m.weight.shape)
+        for name, m in model.named_modules()
+        if isinstance(m, LinearBase) and not name.endswith("kv_b_proj")
+    }
+    assert built == set(projection_shapes(config).values())
+
+
 def test_table_file_merges_models_and_loads_from_its_directory(tmp_path):
     path = device_table_path("Some GPU", str(tmp_path))
     assert path == str(tmp_path / "Some_GPU.json")

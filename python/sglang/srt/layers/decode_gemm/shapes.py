@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from transformers import PretrainedConfig
 
+from sglang.srt.configs.deepseek import uses_mla
 from sglang.srt.configs.model_config import attention_head_dim, num_routed_experts, total_num_kv_heads
 from sglang.srt.distributed.partition import HeadPartition, shard_range
 
@@ -12,6 +13,8 @@ def projection_shapes(config: PretrainedConfig, tp_size: int = 1, tp_rank: int =
     """``(N, K)`` of qkv_proj, o_proj and (dense models) gate_up_proj / down_proj on rank ``tp_rank``, as
     ``srt/layers/linear.py`` shards them (KV heads replicated when they are fewer than the ranks). MoE experts
     run in the fused-MoE kernel and lm_head in the logits processor: neither goes through the table."""
+    if uses_mla(config):
+        return mla_projection_shapes(config, tp_size, tp_rank)
     heads = HeadPartition.for_rank(config.num_attention_heads, total_num_kv_heads(config), tp_size, tp_rank)
     head_dim = attention_head_dim(config)
     hidden = config.hidden_size
@@ -23,4 +26,30 @@ def projection_shapes(config: PretrainedConfig, tp_size: int = 1, tp_rank: int =
         start, end = shard_range(config.intermediate_size, tp_size, tp_rank)
         shapes["gate_up"] = (2 * (end - start), hidden)
         shapes["down"] = (hidden, end - start)
+    return shapes
+
+
+def mla_projection_shapes(config: PretrainedConfig, tp_size: int = 1, tp_rank: int = 0) -> dict[str, tuple[int, int]]:
+    """The DeepSeek-V2/V3 family (``models/deepseek_v2.py``): the query projection (``q``, or ``q_a`` then ``q_b``
+    with a q LoRA rank), the latent KV projection ``kv_a`` (replicated), ``o``; the leading dense layers' MLP
+    (``gate_up`` / ``down``) and the shared experts' (``shared_gate_up`` / ``shared_down``). ``kv_b_proj`` is never
+    run as a layer (the attention absorbs its weight) and the routed experts are fused-MoE's."""
+    start, end = shard_range(config.num_attention_heads, tp_size, tp_rank)
+    heads, hidden = end - start, config.hidden_size
+    qk = config.qk_nope_head_dim + config.qk_rope_head_dim
+    if config.q_lora_rank is None:
+        shapes = {"q": (heads * qk, hidden)}
+    else:
+        shapes = {"q_a": (config.q_lora_rank, hidden), "q_b": (heads * qk, config.q_lora_rank)}
+    shapes["kv_a"] = (config.kv_lora_rank + config.qk_rope_head_dim, hidden)
+    shapes["o"] = (hidden, heads * config.v_head_dim)
+    mlps = {}
+    if (config.first_k_dense_replace or 0) > 0 or num_routed_experts(config) == 0:
+        mlps[""] = config.intermediate_size
+    if getattr(config, "n_shared_experts", None):
+        mlps["shared_"] = config.moe_intermediate_size * config.n_shared_experts
+    for prefix, intermediate in mlps.items():
+        lo, hi = shard_range(intermediate, tp_size, tp_rank)
+        shapes[f"{prefix}gate_up"] = (2 * (hi - lo), hidden)
+        shapes[f"{prefix}down"] = (hidden, hi - lo)
     return shapes
