@@ -38,6 +38,10 @@ FLAG_SETS = {
     # Decode never runs eagerly: every running batch fits a captured graph (256 on the H200 tier).
     "max-running-256": ["--max-running-requests", "256"],
     "tp-2": ["--tp-size", "2"],  # needs two GPUs
+    # KT: every routed expert in the CPU kernels as FP8, prompts of 4,096 tokens and more on the full-GPU path. The
+    # static path keeps the prefill slot's bytes out of the KV pool; the post-capture path lends them from the pool's
+    # tail only while such a prefill runs (the scheduler lends; at this level the load's prefill takes the hybrid path).
+    "kt-fp8": "--kt-method FP8 --kt-num-gpu-experts 0 --kt-cpuinfer 16 --kt-gpu-prefill-token-threshold 4096".split(),
 }
 # Which flag sets each shape runs by default (the no-eager row is the Llama-3.1-8B headline).
 DEFAULT_PLAN = [
@@ -49,6 +53,7 @@ DEFAULT_PLAN = [
     ("Qwen3-30B-A3B", "default"),
     ("Qwen3-30B-A3B", "graph-bs-32+max-running-256"),
     ("DeepSeek-V2-Lite", "default"),  # MLA: one latent row per token and layer, VMM ranges on the post path
+    ("DeepSeek-V3-4L", "kt-fp8"),  # MLA under KT: 3 dense + 1 MoE layer of DeepSeek-V3, FP8 experts on the CPU
 ]
 
 

@@ -27,7 +27,8 @@
 #   kv-sizing-1         kv_sizing/: Llama-3.1-8B default and graph-bs-32+max-running-256, Qwen3-30B-A3B default
 #   kv-sizing-2         kv_sizing/: the other four rows (-1 and -2 each fit one call on both trees)
 #   kv-sizing-tp2       kv_sizing/: Llama-3.1-8B --tp-size 2 (nvidia-h200-x2)
-#   kv-sizing-mla       kv_sizing/: DeepSeek-V2-Lite default (MLA: the latent buffers on both paths)
+#   kv-sizing-mla       kv_sizing/: DeepSeek-V2-Lite default (MLA: the latent buffers on both paths), then DeepSeek-V3-4L
+#                       under KT with FP8 experts and the full-GPU prefill threshold (kt-fp8; not run yet)
 #   roofline            decode_roofline/: bench_decode_roofline.py --skip-hf
 #   roofline-fp8        fp8_linear/: the same with --quantization fp8
 #   roofline-fp8-native fp8_linear/: bench_decode_roofline.py --shape Qwen3-8B --checkpoint-fp8 (a native block-fp8
@@ -115,7 +116,9 @@ run_stage() {
         python3 benchmark/kv_sizing/bench_kv_sizing.py --out $o --append --shapes Qwen3-30B-A3B \
           --flag-sets graph-bs-32+max-running-256 ;;
     kv-sizing-tp2) python3 benchmark/kv_sizing/bench_kv_sizing.py --out $o --shapes Llama-3.1-8B --flag-sets tp-2 ;;
-    kv-sizing-mla) python3 benchmark/kv_sizing/bench_kv_sizing.py --out $o --shapes DeepSeek-V2-Lite --flag-sets default ;;
+    kv-sizing-mla)
+      python3 benchmark/kv_sizing/bench_kv_sizing.py --out $o --shapes DeepSeek-V2-Lite --flag-sets default &&
+        python3 benchmark/kv_sizing/bench_kv_sizing.py --out $o --shapes DeepSeek-V3-4L --flag-sets kt-fp8 --append ;;
     roofline) python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --out $o ;;
     roofline-fp8) python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --quantization fp8 --out $o ;;
     roofline-fp8-native)
