@@ -29,6 +29,7 @@ from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.scheduler_process import run_scheduler_process
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import ServerArgs
+from sglang.srt.utils.backend_decoder import remove_quietly, write_backend_json
 from sglang.srt.utils.process import PortArgs, configure_logger, kill_process_tree
 
 logger = logging.getLogger(__name__)
@@ -60,6 +61,19 @@ def _start_child(ctx, target, args: tuple, name: str) -> StartingChild:
     return StartingChild(p, reader)
 
 
+def _load_launcher_tokenizer(server_args: ServerArgs) -> Optional[Any]:
+    """The tokenizer, or None (--skip-tokenizer-init, or it fails to load: then the detokenizer loads it and its
+    failure names it, as when the launcher did not load it first)."""
+    if server_args.skip_tokenizer_init:
+        return None
+    from sglang.srt.utils.hf_tokenizer import get_tokenizer
+
+    try:
+        return get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code)
+    except Exception:  # noqa: BLE001 - reported by the detokenizer, which loads it again
+        return None
+
+
 def launch_subprocesses(config: EngineConfig) -> Tuple[Optional[TokenizerManager], dict, List[mp.Process]]:
     """Start the scheduler rank(s) of this node and the detokenizer, each with the resolved configuration;
     wait until every one is ready. Raises LaunchError (and leaves no child behind) when one fails, dies or
@@ -74,17 +88,26 @@ def launch_subprocesses(config: EngineConfig) -> Tuple[Optional[TokenizerManager
         # other processes sharing the cores do not steal each other's time (a 10x slowdown otherwise).
         os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     children: List[StartingChild] = []
+    backend_json_path = None
     try:
         for local in range(ranks_per_node):
             rank = first_rank + local
             args = (config, port_args, server_args.base_gpu_id + local, rank)
             children.append(_start_child(ctx, run_scheduler_process, args, f"sglang-scheduler-{rank}"))
+        tokenizer = None
         if server_args.node_rank == 0:
-            children.append(_start_child(ctx, run_detokenizer_process, (server_args, port_args), "sglang-detokenizer"))
+            # Loaded here while the scheduler starts (the TokenizerManager needs it anyway): the detokenizer then
+            # decodes with its backend alone and imports neither torch nor transformers.
+            tokenizer = _load_launcher_tokenizer(server_args)
+            backend_json_path = write_backend_json(tokenizer) if tokenizer is not None else None
+            args = (server_args, port_args, backend_json_path)
+            children.append(_start_child(ctx, run_detokenizer_process, args, "sglang-detokenizer"))
         infos = wait_until_ready(children, envs.SGLANG_STARTUP_TIMEOUT.get())[:ranks_per_node]
     except BaseException:  # a failed, dead or timed-out child, or a signal: no child survives
         kill_process_tree([c.process for c in children], timeout=5)
         raise
+    finally:
+        remove_quietly(backend_json_path)  # read by the detokenizer before it reported ready
     procs = [c.process for c in children]
     # What each rank planned, for /server_info: the pool size must agree, the plan's readings may not.
     ranks = [
@@ -102,7 +125,7 @@ def launch_subprocesses(config: EngineConfig) -> Tuple[Optional[TokenizerManager
         raise LaunchError(f"ranks disagree on max_total_num_tokens: {[i['max_total_num_tokens'] for i in infos]}")
     if server_args.node_rank != 0:
         return None, info, procs
-    tm = TokenizerManager(server_args, port_args, info)
+    tm = TokenizerManager(server_args, port_args, info, tokenizer=tokenizer)
     tm.child_processes = procs
     return tm, info, procs
 

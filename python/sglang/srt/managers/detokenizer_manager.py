@@ -133,14 +133,22 @@ class IncrementalDetokenizer:
         )
 
 
-def run_detokenizer_process(server_args: ServerArgs, port_args: PortArgs, pipe) -> None:
+def run_detokenizer_process(
+    server_args: ServerArgs, port_args: PortArgs, backend_json_path: Optional[str], pipe
+) -> None:
+    """`backend_json_path`: a file with the launcher's tokenizer when decoding it needs no transformers
+    (utils/backend_decoder.py); None: load the tokenizer here."""
     die_with_parent()
     raise_on_sigterm()
     configure_logger(server_args.log_level, prefix="detokenizer")
     with reporting_startup(pipe, "Detokenizer"):
         faults = FaultPlan.from_env()
         tokenizer = None
-        if not server_args.skip_tokenizer_init:
+        if backend_json_path is not None:
+            from sglang.srt.utils.backend_decoder import BackendDecoder
+
+            tokenizer = BackendDecoder.from_file(backend_json_path)
+        elif not server_args.skip_tokenizer_init:
             from sglang.srt.utils.hf_tokenizer import get_tokenizer
 
             tokenizer = get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code)

@@ -116,7 +116,10 @@ def prefill_only(t: TokenizedGenerateReqInput) -> TokenizedGenerateReqInput:
 
 
 class TokenizerManager:
-    def __init__(self, server_args: ServerArgs, port_args: PortArgs, scheduler_info: dict) -> None:
+    def __init__(
+        self, server_args: ServerArgs, port_args: PortArgs, scheduler_info: dict, tokenizer: Optional[Any] = None
+    ) -> None:
+        """`tokenizer`: the one the launcher loaded already (None: load it here unless --skip-tokenizer-init)."""
         self.server_args = server_args
         self.scheduler_info = scheduler_info
         self.context_len: int = scheduler_info["context_len"]
@@ -126,7 +129,11 @@ class TokenizerManager:
         if not server_args.skip_tokenizer_init:
             from sglang.srt.utils.hf_tokenizer import get_tokenizer
 
-            self.tokenizer = get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code)
+            self.tokenizer = (
+                tokenizer
+                if tokenizer is not None
+                else get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code)
+            )
             self.max_prompt_bytes = self.context_len * max_token_bytes(self.tokenizer) * NORMALIZATION_SLACK
         self.port_args = port_args
         self.rid_to_state: Dict[str, ReqState] = {}
