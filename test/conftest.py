@@ -1,6 +1,8 @@
 """Shared pytest set-up: without a GPU, triton kernels run in the interpreter on CPU tensors."""
 
+import functools
 import os
+from pathlib import Path
 
 import torch
 
@@ -10,18 +12,37 @@ if not torch.cuda.is_available():
 
 
 # Session-scoped servers shared by several files (test/registered/entrypoints/conftest.py). Under pytest-xdist
-# (process-cpu: test/run_suite.py, --dist loadgroup) every file is one group, so a file's module-scoped servers
-# stay in one worker, and the files using one of these fixtures form a single group: one start, not one per worker.
+# (process-cpu: test/run_suite.py, --dist loadgroup) every file is one unit of work, so a file's module-scoped
+# servers and models start in one worker only, and the files using one of these fixtures form a single unit: one
+# start, not one per worker.
 SHARED_SESSION_FIXTURES = ("smollm2_server",)
 
 
-def pytest_collection_modifyitems(config, items):
-    import pytest
+@functools.lru_cache(maxsize=None)
+def _file_unit(path: Path) -> str:
+    """A test file's unit of work: the shared fixture it names (read from its source, as run_suite.py reads the
+    suite markers; the controller process collects nothing), else the file itself."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return str(path)
+    return next((name for name in SHARED_SESSION_FIXTURES if name in text), str(path))
 
-    shared = {}
-    for item in items:
-        for name in SHARED_SESSION_FIXTURES:
-            if name in getattr(item, "fixturenames", ()):
-                shared[item.path] = name
-    for item in items:
-        item.add_marker(pytest.mark.xdist_group(shared.get(item.path, str(item.path))))
+
+def xdist_unit(rootpath: Path, nodeid: str) -> str:
+    return _file_unit(rootpath / nodeid.split("::", 1)[0])
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """--dist loadgroup, grouped by xdist_unit(). xdist's own loadgroup reads `xdist_group` markers by appending
+    "@group" to item._nodeid, which pytest 9 no longer reads (Node.nodeid comes from _id): every test was its own
+    unit, a file's tests ran on both workers, and its module-scoped servers started once per worker."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class FileUnitScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_unit(config.rootpath, nodeid)
+
+    return FileUnitScheduling(config, log)

@@ -134,8 +134,9 @@ def pytest_command(chosen: List[Registration], durations: int, extra: List[str],
     blocked = [arg for name in UNUSED_PLUGINS for arg in ("-p", f"no:{name}")]
     if num_workers > 1:
         chosen = sorted(chosen, key=lambda r: -r.est_time)
-    # loadgroup: test/conftest.py makes each file a group (files sharing a session server, one group)
-    spread = ["-n", str(num_workers), "--dist", "loadgroup"] if num_workers > 1 else []
+    # loadgroup: test/conftest.py makes each file a unit (files sharing a session server, one unit); units are handed
+    # out in the order given here (xdist would otherwise reorder them by their number of tests)
+    spread = ["-n", str(num_workers), "--dist", "loadgroup", "--no-loadscope-reorder"] if num_workers > 1 else []
     return [
         sys.executable, "-m", "pytest", "-q", "-rs", f"--durations={durations}", *blocked, *spread,
         *[str(r.path) for r in chosen], *extra,

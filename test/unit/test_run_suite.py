@@ -7,6 +7,7 @@ register_cpu_ci(est_time=2, suite="per-commit-cpu")
 # files over its xdist workers, longest first, and counts them when sharing the cores.
 
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
@@ -45,7 +46,7 @@ def test_process_cpu_spreads_whole_files_longest_first(run_suite):
     chosen = [Reg(Path("a.py"), "per-commit-cpu", 10.0), Reg(Path("b.py"), "per-commit-cpu", 90.0)]
     cmd = run_suite.pytest_command(chosen, 15, ["-x"], run_suite.workers("process-cpu"))
     assert cmd[cmd.index("-n") + 1] == "2" and cmd[cmd.index("--dist") + 1] == "loadgroup"
-    assert cmd.index("b.py") < cmd.index("a.py") and cmd[-1] == "-x"
+    assert cmd.index("b.py") < cmd.index("a.py") and cmd[-1] == "-x" and "--no-loadscope-reorder" in cmd
     one = run_suite.pytest_command(chosen, 15, [], run_suite.workers("unit-cpu"))
     assert "-n" not in one and one.index("a.py") < one.index("b.py")  # a single process keeps the files' order
 
@@ -57,23 +58,47 @@ def test_the_cores_are_shared_by_every_pytest_process(run_suite, monkeypatch):
     assert at_once == 3 and run_suite.suite_env("process-cpu", at_once)["OMP_NUM_THREADS"] == "2"
 
 
-def test_files_sharing_a_session_server_form_one_xdist_group():
+def test_files_sharing_a_session_server_form_one_unit(tmp_path):
     spec = importlib.util.spec_from_file_location("suite_conftest", RUN_SUITE.parent / "conftest.py")
     conftest = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(conftest)
-
-    class Item:
-        def __init__(self, path: str, fixtures: tuple) -> None:
-            self.path, self.fixturenames, self.groups = Path(path), fixtures, []
-
-        def add_marker(self, mark) -> None:
-            self.groups += [mark.args[0]] if mark.name == "xdist_group" else []
-
-    items = [
-        Item("a/test_http.py", ("base_url", "smollm2_server")),
-        Item("a/test_http.py", ("tok",)),  # same file, no server: stays with its file
-        Item("a/test_fuzz.py", ("smollm2_server",)),
-        Item("a/test_own.py", ("base_url",)),
+    (tmp_path / "test_http.py").write_text("def test_a(base_url, smollm2_server): ...\ndef test_b(tok): ...\n")
+    (tmp_path / "test_fuzz.py").write_text("def test_c(smollm2_server): ...\n")
+    (tmp_path / "test_own.py").write_text("def test_d(base_url): ...\n")
+    units = [
+        conftest.xdist_unit(tmp_path, nodeid)
+        for nodeid in ("test_http.py::test_a", "test_http.py::test_b", "test_fuzz.py::test_c", "test_own.py::test_d[x]")
     ]
-    conftest.pytest_collection_modifyitems(None, items)
-    assert [i.groups for i in items] == [["smollm2_server"], ["smollm2_server"], ["smollm2_server"], ["a/test_own.py"]]
+    assert units == ["smollm2_server", "smollm2_server", "smollm2_server", str(tmp_path / "test_own.py")]
+
+
+def test_xdist_keeps_each_file_on_one_worker(tmp_path):
+    """End to end: under `-n 2 --dist loadgroup` with test/conftest.py, every test of a file runs on one worker, and
+    so do all the files naming a shared session fixture (split over workers, their servers start twice)."""
+    (tmp_path / "conftest.py").write_text((RUN_SUITE.parent / "conftest.py").read_text())
+    record = f"open({str(tmp_path / 'ran')!r}, 'a').write(__name__ + ' ' + os.environ['PYTEST_XDIST_WORKER'] + '\\n')"
+    files = {"a": "", "b": "", "c": "", "s1": "  # smollm2_server", "s2": "  # smollm2_server"}
+    for name, comment in files.items():
+        tests = "".join(f"def test_{i}():{comment}\n    {record}\n\n\n" for i in range(6))
+        (tmp_path / f"test_{name}.py").write_text("import os\n\n\n" + tests)
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "-n",
+        "2",
+        "--dist",
+        "loadgroup",
+        str(tmp_path),
+    ]
+    done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-2000:]
+    runs = [line.split() for line in (tmp_path / "ran").read_text().splitlines()]
+    assert len(runs) == 6 * len(files)
+    workers = {module: {w for m, w in runs if m == module} for module, _ in runs}
+    assert all(len(w) == 1 for w in workers.values()), workers
+    assert workers["test_s1"] == workers["test_s2"], workers
+    assert len({w for _, w in runs}) == 2  # both workers did take files
