@@ -5,7 +5,7 @@ shuts down cleanly."""
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=55, suite="per-commit-cpu")
+register_cpu_ci(est_time=60, suite="per-commit-cpu")
 
 import signal
 import tempfile

@@ -6,7 +6,7 @@ and a 1 MiB body limit, so the size check is cheap to exercise."""
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=35, suite="per-commit-cpu")
+register_cpu_ci(est_time=30, suite="per-commit-cpu")
 
 import threading
 import time

@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=70, suite="per-commit-cpu")
+register_cpu_ci(est_time=60, suite="per-commit-cpu")
 
 # Constrained decoding through the HTTP server (SmolLM2 on CPU, which cannot follow a schema unaided), once per
 # --grammar-backend (xgrammar, llguidance; llguidance refuses the forced tool calls, xgrammar structural tags):

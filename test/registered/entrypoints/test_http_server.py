@@ -4,7 +4,7 @@ API through the official `openai` client, and the admin endpoints (/server_info,
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=30, suite="per-commit-cpu")
+register_cpu_ci(est_time=10, suite="per-commit-cpu")
 
 import json
 import re

@@ -6,7 +6,7 @@ the router's worker endpoints, /tokenize and /detokenize, tools rendered and too
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=65, suite="per-commit-cpu")
+register_cpu_ci(est_time=60, suite="per-commit-cpu")
 
 import json
 import re

@@ -7,7 +7,7 @@ The fuzzer is seeded (FUZZ_SEED) and bounded in count and time, so a failure can
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=80, suite="per-commit-cpu")
+register_cpu_ci(est_time=110, suite="per-commit-cpu")
 
 import copy
 import json

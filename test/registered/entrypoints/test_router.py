@@ -4,7 +4,7 @@ concurrent requests use both, and a replica stopped with SIGTERM in the middle o
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=45, suite="per-commit-cpu")
+register_cpu_ci(est_time=50, suite="per-commit-cpu")
 
 import os
 import signal

@@ -13,7 +13,7 @@ and the `openai` client (project env) for top logprobs (checked against transfor
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=70, suite="per-commit-cpu")
+register_cpu_ci(est_time=55, suite="per-commit-cpu")
 
 import json
 import re

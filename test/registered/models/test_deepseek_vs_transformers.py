@@ -12,7 +12,7 @@ q_lora_rank, n_group/topk_group, a non-zero correction bias, routed_scaling_fact
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=25, suite="per-commit-cpu")
+register_cpu_ci(est_time=20, suite="per-commit-cpu")
 
 import random
 

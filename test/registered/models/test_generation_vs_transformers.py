@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=50, suite="per-commit-cpu")
+register_cpu_ci(est_time=60, suite="per-commit-cpu")
 
 # Greedy generation matches transformers token for token, on the same weights, fp32 on the CPU:
 #   * SmolLM2-135M-Instruct from its Q4_1 GGUF (our GGUF loader vs transformers reading the SAME file),

@@ -12,7 +12,7 @@ identical for prompts of 1, 7 and 23 tokens:
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=10, suite="per-commit-cpu")
+register_cpu_ci(est_time=5, suite="per-commit-cpu")
 
 import logging
 import os

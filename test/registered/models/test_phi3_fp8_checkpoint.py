@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=10, suite="per-commit-cpu")
+register_cpu_ci(est_time=5, suite="per-commit-cpu")
 
 # Native block-FP8 Phi-3 checkpoints: q|k|v and gate|up stored fused (qkv_proj, gate_up_proj), each fused tensor
 # quantized whole with `weight_scale_inv` per 128x128 block over its fused rows. A tiny transformers-written Phi-3

@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=120, suite="per-commit-cpu")
+register_cpu_ci(est_time=125, suite="per-commit-cpu")
 
 # Continuous batching and the radix cache on SmolLM2 (real weights, CPU), greedy:
 #   * 16 prompts of mixed lengths in one batch give exactly what each gives alone;

@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=30, suite="per-commit-cpu")
+register_cpu_ci(est_time=25, suite="per-commit-cpu")
 
 # Constrained decoding in the scheduler (SmolLM2 on CPU, in-process, overlap scheduling on): SmolLM2 cannot
 # follow a schema unaided, so an output that validates comes from the grammar.

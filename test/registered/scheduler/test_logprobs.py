@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=5, suite="per-commit-cpu")
+register_cpu_ci(est_time=15, suite="per-commit-cpu")
 
 # Logprobs as SGLang returns them (SmolLM2, CPU, in-process scheduler), against transformers on the same weights:
 #   * prompt logprobs from logprob_start_len (position 0 has none), their top-k and chosen ids, and the
