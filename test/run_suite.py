@@ -37,11 +37,12 @@ CPU_SUITE = "per-commit-cpu"
 class CpuPart:
     registered_suite: str
     folder: str  # under test/
-    # pytest-xdist worker processes, each taking whole files (--dist loadgroup over test/conftest.py's groups: a
+    # pytest-xdist worker processes, each taking whole files (--dist loadgroup with test/conftest.py's scheduler: a
     # module's shared server stays in one process, and so does a session server several files share). Each server
     # computes on one thread, so one pytest process left a core idle once the unit tests were done: on the 2-core
     # machine process-cpu took 878 s in one process, 595 s in two, and the whole suite 729 s with three (each
-    # process's share of the cores then rounds down to one thread and they oversubscribe).
+    # process's share of the cores then rounds down to one thread and they oversubscribe). Those three were
+    # measured while xdist still split files over workers (test/conftest.py says why).
     workers: int
 
 
