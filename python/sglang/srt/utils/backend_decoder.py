@@ -5,14 +5,16 @@ process (3-4 CPU-seconds of every server start, on 2 cores 3-4 s of start-up), w
 tokenizer is `backend_tokenizer.decode(ids, skip_special_tokens)` and nothing else. So the launcher, which loads
 the tokenizer anyway, writes the backend's JSON to a file when that is all decoding does, and the detokenizer
 decodes with `tokenizers` alone. A file, not a process argument: spawn writes the arguments into a pipe, and
-megabytes there block the launcher until the child reads them (forever if the child dies first). Any other tokenizer (a class that overrides decoding, remote code,
-a clean-up of tokenization spaces that applies) gets None and the detokenizer loads it through transformers.
+megabytes there block the launcher until the child reads them (forever if the child dies first). Any other
+tokenizer (a class that overrides decoding, remote code, a clean-up of tokenization spaces that applies) gets None
+and the detokenizer loads it through transformers.
 """
 
 from __future__ import annotations
 
 import os
 import tempfile
+from pathlib import Path
 from typing import Any, List, Optional
 
 
@@ -47,10 +49,7 @@ def write_backend_json(tokenizer: Any) -> Optional[str]:
 
 def remove_quietly(path: Optional[str]) -> None:
     if path is not None:
-        try:
-            os.unlink(path)
-        except FileNotFoundError:
-            pass
+        Path(path).unlink(missing_ok=True)
 
 
 def _cleans_up_spaces(tokenizer: Any) -> bool:
@@ -72,8 +71,7 @@ class BackendDecoder:
 
     @classmethod
     def from_file(cls, path: str) -> "BackendDecoder":
-        with open(path) as f:
-            return cls(f.read())
+        return cls(Path(path).read_text())
 
     def decode(
         self,
