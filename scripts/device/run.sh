@@ -52,8 +52,7 @@
 #   kv-dtype            decode_roofline/: bench_kv_cache_dtype.py (bf16 / fp8 KV cache, decode attention alone)
 #   fp8-gemms           fp8_linear/: bench_fp8_gemms.py
 #   fp8-block-gemms     fp8_linear/: bench_fp8_block_gemms.py (Qwen3-8B projections: bf16 vs the engine's block-fp8
-#                       path, its triton and cuBLAS branches, rows 1 to 8192, and the skinny decode candidate's 24
-#                       launch configs at 1 and 8 rows); ~3 min
+#                       path, its triton and cuBLAS branches and the quantization kernel alone, rows 1 to 8192); ~1 min
 #   kt-decode           kt_decode/: bench_kt_decode.py --methods BF16 INT8 --layers 12 48 --big-methods INT8
 #   kt-decode-check     kt_decode/: BF16 and INT8, 12 layers, batch 1 and 16 (a before/after check in one call)
 #   kt-decode-int4-fp8  kt_decode/: bench_kt_decode.py --methods INT4 FP8 --batches 1 64

@@ -49,11 +49,11 @@ def test_quantize_groups_reference_uses_each_groups_range():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("k", [384 + 40, 11 * 128 + 40])  # 4 and 12 groups a row, the last one ragged
+@pytest.mark.parametrize("k", [384 + 40, 11 * 128 + 40])  # 4 groups: one program a row; 12: two, the second ragged
 def test_quantize_groups_kernel_equals_reference(device, k):
     g = torch.Generator().manual_seed(k)
     x = (torch.randn(5, k, generator=g) * 3).to(device, torch.bfloat16 if device == "cuda" else torch.float32)
-    x[2, 1024:1152] *= 50  # one group of another range (where the row has it)
+    x[2, 1024:1152] *= 50  # a group of another range in the second program's part of the row
     q, s = quantize_groups(x)
     rq, rs = quantize_groups_reference(x)
     assert torch.equal(s.cpu(), rs.cpu())
