@@ -45,7 +45,7 @@
 #                       --silu compares with the table's gate_up plan); the table lands in the package's configs/
 #                       on the device and in the stage's folder
 #   tune-gemm-mla       decode_roofline/: tune_decode_gemms.py --model DeepSeek-V2-Lite, then --silu (its q, kv_a, o, dense
-#                       and shared-expert projections into the same table; not run yet)
+#                       and shared-expert projections into the same table)
 #   tune-attention      decode_roofline/: tune_decode_attention.py --focused
 #   tune-moe            decode_roofline/: tune_fused_moe.py (the fused MoE's tile configs at decode sizes, V2-Lite bf16
 #                       and V3 FP8 experts, batch 1-64; which config default_config should take; not run yet)
@@ -131,7 +131,8 @@ run_stage() {
       python3 benchmark/decode_roofline/profile_decode_step.py --shape DeepSeek-V2-Lite --batches 1 64 --top 30 ;;
     tune-gemm-mla)  # DeepSeek-V2-Lite's projections in bf16, then its gate/up pairs with SiLU-and-mul
       python3 benchmark/decode_roofline/tune_decode_gemms.py --model DeepSeek-V2-Lite --out $o/gemm_tuning_mla &&
-        python3 benchmark/decode_roofline/tune_decode_gemms.py --model DeepSeek-V2-Lite --silu --out $o/gemm_tuning_mla_silu ;;
+        python3 benchmark/decode_roofline/tune_decode_gemms.py --model DeepSeek-V2-Lite --silu --out $o/gemm_tuning_mla_silu &&
+        cp python/sglang/srt/layers/decode_gemm/configs/NVIDIA_H200.json $o/ ;;
     tune-gemm)
       local mode
       for mode in "" --silu --fp8 "--fp8 --silu"; do
