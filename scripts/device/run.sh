@@ -28,7 +28,7 @@
 #   kv-sizing-2         kv_sizing/: the other four rows (-1 and -2 each fit one call on both trees)
 #   kv-sizing-tp2       kv_sizing/: Llama-3.1-8B --tp-size 2 (nvidia-h200-x2)
 #   kv-sizing-mla       kv_sizing/: DeepSeek-V2-Lite default (MLA: the latent buffers on both paths), then DeepSeek-V3-4L
-#                       under KT with FP8 experts and the full-GPU prefill threshold (kt-fp8; not run yet)
+#                       under KT with FP8 experts and the full-GPU prefill threshold (kt-fp8)
 #   roofline            decode_roofline/: bench_decode_roofline.py --skip-hf
 #   roofline-fp8        fp8_linear/: the same with --quantization fp8
 #   roofline-fp8-native fp8_linear/: bench_decode_roofline.py --shape Qwen3-8B --checkpoint-fp8 (a native block-fp8
