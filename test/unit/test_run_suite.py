@@ -72,7 +72,7 @@ def test_files_sharing_a_session_server_form_one_unit(tmp_path):
     assert units == ["smollm2_server", "smollm2_server", "smollm2_server", str(tmp_path / "test_own.py")]
 
 
-def test_xdist_keeps_each_file_on_one_worker(tmp_path):
+def test_xdist_keeps_each_file_on_one_worker(run_suite, tmp_path):
     """End to end: under `-n 2 --dist loadgroup` with test/conftest.py, every test of a file runs on one worker, and
     so do all the files naming a shared session fixture (split over workers, their servers start twice)."""
     (tmp_path / "conftest.py").write_text((RUN_SUITE.parent / "conftest.py").read_text())
@@ -88,10 +88,13 @@ def test_xdist_keeps_each_file_on_one_worker(tmp_path):
         "-q",
         "-p",
         "no:cacheprovider",
+        # the suite's own flags: without the plugins it blocks each of the three processes took ~3 CPU-s more
+        *[arg for name in run_suite.UNUSED_PLUGINS for arg in ("-p", f"no:{name}")],
         "-n",
         "2",
         "--dist",
         "loadgroup",
+        "--no-loadscope-reorder",
         str(tmp_path),
     ]
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True)

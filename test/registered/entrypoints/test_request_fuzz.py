@@ -7,7 +7,7 @@ The fuzzer is seeded (FUZZ_SEED) and bounded in count and time, so a failure can
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=110, suite="per-commit-cpu")
+register_cpu_ci(est_time=60, suite="per-commit-cpu")
 
 import copy
 import json
@@ -21,11 +21,11 @@ import pytest
 import requests
 
 FUZZ_SEED = 20261201
-FUZZ_REQUESTS = 300
+FUZZ_REQUESTS = 200
 FUZZ_THREADS = 4
 FUZZ_BUDGET_S = 90
 TIMEOUT = 120
-STREAM_PARAMS = {"temperature": 0, "max_new_tokens": 128, "ignore_eos": True}
+STREAM_PARAMS = {"temperature": 0, "max_new_tokens": 64, "ignore_eos": True}
 STREAM_PROMPTS = [f"Tell me a short story about the number {i}." for i in range(8)]
 
 EDGE_INTS = [-(2**64), -(2**63) - 1, -(2**63), -1, 0, 1, 2, 7, 2**31, 2**63 - 1, 2**63, 2**64, 10**30]
@@ -197,7 +197,7 @@ def fuzz_one(rng: random.Random, session: requests.Session, base_url: str, n: in
 
 def test_fuzzed_requests_never_hurt_the_server_or_other_streams(base_url):
     # The reference: the same eight requests at once with no fuzz beside them (greedy outputs are batch-invariant,
-    # test_batching_and_cache.py checks that against each alone; sent one by one they took 80 s, at once 19 s).
+    # test_batching_and_cache.py checks that against each alone; sent one by one they took 80 s, at once 19 s at 128 tokens each).
     with ThreadPoolExecutor(len(STREAM_PROMPTS)) as pool:
         calm = list(
             pool.map(
