@@ -160,14 +160,16 @@ def test_add_norm_needs_a_split_k_config_and_matching_shapes():
         skinny_linear(x, w, None, GemmConfig(**CFG, split_k=2), add_norm=(torch.zeros(2, 16), torch.ones(32), 1e-6))
 
 
-def test_linear_add_rmsnorm_falls_back_wherever_the_kernel_would_refuse():
+@pytest.mark.parametrize("device", DEVICES)
+def test_linear_add_rmsnorm_falls_back_wherever_the_kernel_would_refuse(device):
     """One rule (``table.add_norm_refusal``): where it refuses, ``linear_add_rmsnorm`` returns None (the caller
     runs the GEMM, then the norm kernel) instead of raising; where it accepts, the sum kernel is used."""
     from sglang.srt.layers.decode_gemm.table import MAX_ADD_NORM_COLUMNS, add_norm_refusal
 
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
     split2 = GemmConfig(**CFG, split_k=2)
-    x, w, norm_w = torch.randn(2, 64), torch.randn(32, 64), torch.ones(32)
-    residual = torch.zeros(2, 32)
+    x, w = torch.randn(2, 64).to(device, dtype), torch.randn(32, 64).to(device, dtype)
+    norm_w, residual = torch.ones(32, device=device, dtype=dtype), torch.zeros(2, 32, device=device, dtype=dtype)
     assert add_norm_refusal(split2, 2, 64, 32, residual, norm_w) is None
     refusals = {
         "split 1": add_norm_refusal(GemmConfig(**CFG), 2, 64, 32, residual, norm_w),
@@ -181,11 +183,11 @@ def test_linear_add_rmsnorm_falls_back_wherever_the_kernel_would_refuse():
     }
     assert all(isinstance(reason, str) and "add_norm needs" in reason for reason in refusals.values()), refusals
     plan = GemmPlan(((8, split2),))
-    assert decode_gemm.linear_add_rmsnorm(x, w, plan, torch.zeros(3, 32), norm_w, 1e-6) is None
+    assert decode_gemm.linear_add_rmsnorm(x, w, plan, residual[:1], norm_w, 1e-6) is None  # rows of another batch
     assert decode_gemm.linear_add_rmsnorm(x, w, GemmPlan(((8, GemmConfig(**CFG)),)), residual, norm_w, 1e-6) is None
     fused = decode_gemm.linear_add_rmsnorm(x, w, plan, residual, norm_w, 1e-6)
     assert fused is not None and fused.shape == (2, 32)
-    torch.testing.assert_close(residual, (x.double() @ w.double().T).float(), atol=1e-4, rtol=1e-4)  # added in place
+    _check(residual, _reference(x, w, None), dtype)  # the GEMM's output, added in place to the zero residual
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=REQUIRES_GPU_REASON)
@@ -371,3 +373,39 @@ def test_skinny_linear_in_a_cuda_graph_waits_for_the_kernel_before(pdl):
         expected_x = rmsnorm(src, norm_weight, 1e-6)
         assert torch.equal(captured, skinny_linear(expected_x, w, None, cfg))  # fixed-order sums: bitwise
         _check(captured, _reference(expected_x, w, None), torch.bfloat16)
+
+
+def _shipped_h200_entries() -> list:
+    """Every skinny config of the shipped H200 table, with the weight shape and batch size it was tuned for."""
+    with open(device_table_path("NVIDIA H200")) as f:
+        shapes = json.load(f)["shapes"]
+    return [
+        pytest.param(key, int(batch), GemmConfig(**config), id=f"{key}-b{batch}")
+        for key, entries in shapes.items()
+        for batch, config in entries.items()
+        if config is not None
+    ]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=REQUIRES_GPU_REASON)
+@pytest.mark.parametrize("key,batch,config", _shipped_h200_entries())
+def test_every_shipped_h200_config_computes_its_shape(key, batch, config):
+    """The tuner times configs on their real shapes; this checks what each chosen one computes there (ragged
+    tiles, K splits, the SiLU-and-mul epilogue, fp8 scales) against a float64 product."""
+    from sglang.srt.layers.quantization.fp8_linear import quantize_rows
+
+    dims, *flags = key.split(":")
+    n, k = map(int, dims.split("x"))
+    g = torch.Generator(device="cuda").manual_seed(n + k + batch)
+    x = torch.randn(batch, k, device="cuda", generator=g)
+    w = torch.randn(n, k, device="cuda", generator=g) * 0.05
+    silu = "silu" in flags
+    if "fp8" in flags:
+        (qx, sx), (qw, sw) = quantize_rows(x), quantize_rows(w)
+        out = skinny_linear(qx, qw, None, config, scales=(sx, sw, torch.bfloat16), silu_and_mul=silu)
+        ref = _reference(qx.double() * sx.double(), qw.double() * sw.double(), None)
+    else:
+        x, w = x.bfloat16(), w.bfloat16()
+        out = skinny_linear(x, w, None, config, silu_and_mul=silu)
+        ref = _reference(x, w, None)
+    _check(out, _silu_and_mul_reference(ref) if silu else ref, torch.bfloat16, relative=silu)
