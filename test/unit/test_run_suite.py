@@ -81,22 +81,9 @@ def test_xdist_keeps_each_file_on_one_worker(run_suite, tmp_path):
     for name, comment in files.items():
         tests = "".join(f"def test_{i}():{comment}\n    {record}\n\n\n" for i in range(6))
         (tmp_path / f"test_{name}.py").write_text("import os\n\n\n" + tests)
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        # the suite's own flags: without the plugins it blocks each of the three processes took ~3 CPU-s more
-        *[arg for name in run_suite.UNUSED_PLUGINS for arg in ("-p", f"no:{name}")],
-        "-n",
-        "2",
-        "--dist",
-        "loadgroup",
-        "--no-loadscope-reorder",
-        str(tmp_path),
-    ]
+    # The suite's own command (its plugin blocks, -n 2 --dist loadgroup --no-loadscope-reorder), not a copy of it.
+    chosen = [run_suite.Registration(tmp_path / f"test_{name}.py", "per-commit-cpu", 1.0) for name in files]
+    cmd = run_suite.pytest_command(chosen, 0, ["-p", "no:cacheprovider"], num_workers=2)
     done = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 0, done.stdout[-2000:]
     runs = [line.split() for line in (tmp_path / "ran").read_text().splitlines()]
