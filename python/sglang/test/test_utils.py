@@ -59,6 +59,18 @@ def read_log(proc: subprocess.Popen) -> str:
         return f.read()
 
 
+def wait_for_log(proc: subprocess.Popen, text: str, timeout: float) -> str:
+    """The server's log once it contains `text` (raises TimeoutError naming it otherwise). For lines written just
+    after /health first answers 200, such as the start-up announcement (logged once the server's own probe of
+    /health succeeded)."""
+    deadline = time.monotonic() + timeout
+    while text not in (log := read_log(proc)):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{text!r} not in the server log within {timeout:.0f} s; its tail: {log[-2000:]}")
+        time.sleep(0.05)
+    return log
+
+
 def wait_for_health(
     base_url: str, timeout: float, proc: Optional[subprocess.Popen] = None, api_key: Optional[str] = None
 ) -> float:

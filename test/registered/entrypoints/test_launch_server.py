@@ -25,6 +25,7 @@ from sglang.test.test_utils import (
     popen_launch_server,
     read_log,
     server_env,
+    wait_for_log,
     wait_pids_gone,
 )
 
@@ -152,8 +153,8 @@ def test_startup_then_sigterm_under_load_answers_everyone_and_exits_zero(tmp_pat
         startup = time.monotonic() - start
         print(f"/health answered {startup:.1f} s after launch")
         assert startup < STARTUP_BUDGET_S
-        log = read_log(proc)
-        assert "Memory plan" in log and "The server is fired up and ready to roll!" in log
+        log = wait_for_log(proc, "The server is fired up and ready to roll!", 10)  # logged just after /health's 200
+        assert "Memory plan" in log
         assert proc.base_url in log
         kids = children_of(proc.pid)
         results = {}
