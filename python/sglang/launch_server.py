@@ -6,8 +6,16 @@ start-up or a scheduler that dies later exits non-zero; SIGINT / SIGTERM shut do
 
 from __future__ import annotations
 
+import gc
 import sys
 from typing import List, Optional
+
+# Start-up builds some 330,000 objects that live as long as the process (torch, transformers, the model), and the
+# cyclic garbage collector would scan them again and again: ~870 collections during the imports alone, about a
+# CPU-second per server start. It is off from here until start-up is done, in this process and in its children
+# (spawn runs this module first in each of them); utils/process.py:freeze_startup_objects then collects once,
+# freezes the survivors and turns it back on.
+gc.disable()
 
 
 def main(argv: Optional[List[str]] = None) -> int:

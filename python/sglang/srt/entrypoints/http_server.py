@@ -68,7 +68,7 @@ from sglang.srt.server_args import ServerArgs
 
 if TYPE_CHECKING:
     from sglang.srt.configs.engine_config import EngineConfig
-from sglang.srt.utils.process import configure_logger, kill_process_tree
+from sglang.srt.utils.process import configure_logger, freeze_startup_objects, kill_process_tree
 
 logger = logging.getLogger(__name__)
 
@@ -251,6 +251,7 @@ async def _warm_up_and_announce(
     except Exception as e:  # noqa: BLE001 - any failure here means the server cannot serve
         request_shutdown(f"the warm-up request failed: {type(e).__name__}: {e}", 1)
         return
+    freeze_startup_objects()  # before the first request, as in the scheduler and detokenizer processes
     state.ready = True
     if await asyncio.to_thread(probe_health, local_url(server_args), server_args.api_key):
         logger.info("The server is fired up and ready to roll! URL: %s", server_args.url())
@@ -340,6 +341,7 @@ def launch_server(config: EngineConfig) -> int:
     try:
         tm, _, procs = launch_subprocesses(config)
         if tm is None:
+            freeze_startup_objects()
             return _wait_for_children(procs)
         restore_signals(previous)
         return _run_profiled(envs.SGLANG_PROFILE_HTTP_SERVER.get(), lambda: asyncio.run(_serve(server_args, tm, sock)))
