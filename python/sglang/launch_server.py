@@ -7,29 +7,52 @@ start-up or a scheduler that dies later exits non-zero; SIGINT / SIGTERM shut do
 from __future__ import annotations
 
 import gc
+import logging
 import sys
 from typing import List, Optional
 
-# Start-up builds some 330,000 objects that live as long as the process (torch, transformers, the model), and the
-# cyclic garbage collector would scan them again and again: ~870 collections during the imports alone, about a
-# CPU-second per server start. It is off from here until start-up is done, in this process and in its children
-# (spawn runs this module first in each of them); utils/process.py:freeze_startup_objects then collects once,
-# freezes the survivors and turns it back on.
-gc.disable()
-
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from sglang.srt.server_args import cli_parser, parse_server_args
+    # Start-up's imports and model build create some 330,000 objects that live as long as the process; the
+    # garbage collector stays off until start-up is done (utils/process.py: freeze_startup_objects, ChildEntry),
+    # and is on again when main returns, for a caller that goes on.
+    gc.disable()
+    try:
+        from sglang.srt.server_args import cli_parser, parse_server_args
 
-    parser = cli_parser()
-    args = parse_server_args(sys.argv[1:] if argv is None else argv, parser)
-    # Imported after parsing, so `--help` and flag errors pay for neither torch nor FastAPI.
-    from sglang.srt.configs.engine_config import resolve_or_exit
+        parser = cli_parser()
+        args = parse_server_args(sys.argv[1:] if argv is None else argv, parser)
+        from sglang.srt.entrypoints.launch_utils import bind_or_explain
+        from sglang.srt.entrypoints.startup_watch import LaunchError
+        from sglang.srt.utils.chat_template import load_chat_template
+        from sglang.srt.utils.process import configure_logger
 
-    config = resolve_or_exit(args, parser)
-    from sglang.srt.entrypoints.http_server import launch_server
+        # What needs the disk or the network but not the model is checked before the model is read: a missing
+        # template or a busy port fails in a fraction of a second, not after start-up.
+        try:
+            load_chat_template(args.chat_template)
+        except (OSError, ValueError) as e:
+            parser.error(str(e) if isinstance(e, ValueError) else f"--chat-template: {e}")
+        configure_logger(args.log_level)
+        try:
+            sock = bind_or_explain(args)
+        except LaunchError as e:
+            logging.getLogger(__name__).error("%s", e)
+            return 1
+        try:
+            # Imported after parsing and binding, so `--help`, flag errors and a busy port pay for neither torch
+            # nor FastAPI.
+            from sglang.srt.configs.engine_config import resolve_or_exit
 
-    return launch_server(config)
+            config = resolve_or_exit(args, parser)
+            from sglang.srt.entrypoints.http_server import launch_server
+        except BaseException:
+            if sock is not None:
+                sock.close()
+            raise
+        return launch_server(config, sock)
+    finally:
+        gc.enable()
 
 
 if __name__ == "__main__":

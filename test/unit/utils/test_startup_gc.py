@@ -1,15 +1,23 @@
-"""The garbage collector around a process's start-up: off while it runs (launch_server.py, in the launcher and in
-every spawned child), then start-up's garbage collected, the survivors frozen and the collector back on."""
+"""The garbage collector around a process's start-up: off while it runs (launch_server.main in the launcher,
+ChildEntry in every spawned child), then start-up's garbage collected, the survivors frozen and the collector back
+on."""
 
 import gc
-import subprocess
-import sys
+import multiprocessing as mp
+import pickle
 import weakref
 
 import pytest
 
-from sglang.srt.utils.process import STARTUP_READY, STARTUP_STARTED, freeze_startup_objects, reporting_startup
+from sglang.srt.utils.process import (
+    STARTUP_READY,
+    STARTUP_STARTED,
+    ChildEntry,
+    freeze_startup_objects,
+    reporting_startup,
+)
 from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import find_free_port
 
 register_cpu_ci(est_time=3, suite="per-commit-cpu")
 
@@ -36,6 +44,12 @@ def collector_off():
     gc.enable()
 
 
+@pytest.fixture
+def collector_on_after():
+    yield
+    gc.enable()
+
+
 def test_freeze_collects_startup_garbage_then_freezes_and_reenables(collector_off):
     garbage = _Cycle()
     gone = weakref.ref(garbage)
@@ -56,8 +70,49 @@ def test_a_successful_startup_ends_with_the_collector_on_and_frozen(collector_of
     assert gc.isenabled() and gc.get_freeze_count() > 0
 
 
-def test_importing_the_launcher_turns_the_collector_off():
-    """What each spawned child of `python -m sglang.launch_server` runs first (its main module)."""
-    code = "import gc; assert gc.isenabled(); import sglang.launch_server; print(gc.isenabled())"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    assert out.stdout.strip() == "False"
+def report_collector_state(queue) -> None:
+    queue.put(gc.isenabled())
+
+
+def test_a_spawned_child_starts_with_the_collector_off():
+    """Unpickling the entry (before the arguments and the target's imports) turns it off in the child alone."""
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=ChildEntry.of(report_collector_state), args=(queue,), daemon=True)
+    child.start()
+    try:
+        assert queue.get(timeout=60) is False
+    finally:
+        child.join(30)
+    assert gc.isenabled(), "the parent's collector must stay on"
+    assert child.exitcode == 0
+
+
+def test_the_entry_calls_its_function_and_unpickling_it_turns_the_collector_off(collector_on_after):
+    entry = ChildEntry.of(report_collector_state)
+    assert entry == ChildEntry(__name__, "report_collector_state")
+    assert pickle.loads(pickle.dumps(entry)) == entry and not gc.isenabled()
+    gc.enable()
+    got = []
+
+    class Queue:
+        put = got.append
+
+    entry(Queue())
+    assert got == [gc.isenabled()]
+
+
+def test_the_launcher_runs_start_up_with_the_collector_off_and_turns_it_on_when_it_returns(monkeypatch):
+    import sglang.launch_server
+    from sglang.srt.configs import engine_config
+
+    seen = []
+
+    def resolve(args, parser):
+        seen.append(gc.isenabled())
+        raise SystemExit(3)
+
+    monkeypatch.setattr(engine_config, "resolve_or_exit", resolve)
+    with pytest.raises(SystemExit):
+        sglang.launch_server.main(["--device", "cpu", "--port", str(find_free_port())])
+    assert seen == [False] and gc.isenabled()

@@ -30,7 +30,7 @@ from sglang.srt.managers.scheduler_process import run_scheduler_process
 from sglang.srt.managers.tokenizer_manager import TokenizerManager
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.backend_decoder import remove_quietly, write_backend_json
-from sglang.srt.utils.process import PortArgs, configure_logger, kill_process_tree
+from sglang.srt.utils.process import ChildEntry, PortArgs, configure_logger, kill_process_tree
 
 logger = logging.getLogger(__name__)
 
@@ -53,7 +53,7 @@ def _children_ignore_sigint():
 
 def _start_child(ctx, target, args: tuple, name: str) -> StartingChild:
     reader, writer = ctx.Pipe(duplex=False)
-    p = ctx.Process(target=target, args=(*args, writer), name=name, daemon=True)
+    p = ctx.Process(target=ChildEntry.of(target), args=(*args, writer), name=name, daemon=True)
     with _children_ignore_sigint():
         p.start()
     # Only the child may hold the write end: then its death is end-of-file here, not silence.

@@ -1,6 +1,6 @@
 """The HTTP server: FastAPI routes over the TokenizerManager, and the launcher's serve loop.
 
-    python -m sglang.launch_server [flags]   ->   launch_server(config) here
+    python -m sglang.launch_server [flags]   ->   launch_server(config, sock) here
 
 Routes: /generate (SGLang native), /v1/completions, /v1/chat/completions, /v1/responses (+ GET
 /v1/responses/{id}), /v1/models, /v1/models/{id}, /server_info (+ /get_server_info), /model_info
@@ -39,7 +39,6 @@ from sglang.srt.entrypoints.http_utils import (
 from sglang.srt.entrypoints.launch_utils import (
     StartupInterrupted,
     UvicornServer,
-    bind_http_socket,
     interrupt_on_signals,
     local_url,
     probe_health,
@@ -55,7 +54,7 @@ from sglang.srt.entrypoints.openai.protocol import (
     TokenizeRequest,
 )
 from sglang.srt.entrypoints.openai.responses_input import ResponsesRequest
-from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat, load_chat_template
+from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from sglang.srt.entrypoints.openai.serving_responses import OpenAIServingResponses
 from sglang.srt.entrypoints.openai.serving_tokenize import OpenAIServingTokenize
@@ -315,24 +314,12 @@ async def _serve(server_args: ServerArgs, tm: TokenizerManager, sock: socket.soc
     return state.exit_code
 
 
-def launch_server(config: EngineConfig) -> int:
-    """Start the scheduler and detokenizer processes, serve HTTP until a signal or a fatal error.
-    Returns the process exit code: 0 after a requested shutdown, 1 when start-up or serving failed."""
+def launch_server(config: EngineConfig, sock: Optional[socket.socket]) -> int:
+    """Start the scheduler and detokenizer processes, serve HTTP on `sock` until a signal or a fatal error
+    (`sock`: launch_utils.bind_or_explain's, None on a node that serves no HTTP). Returns the process exit
+    code: 0 after a requested shutdown, 1 when start-up or serving failed."""
     server_args = config.args
     configure_logger(server_args.log_level)
-    try:  # checked now, not after the model has loaded
-        load_chat_template(server_args.chat_template)
-    except (OSError, ValueError) as e:
-        logger.error("%s", e)
-        return 1
-    serves_http = server_args.node_rank == 0  # other nodes of a multi-node deployment only compute
-    sock = None
-    if serves_http:
-        try:
-            sock = bind_http_socket(server_args.host, server_args.port)
-        except OSError as e:
-            logger.error("--host %s --port %d: cannot listen there: %s", server_args.host, server_args.port, e)
-            return 1
     # SIGTERM and Ctrl-C abort start-up cleanly (the children are daemonic and are terminated at
     # exit; they also die with this process through PR_SET_PDEATHSIG). While serving, _serve's
     # handlers take over.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import gc
+import importlib
 import logging
 import os
 import signal
@@ -12,7 +13,7 @@ import socket
 import tempfile
 import traceback
 from dataclasses import dataclass
-from typing import Iterator, List, Optional
+from typing import Any, Callable, Iterator, List, Optional
 
 logger = logging.getLogger(__name__)
 
@@ -102,13 +103,41 @@ def reporting_startup(pipe, what: str) -> Iterator[None]:
 def freeze_startup_objects() -> None:
     """What start-up built (the modules, the model, the pools, the tokenizer) lives as long as the process:
     collect start-up's garbage (a reference cycle may hold a tensor), move every survivor to the collector's
-    permanent generation (gc.freeze, as upstream SGLang's freeze_gc) and turn the collector on (launch_server.py
-    turns it off for start-up). No collection scans those objects again: not while serving (shorter pauses), nor
-    at exit, where a process with torch and transformers imported otherwise spends about a CPU-second in the
-    interpreter's final collections."""
+    permanent generation (gc.freeze, as upstream SGLang's freeze_gc) and turn the collector on (ChildEntry and
+    launch_server.main turn it off for start-up). No collection scans those objects again: not while serving
+    (shorter pauses), nor at exit, where a process with torch and transformers imported otherwise spends about a
+    CPU-second in the interpreter's final collections."""
     gc.collect()
     gc.freeze()
     gc.enable()
+
+
+@dataclass(frozen=True)
+class ChildEntry:
+    """A spawned child's target function, named by module and function. multiprocessing pickles a Process's
+    target before its arguments, so in the child this is unpickled first, and unpickling it turns the garbage
+    collector off: the imports that the arguments and the target bring (torch, transformers, the model code, some
+    330,000 objects that live as long as the process) and the rest of start-up then run without ~870 collections
+    rescanning them, about a CPU-second per child. freeze_startup_objects turns it back on once start-up is done
+    (reporting_startup calls it); a child that fails to start exits."""
+
+    module: str
+    function: str
+
+    @classmethod
+    def of(cls, function: Callable[..., Any]) -> "ChildEntry":
+        return cls(function.__module__, function.__qualname__)
+
+    def __reduce__(self):
+        return (_child_entry_unpickled, (self.module, self.function))
+
+    def __call__(self, *args: Any) -> Any:
+        return getattr(importlib.import_module(self.module), self.function)(*args)
+
+
+def _child_entry_unpickled(module: str, function: str) -> ChildEntry:
+    gc.disable()
+    return ChildEntry(module, function)
 
 
 def kill_process_tree(processes: List, timeout: float = 10.0) -> None:

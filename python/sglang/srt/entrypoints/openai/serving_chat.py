@@ -8,7 +8,6 @@ tokens at its position, computed in the same forward.
 
 from __future__ import annotations
 
-import os
 from typing import Dict, List, Optional, Tuple
 
 from fastapi import Request
@@ -55,20 +54,9 @@ from sglang.srt.function_call.tool_choice_grammar import forced_tool_choice_tag
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
 from sglang.srt.parser.reasoning_parser import requires_reasoning
+from sglang.srt.utils.chat_template import load_chat_template
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's limit
-
-
-def load_chat_template(path_or_template: Optional[str]) -> Optional[str]:
-    """--chat-template: a Jinja file (or, as a convenience, the template text itself)."""
-    if not path_or_template:
-        return None
-    if os.path.isfile(path_or_template):
-        with open(path_or_template, encoding="utf-8") as f:
-            return f.read()
-    if "{%" in path_or_template or "{{" in path_or_template:
-        return path_or_template
-    raise ValueError(f"--chat-template {path_or_template!r} is neither a file nor a Jinja template")
 
 
 class OpenAIServingChat:
