@@ -7,7 +7,6 @@ start-up or a scheduler that dies later exits non-zero; SIGINT / SIGTERM shut do
 from __future__ import annotations
 
 import gc
-import logging
 import sys
 from typing import List, Optional
 
@@ -22,35 +21,20 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         parser = cli_parser()
         args = parse_server_args(sys.argv[1:] if argv is None else argv, parser)
-        from sglang.srt.entrypoints.launch_utils import bind_or_explain
-        from sglang.srt.entrypoints.startup_watch import LaunchError
+        # A missing template fails with the other flag errors, before the model is read.
         from sglang.srt.utils.chat_template import load_chat_template
-        from sglang.srt.utils.process import configure_logger
 
-        # What needs the disk or the network but not the model is checked before the model is read: a missing
-        # template or a busy port fails in a fraction of a second, not after start-up.
         try:
             load_chat_template(args.chat_template)
         except (OSError, ValueError) as e:
             parser.error(str(e) if isinstance(e, ValueError) else f"--chat-template: {e}")
-        configure_logger(args.log_level)
-        try:
-            sock = bind_or_explain(args)
-        except LaunchError as e:
-            logging.getLogger(__name__).error("%s", e)
-            return 1
-        try:
-            # Imported after parsing and binding, so `--help`, flag errors and a busy port pay for neither torch
-            # nor FastAPI.
-            from sglang.srt.configs.engine_config import resolve_or_exit
+        # Imported after parsing, so `--help` and flag errors pay for neither torch nor FastAPI.
+        from sglang.srt.configs.engine_config import resolve_or_exit
 
-            config = resolve_or_exit(args, parser)
-            from sglang.srt.entrypoints.http_server import launch_server
-        except BaseException:
-            if sock is not None:
-                sock.close()
-            raise
-        return launch_server(config, sock)
+        config = resolve_or_exit(args, parser)
+        from sglang.srt.entrypoints.http_server import launch_server
+
+        return launch_server(config)
     finally:
         gc.enable()
 

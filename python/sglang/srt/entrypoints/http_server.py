@@ -1,6 +1,6 @@
 """The HTTP server: FastAPI routes over the TokenizerManager, and the launcher's serve loop.
 
-    python -m sglang.launch_server [flags]   ->   launch_server(config, sock) here
+    python -m sglang.launch_server [flags]   ->   launch_server(config) here
 
 Routes: /generate (SGLang native), /v1/completions, /v1/chat/completions, /v1/responses (+ GET
 /v1/responses/{id}), /v1/models, /v1/models/{id}, /server_info (+ /get_server_info), /model_info
@@ -39,6 +39,7 @@ from sglang.srt.entrypoints.http_utils import (
 from sglang.srt.entrypoints.launch_utils import (
     StartupInterrupted,
     UvicornServer,
+    bind_or_explain,
     interrupt_on_signals,
     local_url,
     probe_health,
@@ -314,12 +315,16 @@ async def _serve(server_args: ServerArgs, tm: TokenizerManager, sock: socket.soc
     return state.exit_code
 
 
-def launch_server(config: EngineConfig, sock: Optional[socket.socket]) -> int:
-    """Start the scheduler and detokenizer processes, serve HTTP on `sock` until a signal or a fatal error
-    (`sock`: launch_utils.bind_or_explain's, None on a node that serves no HTTP). Returns the process exit
-    code: 0 after a requested shutdown, 1 when start-up or serving failed."""
+def launch_server(config: EngineConfig) -> int:
+    """Start the scheduler and detokenizer processes, serve HTTP until a signal or a fatal error.
+    Returns the process exit code: 0 after a requested shutdown, 1 when start-up or serving failed."""
     server_args = config.args
     configure_logger(server_args.log_level)
+    try:  # bound before the model is read: a busy port fails in seconds, not after start-up
+        sock = bind_or_explain(server_args)
+    except LaunchError as e:
+        logger.error("%s", e)
+        return 1
     # SIGTERM and Ctrl-C abort start-up cleanly (the children are daemonic and are terminated at
     # exit; they also die with this process through PR_SET_PDEATHSIG). While serving, _serve's
     # handlers take over.
