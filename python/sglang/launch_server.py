@@ -12,9 +12,7 @@ from typing import List, Optional
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    # Start-up's imports and model build create some 330,000 objects that live as long as the process; the
-    # garbage collector stays off until start-up is done (utils/process.py: freeze_startup_objects, ChildEntry),
-    # and is on again when main returns, for a caller that goes on.
+    # The collector is off while the modules are imported (utils/process.py: freeze_imports says why).
     gc.disable()
     try:
         from sglang.srt.server_args import cli_parser, parse_server_args
@@ -33,10 +31,11 @@ def main(argv: Optional[List[str]] = None) -> int:
 
         config = resolve_or_exit(args, parser)
         from sglang.srt.entrypoints.http_server import launch_server
-
-        return launch_server(config)
+        from sglang.srt.utils.process import freeze_imports
     finally:
-        gc.enable()
+        gc.enable()  # also for a caller of main() that goes on after a flag error
+    freeze_imports()
+    return launch_server(config)
 
 
 if __name__ == "__main__":

@@ -102,12 +102,20 @@ def reporting_startup(pipe, what: str) -> Iterator[None]:
 
 def freeze_startup_objects() -> None:
     """What start-up built (the modules, the model, the pools, the tokenizer) lives as long as the process:
-    collect start-up's garbage (a reference cycle may hold a tensor), move every survivor to the collector's
-    permanent generation (gc.freeze, as upstream SGLang's freeze_gc) and turn the collector on (ChildEntry and
-    launch_server.main turn it off for start-up). No collection scans those objects again: not while serving
-    (shorter pauses), nor at exit, where a process with torch and transformers imported otherwise spends about a
-    CPU-second in the interpreter's final collections."""
+    collect start-up's garbage, then move every survivor to the collector's permanent generation (gc.freeze, as
+    upstream SGLang's freeze_gc). No collection scans those objects again: not while serving (shorter pauses),
+    nor at exit, where a process with torch and transformers imported otherwise spends about a CPU-second in the
+    interpreter's final collections."""
     gc.collect()
+    gc.freeze()
+
+
+def freeze_imports() -> None:
+    """The end of a process's imports (the collector was off while they ran: ChildEntry, launch_server.main):
+    the modules and what they built (some 330,000 objects, alive until the process exits) go to the permanent
+    generation and the collector is turned on. The rest of start-up (the model, the KV pool, the CUDA graphs and
+    the device memory readings between them) runs with it on, as always, and its collections no longer rescan the
+    imports: without the freeze the start-up's ~900 collections cost about a CPU-second per process."""
     gc.freeze()
     gc.enable()
 
@@ -116,10 +124,8 @@ def freeze_startup_objects() -> None:
 class ChildEntry:
     """A spawned child's target function, named by module and function. multiprocessing pickles a Process's
     target before its arguments, so in the child this is unpickled first, and unpickling it turns the garbage
-    collector off: the imports that the arguments and the target bring (torch, transformers, the model code, some
-    330,000 objects that live as long as the process) and the rest of start-up then run without ~870 collections
-    rescanning them, about a CPU-second per child. freeze_startup_objects turns it back on once start-up is done
-    (reporting_startup calls it); a child that fails to start exits."""
+    collector off for the imports that the arguments and the target bring (torch, transformers, the model code);
+    calling it freezes them and turns the collector on (freeze_imports) before the target runs."""
 
     module: str
     function: str
@@ -132,7 +138,9 @@ class ChildEntry:
         return (_child_entry_unpickled, (self.module, self.function))
 
     def __call__(self, *args: Any) -> Any:
-        return getattr(importlib.import_module(self.module), self.function)(*args)
+        target = getattr(importlib.import_module(self.module), self.function)
+        freeze_imports()
+        return target(*args)
 
 
 def _child_entry_unpickled(module: str, function: str) -> ChildEntry:
