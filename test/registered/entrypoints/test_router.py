@@ -1,6 +1,8 @@
 """Two replicas of our server behind upstream's router (PyPI sglang-router 0.3.2, in its own virtualenv):
 it registers both (reading /server_info and /get_model_info), its load view shows both from /get_load,
-concurrent requests use both, and a replica stopped with SIGTERM in the middle of traffic loses no request."""
+concurrent requests use both, and a replica stopped with SIGTERM in the middle of traffic loses no request.
+The first replica is the session's shared SmolLM2 server (conftest.py); the second, the one stopped, is this
+module's own."""
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -23,19 +25,19 @@ TIMEOUT = 300
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    with ThreadPoolExecutor(3) as pool:  # the router's venv builds while the replicas start
+def cluster(smollm2_server):
+    with ThreadPoolExecutor(2) as pool:  # the router's venv builds while the second replica starts
         venv = pool.submit(ensure_router_venv)
-        workers = list(pool.map(lambda _: popen_launch_server(["--max-total-tokens", "4096"]), range(2)))
+        own = popen_launch_server(["--max-total-tokens", "4096"])
+    workers = [smollm2_server, own]
     port = find_free_port()
     log = tempfile.NamedTemporaryFile(prefix="sglang-router-", suffix=".log", delete=False).name
     router = launch_router(venv.result(), [w.base_url for w in workers], port, find_free_port(), log)
     yield f"http://127.0.0.1:{port}", workers
     router.kill()
     router.wait(10)
-    for w in workers:
-        kill_process_tree(w.pid)
-        w.wait(10)
+    kill_process_tree(own.pid)
+    own.wait(10)
 
 
 def requests_served(base_url: str) -> float:
