@@ -36,8 +36,8 @@ def bind_http_socket(host: str, port: int) -> socket.socket:
 
 
 def bind_or_explain(server_args: ServerArgs) -> Optional[socket.socket]:
-    """The HTTP socket; None on a node that serves no HTTP (node_rank > 0 of a multi-node deployment only computes). Raises
-    LaunchError naming the flags when the address cannot be bound."""
+    """The HTTP socket; None on a node that serves no HTTP (node_rank > 0 of a multi-node deployment only
+    computes). Raises LaunchError naming the flags when the address cannot be bound."""
     if server_args.node_rank != 0:
         return None
     try:

@@ -115,7 +115,8 @@ def freeze_imports() -> None:
     the modules and what they built (some 330,000 objects, alive until the process exits) go to the permanent
     generation and the collector is turned on. The rest of start-up (the model, the KV pool, the CUDA graphs and
     the device memory readings between them) runs with it on, as always, and its collections no longer rescan the
-    imports: without the freeze the start-up's ~900 collections cost about a CPU-second per process."""
+    imports (the imports alone ran ~870 collections, 0.66 s, with the collector on; a SmolLM2 server's start and
+    stop measured 12.7 CPU-s this way, 14.7 with the collector off until the end of start-up)."""
     gc.freeze()
     gc.enable()
 
