@@ -39,7 +39,7 @@ from sglang.srt.entrypoints.http_utils import (
 from sglang.srt.entrypoints.launch_utils import (
     StartupInterrupted,
     UvicornServer,
-    bind_or_explain,
+    bind_http_socket,
     interrupt_on_signals,
     local_url,
     probe_health,
@@ -320,11 +320,14 @@ def launch_server(config: EngineConfig) -> int:
     Returns the process exit code: 0 after a requested shutdown, 1 when start-up or serving failed."""
     server_args = config.args
     configure_logger(server_args.log_level)
-    try:  # bound before the model is read: a busy port fails in seconds, not after start-up
-        sock = bind_or_explain(server_args)
-    except LaunchError as e:
-        logger.error("%s", e)
-        return 1
+    serves_http = server_args.node_rank == 0  # other nodes of a multi-node deployment only compute
+    sock = None
+    if serves_http:
+        try:
+            sock = bind_http_socket(server_args.host, server_args.port)
+        except OSError as e:
+            logger.error("--host %s --port %d: cannot listen there: %s", server_args.host, server_args.port, e)
+            return 1
     # SIGTERM and Ctrl-C abort start-up cleanly (the children are daemonic and are terminated at
     # exit; they also die with this process through PR_SET_PDEATHSIG). While serving, _serve's
     # handlers take over.

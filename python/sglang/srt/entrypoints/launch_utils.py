@@ -11,7 +11,6 @@ from typing import Any, Dict, Optional
 
 import uvicorn
 
-from sglang.srt.entrypoints.startup_watch import LaunchError
 from sglang.srt.server_args import ServerArgs
 
 
@@ -24,6 +23,7 @@ class UvicornServer(uvicorn.Server):
 
 
 def bind_http_socket(host: str, port: int) -> socket.socket:
+    """Bind before loading the model, so a busy port fails in a second, not after start-up."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -33,17 +33,6 @@ def bind_http_socket(host: str, port: int) -> socket.socket:
         sock.close()
         raise
     return sock
-
-
-def bind_or_explain(server_args: ServerArgs) -> Optional[socket.socket]:
-    """The HTTP socket; None on a node that serves no HTTP (node_rank > 0 of a multi-node deployment only
-    computes). Raises LaunchError naming the flags when the address cannot be bound."""
-    if server_args.node_rank != 0:
-        return None
-    try:
-        return bind_http_socket(server_args.host, server_args.port)
-    except OSError as e:
-        raise LaunchError(f"--host {server_args.host} --port {server_args.port}: cannot listen there: {e}") from None
 
 
 def local_url(server_args: ServerArgs) -> str:
