@@ -1,18 +1,19 @@
 """The MLA decode kernel (triton_ops/mla_decode.py: stage 1 over the latent rows, the stage-2 merge) per launch
 config, on DeepSeek-V2-Lite (16 heads) and DeepSeek-V3 (128 heads) attention shapes: kv_lora 512, rope 64, bf16,
-one layer, one GPU (TP=1). Which (BLOCK_N, warps, stages, programs per SM) wins, and how far from the HBM floor.
+one layer, one GPU (TP=1). Which (BLOCK_N, warps, stages, chunk rule) wins, and how far from the HBM floor.
 
 Each cell is the kernel + merge captured as one CUDA graph (the decode step's form), replayed; the latent rows
 sit at shuffled slots as a pool hands them out. GB/s counts the latent rows read once (rows x 576 x 2 bytes), the
 floor is that read at the copy bandwidth measured here (a device-to-device copy: reads + writes / time). Every
 config's output is checked against the default config's (max abs diff).
 
-Rows: the default config (MLADecodeConfig(), marked *), a grid of (BLOCK_N, num_warps, num_stages) x programs per SM
-(the split target), and `before`: the previous launch (BLOCK_N 16, 8 warps, 1 stage, max(1, min(8, 64 // rows))
-chunks; its torch merge is replaced by the triton one, so it understates the old cost). The ranking is each
-config's geometric mean over the cells of its time / the cell's best.
+Rows: the default config (MLADecodeConfig(), marked *), a grid of (BLOCK_N, num_warps, num_stages) x chunk rules:
+the config's own (whole waves: MLADecodeConfig.num_splits, no suffix) and the earlier fill rule (`pN`: enough
+chunks that rows x head blocks x chunks >= N x SMs, at most 32), and `before`: the first launch (BLOCK_N 16, 8
+warps, 1 stage, max(1, min(8, 64 // rows)) chunks; its torch merge is replaced by the triton one, so it understates
+the old cost). The ranking is each config's geometric mean over the cells of its time / the cell's best.
 
-    python benchmark/mla/bench_mla_decode.py [--out DIR] [--kernel-configs 32,8,2 64,4,2,16] [--programs-per-sm 1 2]
+    python benchmark/mla/bench_mla_decode.py [--out DIR] [--kernel-configs 32,8,2 64,4,2,16] [--fill-rules 1 2]
     # = scripts/device/run.sh mla-decode
 On the CPU (TRITON_INTERPRET=1) it runs a smoke of its logic on tiny shapes (no timings).
 """
@@ -33,10 +34,10 @@ from sglang.test.bench_utils import cuda_graph_ms, write_results
 SHAPES = {"DeepSeek-V2-Lite": 16, "DeepSeek-V3": 128}  # query heads on one GPU
 KV_LORA, ROPE = 512, 64
 CASES = ((1, 1024), (16, 1024), (64, 1024), (256, 1024), (1, 8192))  # (batch, context)
-# (BLOCK_N, num_warps, num_stages[, BLOCK_H]): the kernel variants (each compiles); programs per SM only moves
-# the chunk count (no recompile), so it multiplies for free.
+# (BLOCK_N, num_warps, num_stages[, BLOCK_H]): the kernel variants (each compiles); a chunk rule only moves the
+# chunk count (no recompile), so it multiplies for free.
 KERNEL_CONFIGS = ("16,8,1", "32,4,2", "32,8,1", "32,8,2", "32,8,3", "64,4,2", "64,8,1", "64,8,2")
-PROGRAMS_PER_SM = (1, 2, 4)
+FILL_RULES = (1, 2, 4)  # the earlier rule's programs per SM
 MAX_DIFF = 0.05  # bf16 contexts of magnitude < 1: configs differ by rounding only
 
 
@@ -44,12 +45,24 @@ MAX_DIFF = 0.05  # bf16 contexts of magnitude < 1: configs differ by rounding on
 class Variant:
     label: str
     config: MLADecodeConfig
-    splits: Optional[Callable[[int], int]] = None  # a fixed rule (the `before` row); None: the config's
+    # (rows, heads, SMs) -> chunks: another rule (`pN`, `before`); None: the config's own (num_splits)
+    splits: Optional[Callable[[int, int, int], int]] = None
 
 
-def before_splits(rows: int) -> int:
+def before_splits(rows: int, heads: int, sms: int) -> int:
     """The chunk count the kernel launched with before this benchmark existed."""
     return max(1, min(8, 64 // max(rows, 1)))
+
+
+def fill_splits(programs_per_sm: int, max_splits: int) -> Callable[[int, int, int], int]:
+    """The earlier rule (the default before the whole-waves rule): enough chunks that rows x head blocks x
+    chunks cover the SMs programs_per_sm times, at most max_splits."""
+
+    def rule(rows: int, heads: int, sms: int) -> int:
+        programs = max(rows, 1) * -(-heads // DEFAULT_CONFIG.block_h)
+        return max(1, min(max_splits, -(-programs_per_sm * sms // programs)))
+
+    return rule
 
 
 def parse_kernel_config(text: str) -> dict:
@@ -62,18 +75,17 @@ def parse_kernel_config(text: str) -> dict:
 
 def config_label(c: MLADecodeConfig) -> str:
     h = "" if c.block_h == DEFAULT_CONFIG.block_h else f"h{c.block_h}"
-    return f"n{c.block_n}w{c.num_warps}s{c.num_stages}{h}p{c.programs_per_sm}"
+    return f"n{c.block_n}w{c.num_warps}s{c.num_stages}{h}"
 
 
-def variants(kernel_configs: list, programs_per_sm: list) -> list:
+def variants(kernel_configs: list, fill_rules: list) -> list:
     out = [Variant(config_label(DEFAULT_CONFIG) + "*", DEFAULT_CONFIG)]
-    seen = {DEFAULT_CONFIG}
     for kc in kernel_configs:
-        for pps in programs_per_sm:
-            c = dataclasses.replace(DEFAULT_CONFIG, programs_per_sm=pps, **kc)
-            if c not in seen:
-                seen.add(c)
-                out.append(Variant(config_label(c), c))
+        c = dataclasses.replace(DEFAULT_CONFIG, **kc)
+        if c != DEFAULT_CONFIG:
+            out.append(Variant(config_label(c), c))
+        for pps in fill_rules:
+            out.append(Variant(f"{config_label(c)}p{pps}", c, fill_splits(pps, c.max_splits)))
     before = dataclasses.replace(DEFAULT_CONFIG, block_n=16, num_warps=8, num_stages=1)
     out.append(Variant("before", before, before_splits))
     return out
@@ -113,7 +125,8 @@ def run_case(shape: str, batch: int, context: int, vs: list, copy_gbps: float, d
     reference = None
     rows = []
     for v in vs:
-        splits = v.splits(batch) if v.splits else v.config.num_splits(batch, heads, num_sms(q_latent.device))
+        rule = v.splits or v.config.num_splits
+        splits = rule(batch, heads, num_sms(q_latent.device))
         out = torch.empty_like(q_latent)
 
         def step(v=v, splits=splits, out=out) -> None:
@@ -213,7 +226,13 @@ def main(argv: Optional[list] = None) -> int:
     p.add_argument("--out", default=None, help="folder for results.json / results.md")
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
     p.add_argument("--kernel-configs", nargs="+", type=parse_kernel_config, default=None)
-    p.add_argument("--programs-per-sm", nargs="+", type=int, default=list(PROGRAMS_PER_SM))
+    p.add_argument(
+        "--fill-rules",
+        nargs="*",
+        type=int,
+        default=list(FILL_RULES),
+        help="programs per SM of the earlier chunk rule, compared with the config's (none: no value)",
+    )
     args = p.parse_args(argv)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     kernel_configs = args.kernel_configs or [parse_kernel_config(k) for k in KERNEL_CONFIGS]
@@ -221,8 +240,8 @@ def main(argv: Optional[list] = None) -> int:
         dims, cases = (KV_LORA, ROPE), CASES
     else:  # the interpreter: the script's logic on tiny shapes
         dims, cases = (32, 16), ((1, 40), (3, 17))
-        kernel_configs, args.programs_per_sm = kernel_configs[:2], args.programs_per_sm[:1]
-    vs = variants(kernel_configs, args.programs_per_sm)
+        kernel_configs, args.fill_rules = kernel_configs[:2], args.fill_rules[:1]
+    vs = variants(kernel_configs, args.fill_rules)
     copy_gbps = copy_bandwidth_gbps(dev)
     print(f"copy bandwidth {copy_gbps:.0f} GB/s; {len(vs)} configs x {len(cases) * len(args.shapes)} cells", flush=True)
     rows = []

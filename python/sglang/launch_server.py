@@ -26,6 +26,15 @@ def main(argv: Optional[List[str]] = None) -> int:
             load_chat_template(args.chat_template)
         except (OSError, ValueError) as e:
             parser.error(str(e) if isinstance(e, ValueError) else f"--chat-template: {e}")
+        # So does a model path we cannot serve or a weight format we do not run (config.json read as JSON).
+        from sglang.srt.configs.errors import ServerArgsError
+        from sglang.srt.model_loader.model_source import check_model_path
+        from sglang.srt.server_args import DEFAULT_MODEL
+
+        try:
+            check_model_path(args.model_path or DEFAULT_MODEL, args.load_format)
+        except ServerArgsError as e:
+            parser.error(str(e))
         # Imported after parsing, so `--help` and flag errors pay for neither torch nor FastAPI.
         from sglang.srt.configs.engine_config import resolve_or_exit
 

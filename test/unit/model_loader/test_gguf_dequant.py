@@ -45,12 +45,9 @@ def test_other_types_are_left_to_gguf() -> None:
     assert dequantize_torch(np.zeros((2, 4), dtype=np.float32), Q.F32) is None
 
 
-def test_smollm2_tensors_match_gguf() -> None:
-    from sglang.test.runners import smollm2_gguf_path
-
-    reader = gguf.GGUFReader(smollm2_gguf_path())
+def test_smollm2_tensors_match_gguf(smollm2_gguf_reader) -> None:
     picked = {}
-    for t in reader.tensors:  # the first tensor of each type done here (the file has Q4_1 and one Q8_0)
+    for t in smollm2_gguf_reader.tensors:  # the first tensor of each type done here (the file has Q4_1 and one Q8_0)
         if t.tensor_type in BLOCK_BYTES:
             picked.setdefault(t.tensor_type, t)
     assert Q.Q4_1 in picked and Q.Q8_0 in picked

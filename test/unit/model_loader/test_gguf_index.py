@@ -6,6 +6,8 @@ register_cpu_ci(est_time=10, suite="per-commit-cpu")
 # metadata value and every tensor (name, type, shape, the bytes of its data view) equal, for a file with
 # every scalar kind, string arrays and quantized tensors written by gguf's GGUFWriter, and for SmolLM2's.
 
+from typing import Optional
+
 import gguf
 import numpy as np
 import pytest
@@ -14,9 +16,10 @@ from sglang.srt.model_loader.gguf_index import read_gguf_index
 from sglang.test.runners import smollm2_gguf_path
 
 
-def assert_same_as_gguf_reader(path: str) -> None:
+def assert_same_as_gguf_reader(path: str, theirs: Optional[gguf.GGUFReader] = None) -> None:
+    """Our index of `path` equals gguf's reader of it (`theirs`: that reader, already made)."""
     ours = read_gguf_index(path)
-    theirs = gguf.GGUFReader(path)
+    theirs = theirs or gguf.GGUFReader(path)
     expected = {k: f.contents() for k, f in theirs.fields.items() if not k.startswith("GGUF.")}  # its pseudo-fields
     assert ours.fields.keys() == expected.keys()
     for key, value in expected.items():
@@ -67,8 +70,8 @@ def test_every_value_kind_and_quantized_tensors(tmp_path):
     assert dequantized.shape == (2, 64)
 
 
-def test_smollm2_file():
-    assert_same_as_gguf_reader(smollm2_gguf_path())
+def test_smollm2_file(smollm2_gguf_reader):
+    assert_same_as_gguf_reader(smollm2_gguf_path(), smollm2_gguf_reader)
 
 
 def test_not_a_gguf_file_is_refused(tmp_path):

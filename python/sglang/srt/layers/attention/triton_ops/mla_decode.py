@@ -17,7 +17,7 @@ head as a decompressed cache would need. The head blocks of one (request, chunk)
 model with several head blocks (DeepSeek-V3's 128 heads: 8) reads each row from HBM about once and from L2 after.
 
 Chunks: their count (``num_kv_splits``, a host int: graphs capture a fixed grid) comes from the row count alone
-(MLADecodeConfig.num_splits): enough programs to cover the SMs ``programs_per_sm`` times. Each chunk's length is
+(MLADecodeConfig.num_splits): the count whose programs fill whole waves of the SMs best. Each chunk's length is
 rounded up to BLOCK_N, so a short context leaves the later chunks empty (they exit at once, weigh 0 in the merge).
 Stage 2 merges the chunks' softmax-normalised contexts by their log-sum-exps into the output dtype; with one chunk
 stage 1 writes the output itself and stage 2 is not launched. Nothing syncs with the host.
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Optional
 
 import torch
@@ -42,23 +43,33 @@ class MLADecodeConfig:
     """Launch choices of the latent kernel. benchmark/mla/bench_mla_decode.py sweeps them on the GPU (with this
     default marked): which BLOCK_N / warps / stages / split target wins on V2-Lite's and V3's shapes."""
 
-    # Chosen by benchmark/mla/bench_mla_decode.py on the H200 (2026-12-04): n64 w4 s2 p1 was the fastest or within
-    # 1.3x of the fastest in every cell (geomean 1.02x the cell's best; the earlier n32 w8 s2 p2 1.55x).
+    # Chosen by benchmark/mla/bench_mla_decode.py on the H200 (2026-12-04): n64 w4 s2 was the fastest or within
+    # 1.3x of the fastest in every cell (geomean 1.02x the cell's best; the earlier n32 w8 s2 1.55x).
     block_n: int = 64  # latent rows per loop step (and the chunk alignment): 16 left the loads latency-bound
     num_warps: int = 4  # 4 warps beat 8 on every V3 cell: the [BLOCK_H, KV_LORA] accumulator fits their registers
     num_stages: int = 2  # software pipelining of the row gathers (GPU only: the interpreter has none)
     block_h: int = 16  # heads per program; tl.dot needs >= 16 rows
-    # Chunks per row: enough that rows x head blocks x chunks >= programs_per_sm x SMs (a fixed grid per row
-    # count), at most max_splits, so each chunk still has rows: 1k context / 32 chunks = one 32-row step a chunk.
-    programs_per_sm: int = 1
+    # At most this many chunks per row, so each chunk still has rows: 1k context / 32 chunks = 32 rows a chunk.
     max_splits: int = 32
     merge_block_d: int = 128  # latent columns per stage-2 program
 
     def num_splits(self, rows: int, heads: int, num_sms: int) -> int:
         """Chunks per query row for `rows` rows of `heads` heads on a GPU of `num_sms` SMs (a function of the
-        shapes only, so a captured decode graph keeps its grid)."""
+        shapes only, so a captured decode graph keeps its grid).
+
+        An SM runs one program at a time (two stages of [BLOCK_N, KV_LORA + ROPE] rows take most of its shared
+        memory), so stage 1 lasts about (waves of programs) x (one program's time), and a program's time goes as
+        its chunk's share of the rows, 1 / chunks, plus a fixed part (the query's loads, its partial, the merge),
+        counted as one smallest chunk's share, 1 / max_splits. The count with the least of that wins, the fewest
+        chunks among equals. Batch 64 of V2-Lite's 16 heads on 132 SMs: 2 chunks (128 programs, one wave);
+        filling the SMs instead (3 chunks, 192 programs) takes two waves of third-length chunks."""
         programs = max(rows, 1) * triton.cdiv(heads, self.block_h)
-        return max(1, min(self.max_splits, triton.cdiv(self.programs_per_sm * num_sms, programs)))
+
+        def cost(splits: int) -> Fraction:
+            waves = triton.cdiv(programs * splits, num_sms)
+            return waves * (Fraction(1, splits) + Fraction(1, self.max_splits))
+
+        return min(range(1, self.max_splits + 1), key=lambda s: (cost(s), s))
 
 
 DEFAULT_CONFIG = MLADecodeConfig()
