@@ -1,5 +1,5 @@
-"""Where a decode step's time goes (Llama-3.1-8B shape, or --shape DeepSeek-V2-Lite; one GPU): kernel time by
-kernel vs the graph step.
+"""Where a decode step's time goes (Llama-3.1-8B shape, or --shape DeepSeek-V2-Lite / Qwen3-8B [--checkpoint-fp8];
+one GPU): kernel time by kernel vs the graph step.
 
     python benchmark/decode_roofline/profile_decode_step.py [--shape DeepSeek-V2-Lite] [--batches 1 64] [--context 1024]
 
@@ -8,8 +8,10 @@ graph replays with torch.profiler (CUPTI reports the kernels inside a graph one 
 times is what the GPU computes; the difference to the step time is idle time between kernels (launch gaps,
 ramp-up and tails). `--eager` profiles the step without graphs instead. Prints the top kernels by total
 time. With programmatic dependent launch (``srt/layers/pdl.py``) a kernel's reported duration includes the
-time it waited for the one before, so kernel times overlap and their sum can exceed the step
-(``SGLANG_ENABLE_PDL=0`` for a clean breakdown). A diagnostic, not a results benchmark (writes nothing).
+time it waited for the one before, so kernel times overlap and their sum can exceed the step. The launch
+floor line: a CUDA graph of as many launches of an empty one-program kernel (with PDL, as the step's triton
+kernels) as the step has, replayed: what the launches alone cost, whatever the kernels compute. A diagnostic,
+not a results benchmark (writes nothing).
 """
 
 from __future__ import annotations
@@ -21,14 +23,36 @@ import sys
 from collections import defaultdict
 
 import torch
+import triton
+import triton.language as tl
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
-from bench_decode_roofline import apply_decode_config, decode_step_ms, our_runner  # noqa: E402
+from bench_decode_roofline import apply_decode_config, decode_step_ms, dense_config_dir, our_runner  # noqa: E402
 
+from sglang.srt.layers.pdl import pdl_available, pdl_prologue  # noqa: E402
+from sglang.test.bench_utils import cuda_graph_ms  # noqa: E402
 from sglang.test.gpu_utils import shape_config_dir  # noqa: E402
+
+
+@triton.jit
+def _empty_kernel(x, PDL: tl.constexpr):
+    pdl_prologue(PDL)
+
+
+def launch_floor_ms(launches: int) -> float:
+    """ms per replay of one CUDA graph of `launches` launches of an empty one-program kernel (PDL where the GPU
+    has it, as the decode step's triton kernels launch)."""
+    x = torch.empty(1, device="cuda")
+    pdl = pdl_available(x)
+
+    def step() -> None:
+        for _ in range(launches):
+            _empty_kernel[(1,)](x, PDL=pdl, launch_pdl=pdl)
+
+    return cuda_graph_ms(step, replays=20)
 
 
 def kernel_breakdown(mr, bs: int, ctx: int, eager: bool, steps: int = 5) -> tuple[float, list]:
@@ -65,9 +89,12 @@ def main() -> None:
         help="JSON overrides of the triton backend's decode "
         'choices, e.g. {"block_n": 64, "num_warps": 8, "min_block_tokens": 256} (graphs are re-captured)',
     )
-    parser.add_argument("--shape", default="Llama-3.1-8B", choices=["Llama-3.1-8B", "DeepSeek-V2-Lite"])
+    parser.add_argument("--shape", default="Llama-3.1-8B", choices=["Llama-3.1-8B", "DeepSeek-V2-Lite", "Qwen3-8B"])
+    parser.add_argument("--checkpoint-fp8", action="store_true", help="a dense shape as a native block-fp8 checkpoint")
     args = parser.parse_args()
-    mr = our_runner(shape_config_dir(args.shape))
+    args.dry_run = False
+    dense = args.shape != "DeepSeek-V2-Lite"
+    mr = our_runner(dense_config_dir(args) if dense else shape_config_dir(args.shape))
     if args.decode_config:
         apply_decode_config(mr, json.loads(args.decode_config))
     for bs in args.batches:
@@ -76,6 +103,11 @@ def main() -> None:
         print(
             f"\n{args.shape}, batch {bs}, context {args.context}: graph step {graph_ms:.3f} ms; kernels {kernel_ms:.3f} ms "
             f"({sum(r[2] for r in rows):.0f} launches); idle between kernels ~{graph_ms - kernel_ms:.3f} ms"
+        )
+        launches = round(sum(r[2] for r in rows))
+        floor = launch_floor_ms(launches)
+        print(
+            f"  launch floor: {launches} empty launches in one graph take {floor:.3f} ms ({1e3 * floor / launches:.2f} us each)"
         )
         for name, ms, calls in rows[: args.top]:
             print(f"  {ms:8.3f} ms  {calls:6.0f}x  {name[:110]}")

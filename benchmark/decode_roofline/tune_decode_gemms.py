@@ -1,7 +1,7 @@
 """Tune the skinny decode GEMM (``srt/layers/decode_gemm``) against cuBLAS and write the device's table.
 
     python benchmark/decode_roofline/tune_decode_gemms.py [--model Llama-3.1-8B] [--tp-size 1]
-        [--batches 1 4 8 16 32 64] [--fp8] [--silu] [--out DIR] [--table FILE]
+        [--batches 1 4 8 16 32 64] [--fp8 | --fp8-block] [--silu] [--out DIR] [--table FILE]
 
 For each projection of the model (qkv, o and, dense models, gate_up and down; MLA models their query, latent KV,
 o, dense and shared-expert MLP projections; the shapes one tensor-parallel rank holds: ``decode_gemm/shapes.py``) and batch size it times, as one CUDA graph
@@ -19,7 +19,10 @@ the skinny kernel on fp8 operands competes with ``torch._scaled_mm``; the entrie
 (default output dir ``gemm_tuning_fp8``). With ``--silu`` it tunes only the gate_up projection with SiLU-and-mul
 in the kernel's epilogue (split-K 1: the activation needs whole sums) against what the engine runs without it,
 the table's gate_up plan followed by the activation kernel; entries ``N x K:silu`` / ``N x K:fp8:silu``
-(output dir ``gemm_tuning_silu`` / ``gemm_tuning_fp8_silu``). Updates this GPU's table (in $SGLANG_DECODE_GEMM_CONFIG_DIR
+(output dir ``gemm_tuning_silu`` / ``gemm_tuning_fp8_silu``). With ``--fp8-block`` the weights are a block-fp8
+checkpoint's (e4m3, a scale per 128x128 block), both sides quantize the activation per token and 128-column group
+(one kernel) and the skinny kernel (BLOCK_K 128: one scale block a K step) competes with cuBLAS's block-scaled GEMM
+(``F.scaled_mm``); entries ``N x K:fp8block`` (output dir ``gemm_tuning_fp8_block``). Updates this GPU's table (in $SGLANG_DECODE_GEMM_CONFIG_DIR
 if set, else the package's ``configs/``; other shapes in it stay) that the engine reads at load time, writes a
 table + JSON of the measurements to ``--out``, and prints the table.
 """
@@ -43,6 +46,8 @@ from sglang.srt.layers.decode_gemm.kernel import skinny_linear
 from sglang.srt.layers.decode_gemm.shapes import projection_shapes
 from sglang.srt.layers.decode_gemm.table import GemmConfig, device_table_path, shape_key, update_table_file
 from sglang.srt.layers.fused_elementwise import rmsnorm
+from sglang.srt.layers.quantization.fp8 import Fp8FusedMoEMethod
+from sglang.srt.layers.quantization.fp8_block_kernels import block_fp8_linear_gpu
 from sglang.srt.layers.quantization.fp8_linear import fp8_linear, fp8_linear_silu_and_mul, quantize_rows
 from sglang.test.bench_utils import cuda_graph_ms, write_results
 
@@ -51,16 +56,20 @@ def block_m_for(batch: int) -> int:
     return min(64, max(16, 1 << (batch - 1).bit_length()))
 
 
-def tile_sweep(batch: int, fp8: bool = False, silu: bool = False) -> list[GemmConfig]:
+def tile_sweep(batch: int, fp8: bool = False, silu: bool = False, block_fp8: bool = False) -> list[GemmConfig]:
     """Split-K 1 tiles for this batch's row block; shared memory bounded by what the H200 gives a block.
     fp8 tiles are half the bytes, so they go one K step deeper; BLOCK_N >= 64 keeps them on fp8 wgmma.
-    silu: each stage holds a gate and an up tile, so BLOCK_N (per half) goes one step narrower."""
+    silu: each stage holds a gate and an up tile, so BLOCK_N (per half) goes one step narrower. block_fp8: one
+    scale block a K step (BLOCK_K 128), so more stages keep the same bytes in flight."""
     block_m = block_m_for(batch)
     block_ks = (128, 256, 512) if block_m == 16 else (64, 128, 256)
     stages = (4, 6) if block_m == 16 else (3, 5)
     block_ns = (16, 32, 64) if silu else (32, 64, 128, 256)
     if fp8:
         block_ks, block_ns = tuple(2 * k for k in block_ks), (64, 128)
+    if block_fp8:
+        block_ks, block_ns, stages = (128,), (32, 64, 128), (4, 6, 8) if block_m == 16 else (3, 5, 7)
+    fp8 = fp8 or block_fp8
     elem_bytes = 1 if fp8 else 2
     weight_tiles = 2 if silu else 1
     configs = []
@@ -76,14 +85,22 @@ class LayerChain:
     it early). Timed with the norms, reported without them (the norms alone are timed once)."""
 
     def __init__(
-        self, weights, batch: int, fp8: bool = False, silu: bool = False, plan: GemmPlan = CUBLAS_ONLY
+        self,
+        weights,
+        batch: int,
+        fp8: bool = False,
+        silu: bool = False,
+        plan: GemmPlan = CUBLAS_ONLY,
+        block_fp8: bool = False,
     ) -> None:
         """fp8: ``weights`` are ``quantize_rows`` pairs and every GEMM is ``fp8_linear`` (activation
-        quantization included); its reference is the product of the dequantized operands. silu: the GEMM's
-        result goes through SiLU-and-mul. plan: the baseline's (the engine's path without the candidate)."""
-        self.fp8, self.silu, self.plan = fp8, silu, plan
+        quantization included); its reference is the product of the dequantized operands. block_fp8: ``weights``
+        are (e4m3, 128x128 block scales) pairs and every GEMM is ``block_fp8_linear_gpu`` (the per-group
+        activation quantization included; CUBLAS_ONLY: cuBLAS's block-scaled GEMM). silu: the GEMM's result goes
+        through SiLU-and-mul. plan: the baseline's (the engine's path without the candidate)."""
+        self.fp8, self.silu, self.plan, self.block_fp8 = fp8, silu, plan, block_fp8
         self.weights = weights
-        k = (weights[0][0] if fp8 else weights[0]).shape[1]
+        k = (weights[0][0] if fp8 or block_fp8 else weights[0]).shape[1]
         self.src = torch.randn(batch, k, device="cuda", dtype=torch.bfloat16)
         self.norm_weight = torch.rand(k, device="cuda", dtype=torch.bfloat16) + 0.5
         self.x = torch.empty_like(self.src)
@@ -100,11 +117,16 @@ class LayerChain:
     def baseline(self, x, w, plan: GemmPlan | None = None) -> torch.Tensor:
         """The GEMM as ``plan`` (default: the chain's) runs it, then SiLU-and-mul if the chain has it."""
         plan = self.plan if plan is None else plan
-        # CUBLAS_ONLY: torch._scaled_mm (fp8) / F.linear
+        # CUBLAS_ONLY: cuBLAS's block-scaled GEMM (block fp8) / torch._scaled_mm (fp8) / F.linear
+        if self.block_fp8:
+            return block_fp8_linear_gpu(x, *w, None, plan)
         y = fp8_linear(x, *w, None, plan) if self.fp8 else linear(x, w, None, plan)
         return silu_and_mul(y) if self.silu else y
 
     def skinny(self, config: GemmConfig):
+        if self.block_fp8:
+            plan = GemmPlan(((self.src.shape[0], config),))
+            return lambda x, w: block_fp8_linear_gpu(x, *w, None, plan)
         if self.fp8:
             plan = GemmPlan(((self.src.shape[0], config),))
             if self.silu:
@@ -118,10 +140,12 @@ class LayerChain:
         return bool((out - ref).abs().max() <= 0.02 * ref.abs().max() + 1e-3)
 
 
-def tune_one(weights, batch: int, margin: float, fp8: bool = False, silu: bool = False, plan=CUBLAS_ONLY) -> dict:
+def tune_one(
+    weights, batch: int, margin: float, fp8: bool = False, silu: bool = False, plan=CUBLAS_ONLY, block_fp8=False
+) -> dict:
     """The fastest skinny config for this batch against the baseline (``plan``'s GEMM, cuBLAS by default;
     with ``silu`` followed by the activation kernel); keys ``cublas_*`` name the baseline."""
-    chain = LayerChain(weights, batch, fp8, silu, plan)
+    chain = LayerChain(weights, batch, fp8, silu, plan, block_fp8)
     cublas_ms = chain.gemm_ms(chain.baseline)
     timed, skipped = [], 0
 
@@ -135,7 +159,7 @@ def tune_one(weights, batch: int, margin: float, fp8: bool = False, silu: bool =
         except Exception:  # out of shared memory / registers for this tile: not a candidate
             skipped += 1
 
-    for config in tile_sweep(batch, fp8, silu):
+    for config in tile_sweep(batch, fp8, silu, block_fp8):
         try_config(config)
     ranked = [c for _, c in sorted(timed, key=lambda t: t[0])]
     best_tiles = ranked[:4]
@@ -163,6 +187,12 @@ def tune_one(weights, batch: int, margin: float, fp8: bool = False, silu: bool =
     }
 
 
+def weights_kind(args) -> str:
+    if args.fp8_block:
+        return "block-fp8 weights, per-group activation quantization included"
+    return "fp8 weights, per-token activation quantization included" if args.fp8 else "bf16"
+
+
 def model_config(model: str):
     """A model directory, a shape name of scripts/make_model_configs.py, or a Hugging Face id."""
     from transformers import AutoConfig
@@ -183,6 +213,11 @@ def main() -> None:
     parser.add_argument("--margin", type=float, default=0.01, help="skinny must beat cuBLAS by this fraction")
     parser.add_argument("--fp8", action="store_true", help="tune fp8 weights (--quantization fp8) against _scaled_mm")
     parser.add_argument(
+        "--fp8-block",
+        action="store_true",
+        help="tune a block-fp8 checkpoint's weights against cuBLAS's block-scaled GEMM",
+    )
+    parser.add_argument(
         "--silu",
         action="store_true",
         help="tune gate_up with SiLU-and-mul fused, against the table's gate_up + the kernel",
@@ -198,7 +233,10 @@ def main() -> None:
         help="table file to update (default: this GPU's in $SGLANG_DECODE_GEMM_CONFIG_DIR or the package's)",
     )
     args = parser.parse_args()
-    out_name = "gemm_tuning" + ("_fp8" if args.fp8 else "") + ("_silu" if args.silu else "")
+    if args.fp8_block and (args.fp8 or args.silu):
+        parser.error("--fp8-block goes alone (block-fp8 layers have no fused SiLU-and-mul)")
+    out_name = "gemm_tuning" + ("_fp8" if args.fp8 else "_fp8_block" if args.fp8_block else "")
+    out_name += "_silu" if args.silu else ""
     args.out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), out_name)
     device = torch.cuda.get_device_name()
     shapes = projection_shapes(model_config(args.model), args.tp_size)
@@ -222,9 +260,11 @@ def main() -> None:
         weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)]
         if args.fp8:
             weights = [quantize_rows(w) for w in weights]
-        floor_ms = LAYERS * n * k * (1 if args.fp8 else 2) / bw * 1000
+        if args.fp8_block:
+            weights = [Fp8FusedMoEMethod().quantize(w) for w in weights]
+        floor_ms = LAYERS * n * k * (1 if args.fp8 or args.fp8_block else 2) / bw * 1000
         baseline_plan = plan_for_shape(current, n, k, args.fp8)  # CUBLAS_ONLY where `current` has no entry
-        key = shape_key(n, k, args.fp8, args.silu)
+        key = shape_key(n, k, args.fp8, args.silu, args.fp8_block)
         entries = dict(current_raw.get("shapes", {}).get(key, {}))
         for batch in args.batches:
             row = {
@@ -232,7 +272,7 @@ def main() -> None:
                 "n": n,
                 "k": k,
                 "floor_ms": round(floor_ms, 4),
-                **tune_one(weights, batch, args.margin, args.fp8, args.silu, baseline_plan),
+                **tune_one(weights, batch, args.margin, args.fp8, args.silu, baseline_plan, args.fp8_block),
             }
             rows.append(row)
             entries[str(batch)] = row["best_skinny_config"] if row["chosen"] == "skinny" else None
@@ -253,12 +293,12 @@ def main() -> None:
         torch=torch.__version__,
         margin=args.margin,
     )
-    baseline = "torch._scaled_mm" if args.fp8 else "cuBLAS"
+    baseline = "torch._scaled_mm" if args.fp8 else "cuBLAS's block-scaled GEMM" if args.fp8_block else "cuBLAS"
     if args.silu:
         baseline = "the table's gate_up plan + the SiLU-and-mul kernel (column 'cuBLAS ms')"
     lines = [
         f"Skinny decode GEMM vs {baseline} ({args.model} shapes, tp {args.tp_size}, "
-        f"{'fp8 weights, per-token activation quantization included' if args.fp8 else 'bf16'}, {LAYERS} distinct "
+        f"{weights_kind(args)}, {LAYERS} distinct "
         f"weights, CUDA graph, each after an RMSNorm), {device}, "
         f"torch {torch.__version__}, copy bandwidth {bw / 1e9:.1f} GB/s, tuning took {time.perf_counter() - start:.0f} s",
         "",

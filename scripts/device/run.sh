@@ -41,11 +41,15 @@
 #                       V3 shapes, batch 1-256; which config wins, x of the copy-bandwidth floor; ~90 s)
 #   profile-decode      decode_roofline/: profile_decode_step.py at batch 1, 64 and 256
 #   profile-decode-mla  decode_roofline/: the same on the DeepSeek-V2-Lite shape, batch 1 and 64
+#   profile-decode-fp8-native  decode_roofline/: the same on a Qwen3-8B-shaped native block-fp8 checkpoint, batch 1
+#                       and 256
 #   tune-gemm           decode_roofline/: tune_decode_gemms.py bf16, --silu, --fp8, --fp8 --silu (in that order:
 #                       --silu compares with the table's gate_up plan); the table lands in the package's configs/
 #                       on the device and in the stage's folder
 #   tune-gemm-mla       decode_roofline/: tune_decode_gemms.py --model DeepSeek-V2-Lite, then --silu (its q, kv_a, o, dense
 #                       and shared-expert projections into the same table)
+#   tune-gemm-fp8-block decode_roofline/: tune_decode_gemms.py --model Qwen3-8B --fp8-block (a block-fp8 checkpoint's
+#                       projections against cuBLAS's block-scaled GEMM, entries N x K:fp8block; the table as above)
 #   tune-attention      decode_roofline/: tune_decode_attention.py --focused
 #   tune-moe            decode_roofline/: tune_fused_moe.py (the fused MoE's tile configs at decode sizes, V2-Lite bf16
 #                       and V3 FP8 experts, batch 1-64; which config default_config should take; not run yet)
@@ -84,7 +88,7 @@ set -o pipefail
 
 STAGES="gpu-tests gpu-tests-2 gpu-files kt-cpu-tests kv-sizing kv-sizing-1 kv-sizing-2 kv-sizing-tp2 kv-sizing-mla
 roofline roofline-fp8 roofline-fp8-native roofline-mla mla-prefill mla-decode
-profile-decode profile-decode-mla tune-gemm tune-gemm-mla tune-attention tune-moe kv-dtype fp8-gemms fp8-block-gemms kt-decode kt-decode-check
+profile-decode profile-decode-mla profile-decode-fp8-native tune-gemm tune-gemm-mla tune-gemm-fp8-block tune-attention tune-moe kv-dtype fp8-gemms fp8-block-gemms kt-decode kt-decode-check
 kt-decode-int4-fp8 kt-decode-deepseek kt-doorbell kt-prefill kt-elastic serving serving-overlap serving-paths
 serving-fp8 serving-fp8-native serving-fp8-written serving-kv-fp8 prefill-decode
 constrained-itl precision"
@@ -129,9 +133,15 @@ run_stage() {
     profile-decode) python3 benchmark/decode_roofline/profile_decode_step.py --batches 1 64 256 --top 12 ;;
     profile-decode-mla)
       python3 benchmark/decode_roofline/profile_decode_step.py --shape DeepSeek-V2-Lite --batches 1 64 --top 30 ;;
+    profile-decode-fp8-native)
+      python3 benchmark/decode_roofline/profile_decode_step.py --shape Qwen3-8B --checkpoint-fp8 --batches 1 256 \
+        --top 25 ;;
     tune-gemm-mla)  # DeepSeek-V2-Lite's projections in bf16, then its gate/up pairs with SiLU-and-mul
       python3 benchmark/decode_roofline/tune_decode_gemms.py --model DeepSeek-V2-Lite --out $o/gemm_tuning_mla &&
         python3 benchmark/decode_roofline/tune_decode_gemms.py --model DeepSeek-V2-Lite --silu --out $o/gemm_tuning_mla_silu &&
+        cp python/sglang/srt/layers/decode_gemm/configs/NVIDIA_H200.json $o/ ;;
+    tune-gemm-fp8-block)
+      python3 benchmark/decode_roofline/tune_decode_gemms.py --model Qwen3-8B --fp8-block --out $o/gemm_tuning_fp8_block &&
         cp python/sglang/srt/layers/decode_gemm/configs/NVIDIA_H200.json $o/ ;;
     tune-gemm)
       local mode

@@ -151,7 +151,7 @@ class LinearBase(nn.Module):
     def matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
         """x @ weight^T (+ bias) through the GEMM this layer's plan picks for x's row count."""
         if self.is_block_fp8:
-            return fp8_block_linear(x, self.weight, self.weight_scale_inv, bias)
+            return fp8_block_linear(x, self.weight, self.weight_scale_inv, bias, self.gemm_plan)
         if self.is_fp8:
             return fp8_linear(x, self.weight, self.weight_scale, bias, self.gemm_plan)
         return linear(x, self.weight, bias, self.gemm_plan)
@@ -403,11 +403,12 @@ def attach_gemm_plans(model: nn.Module, plans: Mapping[str, GemmPlan]) -> int:
     gate/up pair its SiLU-and-mul plan too; returns how many layers use the skinny kernel at some batch size."""
     attached = 0
     for module in model.modules():
-        if not isinstance(module, LinearBase) or module.is_block_fp8:  # block fp8 has its own GEMM
+        if not isinstance(module, LinearBase):
             continue
-        module.gemm_plan = plan_for_shape(plans, *module.weight.shape, fp8=module.is_fp8)
+        block_fp8 = module.is_block_fp8
+        module.gemm_plan = plan_for_shape(plans, *module.weight.shape, fp8=module.is_fp8, block_fp8=block_fp8)
         uses_skinny = module.gemm_plan.uses_skinny_kernel
-        if isinstance(module, MergedColumnParallelLinear) and module.is_gated_pair:
+        if isinstance(module, MergedColumnParallelLinear) and module.is_gated_pair and not block_fp8:
             module.silu_plan = plan_for_shape(plans, *module.weight.shape, fp8=module.is_fp8, silu_and_mul=True)
             uses_skinny = uses_skinny or module.silu_plan.uses_skinny_kernel
         attached += uses_skinny

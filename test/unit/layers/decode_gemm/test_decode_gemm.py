@@ -78,6 +78,38 @@ def test_skinny_linear_on_fp8_operands_applies_both_scales(device, split_k, with
     _check(out, ref, out_dtype)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("m,split_k", [(1, 1), (5, 3), (17, 2)])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_skinny_linear_on_block_fp8_operands_scales_each_block(device, m, split_k, with_bias):
+    """A block-fp8 weight (a scale per 128x128 block) against x quantized per token and 128-column group: each
+    128-wide K step is one scale block, so the sum is block_fp8_matmul_reference's. N = 200 and K = 320 leave a
+    ragged last block on both edges (and on the 64-wide column tiles); split-K cuts K on block boundaries."""
+    from sglang.srt.layers.quantization.fp8_block_linear import block_fp8_matmul_reference, quantize_groups_reference
+
+    out_dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    g = torch.Generator().manual_seed(60 + m + split_k)
+    n, k = 200, 320
+    x = (torch.randn(m, k, generator=g) * torch.linspace(0.1, 10.0, k)[None, :]).to(device)
+    qx, sx = quantize_groups_reference(x)
+    qw = (torch.randn(n, k, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn).to(device)
+    sw = (torch.rand(2, 3, generator=g) + 0.5).to(device) / 100
+    b = torch.randn(n, generator=g).to(device, out_dtype) if with_bias else None
+    config = GemmConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=2, split_k=split_k)
+    out = skinny_linear(qx, qw, b, config, block_scales=(sx, sw, out_dtype))
+    ref = block_fp8_matmul_reference(qx, sx, qw, sw).double()
+    _check(out, ref + b.double() if b is not None else ref, out_dtype, relative=True)
+
+
+def test_block_scales_need_128_wide_k_steps():
+    qx, qw = torch.zeros(1, 256, dtype=torch.float8_e4m3fn), torch.zeros(64, 256, dtype=torch.float8_e4m3fn)
+    scales = (torch.ones(1, 2), torch.ones(1, 2), torch.float32)
+    for bad in (dict(block_k=64), dict(block_k=256)):
+        config = GemmConfig(**{**CFG, "block_n": 64, **bad})
+        with pytest.raises(ValueError, match="block_k 128"):
+            skinny_linear(qx, qw, None, config, block_scales=scales)
+
+
 def _silu_and_mul_reference(y):
     d = y.shape[-1] // 2
     return F.silu(y[:, :d]) * y[:, d:]
@@ -277,6 +309,12 @@ def test_attach_gemm_plans_by_weight_shape():
     assert attach_gemm_plans(model, plans) == 1
     assert model[0].gemm_plan.config_for(8) == GemmConfig(**CFG)
     assert model[1].gemm_plan is CUBLAS_ONLY
+    # A block-fp8 checkpoint's layer takes its own entry (N x K:fp8block), never the full-precision one.
+    block = torch.nn.Sequential(ReplicatedLinear(64, 24, quantization="fp8_block"))
+    block_cfg = {**CFG, "block_n": 64, "block_k": 128}
+    assert attach_gemm_plans(block, plans) == 0 and block[0].gemm_plan is CUBLAS_ONLY
+    assert attach_gemm_plans(block, parse_table({"shapes": {"24x64:fp8block": {"4": block_cfg}}})) == 1
+    assert block[0].gemm_plan.config_for(3) == GemmConfig(**block_cfg) and block[0].gemm_plan.config_for(5) is None
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -391,7 +429,9 @@ def _shipped_h200_entries() -> list:
 @pytest.mark.parametrize("key,batch,config", _shipped_h200_entries())
 def test_every_shipped_h200_config_computes_its_shape(key, batch, config):
     """The tuner times configs on their real shapes; this checks what each chosen one computes there (ragged
-    tiles, K splits, the SiLU-and-mul epilogue, fp8 scales) against a float64 product."""
+    tiles, K splits, the SiLU-and-mul epilogue, fp8 scales, block-fp8 scales) against a float64 product."""
+    from sglang.srt.layers.quantization.fp8 import Fp8FusedMoEMethod
+    from sglang.srt.layers.quantization.fp8_block_linear import block_fp8_matmul_reference, quantize_groups_reference
     from sglang.srt.layers.quantization.fp8_linear import quantize_rows
 
     dims, *flags = key.split(":")
@@ -400,7 +440,11 @@ def test_every_shipped_h200_config_computes_its_shape(key, batch, config):
     x = torch.randn(batch, k, device="cuda", generator=g)
     w = torch.randn(n, k, device="cuda", generator=g) * 0.05
     silu = "silu" in flags
-    if "fp8" in flags:
+    if "fp8block" in flags:
+        (qx, sx), (qw, sw) = quantize_groups_reference(x), Fp8FusedMoEMethod().quantize(w)
+        out = skinny_linear(qx, qw, None, config, block_scales=(sx, sw, torch.bfloat16))
+        ref = block_fp8_matmul_reference(qx, sx, qw, sw).double()
+    elif "fp8" in flags:
         (qx, sx), (qw, sw) = quantize_rows(x), quantize_rows(w)
         out = skinny_linear(qx, qw, None, config, scales=(sx, sw, torch.bfloat16), silu_and_mul=silu)
         ref = _reference(qx.double() * sx.double(), qw.double() * sw.double(), None)

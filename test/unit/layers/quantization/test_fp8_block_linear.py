@@ -167,3 +167,27 @@ def test_gpu_cublas_branch_equals_the_triton_gemm(m, with_bias):
     assert got.shape == (m, n) and got.dtype == torch.bfloat16 and got.is_contiguous()
     assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 1e-2
     torch.testing.assert_close(fp8_block_linear(x, qw, sw, bias), got, rtol=0, atol=0)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=REQUIRES_GPU_REASON)
+@pytest.mark.parametrize("m", [1, 5, 16, 17])
+@pytest.mark.parametrize("split_k,pdl", [(1, False), (4, True)])
+def test_gpu_skinny_plan_equals_the_cublas_branch(m, split_k, pdl):
+    """Where the shape's ``N x K:fp8block`` plan has a skinny config for the row count, fp8_block_linear runs the
+    skinny decode kernel on the same quantized operands: cuBLAS's product to the accumulation order; rows the plan
+    does not cover stay on cuBLAS (the same bits)."""
+    from sglang.srt.layers.decode_gemm import GemmConfig, GemmPlan
+
+    g = torch.Generator().manual_seed(200 + m)
+    n, k = 1024, 2048
+    qw, sw = (t.cuda() for t in block_quantized(n, k, g))
+    x = torch.randn(m, k, generator=g).cuda().bfloat16()
+    bias = torch.randn(n, generator=g).cuda().bfloat16()
+    config = GemmConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=split_k, pdl=pdl)
+    plan = GemmPlan(((16, config),))
+    got = fp8_block_linear(x, qw, sw, bias, plan)
+    want = cublas_block_fp8_gemm(x, qw, sw, bias)
+    assert got.shape == (m, n) and got.dtype == torch.bfloat16
+    assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 1e-2
+    if m > 16:  # beyond the plan: cuBLAS itself
+        torch.testing.assert_close(got, want, rtol=0, atol=0)

@@ -14,7 +14,10 @@ down_proj), that kernel does them too, one program per row (``add_norm``), in pl
 With fp8 operands (``--quantization fp8``: e4m3 weights with one scale per output row, activations with
 one scale per row of x, ``quantization/fp8_linear.py``) the tiles go to the tensor cores as fp8 (Hopper's
 wgmma takes e4m3 directly once BLOCK_N >= 64) and the epilogue multiplies each sum by its two scales, so
-nothing is converted inside the K loop.
+nothing is converted inside the K loop. A block-fp8 checkpoint's weights (one scale per 128x128 block,
+activations quantized per token and 128-column group: ``quantization/fp8_block_linear.py``) take the same
+fp8 tiles with BLOCK_K = 128: each K step's dot is one scale block, multiplied by its weight and activation
+scales as it is added to the fp32 sum (DeepSeek-V3's recipe).
 
 The tile sizes come from the tuned table (``table.py``); the kernel itself makes no choices.
 """
@@ -29,6 +32,7 @@ import triton.language as tl
 
 from sglang.srt.layers.decode_gemm.table import GemmConfig, add_norm_refusal
 from sglang.srt.layers.pdl import pdl_available, pdl_prologue, release_dependents, wait_for_prerequisites
+from sglang.srt.layers.quantization.fp8 import FP8_BLOCK as BLOCK_SCALE_EDGE
 from sglang.srt.layers.triton_loops import use_while_loops
 
 
@@ -49,8 +53,11 @@ def _skinny_gemm_kernel(
     stride_wn,
     stride_om,
     stride_split,
+    stride_xs,
+    stride_ws,
     HAS_BIAS: tl.constexpr,
     SCALED: tl.constexpr,
+    BLOCK_SCALED: tl.constexpr,
     GATED: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -86,7 +93,13 @@ def _skinny_gemm_kernel(
             w_up = tl.load(up_ptrs, mask=w_mask, other=0.0)
         wait_for_prerequisites(USE_PDL)
         x = tl.load(x_ptrs, mask=m_mask[:, None] & (k_start + offs_k < K)[None, :], other=0.0)
-        acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION, max_num_imprecise_acc=IMPRECISE_ACC)
+        if BLOCK_SCALED:
+            acc = _add_block_scaled(
+                acc, w, x, k_start // BLOCK_K, offs_n, offs_m, n_mask, m_mask, XScale, WScale, stride_xs, stride_ws,
+                BLOCK_K, DOT_PRECISION, IMPRECISE_ACC,
+            )  # fmt: skip
+        else:
+            acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION, max_num_imprecise_acc=IMPRECISE_ACC)
         if GATED:
             acc_up = tl.dot(
                 w_up, tl.trans(x), acc_up, input_precision=DOT_PRECISION, max_num_imprecise_acc=IMPRECISE_ACC
@@ -101,7 +114,14 @@ def _skinny_gemm_kernel(
         while i < k_tiles:
             k_mask = k_start + i * BLOCK_K + offs_k < K
             x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-            acc = _accumulate_tile(acc, w_ptrs, x, k_mask, n_mask, DOT_PRECISION, IMPRECISE_ACC)
+            if BLOCK_SCALED:
+                w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+                acc = _add_block_scaled(
+                    acc, w, x, k_start // BLOCK_K + i, offs_n, offs_m, n_mask, m_mask, XScale, WScale, stride_xs,
+                    stride_ws, BLOCK_K, DOT_PRECISION, IMPRECISE_ACC,
+                )  # fmt: skip
+            else:
+                acc = _accumulate_tile(acc, w_ptrs, x, k_mask, n_mask, DOT_PRECISION, IMPRECISE_ACC)
             if GATED:  # the same x tile against the up half's weight tile
                 acc_up = _accumulate_tile(acc_up, up_ptrs, x, k_mask, n_mask, DOT_PRECISION, IMPRECISE_ACC)
             w_ptrs += BLOCK_K
@@ -112,7 +132,14 @@ def _skinny_gemm_kernel(
         for i in range(first, k_tiles):
             k_mask = k_start + i * BLOCK_K + offs_k < K
             x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-            acc = _accumulate_tile(acc, w_ptrs, x, k_mask, n_mask, DOT_PRECISION, IMPRECISE_ACC)
+            if BLOCK_SCALED:
+                w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+                acc = _add_block_scaled(
+                    acc, w, x, k_start // BLOCK_K + i, offs_n, offs_m, n_mask, m_mask, XScale, WScale, stride_xs,
+                    stride_ws, BLOCK_K, DOT_PRECISION, IMPRECISE_ACC,
+                )  # fmt: skip
+            else:
+                acc = _accumulate_tile(acc, w_ptrs, x, k_mask, n_mask, DOT_PRECISION, IMPRECISE_ACC)
             if GATED:
                 acc_up = _accumulate_tile(acc_up, up_ptrs, x, k_mask, n_mask, DOT_PRECISION, IMPRECISE_ACC)
             w_ptrs += BLOCK_K
@@ -133,6 +160,19 @@ def _skinny_gemm_kernel(
         acc = acc / (1.0 + tl.exp(-acc)) * acc_up
     out_ptrs = Out + pid_k * stride_split + offs_m[None, :] * stride_om + offs_n[:, None]
     tl.store(out_ptrs, acc.to(Out.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
+
+
+@triton.jit
+def _add_block_scaled(
+    acc, w, x, kb, offs_n, offs_m, n_mask, m_mask, XScale, WScale, stride_xs, stride_ws,
+    BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, IMPRECISE_ACC: tl.constexpr,
+):  # fmt: skip
+    """acc += (w @ x^T) x the step's scales: x's row scales of 128-column group kb ([M, K/128]) and the weight's
+    scale of block (row // 128, kb) ([N/128, K/128]); one K step (BLOCK_K = 128) is one scale block."""
+    w_scale = tl.load(WScale + (offs_n // BLOCK_K) * stride_ws + kb, mask=n_mask, other=0.0)
+    x_scale = tl.load(XScale + offs_m * stride_xs + kb, mask=m_mask, other=0.0)
+    part = tl.dot(w, tl.trans(x), input_precision=DOT_PRECISION, max_num_imprecise_acc=IMPRECISE_ACC)
+    return acc + part * w_scale[:, None] * x_scale[None, :]
 
 
 @triton.jit
@@ -188,6 +228,7 @@ def skinny_linear(
     scales: Optional[tuple[torch.Tensor, torch.Tensor, torch.dtype]] = None,
     silu_and_mul: bool = False,
     add_norm: Optional[tuple[torch.Tensor, torch.Tensor, float]] = None,
+    block_scales: Optional[tuple[torch.Tensor, torch.Tensor, torch.dtype]] = None,
 ) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for a 2-D ``x`` whose rows and ``weight``'s rows are K-contiguous.
 
@@ -199,7 +240,18 @@ def skinny_linear(
     ``add_norm`` = (residual [M, N], norm weight [N], eps), split-K configs only: what the decoder does next,
     ``fused_elementwise.rmsnorm(y, weight, eps, residual=residual)``, done by the split-K sum kernel (one
     program per row): residual += y in place and the result is the RMSNorm of that sum, rounded at the same
-    points as the norm kernel (the same bits)."""
+    points as the norm kernel (the same bits).
+    ``block_scales`` = (x_scale [M, ceil(K/128)] with contiguous rows, weight_scale [ceil(N/128), ceil(K/128)]
+    with contiguous rows, out dtype) for fp8 ``x`` quantized per token and 128-column group and a block-fp8
+    ``weight``: the block-scaled product (``fp8_block_linear.block_fp8_matmul_reference``) in the out dtype;
+    ``config.block_k`` must be 128 (one K step, one scale block)."""
+    if block_scales is not None:
+        if scales is not None or silu_and_mul or add_norm is not None or config.block_k != BLOCK_SCALE_EDGE:
+            raise ValueError(
+                f"block_scales need block_k {BLOCK_SCALE_EDGE} and neither scales, silu_and_mul nor add_norm, "
+                f"got {config}"
+            )
+        scales = block_scales
     m, k = x.shape
     n = weight.shape[0] // 2 if silu_and_mul else weight.shape[0]
     if x.stride(1) != 1 or weight.stride(1) != 1 or weight.shape[1] != k:
@@ -237,8 +289,11 @@ def skinny_linear(
         weight.stride(0),
         target.stride(-2),
         target.stride(0) if split_k > 1 else 0,
+        block_scales[0].stride(0) if block_scales is not None else 0,
+        block_scales[1].stride(0) if block_scales is not None else 0,
         HAS_BIAS=fused_bias,
-        SCALED=scales is not None,
+        SCALED=scales is not None and block_scales is None,
+        BLOCK_SCALED=block_scales is not None,
         GATED=silu_and_mul,
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,

@@ -8,7 +8,9 @@ measured faster. A tuned batch size ``m_t`` covers the batches above the previou
 ``m_t`` (decode is weight-bound there, so a tile that is best for 16 rows is best for 9..16); batches
 above the largest tuned size, shapes not in the table and GPUs without a table use cuBLAS.
 fp8 weights (``--quantization fp8``) have entries of their own, keyed ``N x K:fp8``; for them the skinny
-kernel runs on fp8 operands and "cuBLAS" means ``torch._scaled_mm``. A merged gate_up projection has a second
+kernel runs on fp8 operands and "cuBLAS" means ``torch._scaled_mm``. A block-fp8 checkpoint's weights
+(a scale per 128x128 block) have ``N x K:fp8block``: the skinny kernel with a scale block per K step
+(BLOCK_K 128) against cuBLAS's block-scaled GEMM, both after the per-group activation quantization. A merged gate_up projection has a second
 entry keyed ``N x K:silu`` (``N x K:fp8:silu``): the skinny kernel with SiLU-and-mul in its epilogue, against the
 projection's own plan followed by the activation kernel (``null``: that pair).
 """
@@ -105,8 +107,8 @@ class GemmPlan:
 CUBLAS_ONLY = GemmPlan()
 
 
-def shape_key(n: int, k: int, fp8: bool = False, silu_and_mul: bool = False) -> str:
-    return f"{n}x{k}" + (":fp8" if fp8 else "") + (":silu" if silu_and_mul else "")
+def shape_key(n: int, k: int, fp8: bool = False, silu_and_mul: bool = False, block_fp8: bool = False) -> str:
+    return f"{n}x{k}" + (":fp8block" if block_fp8 else ":fp8" if fp8 else "") + (":silu" if silu_and_mul else "")
 
 
 def device_table_path(device_name: str, config_dir: str = "") -> str:
@@ -137,9 +139,14 @@ def load_device_table(device_name: str, config_dir: str = "") -> dict[str, GemmP
 
 
 def plan_for_shape(
-    plans: Mapping[str, GemmPlan], n: int, k: int, fp8: bool = False, silu_and_mul: bool = False
+    plans: Mapping[str, GemmPlan],
+    n: int,
+    k: int,
+    fp8: bool = False,
+    silu_and_mul: bool = False,
+    block_fp8: bool = False,
 ) -> GemmPlan:
-    return plans.get(shape_key(n, k, fp8, silu_and_mul), CUBLAS_ONLY)
+    return plans.get(shape_key(n, k, fp8, silu_and_mul, block_fp8), CUBLAS_ONLY)
 
 
 def update_table_file(path: str, device: str, model: str, shapes: Mapping[str, dict], **provenance) -> None:

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from sglang.srt.layers.decode_gemm import CUBLAS_ONLY, GemmPlan, skinny_config
 from sglang.srt.layers.quantization.fp8 import FP8_BLOCK as GROUP
 from sglang.srt.layers.quantization.fp8 import FP8_DTYPE, FP8_MAX
 from sglang.srt.layers.quantization.fp8_linear import INV_FP8_MAX, MIN_SCALE
@@ -141,10 +142,21 @@ def cublas_block_fp8_gemm(
 
 
 def block_fp8_linear_gpu(
-    x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+    plan: GemmPlan = CUBLAS_ONLY,
 ) -> torch.Tensor:
-    """``fp8_block_linear``'s CUDA branch for a 2-D x with contiguous rows: cuBLAS where it takes the shape and
-    dtype, else the activation quantization and the triton GEMM."""
+    """``fp8_block_linear``'s CUDA branch for a 2-D x with contiguous rows: the activation quantization, then the
+    skinny decode kernel where ``plan`` (the shape's ``N x K:fp8block`` entry) has a config for x's rows, else
+    cuBLAS where it takes the shape and dtype, else the triton GEMM."""
+    config = skinny_config(x, plan)
+    if config is not None:
+        from sglang.srt.layers.decode_gemm.kernel import skinny_linear
+
+        qx, sx = quantize_groups(x)
+        return skinny_linear(qx, qweight, bias, config, block_scales=(sx, weight_scale, x.dtype))
     if takes_cublas_block_gemm(qweight, x.dtype):
         return cublas_block_fp8_gemm(x, qweight, weight_scale, bias)
     qx, sx = quantize_groups(x)

@@ -8,8 +8,10 @@ quantized at every call with one scale per token and 128-column group (DeepSeek-
     out[m, n] = sum_kb  sx[m, kb] * sw[n // 128, kb] * sum_{k in kb} qx[m, k] qw[n, k]
 
 The GPU quantizes the activations in one triton kernel (``fp8_block_kernels.py``), then runs the GEMM (fp8 x fp8
-dots accumulated in fp32 per 128-wide K block, scaled, summed): cuBLAS's block-scaled GEMM (``F.scaled_mm``)
-where the GPU, shape and dtype allow (measured faster at every row count), else a triton kernel. The CPU
+dots accumulated in fp32 per 128-wide K block, scaled, summed): at decode sizes the skinny decode kernel where
+the GPU's tuned table has an ``N x K:fp8block`` entry for the row count (``decode_gemm``), else cuBLAS's
+block-scaled GEMM (``F.scaled_mm``) where the GPU, shape and dtype allow (measured faster than the triton GEMM
+at every row count), else a triton kernel. The CPU
 computes the same sum from the dequantized operands in fp32 (tests; on the CPU the engine dequantizes such
 checkpoints at load instead).
 """
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import torch
 
+from sglang.srt.layers.decode_gemm.table import CUBLAS_ONLY, GemmPlan
 from sglang.srt.layers.quantization.fp8 import FP8_BLOCK, FP8_DTYPE, FP8_MAX
 from sglang.srt.layers.quantization.fp8_linear import INV_FP8_MAX, MIN_SCALE
 
@@ -52,10 +55,14 @@ def block_fp8_matmul_reference(
 
 
 def fp8_block_linear(
-    x: torch.Tensor, qweight: torch.Tensor, weight_scale_inv: torch.Tensor, bias: torch.Tensor | None
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    weight_scale_inv: torch.Tensor,
+    bias: torch.Tensor | None,
+    plan: GemmPlan = CUBLAS_ONLY,
 ) -> torch.Tensor:
     """``F.linear(x, dequantized weight, bias)`` in x's dtype with x quantized per token and 128-column group.
-    Leading dims of x are flattened and restored."""
+    Leading dims of x are flattened and restored. plan: the weight shape's tuned decode choices (GPU only)."""
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
@@ -68,5 +75,5 @@ def fp8_block_linear(
         # Imported here: triton is only installed with the GPU extras.
         from sglang.srt.layers.quantization.fp8_block_kernels import block_fp8_linear_gpu
 
-        out = block_fp8_linear_gpu(x2, qweight, weight_scale_inv, bias)
+        out = block_fp8_linear_gpu(x2, qweight, weight_scale_inv, bias, plan)
     return out.view(*lead, qweight.shape[0])
