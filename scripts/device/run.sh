@@ -50,6 +50,7 @@
 #                       and shared-expert projections into the same table)
 #   tune-gemm-fp8-block decode_roofline/: tune_decode_gemms.py --model Qwen3-8B --fp8-block (a block-fp8 checkpoint's
 #                       projections against cuBLAS's block-scaled GEMM, entries N x K:fp8block; the table as above)
+#   tune-gemm-fp8-block-v3  the same on DeepSeek-V3's projections (q_a, q_b, kv_a, o, dense and shared-expert MLPs)
 #   tune-attention      decode_roofline/: tune_decode_attention.py --focused
 #   tune-moe            decode_roofline/: tune_fused_moe.py (the fused MoE's tile configs at decode sizes, V2-Lite bf16
 #                       and V3 FP8 experts, batch 1-64; which config default_config should take; not run yet)
@@ -88,7 +89,7 @@ set -o pipefail
 
 STAGES="gpu-tests gpu-tests-2 gpu-files kt-cpu-tests kv-sizing kv-sizing-1 kv-sizing-2 kv-sizing-tp2 kv-sizing-mla
 roofline roofline-fp8 roofline-fp8-native roofline-mla mla-prefill mla-decode
-profile-decode profile-decode-mla profile-decode-fp8-native tune-gemm tune-gemm-mla tune-gemm-fp8-block tune-attention tune-moe kv-dtype fp8-gemms fp8-block-gemms kt-decode kt-decode-check
+profile-decode profile-decode-mla profile-decode-fp8-native tune-gemm tune-gemm-mla tune-gemm-fp8-block tune-gemm-fp8-block-v3 tune-attention tune-moe kv-dtype fp8-gemms fp8-block-gemms kt-decode kt-decode-check
 kt-decode-int4-fp8 kt-decode-deepseek kt-doorbell kt-prefill kt-elastic serving serving-overlap serving-paths
 serving-fp8 serving-fp8-native serving-fp8-written serving-kv-fp8 prefill-decode
 constrained-itl precision"
@@ -143,6 +144,9 @@ run_stage() {
     tune-gemm-fp8-block)
       python3 benchmark/decode_roofline/tune_decode_gemms.py --model Qwen3-8B --fp8-block --out $o/gemm_tuning_fp8_block &&
         cp python/sglang/srt/layers/decode_gemm/configs/NVIDIA_H200.json $o/ ;;
+    tune-gemm-fp8-block-v3)
+      python3 benchmark/decode_roofline/tune_decode_gemms.py --model DeepSeek-V3 --fp8-block \
+        --out $o/gemm_tuning_fp8_block_v3 && cp python/sglang/srt/layers/decode_gemm/configs/NVIDIA_H200.json $o/ ;;
     tune-gemm)
       local mode
       for mode in "" --silu --fp8 "--fp8 --silu"; do
