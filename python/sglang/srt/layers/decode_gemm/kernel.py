@@ -114,14 +114,10 @@ def _skinny_gemm_kernel(
         while i < k_tiles:
             k_mask = k_start + i * BLOCK_K + offs_k < K
             x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-            if BLOCK_SCALED:
-                w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-                acc = _add_block_scaled(
-                    acc, w, x, k_start // BLOCK_K + i, offs_n, offs_m, n_mask, m_mask, XScale, WScale, stride_xs,
-                    stride_ws, BLOCK_K, DOT_PRECISION, IMPRECISE_ACC,
-                )  # fmt: skip
-            else:
-                acc = _accumulate_tile(acc, w_ptrs, x, k_mask, n_mask, DOT_PRECISION, IMPRECISE_ACC)
+            acc = _k_step(
+                acc, w_ptrs, x, k_mask, k_start // BLOCK_K + i, offs_n, offs_m, n_mask, m_mask, XScale, WScale,
+                stride_xs, stride_ws, BLOCK_SCALED, BLOCK_K, DOT_PRECISION, IMPRECISE_ACC,
+            )  # fmt: skip
             if GATED:  # the same x tile against the up half's weight tile
                 acc_up = _accumulate_tile(acc_up, up_ptrs, x, k_mask, n_mask, DOT_PRECISION, IMPRECISE_ACC)
             w_ptrs += BLOCK_K
@@ -132,14 +128,10 @@ def _skinny_gemm_kernel(
         for i in range(first, k_tiles):
             k_mask = k_start + i * BLOCK_K + offs_k < K
             x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
-            if BLOCK_SCALED:
-                w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
-                acc = _add_block_scaled(
-                    acc, w, x, k_start // BLOCK_K + i, offs_n, offs_m, n_mask, m_mask, XScale, WScale, stride_xs,
-                    stride_ws, BLOCK_K, DOT_PRECISION, IMPRECISE_ACC,
-                )  # fmt: skip
-            else:
-                acc = _accumulate_tile(acc, w_ptrs, x, k_mask, n_mask, DOT_PRECISION, IMPRECISE_ACC)
+            acc = _k_step(
+                acc, w_ptrs, x, k_mask, k_start // BLOCK_K + i, offs_n, offs_m, n_mask, m_mask, XScale, WScale,
+                stride_xs, stride_ws, BLOCK_SCALED, BLOCK_K, DOT_PRECISION, IMPRECISE_ACC,
+            )  # fmt: skip
             if GATED:
                 acc_up = _accumulate_tile(acc_up, up_ptrs, x, k_mask, n_mask, DOT_PRECISION, IMPRECISE_ACC)
             w_ptrs += BLOCK_K
@@ -173,6 +165,21 @@ def _add_block_scaled(
     x_scale = tl.load(XScale + offs_m * stride_xs + kb, mask=m_mask, other=0.0)
     part = tl.dot(w, tl.trans(x), input_precision=DOT_PRECISION, max_num_imprecise_acc=IMPRECISE_ACC)
     return acc + part * w_scale[:, None] * x_scale[None, :]
+
+
+@triton.jit
+def _k_step(
+    acc, w_ptrs, x, k_mask, kb, offs_n, offs_m, n_mask, m_mask, XScale, WScale, stride_xs, stride_ws,
+    BLOCK_SCALED: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, IMPRECISE_ACC: tl.constexpr,
+):  # fmt: skip
+    """One K step of the main weight: the tile at w_ptrs against x's tile (its scale block kb when BLOCK_SCALED)."""
+    if BLOCK_SCALED:
+        w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
+        return _add_block_scaled(
+            acc, w, x, kb, offs_n, offs_m, n_mask, m_mask, XScale, WScale, stride_xs, stride_ws,
+            BLOCK_K, DOT_PRECISION, IMPRECISE_ACC,
+        )  # fmt: skip
+    return _accumulate_tile(acc, w_ptrs, x, k_mask, n_mask, DOT_PRECISION, IMPRECISE_ACC)
 
 
 @triton.jit
