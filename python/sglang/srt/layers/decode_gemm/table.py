@@ -8,11 +8,11 @@ measured faster. A tuned batch size ``m_t`` covers the batches above the previou
 ``m_t`` (decode is weight-bound there, so a tile that is best for 16 rows is best for 9..16); batches
 above the largest tuned size, shapes not in the table and GPUs without a table use cuBLAS.
 fp8 weights (``--quantization fp8``) have entries of their own, keyed ``N x K:fp8``; for them the skinny
-kernel runs on fp8 operands and "cuBLAS" means ``torch._scaled_mm``. A block-fp8 checkpoint's weights
-(a scale per 128x128 block) have ``N x K:fp8block``: the skinny kernel with a scale block per K step
-(BLOCK_K 128) against cuBLAS's block-scaled GEMM, both after the per-group activation quantization. A merged gate_up projection has a second
-entry keyed ``N x K:silu`` (``N x K:fp8:silu``): the skinny kernel with SiLU-and-mul in its epilogue, against the
-projection's own plan followed by the activation kernel (``null``: that pair).
+kernel runs on fp8 operands and "cuBLAS" means ``torch._scaled_mm``. A block-fp8 checkpoint's weights (a
+scale per 128x128 block) have ``N x K:fp8block``: the skinny kernel with a scale block per K step (BLOCK_K
+128) against cuBLAS's block-scaled GEMM, both after the per-group activation quantization. A merged gate_up
+projection has a second entry keyed ``N x K:silu`` (``N x K:fp8:silu``): the skinny kernel with SiLU-and-mul
+in its epilogue, against the projection's own plan followed by the activation kernel (``null``: that pair).
 """
 
 from __future__ import annotations

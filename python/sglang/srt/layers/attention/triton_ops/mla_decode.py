@@ -41,7 +41,7 @@ from sglang.srt.layers.triton_loops import use_while_loops
 @dataclass(frozen=True)
 class MLADecodeConfig:
     """Launch choices of the latent kernel. benchmark/mla/bench_mla_decode.py sweeps them on the GPU (with this
-    default marked): which BLOCK_N / warps / stages / split target wins on V2-Lite's and V3's shapes."""
+    default marked): which BLOCK_N / warps / stages and chunk rule win on V2-Lite's and V3's shapes."""
 
     # Chosen by benchmark/mla/bench_mla_decode.py on the H200 (2026-12-04): n64 w4 s2 was the fastest or within
     # 1.3x of the fastest in every cell (geomean 1.02x the cell's best; the earlier n32 w8 s2 1.55x).
