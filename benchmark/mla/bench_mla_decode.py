@@ -54,13 +54,13 @@ def before_splits(rows: int, heads: int, sms: int) -> int:
     return max(1, min(8, 64 // max(rows, 1)))
 
 
-def fill_splits(programs_per_sm: int, max_splits: int) -> Callable[[int, int, int], int]:
+def fill_splits(programs_per_sm: int, config: MLADecodeConfig) -> Callable[[int, int, int], int]:
     """The earlier rule (the default before the whole-waves rule): enough chunks that rows x head blocks x
-    chunks cover the SMs programs_per_sm times, at most max_splits."""
+    chunks cover the SMs programs_per_sm times, at most config.max_splits."""
 
     def rule(rows: int, heads: int, sms: int) -> int:
-        programs = max(rows, 1) * -(-heads // DEFAULT_CONFIG.block_h)
-        return max(1, min(max_splits, -(-programs_per_sm * sms // programs)))
+        programs = max(rows, 1) * -(-heads // config.block_h)
+        return max(1, min(config.max_splits, -(-programs_per_sm * sms // programs)))
 
     return rule
 
@@ -85,7 +85,7 @@ def variants(kernel_configs: list, fill_rules: list) -> list:
         if c != DEFAULT_CONFIG:
             out.append(Variant(config_label(c), c))
         for pps in fill_rules:
-            out.append(Variant(f"{config_label(c)}p{pps}", c, fill_splits(pps, c.max_splits)))
+            out.append(Variant(f"{config_label(c)}p{pps}", c, fill_splits(pps, c)))
     before = dataclasses.replace(DEFAULT_CONFIG, block_n=16, num_warps=8, num_stages=1)
     out.append(Variant("before", before, before_splits))
     return out
