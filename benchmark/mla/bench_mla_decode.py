@@ -23,13 +23,22 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 import sys
 from typing import Callable, Optional
 
 import torch
 
-from sglang.srt.layers.attention.triton_ops.mla_decode import DEFAULT_CONFIG, MLADecodeConfig, mla_decode_fwd, num_sms
-from sglang.test.bench_utils import cuda_graph_ms, write_results
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "decode_roofline"))
+from bench_decode_roofline import copy_bandwidth  # noqa: E402
+
+from sglang.srt.layers.attention.triton_ops.mla_decode import (  # noqa: E402
+    DEFAULT_CONFIG,
+    MLADecodeConfig,
+    mla_decode_fwd,
+    num_sms,
+)
+from sglang.test.bench_utils import cuda_graph_ms, write_results  # noqa: E402
 
 SHAPES = {"DeepSeek-V2-Lite": 16, "DeepSeek-V3": 128}  # query heads on one GPU
 KV_LORA, ROPE = 512, 64
@@ -106,13 +115,13 @@ def make_case(heads: int, batch: int, context: int, kv_lora: int, rope: int, dev
 
 
 def copy_bandwidth_gbps(dev: str) -> float:
-    """Device-to-device copy of 1 GiB: (read + write) bytes / time, the bandwidth a streaming kernel can reach."""
+    """The decode roofline's measure (an eager device-to-device copy of 4 GiB: read + write bytes / time), so both
+    benchmarks' floors are one figure. (Until 2026-12-04 this script timed a 1 GiB copy replayed in a CUDA graph:
+    2,767 GB/s on the H200 the day the decode roofline's copy measured 4,297, so its x floor columns were 1.55x
+    too low.)"""
     if dev != "cuda":
         return 4270.0  # the H200's datasheet figure, for the CPU smoke's arithmetic only
-    src = torch.empty(1 << 30, dtype=torch.uint8, device=dev)
-    dst = torch.empty_like(src)
-    ms = cuda_graph_ms(lambda: dst.copy_(src), replays=10)
-    return 2 * src.numel() / (ms * 1e-3) / 1e9
+    return copy_bandwidth() / 1e9
 
 
 def run_case(shape: str, batch: int, context: int, vs: list, copy_gbps: float, dims: tuple, dev: str) -> list:
