@@ -13,7 +13,7 @@ import os
 import pickle
 import time
 import traceback
-from typing import List
+from typing import List, Optional
 
 import torch
 import zmq
@@ -152,14 +152,28 @@ class SchedulerProcess:
             time.sleep(0.2)  # let ZeroMQ flush before the process exits
 
 
+def cpu_intra_op_threads(cpu_count: int, ranks_here: int, omp_num_threads: Optional[str]) -> Optional[int]:
+    """Intra-op threads for each CPU scheduler rank, or None to keep torch's own count (the user's OMP_NUM_THREADS).
+
+    The ranks of one node share its cores but one: the launcher's HTTP and tokenizer process and the detokenizer
+    work at every decode step too, and an OpenMP thread they push off its core stalls the others at the next
+    barrier. On the 2-core test machine (`benchmark/cpu_throughput/`, SmolLM2, 2026-12-04) one thread served 18.8
+    tokens/s single stream and 99.1 with 16 requests, torch's default two threads 14.7 and 92.7."""
+    if omp_num_threads:
+        return None
+    return max(1, (cpu_count - 1) // ranks_here)
+
+
 def run_scheduler_process(config: EngineConfig, port_args: PortArgs, gpu_id: int, tp_rank: int, pipe) -> None:
     die_with_parent()
     raise_on_sigterm()
     args = config.args
-    if args.device == "cpu" and args.tp_size > 1:
-        # CPU ranks of one node share its cores: each takes its share of intra-op threads.
-        ranks_here = args.tp_size // args.nnodes
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // ranks_here))
+    if args.device == "cpu":
+        threads = cpu_intra_op_threads(
+            os.cpu_count() or 1, args.tp_size // args.nnodes, os.environ.get("OMP_NUM_THREADS")
+        )
+        if threads is not None:
+            torch.set_num_threads(threads)
     configure_logger(args.log_level, prefix=f"TP{tp_rank}" if args.tp_size > 1 else "")
     with reporting_startup(pipe, "Scheduler"):
         faults = FaultPlan.from_env()

@@ -10,6 +10,7 @@ from torch import nn
 
 from sglang.srt.configs.kt_config import KTConfig
 from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.layers.linear import store_weights_column_major
 from sglang.srt.model_loader.kv_scales import KVScaleCollector, apply_kv_scales
 from sglang.srt.models.registry import get_model_class
 
@@ -64,4 +65,6 @@ def get_model(
     model.load_weights(weights)
     apply_kv_scales(model, kv_scales.scales, model_config.kv_cache_dtype, model_config.attention == "mla")
     model.finish_loading()
+    if device == "cpu":
+        store_weights_column_major(model)  # the CPU GEMM's faster layout at decode's few rows (linear.py)
     return model.eval()
