@@ -33,7 +33,8 @@
 #   roofline-fp8        fp8_linear/: the same with --quantization fp8
 #   roofline-fp8-native fp8_linear/: bench_decode_roofline.py --shape Qwen3-8B --checkpoint-fp8 (a native block-fp8
 #                       checkpoint, dummy weights in its format), batches 1/8/64/256 at context 1k vs the floor of the
-#                       bytes read (fp8 weights, scales, other parameters, embedding rows, KV); ~1.5 min
+#                       bytes read (fp8 weights, scales, other parameters, embedding rows, KV); ~1.5 min; another
+#                       shape with FP8_MODEL=NAME (a shape of scripts/make_model_configs.py, e.g. Llama-3.1-8B)
 #   roofline-mla        decode_roofline/: bench_decode_roofline.py --shape DeepSeek-V2-Lite (batch 1 and 64, the
 #                       floor's terms: whole parameters, embedding rows, experts touched, latent KV)
 #   mla-prefill         mla/: bench_mla_prefill.py (extend absorbed vs decompressed; the threshold)
@@ -49,7 +50,8 @@
 #   tune-gemm-mla       decode_roofline/: tune_decode_gemms.py --model DeepSeek-V2-Lite, then --silu (its q, kv_a, o, dense
 #                       and shared-expert projections into the same table)
 #   tune-gemm-fp8-block decode_roofline/: tune_decode_gemms.py --model Qwen3-8B --fp8-block (a block-fp8 checkpoint's
-#                       projections against cuBLAS's block-scaled GEMM, entries N x K:fp8block; the table as above)
+#                       projections against cuBLAS's block-scaled GEMM, entries N x K:fp8block; the table as above);
+#                       another model's projections with FP8_MODEL=NAME, as for roofline-fp8-native
 #   tune-gemm-fp8-block-v3  the same on DeepSeek-V3's projections (q_a, q_b, kv_a, o, dense and shared-expert MLPs)
 #   tune-attention      decode_roofline/: tune_decode_attention.py --focused
 #   tune-moe            decode_roofline/: tune_fused_moe.py (the fused MoE's tile configs at decode sizes, V2-Lite bf16
@@ -126,8 +128,8 @@ run_stage() {
     roofline) python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --out $o ;;
     roofline-fp8) python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --quantization fp8 --out $o ;;
     roofline-fp8-native)
-      python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --shape Qwen3-8B --checkpoint-fp8 \
-        --contexts 1024 --out $o ;;
+      python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --shape ${FP8_MODEL:-Qwen3-8B} \
+        --checkpoint-fp8 --contexts 1024 --out $o ;;
     roofline-mla) python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --shape DeepSeek-V2-Lite --out $o ;;
     mla-prefill) python3 benchmark/mla/bench_mla_prefill.py --out $o ;;
     mla-decode) python3 benchmark/mla/bench_mla_decode.py --out $o ;;
@@ -142,7 +144,8 @@ run_stage() {
         python3 benchmark/decode_roofline/tune_decode_gemms.py --model DeepSeek-V2-Lite --silu --out $o/gemm_tuning_mla_silu &&
         cp python/sglang/srt/layers/decode_gemm/configs/NVIDIA_H200.json $o/ ;;
     tune-gemm-fp8-block)
-      python3 benchmark/decode_roofline/tune_decode_gemms.py --model Qwen3-8B --fp8-block --out $o/gemm_tuning_fp8_block &&
+      python3 benchmark/decode_roofline/tune_decode_gemms.py --model ${FP8_MODEL:-Qwen3-8B} --fp8-block \
+        --out $o/gemm_tuning_fp8_block &&
         cp python/sglang/srt/layers/decode_gemm/configs/NVIDIA_H200.json $o/ ;;
     tune-gemm-fp8-block-v3)
       python3 benchmark/decode_roofline/tune_decode_gemms.py --model DeepSeek-V3 --fp8-block \

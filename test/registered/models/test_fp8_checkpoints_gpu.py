@@ -1,5 +1,6 @@
 """Native FP8 checkpoints on the GPU: the linear layers keep the checkpoint's fp8 weights and scales (block-128:
-the triton block-scaled GEMM; per channel: the row-scaled fp8 GEMM), a Qwen3-MoE's and a GLM-4.5's routed experts keep
+cuBLAS's block-scaled GEMM for bf16 activations, the triton one for fp32, and with a tuned table the skinny decode
+kernel's block-scaled mode at decode batch sizes; per channel: the row-scaled fp8 GEMM), a Qwen3-MoE's and a GLM-4.5's routed experts keep
 their e4m3 codes and 128x128 scales in the fused-MoE FP8 layout (GLM's shared expert and dense MLP: fp8 linears). Greedy tokens through sglang.Engine (triton attention, CUDA
 graphs, bf16) vs transformers fp32 on the dequantized weights with the same activation quantization.
 
@@ -10,11 +11,15 @@ boundary than under block-128's per-group scales, and this tiny random model's t
 tests' 0.15: an activation that bf16 noise moves across an e4m3 rounding boundary takes the next code (one e4m3
 step is 6-12% of the value), so a tiny random model's logits move by more than bf16 noise alone moves them
 (largest gap measured on the H200 with the fp32-activation reference: 0.24; the reference now rounds its
-activations to bf16 before quantizing them, as our layers see them)."""
+activations to bf16 before quantizing them, as our layers see them). The skinny kernel's block-scaled decode adds its
+fp8 products in another order than cuBLAS's block-scaled GEMM: the dense model through it, 83 of 96 exact and a
+largest gap of 0.324 (H200, 2026-12-04), hence 0.35."""
 
 from sglang.test.ci.ci_register import register_cuda_ci
 
 register_cuda_ci(est_time=180, suite="per-commit-cuda")
+
+import json
 
 import pytest
 import torch
@@ -25,7 +30,7 @@ from sglang.test.runners import load_hf_model
 
 pytestmark = pytest.mark.skipif(not has_gpu(), reason=REQUIRES_GPU_REASON)
 
-FP8_TOL = 0.3
+FP8_TOL = 0.35
 NEW_TOKENS = 24
 # arch -> (the tiny checkpoint's writer, its vocabulary, the dtype it runs in); "glm": GLM-4.5 (q/k/v biases, partial
 # rotary, a dense layer, a shared expert, grouped routing), whose dense and shared MLPs are fp8 linears and routed
@@ -40,10 +45,34 @@ ARCHS = {
 }
 
 
+# The dense model's block-fp8 projections (N x K) with the skinny kernel's block-scaled tiles for decode batches up
+# to 8 (every decode step here): one split and several (K = 384 in three 128-column splits), so decode runs the
+# kernel the tuned H200 table gives Qwen3-8B's and DeepSeek-V3's shapes rather than cuBLAS's block-scaled GEMM.
+SKINNY_BLOCK_TILES = {
+    (512, 256): {"block_m": 16, "block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 2, "split_k": 1},
+    (256, 256): {"block_m": 16, "block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 2, "split_k": 2},
+    (768, 256): {"block_m": 16, "block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 3, "split_k": 1},
+    (256, 384): {"block_m": 16, "block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 2, "split_k": 3},
+}
+
+
+def write_skinny_block_table(config_dir: str) -> None:
+    """A decode-GEMM table for this GPU (SGLANG_DECODE_GEMM_CONFIG_DIR) with the dense model's fp8block entries."""
+    from sglang.srt.layers.decode_gemm.table import device_table_path, load_device_table, plan_for_shape, shape_key
+
+    device = torch.cuda.get_device_name(0)
+    shapes = {shape_key(n, k, block_fp8=True): {"8": tiles} for (n, k), tiles in SKINNY_BLOCK_TILES.items()}
+    with open(device_table_path(device, config_dir), "w") as f:
+        json.dump({"device": device, "models": ["tiny dense block-fp8"], "shapes": shapes}, f)
+    plans = load_device_table(device, config_dir)  # what the model runner attaches: every projection is covered
+    assert all(plan_for_shape(plans, n, k, block_fp8=True).config_for(8) for n, k in SKINNY_BLOCK_TILES)
+
+
 @pytest.mark.parametrize(
-    "arch,strategy", [("dense", "block"), ("dense", "channel"), ("moe", "block"), ("glm", "block")]
+    "arch,strategy",
+    [("dense", "block"), ("dense", "block-skinny"), ("dense", "channel"), ("moe", "block"), ("glm", "block")],
 )
-def test_fp8_checkpoint_on_the_gpu(arch, strategy, tmp_path):
+def test_fp8_checkpoint_on_the_gpu(arch, strategy, tmp_path, monkeypatch):
     import sglang
     from sglang.srt.configs.model_config import ModelConfig, load_hf_config
     from sglang.srt.model_loader.model_source import resolve_model_source
@@ -51,6 +80,10 @@ def test_fp8_checkpoint_on_the_gpu(arch, strategy, tmp_path):
     write, vocab, dtype = ARCHS[arch]
     dtype_name = str(dtype).removeprefix("torch.")
     bf16 = write(str(tmp_path / "bf16"))
+    if strategy == "block-skinny":  # the same checkpoint, decode on the skinny kernel's block-scaled mode
+        strategy = "block"
+        write_skinny_block_table(str(tmp_path))
+        monkeypatch.setenv("SGLANG_DECODE_GEMM_CONFIG_DIR", str(tmp_path))
     d = write_fp8_checkpoint(bf16, str(tmp_path / "fp8"), strategy)
     mc = ModelConfig.from_hf_config(load_hf_config(resolve_model_source(d)), device="cuda", dtype=dtype_name)
     assert mc.quantization == f"fp8_{strategy}"  # the layers keep the checkpoint's format
