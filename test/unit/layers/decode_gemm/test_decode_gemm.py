@@ -79,6 +79,39 @@ def test_skinny_linear_on_fp8_operands_applies_both_scales(device, split_k, with
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_block_fp8_split_tail_past_k_reads_no_scale(device):
+    """K = 320 in two splits of 256: the second split's last tile lies wholly past K, and its scale-block index (3)
+    runs past each scale row, past the end of both scale tensors for the last row and the last column block. What
+    lies there (NaN here: the scales are the heads of NaN-filled buffers) must not reach the output: the step adds
+    nothing. (Unmasked, this read made the last row NaN in a CPU suite run when the memory after the scales held a
+    NaN.)"""
+    from sglang.srt.layers.quantization.fp8_block_linear import block_fp8_matmul_reference, quantize_groups_reference
+
+    out_dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    g = torch.Generator().manual_seed(7)
+    m, n, k = 17, 200, 320
+    qx, sx = quantize_groups_reference(torch.randn(m, k, generator=g))
+    qw = (torch.randn(n, k, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn)
+    sw = torch.rand(2, 3, generator=g) + 0.5
+    x_scales = torch.full((sx.numel() + 64,), float("nan"))
+    x_scales[: sx.numel()] = sx.flatten()
+    w_scales = torch.full((sw.numel() + 64,), float("nan"))
+    w_scales[: sw.numel()] = sw.flatten()
+    x_scales, w_scales = x_scales.to(device), w_scales.to(device)
+    config = GemmConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=2, split_k=2)
+    assert config.k_split(k) == (2, 256)  # 4 tiles walked for K's 3
+    out = skinny_linear(
+        qx.to(device),
+        qw.to(device),
+        None,
+        config,
+        block_scales=(x_scales[: sx.numel()].view(m, 3), w_scales[: sw.numel()].view(2, 3), out_dtype),
+    )
+    assert torch.isfinite(out).all()
+    _check(out, block_fp8_matmul_reference(qx, sx, qw, sw).double().to(device), out_dtype, relative=True)
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("m,split_k", [(1, 1), (5, 3), (17, 2)])
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_skinny_linear_on_block_fp8_operands_scales_each_block(device, m, split_k, with_bias):

@@ -96,7 +96,7 @@ def _skinny_gemm_kernel(
         if BLOCK_SCALED:
             acc = _add_block_scaled(
                 acc, w, x, k_start // BLOCK_K, offs_n, offs_m, n_mask, m_mask, XScale, WScale, stride_xs, stride_ws,
-                BLOCK_K, DOT_PRECISION, IMPRECISE_ACC,
+                K, BLOCK_K, DOT_PRECISION, IMPRECISE_ACC,
             )  # fmt: skip
         else:
             acc = tl.dot(w, tl.trans(x), acc, input_precision=DOT_PRECISION, max_num_imprecise_acc=IMPRECISE_ACC)
@@ -116,7 +116,7 @@ def _skinny_gemm_kernel(
             x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
             acc = _k_step(
                 acc, w_ptrs, x, k_mask, k_start // BLOCK_K + i, offs_n, offs_m, n_mask, m_mask, XScale, WScale,
-                stride_xs, stride_ws, BLOCK_SCALED, BLOCK_K, DOT_PRECISION, IMPRECISE_ACC,
+                stride_xs, stride_ws, K, BLOCK_SCALED, BLOCK_K, DOT_PRECISION, IMPRECISE_ACC,
             )  # fmt: skip
             if GATED:  # the same x tile against the up half's weight tile
                 acc_up = _accumulate_tile(acc_up, up_ptrs, x, k_mask, n_mask, DOT_PRECISION, IMPRECISE_ACC)
@@ -130,7 +130,7 @@ def _skinny_gemm_kernel(
             x = tl.load(x_ptrs, mask=m_mask[:, None] & k_mask[None, :], other=0.0)
             acc = _k_step(
                 acc, w_ptrs, x, k_mask, k_start // BLOCK_K + i, offs_n, offs_m, n_mask, m_mask, XScale, WScale,
-                stride_xs, stride_ws, BLOCK_SCALED, BLOCK_K, DOT_PRECISION, IMPRECISE_ACC,
+                stride_xs, stride_ws, K, BLOCK_SCALED, BLOCK_K, DOT_PRECISION, IMPRECISE_ACC,
             )  # fmt: skip
             if GATED:
                 acc_up = _accumulate_tile(acc_up, up_ptrs, x, k_mask, n_mask, DOT_PRECISION, IMPRECISE_ACC)
@@ -157,19 +157,23 @@ def _skinny_gemm_kernel(
 @triton.jit
 def _add_block_scaled(
     acc, w, x, kb, offs_n, offs_m, n_mask, m_mask, XScale, WScale, stride_xs, stride_ws,
-    BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, IMPRECISE_ACC: tl.constexpr,
+    K, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, IMPRECISE_ACC: tl.constexpr,
 ):  # fmt: skip
     """acc += (w @ x^T) x the step's scales: x's row scales of 128-column group kb ([M, K/128]) and the weight's
-    scale of block (row // 128, kb) ([N/128, K/128]); one K step (BLOCK_K = 128) is one scale block."""
-    w_scale = tl.load(WScale + (offs_n // BLOCK_K) * stride_ws + kb, mask=n_mask, other=0.0)
-    x_scale = tl.load(XScale + offs_m * stride_xs + kb, mask=m_mask, other=0.0)
+    scale of block (row // 128, kb) ([N/128, K/128]); one K step (BLOCK_K = 128) is one scale block. A step wholly
+    past K (the last split's masked tail tiles, where the splits' tiles outnumber K's) adds nothing: its scale
+    indices run past a row of the scale tensors (past the end of them for the last row), and whatever is read
+    there, NaN included, times the step's zero dot would not be zero."""
+    live = kb * BLOCK_K < K
+    w_scale = tl.load(WScale + (offs_n // BLOCK_K) * stride_ws + kb, mask=n_mask & live, other=0.0)
+    x_scale = tl.load(XScale + offs_m * stride_xs + kb, mask=m_mask & live, other=0.0)
     part = tl.dot(w, tl.trans(x), input_precision=DOT_PRECISION, max_num_imprecise_acc=IMPRECISE_ACC)
     return acc + part * w_scale[:, None] * x_scale[None, :]
 
 
 @triton.jit
 def _k_step(
-    acc, w_ptrs, x, k_mask, kb, offs_n, offs_m, n_mask, m_mask, XScale, WScale, stride_xs, stride_ws,
+    acc, w_ptrs, x, k_mask, kb, offs_n, offs_m, n_mask, m_mask, XScale, WScale, stride_xs, stride_ws, K,
     BLOCK_SCALED: tl.constexpr, BLOCK_K: tl.constexpr, DOT_PRECISION: tl.constexpr, IMPRECISE_ACC: tl.constexpr,
 ):  # fmt: skip
     """One K step of the main weight: the tile at w_ptrs against x's tile (its scale block kb when BLOCK_SCALED)."""
@@ -177,7 +181,7 @@ def _k_step(
         w = tl.load(w_ptrs, mask=n_mask[:, None] & k_mask[None, :], other=0.0)
         return _add_block_scaled(
             acc, w, x, kb, offs_n, offs_m, n_mask, m_mask, XScale, WScale, stride_xs, stride_ws,
-            BLOCK_K, DOT_PRECISION, IMPRECISE_ACC,
+            K, BLOCK_K, DOT_PRECISION, IMPRECISE_ACC,
         )  # fmt: skip
     return _accumulate_tile(acc, w_ptrs, x, k_mask, n_mask, DOT_PRECISION, IMPRECISE_ACC)
 
