@@ -9,6 +9,14 @@ Measures, greedy, fp32, every request generating exactly --new-tokens tokens (EO
   * transformers, batched 16: one model.generate over the 16 prompts, left-padded.
 Tokens/s counts generated tokens over wall time (prefill included). Prints a table and writes
 results.json and results.md beside this script (or --out-dir).
+
+    python benchmark/cpu_throughput/bench_cpu_throughput.py --components --threads 1
+
+measures instead the pieces of the CPU decode step behind the engine's choices, one thread (results_components.json):
+SmolLM2's 30 layers of projections and its lm_head with the weights row-major (as loaded) and column-major (what
+layers/linear.py:store_weights_column_major stores), and whether both give the same bits; one layer's decode
+attention as the torch backend runs it (one SDPA call) and as explicit scores, softmax and sum (its soft-capping
+branch's ops without the cap); and the engine's in-process decode step at batch 1 and 16.
 """
 
 from __future__ import annotations
@@ -101,6 +109,134 @@ def bench_hf(tok, prompt_ids, new_tokens: int, single_prompts: int) -> dict:
     return dict(load_s=load_s, single_s=single_s, single_ids=single, batch_s=batch_s, batch_ids=batch_ids)
 
 
+def _ms(fn, repeat: int) -> float:
+    fn()
+    start = time.perf_counter()
+    for _ in range(repeat):
+        fn()
+    return (time.perf_counter() - start) / repeat * 1e3
+
+
+def _projections(weights, xs):
+    import torch.nn.functional as F
+
+    return [F.linear(x, w) for layer in weights for w, x in zip(layer, xs)]
+
+
+def _attention_sdpa(q, pool_k, pool_v, slots, visible, kv_heads: int, dim: int):
+    """The torch backend's decode (layers/attention/torch_native_backend.py): one SDPA call."""
+    import torch.nn.functional as F
+
+    bs = q.shape[0]
+    out = F.scaled_dot_product_attention(
+        q.view(bs, -1, 1, dim),
+        pool_k[slots].transpose(1, 2),
+        pool_v[slots].transpose(1, 2),
+        attn_mask=visible[:, None, None, :],
+        scale=dim**-0.5,
+        enable_gqa=True,
+    )
+    return torch.nan_to_num(out).reshape(bs, -1)
+
+
+def _attention_explicit(q, pool_k, pool_v, slots, visible, kv_heads: int, dim: int):
+    """The same by hand: scores, mask, softmax, the weighted sum (the backend's soft-capping branch, no cap)."""
+    bs = q.shape[0]
+    keys, values = pool_k[slots], pool_v[slots]
+    scores = torch.einsum("bhgd,blhd->bhgl", q.view(bs, kv_heads, -1, dim), keys).float() * dim**-0.5
+    scores = scores.masked_fill(~visible[:, None, None, :], float("-inf"))
+    probs = torch.nan_to_num(torch.softmax(scores, dim=-1).to(q.dtype))
+    values = values.masked_fill(~visible[:, :, None, None], 0)
+    return torch.einsum("bhgl,blhd->bhgd", probs, values).reshape(bs, -1)
+
+
+def bench_components(out_dir: str) -> None:
+    """The CPU decode step's pieces (see the module docstring); prints a table, writes results_components.json."""
+    import functools
+    import json
+
+    import torch.nn.functional as F
+
+    from sglang.test.runners import greedy_params, make_scheduler, run_scheduler
+
+    torch.manual_seed(0)
+    rows_out = []
+    # SmolLM2-135M: hidden 576, 9 query / 3 KV heads of 64, intermediate 1536, 30 layers, vocabulary 49,152.
+    shapes = [(960, 576), (576, 576), (3072, 576), (576, 1536)]
+    layers = [[torch.randn(n, k) for n, k in shapes] for _ in range(30)]
+    column_major = [[w.t().contiguous().t() for w in layer] for layer in layers]
+    for m in (1, 2, 4, 16, 64):
+        xs = [torch.randn(m, k) for _, k in shapes]
+        same = all(torch.equal(a, b) for a, b in zip(_projections(layers, xs), _projections(column_major, xs)))
+        row = _ms(functools.partial(_projections, layers, xs), 5)
+        col = _ms(functools.partial(_projections, column_major, xs), 5)
+        rows_out.append(
+            dict(piece="30 layers of projections", rows=m, row_major_ms=row, column_major_ms=col, same_bits=same)
+        )
+    lm_head = torch.randn(49152, 576)
+    lm_head_cm = lm_head.t().contiguous().t()
+    for m in (1, 4, 16):
+        x = torch.randn(m, 576)
+        same = torch.equal(F.linear(x, lm_head), F.linear(x, lm_head_cm))
+        row = _ms(functools.partial(F.linear, x, lm_head), 10)
+        col = _ms(functools.partial(F.linear, x, lm_head_cm), 10)
+        rows_out.append(dict(piece="lm_head", rows=m, row_major_ms=row, column_major_ms=col, same_bits=same))
+
+    # One layer's decode attention over 60 cached tokens, gathered from a pool by slot as the backend does.
+    kv_heads, group, dim, keys_len = 3, 3, 64, 60
+    pool_k, pool_v = torch.randn(4096, kv_heads, dim), torch.randn(4096, kv_heads, dim)
+    for bs in (1, 16):
+        args = (
+            torch.randn(bs, kv_heads * group * dim),
+            pool_k,
+            pool_v,
+            torch.randint(0, 4096, (bs, keys_len)),
+            torch.ones(bs, keys_len, dtype=torch.bool),
+            kv_heads,
+            dim,
+        )
+        close = torch.allclose(_attention_sdpa(*args), _attention_explicit(*args), rtol=1e-5, atol=1e-5)
+        explicit = _ms(functools.partial(_attention_explicit, *args), 500)
+        sdpa = _ms(functools.partial(_attention_sdpa, *args), 500)
+        rows_out.append(
+            dict(piece="decode attention, one layer", rows=bs, explicit_ms=explicit, sdpa_ms=sdpa, close=close)
+        )
+
+    sched = make_scheduler(model_path=SMOLLM2, skip_tokenizer_init=True, max_total_tokens=4096)
+    prompt = list(range(100, 140))
+    run_scheduler(sched, [prompt], greedy_params(4))
+    for bs in (1, 16):
+        start = time.perf_counter()
+        run_scheduler(sched, [prompt] * bs, greedy_params(33))
+        rows_out.append(
+            dict(
+                piece="engine decode step (prefill's share included)",
+                rows=bs,
+                step_ms=(time.perf_counter() - start) / 32 * 1e3,
+            )
+        )
+
+    lines = ["| piece | rows | measured |", "|---|---:|---|"]
+    for r in rows_out:
+        if "row_major_ms" in r:
+            what = f"row-major {r['row_major_ms']:.2f} ms, column-major {r['column_major_ms']:.2f} ms, same bits: {r['same_bits']}"
+        elif "sdpa_ms" in r:
+            what = f"explicit ops {r['explicit_ms'] * 1e3:.0f} us, one SDPA call {r['sdpa_ms'] * 1e3:.0f} us, allclose: {r['close']}"
+        else:
+            what = f"{r['step_ms']:.1f} ms a step"
+        lines.append(f"| {r['piece']} | {r['rows']} | {what} |")
+    print("\n".join(lines))
+    info = dict(
+        threads=torch.get_num_threads(),
+        cpu_count=os.cpu_count(),
+        torch=torch.__version__,
+        date=datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        command="python benchmark/cpu_throughput/bench_cpu_throughput.py " + " ".join(sys.argv[1:]),
+    )
+    with open(os.path.join(out_dir, "results_components.json"), "w") as f:
+        json.dump(dict(info=info, rows=rows_out, table="\n".join(lines)), f, indent=1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--new-tokens", type=int, default=64)
@@ -112,7 +248,11 @@ def main() -> None:
         default=None,
         help="torch threads in every process (OMP_NUM_THREADS); default: torch's (one per core)",
     )
+    ap.add_argument("--components", action="store_true", help="time the decode step's pieces instead (see above)")
     args = ap.parse_args()
+    if args.components:
+        bench_components(args.out_dir)
+        return
 
     from sglang.srt.utils.hf_tokenizer import get_tokenizer
 

@@ -402,9 +402,9 @@ def store_weights_column_major(model: nn.Module) -> int:
     """Store every full-precision linear weight [N, K] column-major: the same [N, K] tensor with strides (1, N),
     so ``x @ weight^T`` reads a K-major matrix. For the CPU's GEMM (torch's MKL): at one to three rows it takes a
     faster kernel for that layout, measured on the 2-core AMD EPYC test machine with one thread (SmolLM2's 30
-    layers of projections: 23.3 vs 31.3 ms at 1 row, 34.1 vs 53.4 at 2, 52.9 vs 56.3 at 4, within 2% from 16 rows
-    to 1,024; the same bits from 4 rows up; an engine decode step at batch 1 57.5 vs 64.8 ms). Weights that are
-    not plain linear layers (embeddings, the lm_head, experts) keep their layout. Returns how many were stored."""
+    layers of projections: 22.9 vs 27.9 ms at 1 row, 34.5 vs 48.2 at 2, 47.6 vs 53.8 at 4, within 2% at 16 and 64
+    rows; the same bits from 4 rows up: benchmark/cpu_throughput/, --components). Weights that are not plain linear
+    layers (embeddings, the lm_head, experts) keep their layout. Returns how many were stored."""
     count = 0
     for module in model.modules():
         if isinstance(module, LinearBase) and not (module.is_fp8 or module.is_block_fp8):

@@ -157,8 +157,8 @@ def cpu_intra_op_threads(cpu_count: int, ranks_here: int, omp_num_threads: Optio
 
     The ranks of one node share its cores but one: the launcher's HTTP and tokenizer process and the detokenizer
     work at every decode step too, and an OpenMP thread they push off its core stalls the others at the next
-    barrier. On the 2-core test machine (`benchmark/cpu_throughput/`, SmolLM2, 2026-12-04) one thread served 18.8
-    tokens/s single stream and 99.1 with 16 requests, torch's default two threads 14.7 and 92.7."""
+    barrier. On the 2-core test machine (`benchmark/cpu_throughput/results_history_2026-12-04.json`, SmolLM2) one
+    thread served 18.8 tokens/s single stream and 99.1 with 16 requests, torch's default two threads 14.7 and 92.7."""
     if omp_num_threads:
         return None
     return max(1, (cpu_count - 1) // ranks_here)

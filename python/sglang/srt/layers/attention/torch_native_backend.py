@@ -68,9 +68,10 @@ class TorchNativeAttnBackend(AttentionBackend):
             probs = torch.softmax(scores, dim=-1).to(q.dtype)
             out = torch.einsum("bhgl,blhd->bhgd", torch.nan_to_num(probs), values)
         else:
-            # One fused op instead of a dozen small ones: on the CPU a SmolLM2 layer's decode attention took 71 us
-            # against 180 (one thread, 60 keys). Query head h reads KV head h // (Hq / Hkv), the grouping the
-            # soft-capping branch's view spells out.
+            # One fused op instead of a dozen small ones: on the CPU a SmolLM2 layer's decode attention takes 83 us
+            # against 187 at batch 1, 556 against 944 at 16 (one thread, 60 keys; benchmark/cpu_throughput/,
+            # --components). Query head h reads KV head h // (Hq / Hkv), the grouping the soft-capping branch's view
+            # spells out.
             out = F.scaled_dot_product_attention(
                 q.view(bs, hq, 1, layer.qk_head_dim),
                 keys.transpose(1, 2),
