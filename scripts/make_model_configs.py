@@ -322,6 +322,60 @@ GLM_45_AIR = {
     "hidden_act": "silu",
 }
 
+# Sliding-window models (the hybrid SWA pool): transformers 5's layout, layer_types spelled out.
+GEMMA_2_9B = {
+    "architectures": ["Gemma2ForCausalLM"],
+    "model_type": "gemma2",
+    "hidden_size": 3584,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 42,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 256,
+    "query_pre_attn_scalar": 256,
+    "sliding_window": 4096,
+    "layer_types": ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(42)],
+    "attn_logit_softcapping": 50.0,
+    "final_logit_softcapping": 30.0,
+    "vocab_size": 256000,
+    "max_position_embeddings": 8192,
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {"rope_type": "default", "rope_theta": 10000.0},
+    "hidden_activation": "gelu_pytorch_tanh",
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 2,
+    "eos_token_id": 1,
+    "pad_token_id": 0,
+}
+
+GEMMA_3_27B = {
+    "architectures": ["Gemma3ForCausalLM"],
+    "model_type": "gemma3_text",
+    "hidden_size": 5376,
+    "intermediate_size": 21504,
+    "num_hidden_layers": 62,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 16,
+    "head_dim": 128,
+    "query_pre_attn_scalar": 168,
+    "sliding_window": 1024,
+    "layer_types": ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(62)],
+    "vocab_size": 262208,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {
+        "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0},
+    },
+    "hidden_activation": "gelu_pytorch_tanh",
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": 2,
+    "eos_token_id": [1, 106],
+    "pad_token_id": 0,
+}
+
 SHAPES: Dict[str, dict] = {
     "Llama-3.1-8B": LLAMA_31_8B,
     "Qwen3-8B": QWEN3_8B,
@@ -337,6 +391,8 @@ SHAPES: Dict[str, dict] = {
     "Kimi-K2": KIMI_K2,
     "GLM-4.5-Air": GLM_45_AIR,
     "GLM-4.5-Air-4L": {**GLM_45_AIR, "num_hidden_layers": 4, "num_nextn_predict_layers": 0},  # 1 dense + 3 MoE
+    "Gemma-2-9B": GEMMA_2_9B,
+    "Gemma-3-27B": GEMMA_3_27B,
 }
 
 

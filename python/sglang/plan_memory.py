@@ -130,7 +130,7 @@ def plan_path(ns: argparse.Namespace, assumed: Assumptions, post_capture: bool) 
         device_capacity_bytes=int(assumed.gpu_memory_gib * GiB),
         free_before_weights_bytes=free_before,
         free_after_weights_bytes=free_before - facts.device_bytes,
-        kv=config.model.largest_kv_geometry(config.args.tp_size),
+        kv=config.model.largest_kv_geometry(config.args.tp_size, config.memory.swa_full_tokens_ratio),
         page_size=config.args.page_size,
         reservations_bytes=facts.reservations_bytes,
         vmm_granularity_bytes=assumed.vmm_granularity_mib * MiB if post_capture else None,

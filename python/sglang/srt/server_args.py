@@ -69,6 +69,10 @@ class ServerArgs:
     page_size: int = 1
     schedule_policy: str = "fcfs"
     disable_radix_cache: bool = False
+    # The hybrid SWA pool (upstream's flags): sliding-window layers keep their K/V in a pool of this many tokens per
+    # token of the full-attention layers' pool, out-of-window tokens freed from it; off: every layer keeps every token.
+    swa_full_tokens_ratio: float = 0.8
+    disable_hybrid_swa_memory: bool = False
     stream_interval: int = 1
     disable_overlap_schedule: bool = False
     enable_mixed_chunk: bool = False
@@ -124,6 +128,8 @@ class ServerArgs:
         positive("kt_gpu_prefill_token_threshold", self.kt_gpu_prefill_token_threshold, allow_zero=True)
         positive("kt_threadpool_count", self.kt_threadpool_count)
         positive("kt_cpuinfer", self.kt_cpuinfer)
+        if not 0 < self.swa_full_tokens_ratio <= 1:
+            raise ServerArgsError(f"--swa-full-tokens-ratio must be in (0, 1], got {self.swa_full_tokens_ratio}")
         if self.max_total_tokens is not None and self.max_total_tokens < self.page_size:
             raise ServerArgsError(
                 f"--max-total-tokens {self.max_total_tokens} is smaller than one page (--page-size {self.page_size})"

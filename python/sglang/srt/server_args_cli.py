@@ -108,6 +108,17 @@ def add_cli_args(parser: argparse.ArgumentParser, defaults: Mapping[str, Any]) -
     g.add_argument("--page-size", type=int, default=_default("page_size"))
     g.add_argument("--schedule-policy", type=str, default=_default("schedule_policy"), choices=["fcfs", "lpm"])
     g.add_argument("--disable-radix-cache", action="store_true")
+    g.add_argument(
+        "--swa-full-tokens-ratio",
+        type=float,
+        default=_default("swa_full_tokens_ratio"),
+        help="Sliding-window layers' KV pool, in tokens per token of the full-attention layers' pool (0, 1].",
+    )
+    g.add_argument(
+        "--disable-hybrid-swa-memory",
+        action="store_true",
+        help="Keep every token of sliding-window layers in one pool with the others (no separate window pool).",
+    )
     g.add_argument("--stream-interval", type=int, default=_default("stream_interval"))
     g.add_argument(
         "--disable-overlap-schedule",

@@ -1,7 +1,8 @@
 """Gemma 2 and Gemma 3 (text) end to end on the GPU: sglang.Engine (triton attention with the cap and per-layer
 windows, decode in CUDA graphs, the fused rotary/KV store after Gemma 3's q/k norms) against transformers on the
 same tiny checkpoints (python/sglang/test/tiny_gemma.py, a 64-token window, prompts up to 700 tokens), both in
-fp32 on the GPU. The kernels' fp32 dots run in tf32, so near-ties may flip: at every step the engine's token must be
+fp32 on the GPU; the sliding layers in the hybrid SWA pool, at upstream's default size and at one too small to keep
+every prompt's window slots (released as they leave the window, prefills cut to its room). The kernels' fp32 dots run in tf32, so near-ties may flip: at every step the engine's token must be
 transformers' top-1 or within LOGIT_TOL of it, 90% of the steps exactly top-1, and the output logprobs (of the
 capped logits) within LOGPROB_TOL."""
 
@@ -27,7 +28,8 @@ LOGPROB_TOL = 2e-2
 
 
 @pytest.mark.parametrize("family", ["gemma2", "gemma3"])
-def test_engine_matches_transformers_on_gpu(family):
+@pytest.mark.parametrize("swa_ratio", [0.8, 0.05])  # 0.05: a window pool of 409 tokens for prompts up to 700
+def test_engine_matches_transformers_on_gpu(family, swa_ratio):
     import sglang
 
     # head_dim 32: the fused rotary kernel on the GPU takes power-of-two head widths (real Gemmas: 128, 256).
@@ -49,6 +51,7 @@ def test_engine_matches_transformers_on_gpu(family):
         cuda_graph_max_bs=8,
         mem_fraction_static=0.3,
         log_level="warning",
+        swa_full_tokens_ratio=swa_ratio,
     )
     try:
         outs = engine.generate(

@@ -92,3 +92,41 @@ def test_window_matches_transformers(arch, tmp_path):
         again = run_scheduler(sched, prompts(), greedy_params(NEW_TOKENS))
         assert [o.output_ids for o in again] == ref
         assert any(o.cached_tokens > WINDOW for o in again)
+
+
+@pytest.mark.parametrize("arch,page_size", [("mistral", 1), ("qwen2", 4)])
+def test_small_window_pool_matches_transformers(arch, page_size, tmp_path):
+    """The hybrid SWA pool under pressure: a window pool of 64 tokens (--swa-full-tokens-ratio) for requests of
+    up to 63 tokens, four at a time, so requests give their out-of-window tokens' window slots back while they run,
+    prefills are cut to the pool's room, and cached prefixes are reused only where their window was kept. Greedy
+    tokens stay transformers' (Mistral windows every layer; this Qwen2 two of four, beside two full ones, in pages of 4)."""
+    d = write_tiny(str(tmp_path / arch), mistral_config(WINDOW) if arch == "mistral" else qwen2_config())
+    ref = hf_greedy(load_hf_model(d), prompts(), NEW_TOKENS)
+    sched = make_scheduler(
+        reuse_model=False,
+        model_path=d,
+        skip_tokenizer_init=True,
+        max_total_tokens=1024,
+        swa_full_tokens_ratio=0.0625,
+        page_size=page_size,
+    )
+    allocator = sched.model_runner.token_to_kv_pool_allocator
+    assert (allocator.size, allocator.swa_size) == (1024, 64)
+    assert sum(len(p) + NEW_TOKENS for p in prompts()) > 2 * allocator.swa_size  # the requests cannot keep it all
+    for _ in range(2):  # the second time through the radix cache, with what it kept of the windows
+        outs = run_scheduler(sched, prompts(), greedy_params(NEW_TOKENS))
+        assert [o.output_ids for o in outs] == ref
+    assert allocator.swa_available_size() + sched.tree_cache.swa_evictable_size() == allocator.swa_size  # none leaked
+    assert sched.model_runner.memory_plan.swa_max_total_num_tokens == 64
+
+
+def test_window_pool_off_keeps_one_pool(tmp_path):
+    """--disable-hybrid-swa-memory: every layer in the one pool (the window still honoured by the kernels)."""
+    d = write_tiny(str(tmp_path / "mistral"), mistral_config(WINDOW))
+    sched = make_scheduler(
+        reuse_model=False, model_path=d, skip_tokenizer_init=True, max_total_tokens=1024, disable_hybrid_swa_memory=True
+    )
+    assert not sched.model_runner.token_to_kv_pool.has_window_pool
+    assert sched.model_runner.memory_plan.swa_layers == 0
+    outs = run_scheduler(sched, prompts(), greedy_params(NEW_TOKENS))
+    assert [o.output_ids for o in outs] == hf_greedy(load_hf_model(d), prompts(), NEW_TOKENS)

@@ -109,6 +109,8 @@ SERVER_INFO_KEYS = {
     "page_size",
     "max_total_num_tokens",
     "kv_pool_gb",
+    "swa_layers",
+    "swa_max_total_num_tokens",
     "max_running_requests",
     "req_to_token_gb",
     "cuda_graph_gb",

@@ -29,7 +29,9 @@ from sglang.srt.model_executor.pool_configurator import (
     PoolArgs,
     ReserveInputs,
     SizingPath,
+    SWAPoolDecision,
     decide_sizing_path,
+    decide_swa_pool,
     default_mem_fraction_static,
     gpu_tier_defaults,
     post_capture_reserved_mem_mb,
@@ -77,6 +79,12 @@ class MemoryConfig:
     pool: PoolArgs
     capacity_bytes: int  # the device's total memory
     graph_reserve_bytes: int  # SGLang's guess of CUDA-graph memory (plan_memory's estimate; the server measures)
+    swa_pool: SWAPoolDecision = SWAPoolDecision(None, "no sliding-window layers")
+
+    @property
+    def swa_full_tokens_ratio(self) -> Optional[float]:
+        """The hybrid SWA pool's ratio, None without that pool (ModelConfig.kv_geometry takes it)."""
+        return self.swa_pool.swa_full_tokens_ratio
 
     @property
     def post_capture(self) -> bool:
@@ -240,6 +248,12 @@ def resolve_engine_config(
             pool=pool,
             capacity_bytes=device.memory_bytes,
             graph_reserve_bytes=int(reserve_for_graph_mb(reserve) * MiB),
+            swa_pool=decide_swa_pool(
+                window_layers=model.num_window_layers,
+                swa_full_tokens_ratio=args.swa_full_tokens_ratio,
+                disabled=args.disable_hybrid_swa_memory,
+                post_capture=path.post_capture,
+            ),
         ),
         kernels=KernelConfig(
             attention_backend=attention_backend,

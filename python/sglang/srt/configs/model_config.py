@@ -271,6 +271,8 @@ class ModelConfig:
     kv_lora_rank: int = 0  # MLA only: the latent width (512 for DeepSeek-V2/V3)
     qk_nope_head_dim: int = 0  # MLA only: the part of each head's query/key without rotary
     qk_rope_head_dim: int = 0  # MLA only: the rotary part, its key shared by all heads
+    # One entry per decoder layer: its sliding window (> 0) or NO_WINDOW (configs/sliding_window.py).
+    sliding_windows: Tuple[int, ...] = ()
 
     @classmethod
     def from_hf_config(
@@ -341,6 +343,7 @@ class ModelConfig:
             quantization=quantization,
             checkpoint_quantization=checkpoint_format,
             attention=kind,
+            sliding_windows=layer_sliding_windows(text),
             **mla,
         )
 
@@ -351,9 +354,22 @@ class ModelConfig:
         """KV heads held by one rank: split across ranks (unevenly if need be), replicated when fewer than ranks."""
         return self.head_partition(tp_size, tp_rank).num_kv_heads
 
-    def kv_geometry(self, tp_size: int = 1, tp_rank: int = 0) -> KVGeometry:
+    @property
+    def num_window_layers(self) -> int:
+        """Decoder layers that attend through a sliding window."""
+        return sum(1 for w in self.sliding_windows if w > 0)
+
+    @property
+    def max_sliding_window(self) -> int:
+        """The widest window of any layer (0 without windowed layers)."""
+        return max((w for w in self.sliding_windows if w > 0), default=0)
+
+    def kv_geometry(
+        self, tp_size: int = 1, tp_rank: int = 0, swa_full_tokens_ratio: Optional[float] = None
+    ) -> KVGeometry:
         """One rank's KV layout: what its pool allocates and its cell size. MLA: the latent rows, the same on
-        every rank (all heads read them)."""
+        every rank (all heads read them). `swa_full_tokens_ratio` (the hybrid SWA pool, engine_config decides it):
+        the windowed layers keep that many tokens per token of the full-attention layers."""
         if self.is_mla:
             return KVGeometry.latent(
                 self.num_hidden_layers, self.kv_lora_rank, self.qk_rope_head_dim, self.kv_cache_dtype.itemsize
@@ -364,12 +380,15 @@ class ModelConfig:
             head_dim=self.head_dim,
             v_head_dim=self.v_head_dim,
             dtype_bytes=self.kv_cache_dtype.itemsize,
+            swa_layers=self.num_window_layers if swa_full_tokens_ratio is not None else 0,
+            swa_full_tokens_ratio=1.0 if swa_full_tokens_ratio is None else swa_full_tokens_ratio,
         )
 
-    def largest_kv_geometry(self, tp_size: int = 1) -> KVGeometry:
+    def largest_kv_geometry(self, tp_size: int = 1, swa_full_tokens_ratio: Optional[float] = None) -> KVGeometry:
         """The layout of the rank holding the most KV heads (uneven splits): it binds the token count
         every rank must share, so the planner sizes from it."""
-        return max((self.kv_geometry(tp_size, rank) for rank in range(tp_size)), key=lambda g: g.kv_heads)
+        geometries = (self.kv_geometry(tp_size, rank, swa_full_tokens_ratio) for rank in range(tp_size))
+        return max(geometries, key=lambda g: g.kv_heads)
 
     @property
     def is_mla(self) -> bool:

@@ -95,6 +95,7 @@ class Req:
         self.prefix_indices = torch.empty(0, dtype=torch.int64)
         self.last_node: Optional["TreeNode"] = None
         self.cache_protected_len = 0  # leading tokens whose slots belong to the radix tree
+        self.swa_released_len = 0  # hybrid SWA pool: its own tokens before this gave back their window slots
         self.req_pool_idx: Optional[int] = None
         self.kv_committed_len = 0  # tokens whose K/V are written
         self.kv_allocated_len = 0  # positions of its request row that hold slots (>= kv_committed_len)
@@ -174,6 +175,7 @@ class Req:
         self.prefix_indices = torch.empty(0, dtype=torch.int64)
         self.last_node = None
         self.cache_protected_len = 0
+        self.swa_released_len = 0
         self.req_pool_idx = None
         self.kv_committed_len = 0
         self.kv_allocated_len = 0
@@ -214,7 +216,9 @@ class ScheduleBatch:
         out = alloc_fn(*args)
         if out is None:
             need = sum(self.extend_lens) if self.forward_mode.is_extend() else len(self.reqs)
-            self.tree_cache.evict(need + self.allocator.page_size * len(self.reqs))
+            need += self.allocator.page_size * len(self.reqs)
+            self.tree_cache.release_out_of_window(self.reqs, need)  # the window pool (hybrid SWA), if short
+            self.tree_cache.evict(need)
             out = alloc_fn(*args)
         if out is None:
             raise RuntimeError("KV pool exhausted after eviction; the scheduler admitted too much")

@@ -34,15 +34,28 @@ class PrefillAdder:
     rem_chunk_tokens: Optional[int]  # --chunked-prefill-size budget, None when chunking is off
     rem_requests: int  # room left under max_running_requests
     has_running: bool = False  # requests are decoding (or a chunked prefill is in flight)
+    # The hybrid SWA pool's room for new tokens (free + evictable window slots, less the running requests' next
+    # step); None without that pool. A prefill's new tokens all take window slots until the batch ran, so a
+    # request's chunk is cut to it.
+    rem_swa_tokens: Optional[int] = None
     can_run_list: List["Req"] = field(default_factory=list)
     new_chunked_req: Optional["Req"] = None
 
     def _lock(self, req: "Req", tree_cache: "RadixCache") -> None:
         req.cache_protected_len = len(req.prefix_indices)
 
+    def _chunk_budget(self) -> Optional[int]:
+        """New tokens one request may prefill in this batch: the chunk budget, within the window pool's room."""
+        budgets = [b for b in (self.rem_chunk_tokens, self.rem_swa_tokens) if b is not None]
+        return min(budgets) if budgets else None
+
     def add_chunked_req(self, req: "Req") -> Optional["Req"]:
-        """Schedule the next chunk of an in-flight chunked prefill; returns it if more chunks remain."""
-        budget = self.rem_chunk_tokens if self.rem_chunk_tokens is not None else req.extend_input_len
+        """Schedule the next chunk of an in-flight chunked prefill; returns it if more chunks remain (it waits a
+        batch, scheduling nothing, while the window pool has not a page of room)."""
+        if self.rem_swa_tokens is not None and self.rem_swa_tokens < self.page_size:
+            return req
+        budget = self._chunk_budget()
+        budget = budget if budget is not None else req.extend_input_len
         truncated = req.extend_input_len > budget
         if truncated:
             req.extend_input_len = max(budget // self.page_size * self.page_size, self.page_size)
@@ -54,6 +67,10 @@ class PrefillAdder:
     def _spend(self, tokens: int) -> None:
         self.rem_total_tokens -= tokens
         self.rem_input_tokens -= tokens
+        if self.rem_swa_tokens is not None:
+            # Whole pages of the window pool: the budget stays a multiple of the page size, so a request's tokens
+            # fit it exactly when their pages do.
+            self.rem_swa_tokens -= -(-tokens // self.page_size) * self.page_size
         if self.rem_chunk_tokens is not None:
             self.rem_chunk_tokens -= tokens
 
@@ -80,7 +97,7 @@ class PrefillAdder:
             return "full"
         if self.can_run_list and req.extend_input_len > self.rem_input_tokens:
             return "full"
-        chunk = self.rem_chunk_tokens
+        chunk = self._chunk_budget()
         if chunk is not None and req.extend_input_len > chunk:
             aligned = chunk // self.page_size * self.page_size
             if aligned <= 0:

@@ -41,6 +41,7 @@ from sglang.srt.managers.scheduler_components.grammar_queue import GrammarQueue
 from sglang.srt.managers.scheduler_components.kt_prefill_slot_lender import HostSlotMemory, KTPrefillSlotLender
 from sglang.srt.managers.scheduler_components.output_processor import OutputProcessor, OutputStreamer
 from sglang.srt.mem_cache.radix_cache import RadixCache
+from sglang.srt.mem_cache.swa_radix_cache import SWARadixCache
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.model_runner import ModelRunner
 from sglang.srt.parser.reasoning_parser import FORMATS as REASONING_FORMATS
@@ -107,9 +108,7 @@ class Scheduler:
         self.eos_token_ids = sorted(set(self.model_config.eos_token_ids) | self._tokenizer_eos())
         self.req_to_token_pool = model_runner.req_to_token_pool
         self.allocator = model_runner.token_to_kv_pool_allocator
-        self.tree_cache = RadixCache(
-            self.req_to_token_pool, self.allocator, args.page_size, disable=args.disable_radix_cache
-        )
+        self.tree_cache = self._tree_cache(model_runner)
         self.max_running_requests = self.req_to_token_pool.size  # the request table is sized once, by the planner
         chunk = args.chunked_prefill_size
         self.chunked_prefill_size = chunk if chunk and chunk > 0 else None
@@ -134,6 +133,16 @@ class Scheduler:
         )
         self.kt_slot_lender = self._kt_slot_lender(host_slot_tail_tokens)
         self.grammar_queue = self._grammar_queue()
+
+    def _tree_cache(self, model_runner: ModelRunner) -> RadixCache:
+        """The radix cache over the pool the runner built (the hybrid SWA pool's knows about windows)."""
+        args = self.args
+        if model_runner.kv_geometry.is_hybrid_swa:
+            window = self.model_config.max_sliding_window
+            return SWARadixCache(
+                self.req_to_token_pool, self.allocator, args.page_size, window, disable=args.disable_radix_cache
+            )
+        return RadixCache(self.req_to_token_pool, self.allocator, args.page_size, disable=args.disable_radix_cache)
 
     def _grammar_queue(self) -> GrammarQueue:
         """Compiles the requests' grammars (--grammar-backend xgrammar / llguidance) over the model's vocabulary."""
@@ -334,8 +343,15 @@ class Scheduler:
         (retraction decides on the requests' real lengths, and finished ones free room), or when a request's
         penalties count its output tokens. Batches without such requests keep overlapping; so do requests
         with a grammar: only their sampling waits for the step in flight (`sample_when_matchers_ready`)."""
-        room = self.allocator.available_size() + self.tree_cache.evictable_size()
-        return room < batch.decode_tokens_needed() or any(r.sampling_params.has_penalties for r in batch.reqs)
+        return self.decode_room_short(batch) or any(r.sampling_params.has_penalties for r in batch.reqs)
+
+    def decode_room_short(self, batch: ScheduleBatch) -> bool:
+        """The pool (and the window pool, hybrid SWA) cannot hold the next decode step even after evicting."""
+        need = batch.decode_tokens_needed()
+        if self.allocator.available_size() + self.tree_cache.evictable_size() < need:
+            return True
+        swa_room = self.tree_cache.swa_room()
+        return swa_room is not None and swa_room < need
 
     def has_prefill_work(self) -> bool:
         return bool(self.waiting_queue) or self.chunked_req is not None
@@ -355,6 +371,12 @@ class Scheduler:
             return None
         running = (self.running_batch.reqs if self.running_batch else []) + self.requests_joining()
         reserved = sum(estimated_future_tokens(r, self.new_token_ratio) for r in running)
+        # The window pool (hybrid SWA), if it has not a chunk's room: running requests' tokens out of their windows
+        # give their window slots back first.
+        chunk_need = (self.chunked_prefill_size or self.args.max_prefill_tokens) + self.args.page_size * len(running)
+        owners = running + ([self.chunked_req] if self.chunked_req is not None else [])
+        self.tree_cache.release_out_of_window(owners, chunk_need)
+        swa_room = self.tree_cache.swa_room()
         adder = PrefillAdder(
             page_size=self.args.page_size,
             rem_total_tokens=self.allocator.available_size() + self.tree_cache.evictable_size() - reserved,
@@ -362,6 +384,8 @@ class Scheduler:
             rem_chunk_tokens=self.chunked_prefill_size,
             rem_requests=self.max_running_requests - len(running) - (1 if self.chunked_req else 0),
             has_running=bool(running) or self.chunked_req is not None,
+            # Each running request's next decode step takes a page of the window pool.
+            rem_swa_tokens=None if swa_room is None else swa_room - self.args.page_size * len(running),
         )
         if self.chunked_req is not None:
             self.chunked_req.init_chunk_continuation()
@@ -399,7 +423,8 @@ class Scheduler:
         if batch is None or batch.is_empty():
             self.running_batch = None
             return None
-        while self.allocator.available_size() + self.tree_cache.evictable_size() < batch.decode_tokens_needed():
+        self.tree_cache.release_out_of_window(batch.reqs, batch.decode_tokens_needed())
+        while self.decode_room_short(batch):
             if batch.batch_size() == 1:
                 req = batch.reqs[0]
                 req.finished_reason = FinishReason(

@@ -166,6 +166,12 @@ class MHATokenToKVPool:
     def _view(self, buf: torch.Tensor) -> torch.Tensor:
         return buf.view(self.dtype) if self.store_dtype != self.dtype else buf
 
+    # Every layer reads and writes at the slots the request table holds (swa_memory_pool.SWAKVPool: not so).
+    has_window_pool = False
+
+    def is_swa_layer(self, layer_id: int) -> bool:
+        return False
+
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         return self._view(self.k_buffer[layer_id])
 
@@ -269,6 +275,11 @@ class MLATokenToKVPool:
 
     def _view(self, buf: torch.Tensor) -> torch.Tensor:
         return buf.view(self.dtype) if self.store_dtype != self.dtype else buf
+
+    has_window_pool = False  # the MHA pool's interface: latent rows have no sliding-window layers
+
+    def is_swa_layer(self, layer_id: int) -> bool:
+        return False
 
     def get_key_buffer(self, layer_id: int) -> torch.Tensor:
         """[slots, 1, kv_lora_rank + qk_rope_head_dim]: latent then rotated key, in the KV dtype."""

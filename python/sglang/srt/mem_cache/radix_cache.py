@@ -29,6 +29,7 @@ class TreeNode:
         self.key: List[int] = []
         self.value: torch.Tensor = torch.empty(0, dtype=torch.int64)
         self.lock_ref = 0
+        self.swa_held = 0  # tokens of this node that still hold a window slot (the hybrid SWA pool only)
         self.last_access_time = time.monotonic()
         self.id = next(_counter)
 
@@ -132,6 +133,7 @@ class RadixCache:
             leaf.key, leaf.value = list(key), value.clone().to("cpu", torch.int64)
             node.children[self._child_key(key)] = leaf
             self.evictable_size_ += len(key)
+            self._added(leaf)
         return prefix_len
 
     # ------------------------------------------------------------ requests
@@ -179,6 +181,24 @@ class RadixCache:
         req.cache_protected_len = len(new_indices)
         req.prefix_indices = torch.cat((new_indices, kv[len(new_indices) :]))
 
+    # ------------------------------------------------ hooks (the window pool's accounting)
+    def _added(self, node: TreeNode) -> None:
+        """A new node holds slots."""
+
+    def _lock_flipped(self, node: TreeNode, locked: bool) -> None:
+        """`node` became locked (its first lock) or evictable again (its last unlock)."""
+
+    def _dropped(self, node: TreeNode) -> None:
+        """An unlocked node leaves the tree; its slots are freed right after."""
+
+    def release_out_of_window(self, reqs: List["Req"], need: int) -> None:
+        """Free the slots no later query of these requests can see, if the pool has fewer than `need` free;
+        without a window pool there are none."""
+
+    def swa_room(self) -> Optional[int]:
+        """Tokens the window pool can hold now, evicting unlocked cached ones; None without a window pool."""
+        return None
+
     # -------------------------------------------------------------- locking
     def inc_lock_ref(self, node: TreeNode) -> int:
         """Lock `node` and its ancestors; returns how many tokens stopped being evictable."""
@@ -188,6 +208,7 @@ class RadixCache:
                 self.evictable_size_ -= len(node.key)
                 self.protected_size_ += len(node.key)
                 delta += len(node.key)
+                self._lock_flipped(node, locked=True)
             node.lock_ref += 1
             node = node.parent
         return delta
@@ -200,6 +221,7 @@ class RadixCache:
                 self.evictable_size_ += len(node.key)
                 self.protected_size_ -= len(node.key)
                 delta += len(node.key)
+                self._lock_flipped(node, locked=False)
             node.lock_ref -= 1
             node = node.parent
         return delta
@@ -214,6 +236,7 @@ class RadixCache:
         freed = 0
         while freed < num_tokens and leaves:
             leaf = heapq.heappop(leaves)
+            self._dropped(leaf)
             self.allocator.free(leaf.value)
             freed += len(leaf.key)
             self.evictable_size_ -= len(leaf.key)
@@ -266,6 +289,7 @@ class RadixCache:
         """Detach an unlocked subtree and give its slots back to the allocator."""
         del node.parent.children[self._child_key(node.key)]
         for n in self._subtree(node):
+            self._dropped(n)
             self.allocator.free(n.value)
             self.evictable_size_ -= len(n.key)
 

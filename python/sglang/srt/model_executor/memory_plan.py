@@ -49,6 +49,10 @@ class MemoryPlan:
     page_size: int = 1
     max_total_num_tokens: int = 0
     kv_pool_gb: float = 0.0
+    # The hybrid SWA pool: the sliding-window layers' own pool (0 without it; the cell size then counts
+    # swa_full_tokens_ratio of their bytes per token of the full pool).
+    swa_layers: int = 0
+    swa_max_total_num_tokens: int = 0
     max_running_requests: int = 0
     req_to_token_gb: float = 0.0
     cuda_graph_gb: float = 0.0  # measured around graph capture
@@ -101,6 +105,8 @@ class MemoryPlan:
             page_size=readings.page_size,
             max_total_num_tokens=pool.tokens,
             kv_pool_gb=pool.tokens * readings.kv.cell_size_bytes / GiB,
+            swa_layers=readings.kv.swa_layers,
+            swa_max_total_num_tokens=readings.kv.swa_tokens(pool.tokens, readings.page_size),
             max_running_requests=pool.max_running_requests,
             req_to_token_gb=req_to_token_bytes / GiB,
             cuda_graph_gb=capture.graph_bytes / GiB,
@@ -144,6 +150,15 @@ class MemoryPlan:
         rows += [
             ("KV cell size", f"{self.cell_size_bytes} bytes/token"),
             ("KV pool", f"{self.kv_pool_gb:.2f} GiB = {self.max_total_num_tokens} tokens (page {self.page_size})"),
+        ]
+        if self.swa_layers:
+            rows.append(
+                (
+                    "sliding-window layers",
+                    f"{self.swa_layers} in their own pool of {self.swa_max_total_num_tokens} tokens",
+                )
+            )
+        rows += [
             ("req_to_token", f"{self.req_to_token_gb:.3f} GiB for {self.max_running_requests} running requests"),
             ("CUDA graphs", f"{self.cuda_graph_gb:.3f} GiB {how} (max bs {self.cuda_graph_max_bs})"),
         ]

@@ -47,7 +47,8 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         self.dist_init_method = dist_init_method
         self.sizing_path = config.memory.path  # decided once, by the resolve step
         self.pool_args = config.memory.pool
-        self.kv_geometry = config.model.kv_geometry(self.tp_size, tp_rank)  # this rank's pool layout
+        ratio = config.memory.swa_full_tokens_ratio
+        self.kv_geometry = config.model.kv_geometry(self.tp_size, tp_rank, ratio)  # this rank's pool layout
         self.cuda_graph_runner = None
         self.kv_arena = None  # the VMM arena of the post-capture path
         self.token_to_kv_pool = None  # pools exist once init_memory_pool ran
@@ -96,7 +97,7 @@ class ModelRunner(ModelRunnerKVCacheMixin):
             device_capacity_bytes=self.config.memory.capacity_bytes,
             free_before_weights_bytes=min(self.all_ranks(free_before_weights)),
             free_after_weights_bytes=min(self.per_rank_free_after_weights),
-            kv=self.model_config.largest_kv_geometry(self.tp_size),
+            kv=self.model_config.largest_kv_geometry(self.tp_size, self.config.memory.swa_full_tokens_ratio),
             page_size=self.config.args.page_size,
             reservations_bytes=reservations,
             vmm_granularity_bytes=self.read_vmm_granularity() if self.sizing_path.post_capture else None,

@@ -18,6 +18,8 @@ import torch
 
 from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool, ReqToTokenPool, kv_storage_dtype
+from sglang.srt.mem_cache.swa_allocator import SWATokenToKVPoolAllocator
+from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 from sglang.srt.model_executor import activation_probe
 from sglang.srt.model_executor.pool_configurator import (
     CaptureReadings,
@@ -98,6 +100,32 @@ class ModelRunnerKVCacheMixin:
                 device=self.device,
                 buffers=kv_buffers,
             )
+        elif kv.is_hybrid_swa:  # sliding-window layers in their own, smaller pool (static path only)
+            swa_tokens = kv.swa_tokens(tokens, page)
+            self.token_to_kv_pool_allocator = SWATokenToKVPoolAllocator(tokens, swa_tokens, page, self.device)
+            self.token_to_kv_pool = SWAKVPool(
+                tokens,
+                swa_tokens,
+                page_size=page,
+                dtype=mc.kv_cache_dtype,
+                head_num=kv.kv_heads,
+                head_dim=kv.head_dim,
+                v_head_dim=kv.v_head_dim,
+                layer_windows=mc.sliding_windows,
+                full_to_swa=self.token_to_kv_pool_allocator.full_to_swa,
+                device=self.device,
+            )
+            logger.info(
+                "Hybrid SWA KV pool: %d full-attention layers x %d tokens, %d sliding-window layers x %d tokens "
+                "(window %d), %.2f GB",
+                kv.full_layers,
+                tokens,
+                kv.swa_layers,
+                swa_tokens,
+                mc.max_sliding_window,
+                ((tokens + page) * kv.full_layers + (swa_tokens + page) * kv.swa_layers) * kv.layer_cell_bytes / GiB,
+            )
+            return
         else:
             self.token_to_kv_pool = MHATokenToKVPool(
                 tokens,

@@ -171,6 +171,29 @@ def decide_sizing_path(
     return SizingPath(True, POST_CAPTURE_REASON)
 
 
+@dataclass(frozen=True)
+class SWAPoolDecision:
+    """Whether the sliding-window layers get their own pool (the hybrid SWA pool), and why."""
+
+    swa_full_tokens_ratio: Optional[float]  # None: every layer keeps every token in the one pool
+    reason: str
+
+
+def decide_swa_pool(
+    *, window_layers: int, swa_full_tokens_ratio: float, disabled: bool, post_capture: bool
+) -> SWAPoolDecision:
+    """The hybrid SWA pool runs where a model has sliding-window layers, on the static path: the post-capture path's
+    VMM ranges are one size for every buffer, so there the windowed layers keep every token (correct, and as
+    large as the full-attention layers' share)."""
+    if not window_layers:
+        return SWAPoolDecision(None, "no sliding-window layers")
+    if disabled:
+        return SWAPoolDecision(None, "--disable-hybrid-swa-memory")
+    if post_capture:
+        return SWAPoolDecision(None, "post-capture sizing keeps every token of the sliding-window layers")
+    return SWAPoolDecision(swa_full_tokens_ratio, f"{window_layers} sliding-window layers, --swa-full-tokens-ratio")
+
+
 # ------------------------------------------------------------------------- the inputs
 ATTENTION_KINDS = ("mha", "mla")
 
@@ -191,12 +214,21 @@ class KVGeometry:
     v_head_dim: int
     dtype_bytes: int
     attention: str = "mha"  # one of ATTENTION_KINDS
+    # The hybrid SWA pool (mem_cache/swa_memory_pool.py): `swa_layers` of the layers attend through a sliding
+    # window and keep their K/V in a second pool of swa_full_tokens_ratio x the tokens of the full-attention
+    # layers' pool (upstream's --swa-full-tokens-ratio). The planner's token count is the full pool's.
+    swa_layers: int = 0
+    swa_full_tokens_ratio: float = 1.0
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KINDS:
             raise ValueError(f"attention kind must be one of {ATTENTION_KINDS}, got {self.attention!r}")
         if self.attention == "mla" and (self.kv_heads != 1 or self.v_head_dim != 0):
             raise ValueError("an MLA layout is one latent row per token and layer (kv_heads 1, no V buffer)")
+        if not 0 <= self.swa_layers <= self.num_layers or (self.swa_layers and self.is_mla):
+            raise ValueError(f"{self.swa_layers} sliding-window layers do not fit this layout")
+        if not 0 < self.swa_full_tokens_ratio <= 1:
+            raise ValueError(f"swa_full_tokens_ratio must be in (0, 1], got {self.swa_full_tokens_ratio}")
 
     @classmethod
     def latent(cls, num_layers: int, kv_lora_rank: int, qk_rope_head_dim: int, dtype_bytes: int) -> "KVGeometry":
@@ -224,10 +256,35 @@ class KVGeometry:
         return max(self.k_slot_bytes, self.v_slot_bytes)
 
     @property
+    def is_hybrid_swa(self) -> bool:
+        return self.swa_layers > 0
+
+    @property
+    def full_layers(self) -> int:
+        """Layers whose K/V live in the full pool (every layer without the hybrid SWA pool)."""
+        return self.num_layers - self.swa_layers
+
+    @property
+    def layer_cell_bytes(self) -> int:
+        """K/V bytes of one token in one layer."""
+        return self.k_slot_bytes + self.v_slot_bytes
+
+    @property
     def cell_size_bytes(self) -> int:
         """KV bytes per token over all layers: MHA kv_heads * (head_dim + v_head_dim) * layers * dtype bytes;
-        MLA (kv_lora_rank + qk_rope_head_dim) * layers * dtype bytes."""
-        return (self.k_slot_bytes + self.v_slot_bytes) * self.num_layers
+        MLA (kv_lora_rank + qk_rope_head_dim) * layers * dtype bytes. With the hybrid SWA pool, per token of
+        the full pool: its layers' cells plus swa_full_tokens_ratio of the windowed layers' (rounded up)."""
+        if not self.is_hybrid_swa:
+            return self.layer_cell_bytes * self.num_layers
+        swa = self.layer_cell_bytes * self.swa_layers * self.swa_full_tokens_ratio
+        return self.layer_cell_bytes * self.full_layers + math.ceil(swa)
+
+    def swa_tokens(self, tokens: int, page_size: int) -> int:
+        """The windowed layers' pool for a full pool of `tokens`: swa_full_tokens_ratio of it, whole pages (one
+        at least)."""
+        if not self.is_hybrid_swa:
+            return 0
+        return max(page_size, int(tokens * self.swa_full_tokens_ratio) // page_size * page_size)
 
     @property
     def num_buffers(self) -> int:

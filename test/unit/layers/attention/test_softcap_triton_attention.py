@@ -50,7 +50,12 @@ class Env:
         self.pool = MHATokenToKVPool(slots, 1, dtype, HKV, d, d, 1, device)
         self.rows = ReqToTokenPool(4, max_len, device)
         runner = SimpleNamespace(
-            model_config=model_config, device=device, tp_size=1, tp_rank=0, req_to_token_pool=self.rows
+            model_config=model_config,
+            device=device,
+            tp_size=1,
+            tp_rank=0,
+            req_to_token_pool=self.rows,
+            token_to_kv_pool=self.pool,
         )
         self.native = TorchNativeAttnBackend(runner)
         self.triton = TritonAttnBackend(runner)

@@ -14,6 +14,7 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 @dataclass
 class _DecodeMetadata:
     slot_table: torch.Tensor  # [bs, max_len] KV slots of each request, padded
+    swa_slot_table: Optional[torch.Tensor]  # the same in the window pool's slots (hybrid SWA pool), else None
     valid: torch.Tensor  # [bs, max_len] True where the slot is part of the request's context
     padded: bool  # some request is shorter than max_len (known from the CPU lengths: no device sync)
 
@@ -30,7 +31,9 @@ class TorchNativeAttnBackend(AttentionBackend):
         table = forward_batch.req_to_token_pool.req_to_token[forward_batch.req_pool_indices, :max_len].long()
         valid = torch.arange(max_len, device=table.device)[None, :] < forward_batch.seq_lens[:, None]
         padded = any(length != max_len for length in forward_batch.seq_lens_cpu)
-        forward_batch.attn_metadata = _DecodeMetadata(table, valid, padded)
+        pool = forward_batch.token_to_kv_pool
+        swa_table = pool.to_swa_slots(table) if pool.has_window_pool else None
+        forward_batch.attn_metadata = _DecodeMetadata(table, swa_table, valid, padded)
 
     @staticmethod
     def _save(layer, forward_batch, k, v) -> None:
@@ -50,17 +53,23 @@ class TorchNativeAttnBackend(AttentionBackend):
         md: _DecodeMetadata = forward_batch.attn_metadata
         pool = forward_batch.token_to_kv_pool
         bs, hkv, hq = forward_batch.batch_size, layer.tp_k_head_num, layer.tp_q_head_num
-        keys = _dequantized(pool.get_key_buffer(layer.layer_id)[md.slot_table], q.dtype, layer.k_scale)
-        values = _dequantized(pool.get_value_buffer(layer.layer_id)[md.slot_table], q.dtype, layer.v_scale)
-        if md.padded:
-            # Padded positions point at slots this request never wrote (slot 0, stale rows): their uninitialised
-            # values may be NaN/inf, and neither a -inf score added to NaN nor a zero probability times NaN is zero.
-            keys = keys.masked_fill(~md.valid[:, :, None, None], 0)
-            values = values.masked_fill(~md.valid[:, :, None, None], 0)
+        # A windowed layer of the hybrid SWA pool reads the window pool, where tokens out of every window read its
+        # dummy slot 0 (garbage, masked below).
+        window_pool = pool.is_swa_layer(layer.layer_id)
+        table = md.swa_slot_table if window_pool else md.slot_table
+        keys = _dequantized(pool.get_key_buffer(layer.layer_id)[table], q.dtype, layer.k_scale)
+        values = _dequantized(pool.get_value_buffer(layer.layer_id)[table], q.dtype, layer.v_scale)
         visible = md.valid
         if layer.sliding_window_size > 0:  # the query (the last token) sees the last sliding_window_size keys
             first = forward_batch.seq_lens[:, None] - layer.sliding_window_size
             visible = visible & (torch.arange(visible.shape[1], device=visible.device)[None, :] >= first)
+        if md.padded or window_pool:
+            # Padded positions (and out-of-window ones of the window pool) point at slots this request never wrote
+            # or no longer holds (slot 0, stale rows): their values may be NaN/inf, and neither a -inf score added
+            # to NaN nor a zero probability times NaN is zero.
+            hidden = ~(visible if window_pool else md.valid)[:, :, None, None]
+            keys = keys.masked_fill(hidden, 0)
+            values = values.masked_fill(hidden, 0)
         if layer.logit_cap > 0:  # soft-capping (Gemma 2) has no place in SDPA: the scores by hand
             qh = q.view(bs, hkv, hq // hkv, layer.qk_head_dim)  # [bs, Hkv, group, D] against keys [bs, L, Hkv, D]
             scores = _cap(torch.einsum("bhgd,blhd->bhgl", qh, keys).float() * layer.scaling, layer.logit_cap)
@@ -95,11 +104,17 @@ class TorchNativeAttnBackend(AttentionBackend):
         start = 0
         for i, (prefix, ext) in enumerate(zip(forward_batch.extend_prefix_lens_cpu, forward_batch.extend_seq_lens_cpu)):
             seq = prefix + ext
-            slots = req_to_token[forward_batch.req_pool_indices[i], :seq].long()
-            keys = _dequantized(k_buf[slots], q.dtype, layer.k_scale).transpose(0, 1)  # [Hkv, seq, D]
+            # A windowed layer of the hybrid SWA pool reads the window pool, from the first key its first new token
+            # sees (earlier tokens may have left that pool).
+            first = max(0, prefix - layer.sliding_window_size + 1) if pool.is_swa_layer(layer.layer_id) else 0
+            slots = req_to_token[forward_batch.req_pool_indices[i], first:seq].long()
+            if pool.is_swa_layer(layer.layer_id):
+                slots = pool.to_swa_slots(slots)
+            keys = _dequantized(k_buf[slots], q.dtype, layer.k_scale).transpose(0, 1)  # [Hkv, seq - first, D]
             values = _dequantized(v_buf[slots], q.dtype, layer.v_scale).transpose(0, 1)
             query = qh[start : start + ext].transpose(0, 1)  # [Hq, ext, D]
-            out[start : start + ext] = _causal_attention(query, keys, values, prefix, layer).transpose(0, 1)
+            # Positions relative to `first`: the causal and window masks only compare differences.
+            out[start : start + ext] = _causal_attention(query, keys, values, prefix - first, layer).transpose(0, 1)
             start += ext
         return out.view(q.shape[0], hq * layer.v_head_dim)
 

@@ -44,6 +44,9 @@ class TritonMetadata:
     # slot list (the prefix and the new tokens up to itself).
     token_kv_indptr: Optional[torch.Tensor] = None
     token_kv_indices: Optional[torch.Tensor] = None
+    # The hybrid SWA pool: kv_indices in the window pool's slots, which its windowed layers read (a token out of
+    # every window maps to the dummy slot 0; the kernels never let a query see it). None without that pool.
+    swa_kv_indices: Optional[torch.Tensor] = None
 
 
 # Split-KV scratch is [bs, heads, splits, head_dim] fp32. Large eager batches need no splits for
@@ -97,6 +100,8 @@ class TritonAttnBackend(AttentionBackend):
         self.max_context_len = self.req_to_token.shape[1]
         self.is_mla = mc.is_mla
         self.graph: Optional[TritonMetadata] = None
+        pool = model_runner.token_to_kv_pool
+        self.window_pool = pool if pool.has_window_pool else None
 
     # ------------------------------------------------------------- metadata
     def _indptr(self, lens: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -121,7 +126,13 @@ class TritonAttnBackend(AttentionBackend):
             self._fill(indices, fb.req_pool_indices, fb.seq_lens, indptr, fb.seq_lens_sum, splits, cap)
             logits, lse = self._scratch(fb.batch_size, cap)
             fb.attn_metadata = TritonMetadata(
-                indptr, indices, num_kv_splits=splits, attn_logits=logits, attn_lse=lse, max_kv_splits=cap
+                indptr,
+                indices,
+                num_kv_splits=splits,
+                attn_logits=logits,
+                attn_lse=lse,
+                max_kv_splits=cap,
+                swa_kv_indices=self._window_slots(indices),
             )
             return
         prefix_total = sum(fb.extend_prefix_lens_cpu)
@@ -129,7 +140,9 @@ class TritonAttnBackend(AttentionBackend):
         kv_indices = torch.empty(prefix_total, dtype=torch.int32, device=self.device)
         self._fill(kv_indices, fb.req_pool_indices, fb.extend_prefix_lens, kv_indptr, prefix_total)
         qo_indptr = self._indptr(fb.extend_seq_lens)
-        md = TritonMetadata(kv_indptr, kv_indices, qo_indptr, max(fb.extend_seq_lens_cpu))
+        md = TritonMetadata(
+            kv_indptr, kv_indices, qo_indptr, max(fb.extend_seq_lens_cpu), swa_kv_indices=self._window_slots(kv_indices)
+        )
         if self.is_mla and use_absorbed_extend(fb.extend_seq_lens_cpu):
             md.token_kv_indptr, md.token_kv_indices = token_row_lists(
                 self.req_to_token,
@@ -140,6 +153,15 @@ class TritonAttnBackend(AttentionBackend):
                 fb.extend_seq_lens_cpu,
             )
         fb.attn_metadata = md
+
+    def _window_slots(self, indices: torch.Tensor) -> Optional[torch.Tensor]:
+        """`indices` in the window pool's slots (hybrid SWA pool), once per batch for every windowed layer."""
+        return None if self.window_pool is None else self.window_pool.to_swa_slots(indices)
+
+    def _layer_indices(self, layer, md: TritonMetadata) -> torch.Tensor:
+        """The slot list this layer reads: a windowed layer of the hybrid SWA pool reads the window pool's."""
+        pool = self.window_pool
+        return md.swa_kv_indices if pool is not None and pool.is_swa_layer(layer.layer_id) else md.kv_indices
 
     def _fill(self, indices, req_pool_indices, lens, indptr, total: int, splits=None, max_splits: int = 1) -> None:
         """kv_indices (and, given `splits`, the decode split counts) of a batch: one triton kernel on
@@ -172,6 +194,9 @@ class TritonAttnBackend(AttentionBackend):
             num_kv_splits=torch.ones(max_bs, dtype=torch.int32, device=self.device),
             attn_logits=logits,
             attn_lse=lse,
+            swa_kv_indices=None
+            if self.window_pool is None
+            else torch.zeros(max_bs * self.max_context_len, dtype=torch.int32, device=self.device),
         )
 
     def _graph_metadata(self, bs: int) -> TritonMetadata:
@@ -183,6 +208,7 @@ class TritonAttnBackend(AttentionBackend):
             attn_logits=g.attn_logits[:bs],
             attn_lse=g.attn_lse[:bs],
             max_kv_splits=self._split_cap(bs),
+            swa_kv_indices=g.swa_kv_indices,
         )
 
     def init_forward_metadata_capture_cuda_graph(self, bs: int, req_pool_indices, seq_lens) -> TritonMetadata:
@@ -201,6 +227,8 @@ class TritonAttnBackend(AttentionBackend):
             g.num_kv_splits[:bs],
             self._split_cap(bs),
         )
+        if g.swa_kv_indices is not None:  # the captured windowed layers read this buffer
+            g.swa_kv_indices[:seq_lens_sum] = self.window_pool.to_swa_slots(g.kv_indices[:seq_lens_sum])
 
     def _min_splits(self, bs: int) -> int:
         return decode_split_bounds(bs, self.num_kv_heads, self.num_sms, self.max_kv_splits)[0]
@@ -233,7 +261,7 @@ class TritonAttnBackend(AttentionBackend):
             pool.get_value_buffer(layer.layer_id),
             o,
             md.kv_indptr,
-            md.kv_indices,
+            self._layer_indices(layer, md),
             md.attn_logits,
             md.attn_lse,
             md.num_kv_splits,
@@ -263,7 +291,7 @@ class TritonAttnBackend(AttentionBackend):
             pool.get_value_buffer(layer.layer_id),
             md.qo_indptr,
             md.kv_indptr,
-            md.kv_indices,
+            self._layer_indices(layer, md),
             md.max_len_extend,
             layer.scaling,
             is_causal=True,
