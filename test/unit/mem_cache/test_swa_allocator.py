@@ -69,3 +69,18 @@ def test_pool_stores_windowed_layers_at_their_window_slots():
     assert torch.equal(pool.get_value_buffer(1)[pool.to_swa_slots(full)], -k)
     assert pool.get_key_buffer(1).shape[0] == 9 and pool.get_key_buffer(0).shape[0] == 17
     assert pool.fused_store_buffers(1, k, k) is None  # a windowed layer's store maps its slots
+
+
+def test_a_dry_window_pool_leaves_a_continued_page_alone():
+    """A request's partly filled last page is continued in both pools: when the window pool lacks the new pages,
+    nothing is taken, and the continued page is not given back (it is still the request's)."""
+    a = SWATokenToKVPoolAllocator(32, 8, 4, "cpu")
+    first = a.alloc_extend([0], [2], [-1])  # one page in each pool, half used
+    other = a.alloc(4)  # the window pool's last free page
+    assert a.swa_available_size() == 0 and a.available_size() == 24
+    assert a.alloc_extend([2], [7], [int(first[-1])]) is None  # would continue the page and take one more
+    assert a.available_size() == 24 and a.swa_available_size() == 0
+    a.free(other)
+    more = a.alloc_extend([2], [7], [int(first[-1])])
+    assert (more[:2] // 4).tolist() == [int(first[0]) // 4] * 2  # the page continued, then a new one
+    assert a.available_size() == 24 and a.swa_available_size() == 0

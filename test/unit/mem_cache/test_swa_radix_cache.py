@@ -99,3 +99,25 @@ def test_paged_release_frees_whole_pages_only():
     c.release_out_of_window([req], need=100)  # queries at 13+ see 10+: pages 0 and 1 (0..7) go, 8..11 stays
     assert a.swa_held(slots).tolist() == [False] * 8 + [True] * 8
     assert a.swa_available_size() == 32 - 8
+
+
+def test_a_lock_holds_only_its_paths_last_window_and_survives_splits():
+    c, a, _ = make_cache()
+    head, tail = a.alloc(8), a.alloc(4)
+    c.insert(list(range(1, 9)), head)
+    c.insert(list(range(1, 13)), torch.cat((head, tail)))
+    _, end = c.match_prefix(list(range(1, 13)))
+    c.inc_lock_ref(end)  # a request whose next query is at 12 sees 9..11: the last node only
+    assert (end.lock_ref, end.swa_lock_ref, end.parent.lock_ref, end.parent.swa_lock_ref) == (1, 1, 1, 0)
+    assert c.swa_evictable_size() == 8
+    assert c.evict_swa(100) == 8  # the locked parent's window slots go; its full slots stay locked
+    assert not a.swa_held(head).any() and a.swa_held(tail).all()
+    # Another prefix splits the window-locked node: its head takes the lock and the lock's top mark.
+    c.match_prefix(list(range(1, 11)) + [99])
+    assert end.key == [11, 12] and end.parent.key == [9, 10] and end.parent.swa_lock_ref == 1
+    assert c.swa_evictable_size() == 0
+    c.dec_lock_ref(end)
+    assert all(n.swa_lock_ref == 0 and n.lock_ref == 0 for n in c._all_nodes() if n is not c.root)
+    assert c.swa_evictable_size() == 4
+    c.evict(64)
+    assert (a.available_size(), a.swa_available_size(), c.swa_evictable_size()) == (64, 32, 0)

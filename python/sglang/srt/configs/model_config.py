@@ -382,6 +382,7 @@ class ModelConfig:
             dtype_bytes=self.kv_cache_dtype.itemsize,
             swa_layers=self.num_window_layers if swa_full_tokens_ratio is not None else 0,
             swa_full_tokens_ratio=1.0 if swa_full_tokens_ratio is None else swa_full_tokens_ratio,
+            swa_window=self.max_sliding_window if swa_full_tokens_ratio is not None else 0,
         )
 
     def largest_kv_geometry(self, tp_size: int = 1, swa_full_tokens_ratio: Optional[float] = None) -> KVGeometry:

@@ -79,13 +79,19 @@ class PrefillAdder:
         if self.rem_requests <= 0:
             return "full"
         # Lock the matched prefix before checking the budget: locked slots are no longer evictable,
-        # so they stop counting as room (rem_total_tokens included them as evictable).
+        # so they stop counting as room (rem_total_tokens included them as evictable; so did the window pool's).
+        swa_room = tree_cache.swa_room()
         locked = tree_cache.inc_lock_ref(req.last_node)
+        swa_locked = 0 if swa_room is None else swa_room - tree_cache.swa_room()
         self.rem_total_tokens -= locked
+        if self.rem_swa_tokens is not None:
+            self.rem_swa_tokens -= swa_locked
         verdict = self._add_locked(req, tree_cache, new_token_ratio)
         if verdict == "full":
             tree_cache.dec_lock_ref(req.last_node)
             self.rem_total_tokens += locked
+            if self.rem_swa_tokens is not None:
+                self.rem_swa_tokens += swa_locked
         return verdict
 
     def _add_locked(self, req: "Req", tree_cache: "RadixCache", new_token_ratio: float) -> str:

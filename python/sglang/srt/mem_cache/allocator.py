@@ -17,6 +17,16 @@ from typing import Iterator, List, Optional, Tuple
 import torch
 
 
+def extend_pages(prefix_lens: List[int], seq_lens: List[int], page_size: int) -> int:
+    """New pages alloc_extend takes: a request's partly filled last page is continued, not replaced."""
+    return sum(-(-s // page_size) - (-(-p // page_size)) for p, s in zip(prefix_lens, seq_lens))
+
+
+def decode_pages(seq_lens: List[int], page_size: int) -> int:
+    """New pages alloc_decode takes: one per request whose new token (seq_len - 1) starts a page."""
+    return sum((s - 1) % page_size == 0 for s in seq_lens)
+
+
 class TailInUseError(RuntimeError):
     """lend_tail() was called while some tail page is held (by a request or the radix cache)."""
 
@@ -92,6 +102,9 @@ class TokenToKVPoolAllocator:
         """Tokens alloc can hand out now; a lent tail is not counted."""
         return self._num_free_pages() * self.page_size
 
+    def has_free_pages(self, n: int) -> bool:
+        return n <= self._num_free_pages()
+
     def _take_pages(self, n: int) -> torch.Tensor:
         """n pages (caller checked n <= _num_free_pages()): non-tail pages first, tail pages last."""
         from_main = min(n, len(self._free_main))
@@ -124,7 +137,7 @@ class TokenToKVPoolAllocator:
             return self.alloc(sum(s - p for p, s in zip(prefix_lens, seq_lens)))
         if last_locs is None:
             raise ValueError(f"alloc_extend needs last_locs with page_size {ps}")
-        need_pages = sum(-(-s // ps) - (-(-p // ps)) for p, s in zip(prefix_lens, seq_lens))
+        need_pages = extend_pages(prefix_lens, seq_lens, ps)
         if need_pages > self._num_free_pages():
             return None
         pages: Iterator[int] = iter(self._take_pages(need_pages).tolist())
@@ -152,7 +165,7 @@ class TokenToKVPoolAllocator:
         if last_locs is None:
             raise ValueError(f"alloc_decode needs last_locs with page_size {ps}")
         new_page = [(s - 1) % ps == 0 for s in seq_lens]
-        n = sum(new_page)
+        n = decode_pages(seq_lens, ps)
         if n > self._num_free_pages():
             return None
         pages = iter(self._take_pages(n).tolist())

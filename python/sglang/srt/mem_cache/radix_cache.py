@@ -29,7 +29,13 @@ class TreeNode:
         self.key: List[int] = []
         self.value: torch.Tensor = torch.empty(0, dtype=torch.int64)
         self.lock_ref = 0
-        self.swa_held = 0  # tokens of this node that still hold a window slot (the hybrid SWA pool only)
+        # The hybrid SWA pool only (swa_radix_cache.py): tokens of this node that still hold a window slot, the
+        # locks that keep them (running requests whose window reaches into this node), and the id that marks this
+        # node as the top of such locks.
+        self.swa_held = 0
+        self.swa_lock_ref = 0
+        self.swa_top_id: Optional[int] = None
+        self.swa_lock_tops: List[Optional[int]] = []
         self.last_access_time = time.monotonic()
         self.id = next(_counter)
 
@@ -185,9 +191,6 @@ class RadixCache:
     def _added(self, node: TreeNode) -> None:
         """A new node holds slots."""
 
-    def _lock_flipped(self, node: TreeNode, locked: bool) -> None:
-        """`node` became locked (its first lock) or evictable again (its last unlock)."""
-
     def _dropped(self, node: TreeNode) -> None:
         """An unlocked node leaves the tree; its slots are freed right after."""
 
@@ -208,7 +211,6 @@ class RadixCache:
                 self.evictable_size_ -= len(node.key)
                 self.protected_size_ += len(node.key)
                 delta += len(node.key)
-                self._lock_flipped(node, locked=True)
             node.lock_ref += 1
             node = node.parent
         return delta
@@ -221,7 +223,6 @@ class RadixCache:
                 self.evictable_size_ += len(node.key)
                 self.protected_size_ -= len(node.key)
                 delta += len(node.key)
-                self._lock_flipped(node, locked=False)
             node.lock_ref -= 1
             node = node.parent
         return delta

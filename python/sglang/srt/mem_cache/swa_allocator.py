@@ -17,7 +17,7 @@ from typing import List, Optional
 
 import torch
 
-from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator
+from sglang.srt.mem_cache.allocator import TokenToKVPoolAllocator, decode_pages, extend_pages
 
 
 class SWATokenToKVPoolAllocator:
@@ -77,31 +77,37 @@ class SWATokenToKVPoolAllocator:
             out.append(swa)
         return out
 
-    def _paired(self, full: Optional[torch.Tensor], alloc_swa) -> Optional[torch.Tensor]:
-        """Window slots for the full slots just taken; both given back when the window pool is dry."""
-        if full is None:
+    def _paired(self, new_pages: int, alloc_full, alloc_swa) -> Optional[torch.Tensor]:
+        """Full slots and their window slots, or None with nothing taken: both pools need `new_pages` new pages
+        (a request's partly filled last page is continued in both), checked before either is touched."""
+        if not (self.full.has_free_pages(new_pages) and self.swa.has_free_pages(new_pages)):
             return None
-        swa = alloc_swa()
-        if swa is None:
-            self.full.free(full)
-            return None
+        full, swa = alloc_full(), alloc_swa()
         self._set_map(full, swa)
         return full
 
     def alloc(self, need_size: int) -> Optional[torch.Tensor]:
-        return self._paired(self.full.alloc(need_size), lambda: self.swa.alloc(need_size))
+        return self._paired(
+            need_size // self.page_size, lambda: self.full.alloc(need_size), lambda: self.swa.alloc(need_size)
+        )
 
     def alloc_extend(
         self, prefix_lens: List[int], seq_lens: List[int], last_locs: Optional[List[int]]
     ) -> Optional[torch.Tensor]:
         swa_last = self._swa_last_locs(last_locs)
-        full = self.full.alloc_extend(prefix_lens, seq_lens, last_locs)
-        return self._paired(full, lambda: self.swa.alloc_extend(prefix_lens, seq_lens, swa_last))
+        return self._paired(
+            extend_pages(prefix_lens, seq_lens, self.page_size),
+            lambda: self.full.alloc_extend(prefix_lens, seq_lens, last_locs),
+            lambda: self.swa.alloc_extend(prefix_lens, seq_lens, swa_last),
+        )
 
     def alloc_decode(self, seq_lens: List[int], last_locs: Optional[List[int]]) -> Optional[torch.Tensor]:
         swa_last = self._swa_last_locs(last_locs)
-        full = self.full.alloc_decode(seq_lens, last_locs)
-        return self._paired(full, lambda: self.swa.alloc_decode(seq_lens, swa_last))
+        return self._paired(
+            decode_pages(seq_lens, self.page_size),
+            lambda: self.full.alloc_decode(seq_lens, last_locs),
+            lambda: self.swa.alloc_decode(seq_lens, swa_last),
+        )
 
     # ----------------------------------------------------------------- free
     def free(self, indices: torch.Tensor) -> None:

@@ -2,7 +2,8 @@
 
 A cached token always keeps its full-pool slot (full-attention layers read every earlier token), but its window
 slot may be gone: requests free the window slots of their tokens as those leave the window, before they finish, and
-cached tokens lose theirs when the window pool needs room (`evict_swa`, least recently used unlocked nodes first).
+cached tokens lose theirs when the window pool needs room (`evict_swa`, least recently used first, nodes no running
+request's window reaches).
 A prefix of length L can be reused only if every token a query at position L can see in a windowed layer, positions
 L - W + 1 .. L - 1, still has its window slot; `match_prefix` returns the longest such page-aligned prefix.
 
@@ -10,13 +11,15 @@ When the window pool runs short, running requests free the window slots of the t
 their window (`release_out_of_window`): those past their cached prefix (`cache_protected_len`), earlier prefill chunks
 included (they stay the request's until it finishes, instead of entering the tree chunk by chunk, so a long prompt's
 window slots can be freed while it is still being prefilled). Until then they keep them, so a finished request's
-whole sequence stays reusable. Locked nodes keep their window slots: a running request's cached prefix ends in its
-window.
+whole sequence stays reusable. A running request's window reaches into its cached prefix: the last W - 1 tokens of
+its path are window-locked (`inc_lock_ref`); window slots further up may be evicted while their nodes stay locked
+for the full-attention layers.
 """
 
 from __future__ import annotations
 
 import heapq
+import itertools
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
 import torch
@@ -47,6 +50,7 @@ class SWARadixCache(RadixCache):
     ) -> None:
         """`window`: the widest sliding window of the model's layers (a token is kept while any layer sees it)."""
         self.window = window
+        self._top_ids = itertools.count(1)  # marks of the top node of each window lock (dec_lock_ref walks to it)
         super().__init__(req_to_token_pool, token_to_kv_pool_allocator, page_size, disable)
 
     def reset(self) -> None:
@@ -78,20 +82,56 @@ class SWARadixCache(RadixCache):
 
     def _added(self, node: TreeNode) -> None:
         self._count(node)
-        self.swa_evictable_size_ += node.swa_held  # a new leaf is unlocked
-
-    def _lock_flipped(self, node: TreeNode, locked: bool) -> None:
-        self.swa_evictable_size_ += -node.swa_held if locked else node.swa_held
+        self.swa_evictable_size_ += node.swa_held  # a new leaf has no window lock
 
     def _dropped(self, node: TreeNode) -> None:
-        self.swa_evictable_size_ -= node.swa_held  # only unlocked nodes are dropped
+        if node.swa_lock_ref == 0:
+            self.swa_evictable_size_ -= node.swa_held
         node.swa_held = 0
 
     def _split(self, child: TreeNode, n: int) -> TreeNode:
         new = super()._split(child, n)
+        # Every window lock on `child` covers the new head too as far as the lock's walk knows: the head takes the
+        # count, and the top mark, so a lock whose walk ended at `child` now ends at the head.
+        new.swa_lock_ref = child.swa_lock_ref
+        new.swa_top_id, child.swa_top_id = child.swa_top_id, None
         self._count(new)
-        self._count(child)  # the two halves share one lock state: the unlocked total is unchanged
+        self._count(child)  # the halves share one window-lock state: the evictable total is unchanged
         return new
+
+    # ---------------------------------------------------------- window locks
+    def inc_lock_ref(self, node: TreeNode) -> int:
+        """Lock `node` and its ancestors (super), and lock the window slots of the last W - 1 tokens of its path:
+        what the next query of the request ending there sees. Window slots further up stay evictable."""
+        delta = super().inc_lock_ref(node)
+        top = None
+        covered, n = 0, node
+        while n is not self.root and n is not None and covered < self.window - 1:
+            if n.swa_lock_ref == 0:
+                self.swa_evictable_size_ -= n.swa_held
+            n.swa_lock_ref += 1
+            covered += len(n.key)
+            top, n = n, n.parent
+        if top is not None and top.swa_top_id is None:
+            top.swa_top_id = next(self._top_ids)
+        node.swa_lock_tops.append(None if top is None else top.swa_top_id)
+        return delta
+
+    def dec_lock_ref(self, node: Optional[TreeNode]) -> int:
+        """Unlock what inc_lock_ref(node) locked: the window locks up to the node marked with that lock's top id
+        (splits since may have moved the mark up to a new head, which took the count too)."""
+        delta = super().dec_lock_ref(node)
+        if node is None or node is self.root:
+            return delta
+        top_id, n = node.swa_lock_tops.pop(), node
+        while top_id is not None and n is not self.root:
+            n.swa_lock_ref -= 1
+            if n.swa_lock_ref == 0:
+                self.swa_evictable_size_ += n.swa_held
+            if n.swa_top_id == top_id:
+                break
+            n = n.parent
+        return delta
 
     def swa_room(self) -> Optional[int]:
         return self.allocator.swa_available_size() + self.swa_evictable_size_
@@ -114,12 +154,13 @@ class SWARadixCache(RadixCache):
         return freed
 
     def evict_swa(self, num_tokens: int) -> int:
-        """Free the window slots of unlocked nodes, least recently used first, until num_tokens are freed; the
-        nodes stay cached for the full-attention layers (a prefix ending within W after them can no longer be
-        reused). Returns the window slots freed."""
+        """Free the window slots of nodes no running request's window reaches (no window lock: the node may still be
+        locked for its full slots), least recently used first, until num_tokens are freed; the nodes stay cached
+        for the full-attention layers (a prefix ending within W after them can no longer be reused). Returns the
+        window slots freed."""
         if self.disable or num_tokens <= 0:
             return 0
-        nodes = [n for n in self._all_nodes() if n.lock_ref == 0 and n.swa_held and n is not self.root]
+        nodes = [n for n in self._all_nodes() if n.swa_lock_ref == 0 and n.swa_held and n is not self.root]
         heapq.heapify(nodes)
         freed = 0
         while freed < num_tokens and nodes:

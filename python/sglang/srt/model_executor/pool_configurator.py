@@ -219,6 +219,7 @@ class KVGeometry:
     # layers' pool (upstream's --swa-full-tokens-ratio). The planner's token count is the full pool's.
     swa_layers: int = 0
     swa_full_tokens_ratio: float = 1.0
+    swa_window: int = 0  # the widest window of those layers
 
     def __post_init__(self) -> None:
         if self.attention not in ATTENTION_KINDS:
@@ -278,6 +279,11 @@ class KVGeometry:
             return self.layer_cell_bytes * self.num_layers
         swa = self.layer_cell_bytes * self.swa_layers * self.swa_full_tokens_ratio
         return self.layer_cell_bytes * self.full_layers + math.ceil(swa)
+
+    def min_swa_tokens(self, page_size: int) -> int:
+        """The smallest window pool that lets one request always progress: its cached prefix's last window
+        (locked while it runs) and its own window, each with a page of slack at both ends."""
+        return 2 * (-(-self.swa_window // page_size) + 2) * page_size if self.is_hybrid_swa else 0
 
     def swa_tokens(self, tokens: int, page_size: int) -> int:
         """The windowed layers' pool for a full pool of `tokens`: swa_full_tokens_ratio of it, whole pages (one
@@ -432,6 +438,14 @@ def static_pool_size(readings: MemoryReadings, args: PoolArgs) -> PoolSize:
         raise NotEnoughMemoryError(
             f"Not enough memory for the KV cache (max_total_num_tokens={capped.tokens}). "
             f"Increase --mem-fraction-static (now {args.mem_fraction_static}) or free device memory."
+        )
+    kv, page = readings.kv, readings.page_size
+    if kv.swa_tokens(capped.tokens, page) < kv.min_swa_tokens(page):
+        raise NotEnoughMemoryError(
+            f"The sliding-window layers' KV pool of {kv.swa_tokens(capped.tokens, page)} tokens cannot hold one "
+            f"request's windows ({kv.min_swa_tokens(page)} tokens for a window of {kv.swa_window}, page "
+            f"{page}); raise --swa-full-tokens-ratio (now {kv.swa_full_tokens_ratio}) or --max-total-tokens, or "
+            "use --disable-hybrid-swa-memory."
         )
     return PoolSize(
         tokens=capped.tokens,
