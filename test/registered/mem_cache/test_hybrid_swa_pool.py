@@ -8,7 +8,7 @@ start-up, naming the flag."""
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=12, suite="per-commit-cpu")
+register_cpu_ci(est_time=15, suite="per-commit-cpu")
 
 import random
 
@@ -82,3 +82,24 @@ def test_a_window_pool_below_one_requests_windows_is_refused(checkpoint):
             swa_full_tokens_ratio=0.0547,
             max_total_tokens=512,
         )
+
+
+def test_stats_report_the_window_pool_in_use(checkpoint, monkeypatch):
+    """/metrics' swa_token_usage (and /server_info's num_used_swa_tokens): window slots requests hold, within the
+    window pool, none once they are done."""
+    d, _ = checkpoint
+    sched = make_scheduler(
+        reuse_model=False, model_path=d, skip_tokenizer_init=True, swa_full_tokens_ratio=0.1, max_total_tokens=512
+    )
+    used, step = [], sched.step
+
+    def step_and_record() -> bool:
+        busy = step()
+        sched.update_stats()
+        used.append(sched.stats.num_used_swa_tokens)
+        return busy
+
+    monkeypatch.setattr(sched, "step", step_and_record)
+    run_scheduler(sched, prompts(), greedy_params(NEW_TOKENS))
+    assert 0 < max(used) <= sched.allocator.swa_size == 51
+    assert used[-1] == 0 and sched.stats.swa_token_usage == 0.0

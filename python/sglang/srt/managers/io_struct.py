@@ -107,6 +107,9 @@ class SchedulerStats:
     token_usage: float = 0.0
     num_used_tokens: int = 0
     max_total_num_tokens: int = 0
+    # The hybrid SWA pool's window slots held by requests (not free, not evictable), and their share of that pool.
+    num_used_swa_tokens: int = 0
+    swa_token_usage: float = 0.0
     cached_tokens_total: int = 0
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0

@@ -642,6 +642,10 @@ class Scheduler:
             s.kt_slot = dataclasses.asdict(self.kt_slot_lender.stats)
         s.max_total_num_tokens = self.max_total_num_tokens
         s.token_usage = used / max(self.max_total_num_tokens, 1)
+        swa_room, swa_size = self.tree_cache.swa_room(), self.tree_cache.swa_pool_size()
+        if swa_room is not None:
+            s.num_used_swa_tokens = swa_size - swa_room
+            s.swa_token_usage = s.num_used_swa_tokens / max(swa_size, 1)
         now = time.monotonic()
         since, count = self._tokens_since
         if now - since >= 1.0:

@@ -38,6 +38,7 @@ class TokenizerMetrics:
         self.num_used_tokens = gauge("num_used_tokens", "KV slots in use")
         self.token_usage = gauge("token_usage", "Fraction of KV slots in use")
         self.max_total_tokens = gauge("max_total_num_tokens", "KV pool size in tokens")
+        self.swa_token_usage = gauge("swa_token_usage", "Fraction of the sliding-window layers' KV pool in use")
         self.gen_throughput = gauge("gen_throughput", "Generated tokens per second over the last second")
         self.cache_hit_rate = gauge("cache_hit_rate", "Prompt tokens served from the radix cache / prompt tokens")
         # Running totals (counters)
@@ -67,6 +68,7 @@ class TokenizerMetrics:
         self.token_usage.labels(**lab).set(s.token_usage)
         self.num_used_tokens.labels(**lab).set(s.num_used_tokens)
         self.max_total_tokens.labels(**lab).set(s.max_total_num_tokens)
+        self.swa_token_usage.labels(**lab).set(s.swa_token_usage)
         self.gen_throughput.labels(**lab).set(s.gen_throughput)
         if s.prompt_tokens_total:
             self.cache_hit_rate.labels(**lab).set(s.cached_tokens_total / s.prompt_tokens_total)

@@ -202,6 +202,10 @@ class RadixCache:
         """Tokens the window pool can hold now, evicting unlocked cached ones; None without a window pool."""
         return None
 
+    def swa_pool_size(self) -> int:
+        """The window pool's tokens (0 without one)."""
+        return 0
+
     # -------------------------------------------------------------- locking
     def inc_lock_ref(self, node: TreeNode) -> int:
         """Lock `node` and its ancestors; returns how many tokens stopped being evictable."""

@@ -136,6 +136,9 @@ class SWARadixCache(RadixCache):
     def swa_room(self) -> Optional[int]:
         return self.allocator.swa_available_size() + self.swa_evictable_size_
 
+    def swa_pool_size(self) -> int:
+        return self.allocator.swa_size
+
     def swa_evictable_size(self) -> int:
         return self.swa_evictable_size_
 
