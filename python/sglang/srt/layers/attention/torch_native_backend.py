@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -11,12 +11,24 @@ import torch.nn.functional as F
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 
+@dataclass(frozen=True)
+class _SlotTable:
+    """The keys one decode query reads: slots [bs, width], which of them it may see, and whether any may not (a
+    padded row's tail: slot 0 or stale rows, to be zeroed before use)."""
+
+    slots: torch.Tensor
+    visible: torch.Tensor
+    padded: bool
+
+
 @dataclass
 class _DecodeMetadata:
-    slot_table: torch.Tensor  # [bs, max_len] KV slots of each request, padded
-    swa_slot_table: Optional[torch.Tensor]  # the same in the window pool's slots (hybrid SWA pool), else None
-    valid: torch.Tensor  # [bs, max_len] True where the slot is part of the request's context
-    padded: bool  # some request is shorter than max_len (known from the CPU lengths: no device sync)
+    seq_lens_cpu: List[int]
+    seq_lens: torch.Tensor
+    full_table: torch.Tensor  # [bs, max_len] every slot of each request (padded)
+    # The tables the layers read, made on first use: by the window (0: none) and whether the layer reads the
+    # hybrid SWA pool's window pool (its slots mapped).
+    tables: Dict[Tuple[int, bool], _SlotTable] = field(default_factory=dict)
 
 
 class TorchNativeAttnBackend(AttentionBackend):
@@ -29,11 +41,34 @@ class TorchNativeAttnBackend(AttentionBackend):
             return
         max_len = max(forward_batch.seq_lens_cpu) if forward_batch.seq_lens_cpu else 0
         table = forward_batch.req_to_token_pool.req_to_token[forward_batch.req_pool_indices, :max_len].long()
-        valid = torch.arange(max_len, device=table.device)[None, :] < forward_batch.seq_lens[:, None]
-        padded = any(length != max_len for length in forward_batch.seq_lens_cpu)
-        pool = forward_batch.token_to_kv_pool
-        swa_table = pool.to_swa_slots(table) if pool.has_window_pool else None
-        forward_batch.attn_metadata = _DecodeMetadata(table, swa_table, valid, padded)
+        forward_batch.attn_metadata = _DecodeMetadata(list(forward_batch.seq_lens_cpu), forward_batch.seq_lens, table)
+
+    @staticmethod
+    def _slot_table(md: _DecodeMetadata, window: int, pool, layer_id: int) -> _SlotTable:
+        """What a layer with this window reads: a windowed layer only each request's last `window` slots (the
+        keys it may see, right-aligned to the request's end), so its gather and attention cover the window, not
+        the context; a layer of the window pool reads them mapped into that pool."""
+        max_len = md.full_table.shape[1]
+        window = window if 0 < window < max_len else 0
+        key = (window, pool.is_swa_layer(layer_id))
+        table = md.tables.get(key)
+        if table is not None:
+            return table
+        device = md.full_table.device
+        if window:
+            start = (md.seq_lens - window).clamp(min=0)
+            positions = (start[:, None] + torch.arange(window, device=device)[None, :]).clamp(max=max_len - 1)
+            slots = md.full_table.gather(1, positions)
+            visible = torch.arange(window, device=device)[None, :] < md.seq_lens.clamp(max=window)[:, None]
+            padded = any(length < window for length in md.seq_lens_cpu)
+        else:
+            slots = md.full_table
+            visible = torch.arange(max_len, device=device)[None, :] < md.seq_lens[:, None]
+            padded = any(length != max_len for length in md.seq_lens_cpu)
+        if key[1]:
+            slots = pool.to_swa_slots(slots)
+        table = md.tables[key] = _SlotTable(slots, visible, padded)
+        return table
 
     @staticmethod
     def _save(layer, forward_batch, k, v) -> None:
@@ -53,23 +88,16 @@ class TorchNativeAttnBackend(AttentionBackend):
         md: _DecodeMetadata = forward_batch.attn_metadata
         pool = forward_batch.token_to_kv_pool
         bs, hkv, hq = forward_batch.batch_size, layer.tp_k_head_num, layer.tp_q_head_num
-        # A windowed layer of the hybrid SWA pool reads the window pool, where tokens out of every window read its
-        # dummy slot 0 (garbage, masked below).
-        window_pool = pool.is_swa_layer(layer.layer_id)
-        table = md.swa_slot_table if window_pool else md.slot_table
-        keys = _dequantized(pool.get_key_buffer(layer.layer_id)[table], q.dtype, layer.k_scale)
-        values = _dequantized(pool.get_value_buffer(layer.layer_id)[table], q.dtype, layer.v_scale)
-        visible = md.valid
-        if layer.sliding_window_size > 0:  # the query (the last token) sees the last sliding_window_size keys
-            first = forward_batch.seq_lens[:, None] - layer.sliding_window_size
-            visible = visible & (torch.arange(visible.shape[1], device=visible.device)[None, :] >= first)
-        if md.padded or window_pool:
-            # Padded positions (and out-of-window ones of the window pool) point at slots this request never wrote
-            # or no longer holds (slot 0, stale rows): their values may be NaN/inf, and neither a -inf score added
-            # to NaN nor a zero probability times NaN is zero.
-            hidden = ~(visible if window_pool else md.valid)[:, :, None, None]
-            keys = keys.masked_fill(hidden, 0)
-            values = values.masked_fill(hidden, 0)
+        table = self._slot_table(md, layer.sliding_window_size, pool, layer.layer_id)
+        keys = _dequantized(pool.get_key_buffer(layer.layer_id)[table.slots], q.dtype, layer.k_scale)
+        values = _dequantized(pool.get_value_buffer(layer.layer_id)[table.slots], q.dtype, layer.v_scale)
+        visible = table.visible
+        if table.padded:
+            # Padded positions point at slots this request never wrote or no longer holds (slot 0, stale rows):
+            # their values may be NaN/inf, and neither a -inf score added to NaN nor a zero probability times NaN
+            # is zero.
+            keys = keys.masked_fill(~visible[:, :, None, None], 0)
+            values = values.masked_fill(~visible[:, :, None, None], 0)
         if layer.logit_cap > 0:  # soft-capping (Gemma 2) has no place in SDPA: the scores by hand
             qh = q.view(bs, hkv, hq // hkv, layer.qk_head_dim)  # [bs, Hkv, group, D] against keys [bs, L, Hkv, D]
             scores = _cap(torch.einsum("bhgd,blhd->bhgl", qh, keys).float() * layer.scaling, layer.logit_cap)
