@@ -1,6 +1,9 @@
 """The hybrid SWA pool against one pool, in the same KV memory: how many long requests run at once, and how fast.
 
     python benchmark/kv_sizing/bench_swa_pool.py [--requests 32] [--prompt 1024] [--new 256] [--one-pool-tokens 16384]
+    python3 benchmark/kv_sizing/bench_swa_pool.py --device cuda --shape Gemma-3-27B --requests 128 --prompt 4096
+        # the GPU machine (run.sh swa-pool): a real shape (scripts/make_model_configs.py), bf16 dummy weights, each
+        # row's pool sized by the server's own planner from the same free memory
 
 A Gemma-3-shaped model in miniature (dummy weights, fp32; five sliding-window layers of every six, window 256, as
 Gemma 3's 5:1 with its window of 1,024 scaled down) runs `--requests` prompts of `--prompt` random tokens, each
@@ -14,12 +17,15 @@ and whether every output equals the one-pool run's (greedy: the pool must not ch
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import random
 import sys
 import tempfile
 import time
+
+import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
@@ -62,29 +68,31 @@ def model_dir() -> str:
     return path
 
 
-def cell_size(path: str, ratio) -> int:
+def cell_size(path: str, ratio, device: str = "cpu") -> int:
     """The planner's KV bytes per token of the full pool (one pool: ratio None)."""
     from sglang.srt.configs.engine_config import resolve_engine_config
     from sglang.srt.server_args import ServerArgs
 
-    config = resolve_engine_config(
-        ServerArgs(model_path=path, load_format="dummy", skip_tokenizer_init=True, device="cpu")
-    )
-    return config.model.kv_geometry(swa_full_tokens_ratio=ratio).cell_size_bytes
+    dtype = "float32" if device == "cpu" else "bfloat16"
+    args = ServerArgs(model_path=path, load_format="dummy", skip_tokenizer_init=True, device=device, dtype=dtype)
+    return resolve_engine_config(args).model.kv_geometry(swa_full_tokens_ratio=ratio).cell_size_bytes
 
 
-def run(path: str, prompts, new_tokens: int, ratio, total_tokens: int) -> dict:
+def run(path: str, prompts, new_tokens: int, ratio, total_tokens, device: str) -> dict:
+    """One row; total_tokens None: the planner sizes the pool from free memory (the GPU rows)."""
     from sglang.test.runners import greedy_params, make_scheduler, run_scheduler
 
     flags = {"disable_hybrid_swa_memory": True} if ratio is None else {"swa_full_tokens_ratio": ratio}
+    if total_tokens is not None:
+        flags["max_total_tokens"] = total_tokens
     sched = make_scheduler(
         reuse_model=False,
         poison_kv=False,
         model_path=path,
         load_format="dummy",
         skip_tokenizer_init=True,
-        dtype="float32",
-        max_total_tokens=total_tokens,
+        dtype="float32" if device == "cpu" else "bfloat16",
+        device=device,
         **flags,
     )
     running, step = [], sched.step
@@ -100,15 +108,18 @@ def run(path: str, prompts, new_tokens: int, ratio, total_tokens: int) -> dict:
     outs = run_scheduler(sched, prompts, greedy_params(new_tokens))
     wall = time.perf_counter() - start
     allocator = sched.allocator
+    kv_bytes = allocator.size * cell_size(path, ratio, device)
+    pools = (allocator.size, 0 if ratio is None else allocator.swa_size)
+    retractions = sched.stats.num_retractions
     return {
         "pool": "one pool" if ratio is None else f"hybrid, ratio {ratio}",
         "swa_full_tokens_ratio": ratio,
-        "max_total_num_tokens": allocator.size,
-        "window_pool_tokens": 0 if ratio is None else allocator.swa_size,
-        "kv_bytes": total_tokens * cell_size(path, ratio),
+        "max_total_num_tokens": pools[0],
+        "window_pool_tokens": pools[1],
+        "kv_bytes": kv_bytes,
         "peak_running_requests": max(running),
         "steps": len(running),
-        "retractions": sched.stats.num_retractions,
+        "retractions": retractions,
         "wall_s": round(wall, 2),
         "output_tok_s": round(sum(len(o.output_ids) for o in outs) / wall, 1),
         "outputs": [o.output_ids for o in outs],
@@ -122,16 +133,33 @@ def main() -> None:
     parser.add_argument("--new", type=int, default=256)
     parser.add_argument("--one-pool-tokens", type=int, default=16384)
     parser.add_argument("--ratios", type=float, nargs="*", default=[0.8, 0.25])
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument(
+        "--shape", default=None, help="a shape of scripts/make_model_configs.py (default: the miniature)"
+    )
     parser.add_argument("--out", default=os.path.dirname(os.path.abspath(__file__)))
     args = parser.parse_args()
 
-    path = model_dir()
+    if args.shape is None:
+        path, vocab = model_dir(), CONFIG["vocab_size"]
+    else:
+        from sglang.test.gpu_utils import shape_config_dir
+
+        path = shape_config_dir(args.shape)
+        with open(os.path.join(path, "config.json")) as f:
+            vocab = json.load(f)["vocab_size"]
     rng = random.Random(0)
-    prompts = [[rng.randrange(3, CONFIG["vocab_size"]) for _ in range(args.prompt)] for _ in range(args.requests)]
-    budget = args.one_pool_tokens * cell_size(path, None)
-    rows = [run(path, prompts, args.new, None, args.one_pool_tokens)]
-    for ratio in args.ratios:
-        rows.append(run(path, prompts, args.new, ratio, budget // cell_size(path, ratio)))
+    prompts = [[rng.randrange(3, vocab) for _ in range(args.prompt)] for _ in range(args.requests)]
+    # The miniature on the CPU: every row the bytes of one pool of --one-pool-tokens; a shape: the planner's pools.
+    planned = args.shape is not None
+    budget = args.one_pool_tokens * cell_size(path, None, args.device)
+    rows = []
+    for ratio in [None, *args.ratios]:
+        tokens = budget // cell_size(path, ratio, args.device)
+        rows.append(run(path, prompts, args.new, ratio, None if planned else tokens, args.device))
+        gc.collect()  # the last row's model and pools go before the next row's start (its planner reads free memory)
+        if args.device == "cuda":
+            torch.cuda.empty_cache()
     reference = rows[0].pop("outputs")
     for row in rows[1:]:
         row["outputs_equal_one_pool"] = row.pop("outputs") == reference
@@ -148,9 +176,9 @@ def main() -> None:
     table = "\n".join(lines)
     print(table)
     meta = {k: v for k, v in vars(args).items() if k != "out"}
-    meta.update(
-        window=WINDOW, layers=LAYERS, sliding_layers=sum(t == "sliding_attention" for t in CONFIG["layer_types"])
-    )
+    if not planned:
+        sliding = sum(t == "sliding_attention" for t in CONFIG["layer_types"])
+        meta.update(window=WINDOW, layers=LAYERS, sliding_layers=sliding)
     write_results(args.out, {"meta": meta, "rows": rows}, table, name="results_swa_pool")
 
 

@@ -29,6 +29,9 @@
 #   kv-sizing-tp2       kv_sizing/: Llama-3.1-8B --tp-size 2 (nvidia-h200-x2)
 #   kv-sizing-mla       kv_sizing/: DeepSeek-V2-Lite default (MLA: the latent buffers on both paths), then DeepSeek-V3-4L
 #                       under KT with FP8 experts and the full-GPU prefill threshold (kt-fp8)
+#   swa-pool            kv_sizing/: bench_swa_pool.py on the Gemma-3-27B shape (bf16 dummy weights), one pool vs the hybrid
+#                       SWA pool at --swa-full-tokens-ratio 0.8 and 0.25, each sized by the planner from the same free
+#                       memory: 128 requests of 4,096 + 256 tokens (not run yet); another shape with SWA_MODEL=NAME
 #   roofline            decode_roofline/: bench_decode_roofline.py --skip-hf
 #   roofline-fp8        fp8_linear/: the same with --quantization fp8
 #   roofline-fp8-native fp8_linear/: bench_decode_roofline.py --shape Qwen3-8B --checkpoint-fp8 (a native block-fp8
@@ -125,6 +128,9 @@ run_stage() {
     kv-sizing-mla)
       python3 benchmark/kv_sizing/bench_kv_sizing.py --out $o --shapes DeepSeek-V2-Lite --flag-sets default &&
         python3 benchmark/kv_sizing/bench_kv_sizing.py --out $o --shapes DeepSeek-V3-4L --flag-sets kt-fp8 --append ;;
+    swa-pool)
+      python3 benchmark/kv_sizing/bench_swa_pool.py --device cuda --shape ${SWA_MODEL:-Gemma-3-27B} --requests 128 \
+        --prompt 4096 --new 256 --out $o ;;
     roofline) python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --out $o ;;
     roofline-fp8) python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --quantization fp8 --out $o ;;
     roofline-fp8-native)
