@@ -121,3 +121,12 @@ def test_a_lock_holds_only_its_paths_last_window_and_survives_splits():
     assert c.swa_evictable_size() == 4
     c.evict(64)
     assert (a.available_size(), a.swa_available_size(), c.swa_evictable_size()) == (64, 32, 0)
+
+
+def test_locking_the_root_records_nothing():
+    """A request with no cached prefix locks the root: no window lock, nothing kept per admission."""
+    c, _, _ = make_cache()
+    for _ in range(3):
+        c.inc_lock_ref(c.root)
+        c.dec_lock_ref(c.root)
+    assert c.root.swa_lock_tops == [] and c.swa_evictable_size() == 0

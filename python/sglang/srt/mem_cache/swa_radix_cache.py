@@ -55,7 +55,7 @@ class SWARadixCache(RadixCache):
 
     def reset(self) -> None:
         super().reset()
-        self.swa_evictable_size_ = 0  # window slots held by unlocked nodes
+        self.swa_evictable_size_ = 0  # window slots held by nodes without a window lock
 
     # ----------------------------------------------------------------- lookup
     def match_prefix(self, key: List[int]) -> Tuple[torch.Tensor, TreeNode]:
@@ -104,6 +104,8 @@ class SWARadixCache(RadixCache):
         """Lock `node` and its ancestors (super), and lock the window slots of the last W - 1 tokens of its path:
         what the next query of the request ending there sees. Window slots further up stay evictable."""
         delta = super().inc_lock_ref(node)
+        if node is None or node is self.root:  # nothing cached to lock (dec_lock_ref then finds nothing either)
+            return delta
         top = None
         covered, n = 0, node
         while n is not self.root and n is not None and covered < self.window - 1:
@@ -145,8 +147,8 @@ class SWARadixCache(RadixCache):
     # --------------------------------------------------------------- eviction
     def evict(self, num_tokens: int) -> int:
         """Make `num_tokens` slots available in both pools: cached leaves leave the tree (their window slots go
-        with them) while the full pool is short, then unlocked nodes give up their window slots while the window
-        pool is."""
+        with them) while the full pool is short, then nodes without a window lock give up their window slots while
+        the window pool is."""
         freed = 0
         full_short = num_tokens - self.allocator.available_size()
         if full_short > 0:

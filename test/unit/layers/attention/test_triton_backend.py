@@ -18,38 +18,47 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.fixture(scope="module")
-def runner():
-    from transformers import AutoModelForCausalLM, LlamaConfig
+def _model_runner(config, prefix: str, **flags):
+    """A ModelRunner (fp32, torch-native attention, no graphs) over transformers' random init of `config`."""
+    from transformers import AutoModelForCausalLM
 
     from sglang.srt.configs.engine_config import resolve_engine_config
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.server_args import ServerArgs
 
-    path = tempfile.mkdtemp(prefix="tiny-llama-")
-    config = LlamaConfig(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-    )
+    path = tempfile.mkdtemp(prefix=prefix)
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
     args = ServerArgs(
         model_path=path,
         skip_tokenizer_init=True,
         max_total_tokens=2048,
-        device=device,
+        device="cuda" if torch.cuda.is_available() else "cpu",
         dtype="float32",
         disable_cuda_graph=True,
         attention_backend="torch_native",
         mem_fraction_static=0.5,
+        **flags,
     )
     return ModelRunner(resolve_engine_config(args))
+
+
+SHAPE = dict(
+    vocab_size=300,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=512,
+)
+
+
+@pytest.fixture(scope="module")
+def runner():
+    from transformers import LlamaConfig
+
+    return _model_runner(LlamaConfig(**SHAPE), "tiny-llama-")
 
 
 def _run(mr, backend, mode, ids, rows, seqs, loc, ext=None, pre=None) -> torch.Tensor:
@@ -92,40 +101,10 @@ def test_triton_backend_matches_torch_native(runner):
 @pytest.fixture(scope="module")
 def hybrid_runner():
     """A Qwen2 whose second layer slides over 4 keys, on the hybrid SWA pool (a window pool of 1024 tokens)."""
-    from transformers import AutoModelForCausalLM, Qwen2Config
+    from transformers import Qwen2Config
 
-    from sglang.srt.configs.engine_config import resolve_engine_config
-    from sglang.srt.model_executor.model_runner import ModelRunner
-    from sglang.srt.server_args import ServerArgs
-
-    path = tempfile.mkdtemp(prefix="tiny-qwen2-swa-")
-    config = Qwen2Config(
-        vocab_size=300,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        use_sliding_window=True,
-        sliding_window=4,
-        max_window_layers=1,
-    )
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-    args = ServerArgs(
-        model_path=path,
-        skip_tokenizer_init=True,
-        max_total_tokens=2048,
-        device=device,
-        dtype="float32",
-        disable_cuda_graph=True,
-        attention_backend="torch_native",
-        mem_fraction_static=0.5,
-        swa_full_tokens_ratio=0.5,
-    )
-    return ModelRunner(resolve_engine_config(args))
+    config = Qwen2Config(**SHAPE, use_sliding_window=True, sliding_window=4, max_window_layers=1)
+    return _model_runner(config, "tiny-qwen2-swa-", swa_full_tokens_ratio=0.5)
 
 
 def test_triton_backend_reads_the_window_pool_as_torch_native(hybrid_runner):
