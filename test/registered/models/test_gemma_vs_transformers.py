@@ -2,7 +2,8 @@
 fp32 on the CPU, through the in-process scheduler (one per model): a sliding window shorter than the prompts,
 attention logit soft-capping (Gemma 2) and final logit soft-capping on, rope per layer type with a scaled global
 rope (Gemma 3). Greedy tokens identical to transformers, output and prompt logprobs equal to its log-softmax of the
-capped logits, also with chunked prefill cutting the window and with cached prefixes longer than the window. The
+capped logits, also with chunked prefill cutting the window, with cached prefixes longer than the window, and with the
+sliding layers in a window pool too small to keep every request's window (the hybrid SWA pool under pressure). The
 same weights without the attention cap or the window give other greedy tokens in transformers, and without the
 final cap other logprobs, so each is matched."""
 
@@ -75,6 +76,24 @@ def test_greedy_tokens_and_logprobs_match_transformers(tiny):
     assert any(o.cached_tokens > WINDOW for o in again)
     # Not degenerate: different prompts, different continuations, several distinct tokens each.
     assert len({tuple(r) for r in ref}) == len(PROMPT_LENS) and all(len(set(r)) > 2 for r in ref)
+
+
+def test_a_small_window_pool_keeps_the_tokens(tiny):
+    """The sliding layers in a window pool of 32 tokens (--swa-full-tokens-ratio; one pool holds 1,024) for requests
+    of up to 53 tokens, four at a time: out-of-window slots released while they run, prefills cut to the pool's room;
+    greedy tokens still transformers'."""
+    family, d, hf, ref, _ = tiny
+    small = make_scheduler(
+        reuse_model=False,
+        model_path=d,
+        skip_tokenizer_init=True,
+        max_total_tokens=1024,
+        chunked_prefill_size=16,
+        swa_full_tokens_ratio=0.032,
+    )
+    assert small.allocator.swa_size == 32 < sum(PROMPT_LENS) + len(PROMPT_LENS) * NEW_TOKENS
+    for _ in range(2):
+        assert [o.output_ids for o in run_scheduler(small, prompts(), greedy_params(NEW_TOKENS))] == ref, family
 
 
 FEATURES = ["final_logit_softcapping", "attn_logit_softcapping", "sliding_window", "rope_local_base_freq"]
