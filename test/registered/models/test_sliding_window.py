@@ -90,6 +90,7 @@ def test_window_pool_off_keeps_one_pool(tmp_path):
         reuse_model=False, model_path=d, skip_tokenizer_init=True, max_total_tokens=1024, disable_hybrid_swa_memory=True
     )
     assert not sched.model_runner.token_to_kv_pool.has_window_pool
-    assert sched.model_runner.memory_plan.swa_layers == 0
+    plan = sched.model_runner.memory_plan
+    assert plan.swa_layers == 0 and "one pool: --disable-hybrid-swa-memory" in " ".join(plan.notes)
     outs = run_scheduler(sched, prompts(), greedy_params(NEW_TOKENS))
     assert [o.output_ids for o in outs] == hf_greedy(load_hf_model(d), prompts(), NEW_TOKENS)

@@ -195,6 +195,9 @@ class ModelRunner(ModelRunnerKVCacheMixin):
                 "decode runs eagerly (no CUDA graphs); the measured eager decode at max_running_requests "
                 "sets the headroom"
             )
+        swa = self.config.memory.swa_pool
+        if self.model_config.num_window_layers and swa.swa_full_tokens_ratio is None:
+            notes.append(f"sliding-window layers keep every token in the one pool: {swa.reason}")
         kernels = self.config.kernels
         return MemoryPlan.report(
             self.readings,
