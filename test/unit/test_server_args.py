@@ -52,6 +52,8 @@ BAD_ARGS = [
     (dict(grammar_backend="outlines"), "--grammar-backend"),
     (dict(kt_method="FP4"), "--kt-method"),
     (dict(kt_num_gpu_experts=-1), "--kt-num-gpu-experts"),
+    (dict(swa_full_tokens_ratio=0.0), "--swa-full-tokens-ratio"),
+    (dict(swa_full_tokens_ratio=1.5), "--swa-full-tokens-ratio"),
     (dict(nnodes=2), "--dist-init-addr"),
     (dict(nnodes=2, node_rank=2, dist_init_addr="127.0.0.1:5000"), "--node-rank"),
     (dict(model_path="/no/such/model"), "--model-path"),
@@ -151,6 +153,7 @@ CLI_BAD = [
     (["--disable-overlap-schedule=1"], "--disable-overlap-schedule"),  # switches take no value
     (["--enable-mixed-chunk=yes"], "--enable-mixed-chunk"),
     (["--grammar-backend", "outlines"], "--grammar-backend"),  # argparse lists the names
+    (["--swa-full-tokens-ratio", "2"], "--swa-full-tokens-ratio"),
 ]
 
 
@@ -207,11 +210,15 @@ def test_cli_good_args_parse():
             "--mem-fraction-static",
             "0.5",
             "--disable-overlap-schedule",
+            "--swa-full-tokens-ratio",
+            "0.25",
+            "--disable-hybrid-swa-memory",
         ]
     ).args
     assert (sa.page_size, sa.max_total_tokens, sa.chunked_prefill_size) == (4, 1024, 64)
     assert sa.disable_radix_cache and sa.mem_fraction_static == 0.5
     assert sa.disable_overlap_schedule
+    assert sa.swa_full_tokens_ratio == 0.25 and sa.disable_hybrid_swa_memory
     assert not prepare_engine_config(["--device", "cpu", "--model-path", SMOL]).args.disable_overlap_schedule  # default
     assert sa.disable_cuda_graph and sa.attention_backend == "torch_native"
 
