@@ -83,6 +83,7 @@ def test_running_requests_release_only_what_no_launched_query_sees_and_only_when
     req = _running(pool, slots, committed=12, protected=3)
     c.release_out_of_window([req], need=4)  # 12 free window slots: nothing released
     assert a.swa_held(slots).all()
+    assert c.swa_room() == 12 and c.swa_room([req]) == 12 + 6  # what it would release (3..8) counts as room
     c.release_out_of_window([req], need=13)
     # Queries still to run are at 12 or later and see 9 on: 3..8 go (0..2 are the tree's).
     assert a.swa_held(slots).tolist() == [True] * 3 + [False] * 6 + [True] * 11

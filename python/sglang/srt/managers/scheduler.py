@@ -350,7 +350,7 @@ class Scheduler:
         need = batch.decode_tokens_needed()
         if self.allocator.available_size() + self.tree_cache.evictable_size() < need:
             return True
-        swa_room = self.tree_cache.swa_room()
+        swa_room = self.tree_cache.swa_room(batch.reqs)  # what they would release counts: update_running_batch does
         return swa_room is not None and swa_room < need
 
     def has_prefill_work(self) -> bool:

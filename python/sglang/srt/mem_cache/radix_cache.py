@@ -10,7 +10,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import time
-from typing import TYPE_CHECKING, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -198,8 +198,9 @@ class RadixCache:
         """Free the slots no later query of these requests can see, if the pool has fewer than `need` free;
         without a window pool there are none."""
 
-    def swa_room(self) -> Optional[int]:
-        """Tokens the window pool can hold now, evicting unlocked cached ones; None without a window pool."""
+    def swa_room(self, running: Sequence["Req"] = ()) -> Optional[int]:
+        """Tokens the window pool can hold now, evicting cached ones and releasing what `running` requests no
+        longer see; None without a window pool."""
         return None
 
     def swa_pool_size(self) -> int:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
-from typing import TYPE_CHECKING, List, Optional, Tuple
+from typing import TYPE_CHECKING, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -135,8 +135,9 @@ class SWARadixCache(RadixCache):
             n = n.parent
         return delta
 
-    def swa_room(self) -> Optional[int]:
-        return self.allocator.swa_available_size() + self.swa_evictable_size_
+    def swa_room(self, running: Sequence["Req"] = ()) -> Optional[int]:
+        releasable = sum(end - start for start, end in map(self._releasable, running) if end > start)
+        return self.allocator.swa_available_size() + self.swa_evictable_size_ + releasable
 
     def swa_pool_size(self) -> int:
         return self.allocator.swa_size
@@ -190,12 +191,15 @@ class SWARadixCache(RadixCache):
         finishes leaves its whole sequence reusable (a repeated prompt, a shared system prompt)."""
         if self.allocator.swa_available_size() >= need:
             return
-        ps = self.page_size
         for req in reqs:
-            if req.req_pool_idx is None:
-                continue
-            start = max(req.swa_released_len, req.cache_protected_len)
-            end = visible_from(req.kv_committed_len + 1, self.window) // ps * ps
+            start, end = self._releasable(req)
             if end > start:
                 self.allocator.free_swa(self.req_to_token_pool.read(req.req_pool_idx, end, start=start))
                 req.swa_released_len = end
+
+    def _releasable(self, req: "Req") -> Tuple[int, int]:
+        """The positions [start, end) whose window slots `req` may give back now (empty when none)."""
+        if req.req_pool_idx is None:
+            return 0, 0
+        end = visible_from(req.kv_committed_len + 1, self.window) // self.page_size * self.page_size
+        return max(req.swa_released_len, req.cache_protected_len), end
