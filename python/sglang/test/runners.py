@@ -139,9 +139,13 @@ def make_tiny_hf_model(arch: str, out_dir: str, seed: int = 0, init_std: float =
     for greedy decoding not to hinge on last-bit differences; norms and biases get random values too,
     so a loader that skipped them would be caught.
     """
+    return save_tiny_hf_model(tiny_config(arch, initializer_range=init_std, **overrides), out_dir, seed)
+
+
+def save_tiny_hf_model(config, out_dir: str, seed: int = 0) -> str:
+    """transformers' own random init of `config` (fp32), norms around 1 and biases random too, saved to out_dir."""
     from transformers import AutoModelForCausalLM
 
-    config = tiny_config(arch, initializer_range=init_std, **overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     gen = torch.Generator().manual_seed(seed + 1)

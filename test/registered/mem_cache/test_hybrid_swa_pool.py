@@ -15,8 +15,8 @@ import random
 import pytest
 
 from sglang.srt.model_executor.pool_configurator import NotEnoughMemoryError
-from sglang.test.runners import greedy_params, make_scheduler, run_scheduler
-from sglang.test.tiny_sliding_window import qwen2_config, write_tiny
+from sglang.test.runners import greedy_params, make_scheduler, run_scheduler, save_tiny_hf_model
+from sglang.test.tiny_sliding_window import qwen2_config
 
 NEW_TOKENS = 20
 
@@ -29,7 +29,7 @@ def prompts():
 
 @pytest.fixture(scope="module")
 def checkpoint(tmp_path_factory):
-    d = write_tiny(str(tmp_path_factory.mktemp("qwen2-swa")), qwen2_config())
+    d = save_tiny_hf_model(qwen2_config(), str(tmp_path_factory.mktemp("qwen2-swa")))
     one_pool = make_scheduler(
         reuse_model=False, model_path=d, skip_tokenizer_init=True, max_total_tokens=4096, disable_hybrid_swa_memory=True
     )

@@ -13,8 +13,15 @@ import pytest
 import torch
 
 from sglang.srt.configs.sliding_window import NO_WINDOW, layer_sliding_windows
-from sglang.test.runners import greedy_params, hf_greedy, load_hf_model, make_scheduler, run_scheduler
-from sglang.test.tiny_sliding_window import WINDOW, mistral_config, qwen2_config, write_tiny
+from sglang.test.runners import (
+    greedy_params,
+    hf_greedy,
+    load_hf_model,
+    make_scheduler,
+    run_scheduler,
+    save_tiny_hf_model,
+)
+from sglang.test.tiny_sliding_window import WINDOW, mistral_config, qwen2_config
 
 NEW_TOKENS = 16
 
@@ -36,7 +43,7 @@ def test_layer_windows_follow_transformers():
 
 @pytest.mark.parametrize("arch", ["mistral", "qwen2"])
 def test_window_matches_transformers(arch, tmp_path):
-    d = write_tiny(str(tmp_path / arch), mistral_config(WINDOW) if arch == "mistral" else qwen2_config())
+    d = save_tiny_hf_model(mistral_config(WINDOW) if arch == "mistral" else qwen2_config(), str(tmp_path / arch))
     ref = hf_greedy(load_hf_model(d), prompts(), NEW_TOKENS)
     from transformers import AutoModelForCausalLM
 
@@ -63,7 +70,7 @@ def test_small_window_pool_matches_transformers(arch, page_size, tmp_path):
     up to 63 tokens, four at a time, so requests give their out-of-window tokens' window slots back while they run,
     prefills are cut to the pool's room, and cached prefixes are reused only where their window was kept. Greedy
     tokens stay transformers' (Mistral windows every layer; this Qwen2 two of four, beside two full ones, in pages of 4)."""
-    d = write_tiny(str(tmp_path / arch), mistral_config(WINDOW) if arch == "mistral" else qwen2_config())
+    d = save_tiny_hf_model(mistral_config(WINDOW) if arch == "mistral" else qwen2_config(), str(tmp_path / arch))
     ref = hf_greedy(load_hf_model(d), prompts(), NEW_TOKENS)
     sched = make_scheduler(
         reuse_model=False,
@@ -85,7 +92,7 @@ def test_small_window_pool_matches_transformers(arch, page_size, tmp_path):
 
 def test_window_pool_off_keeps_one_pool(tmp_path):
     """--disable-hybrid-swa-memory: every layer in the one pool (the window still honoured by the kernels)."""
-    d = write_tiny(str(tmp_path / "mistral"), mistral_config(WINDOW))
+    d = save_tiny_hf_model(mistral_config(WINDOW), str(tmp_path / "mistral"))
     sched = make_scheduler(
         reuse_model=False, model_path=d, skip_tokenizer_init=True, max_total_tokens=1024, disable_hybrid_swa_memory=True
     )

@@ -9,6 +9,7 @@ register_cpu_ci(est_time=2, suite="per-commit-cpu")
 import pytest
 import torch
 
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 from sglang.srt.mem_cache.swa_allocator import SWATokenToKVPoolAllocator
 from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
 
@@ -59,7 +60,8 @@ def test_continuing_a_page_whose_token_left_the_window_is_a_bookkeeping_error():
 
 def test_pool_stores_windowed_layers_at_their_window_slots():
     a = SWATokenToKVPoolAllocator(16, 8, 1, "cpu")
-    pool = SWAKVPool(16, 8, 1, torch.float32, 1, 2, 2, layer_windows=(-1, 4), full_to_swa=a.full_to_swa, device="cpu")
+    pools = [MHATokenToKVPool(n, 1, torch.float32, 1, 2, 2, 1, "cpu") for n in (16, 8)]
+    pool = SWAKVPool(*pools, layer_windows=(-1, 4), full_to_swa=a.full_to_swa)
     full = a.alloc(3)
     k = torch.arange(6, dtype=torch.float32).view(3, 1, 2)
     for layer in (0, 1):

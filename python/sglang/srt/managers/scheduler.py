@@ -350,8 +350,10 @@ class Scheduler:
         need = batch.decode_tokens_needed()
         if self.allocator.available_size() + self.tree_cache.evictable_size() < need:
             return True
-        swa_room = self.tree_cache.swa_room(batch.reqs)  # what they would release counts: update_running_batch does
-        return swa_room is not None and swa_room < need
+        swa_room = self.tree_cache.swa_room()
+        if swa_room is None or swa_room >= need:
+            return False
+        return self.tree_cache.swa_room(batch.reqs) < need  # what they would release counts: update_running_batch does
 
     def has_prefill_work(self) -> bool:
         return bool(self.waiting_queue) or self.chunked_req is not None

@@ -21,45 +21,36 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 class SWAKVPool:
     def __init__(
         self,
-        size: int,
-        swa_size: int,
-        page_size: int,
-        dtype: torch.dtype,
-        head_num: int,
-        head_dim: int,
-        v_head_dim: int,
+        full_pool: MHATokenToKVPool,
+        swa_pool: MHATokenToKVPool,
         layer_windows: Sequence[int],
         full_to_swa: torch.Tensor,
-        device: str,
     ) -> None:
-        """`layer_windows`: one entry per layer, > 0 for a windowed layer. `full_to_swa`: the allocator's device map."""
-        self.page_size = page_size
-        self.dtype = dtype
-        self.head_num = head_num
-        self.head_dim = head_dim
-        self.v_head_dim = v_head_dim
+        """`full_pool` holds the full-attention layers, `swa_pool` the windowed ones, in model order; `layer_windows`
+        has one entry per layer, > 0 for a windowed layer; `full_to_swa` is the allocator's device map."""
+        self.full_pool, self.swa_pool = full_pool, swa_pool
+        self.page_size = full_pool.page_size
+        self.dtype = full_pool.dtype
         self.layer_num = len(layer_windows)
-        self.device = device
+        self.device = full_pool.device
         self.full_to_swa = full_to_swa
         self.is_swa = [w > 0 for w in layer_windows]
-        # Each model layer's place: its pool and its index there.
         full_ids = [i for i, swa in enumerate(self.is_swa) if not swa]
         swa_ids = [i for i, swa in enumerate(self.is_swa) if swa]
-
-        def pool(tokens: int, layers: int) -> MHATokenToKVPool:
-            return MHATokenToKVPool(tokens, page_size, dtype, head_num, head_dim, v_head_dim, layers, device)
-
-        self.full_pool = pool(size, len(full_ids))
-        self.swa_pool = pool(swa_size, len(swa_ids))
+        if (len(full_ids), len(swa_ids)) != (full_pool.layer_num, swa_pool.layer_num):
+            raise ValueError(
+                f"pools of {full_pool.layer_num} + {swa_pool.layer_num} layers for windows {layer_windows}"
+            )
         # The window pool's dummy page holds zeros: a freed token's reads land there, and a zero (unlike an
         # uninitialised NaN) stays harmless however a backend masks it.
-        for buf in self.swa_pool.buffers():
-            buf[:page_size].zero_()
-        self._place: List[Tuple[MHATokenToKVPool, int]] = [None] * self.layer_num  # type: ignore[list-item]
+        for buf in swa_pool.buffers():
+            buf[: self.page_size].zero_()
+        # Each model layer's place: its pool and its index there.
+        self._place: List[Tuple[MHATokenToKVPool, int]] = [(full_pool, 0)] * self.layer_num
         for local, layer in enumerate(full_ids):
-            self._place[layer] = (self.full_pool, local)
+            self._place[layer] = (full_pool, local)
         for local, layer in enumerate(swa_ids):
-            self._place[layer] = (self.swa_pool, local)
+            self._place[layer] = (swa_pool, local)
 
     # ------------------------------------------------------------------- layers
     has_window_pool = True

@@ -89,6 +89,20 @@ class ModelRunnerKVCacheMixin:
         """The request table, the KV buffers (allocated here unless given) and the allocator over them."""
         mc, page, kv = self.model_config, self.config.args.page_size, self.kv_geometry
         self.req_to_token_pool = ReqToTokenPool(max_running_requests, mc.context_len, self.device)
+
+        def mha_pool(size: int, layers: int, buffers: Optional[Sequence[torch.Tensor]] = None) -> MHATokenToKVPool:
+            return MHATokenToKVPool(
+                size,
+                page_size=page,
+                dtype=mc.kv_cache_dtype,
+                head_num=kv.kv_heads,
+                head_dim=kv.head_dim,
+                v_head_dim=kv.v_head_dim,
+                layer_num=layers,
+                device=self.device,
+                buffers=buffers,
+            )
+
         if kv.is_mla:  # one latent row (kv_lora_rank + qk_rope_head_dim) per token and layer
             self.token_to_kv_pool = MLATokenToKVPool(
                 tokens,
@@ -104,16 +118,10 @@ class ModelRunnerKVCacheMixin:
             swa_tokens = kv.swa_tokens(tokens, page)
             self.token_to_kv_pool_allocator = SWATokenToKVPoolAllocator(tokens, swa_tokens, page, self.device)
             self.token_to_kv_pool = SWAKVPool(
-                tokens,
-                swa_tokens,
-                page_size=page,
-                dtype=mc.kv_cache_dtype,
-                head_num=kv.kv_heads,
-                head_dim=kv.head_dim,
-                v_head_dim=kv.v_head_dim,
+                mha_pool(tokens, kv.full_layers),
+                mha_pool(swa_tokens, kv.swa_layers),
                 layer_windows=mc.sliding_windows,
                 full_to_swa=self.token_to_kv_pool_allocator.full_to_swa,
-                device=self.device,
             )
             logger.info(
                 "Hybrid SWA KV pool: %d full-attention layers x %d tokens, %d sliding-window layers x %d tokens "
@@ -127,17 +135,7 @@ class ModelRunnerKVCacheMixin:
             )
             return
         else:
-            self.token_to_kv_pool = MHATokenToKVPool(
-                tokens,
-                page_size=page,
-                dtype=mc.kv_cache_dtype,
-                head_num=kv.kv_heads,
-                head_dim=kv.head_dim,
-                v_head_dim=kv.v_head_dim,
-                layer_num=kv.num_layers,
-                device=self.device,
-                buffers=kv_buffers,
-            )
+            self.token_to_kv_pool = mha_pool(tokens, kv.num_layers, kv_buffers)
         self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(tokens, page, self.device)
         slots = tokens + page
         logger.info(
