@@ -80,9 +80,14 @@ def worst_case_load(mr) -> dict:
     """Returns the lowest free memory (GiB) seen and the OOM count."""
     import torch
 
+    from sglang.srt.mem_cache.swa_allocator import SWATokenToKVPoolAllocator
     from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode, ModelWorkerBatch
 
     sa, pool = mr.config.args, mr.token_to_kv_pool_allocator
+    if isinstance(pool, SWATokenToKVPoolAllocator):
+        # The hybrid SWA pool: full-pool slots only (the windowed layers then store at and read the dummy slot):
+        # what costs memory is the batch shape, not the KV contents.
+        pool = pool.full
     n = mr.req_to_token_pool.size
     tokens = mr.max_total_num_tokens
     rows = mr.req_to_token_pool.alloc(n)
@@ -165,6 +170,7 @@ def worker(shape: str, flags: list[str], tp_rank: int = 0, dist_init_method: str
         "flags": " ".join(flags) or "default",
         "path": plan.path,
         "tokens": mr.max_total_num_tokens,
+        "swa_tokens": plan.swa_max_total_num_tokens,
         "cell_bytes": plan.cell_size_bytes,
         "graph_gb": plan.cuda_graph_gb,
         "headroom_gb": plan.headroom_gb,

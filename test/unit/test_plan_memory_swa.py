@@ -1,7 +1,8 @@
 """python -m sglang.plan_memory for sliding-window models (scripts/make_model_configs.py's Gemma-3-27B and
 Gemma-2-9B shapes): on the static path the windowed layers get their own pool of --swa-full-tokens-ratio x the full
 pool's tokens, the cell size counts that share of their bytes (hand counts below), and the plan names both pools;
---disable-hybrid-swa-memory and the post-capture path keep one pool for every layer."""
+the post-capture path the same (its windowed layers' ranges backed for the window pool); --disable-hybrid-swa-memory
+keeps one pool for every layer."""
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -47,15 +48,18 @@ def test_window_layers_count_their_share_of_the_cell(config_dirs, name, ratio):
     # Both pools' bytes fit what the cell size counted for the full pool's tokens.
     pools = (static.max_total_num_tokens * full_layers + static.swa_max_total_num_tokens * window_layers) * layer_cell
     assert pools <= static.max_total_num_tokens * static.cell_size_bytes
-    one_pool, _ = _plans(["--model-path", config_dirs[name], "--disable-hybrid-swa-memory"])
+    one_pool, post_one_pool = _plans(["--model-path", config_dirs[name], "--disable-hybrid-swa-memory"])
     assert one_pool.swa_layers == 0 and one_pool.cell_size_bytes == (full_layers + window_layers) * layer_cell
     assert static.max_total_num_tokens > one_pool.max_total_num_tokens
-    assert post.swa_layers == 0 and post.cell_size_bytes == one_pool.cell_size_bytes  # VMM: one pool
+    # Post-capture: the same two pools over VMM ranges (the rounding to granules is test_pool_configurator's).
+    assert post.swa_layers == window_layers and post.cell_size_bytes == static.cell_size_bytes
+    assert post.swa_max_total_num_tokens == int(post.max_total_num_tokens * ratio)
+    assert post.max_total_num_tokens > post_one_pool.max_total_num_tokens
 
 
 def test_the_plan_names_the_window_pool(config_dirs, capsys):
     assert main(["--model-path", config_dirs["Gemma-3-27B"]]) == 0
     out = capsys.readouterr().out
-    static = out.split("[post-capture]")[0]
+    static, post = out.split("[post-capture]")
     assert "sliding-window layers | 52 in their own pool of" in static
-    assert "sliding-window layers" not in out.split("[post-capture]")[1]
+    assert "sliding-window layers  | 52 in their own pool of" in post

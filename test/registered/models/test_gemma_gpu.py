@@ -2,7 +2,8 @@
 windows, decode in CUDA graphs, the fused rotary/KV store after Gemma 3's q/k norms) against transformers on the
 same tiny checkpoints (python/sglang/test/tiny_gemma.py, a 64-token window, prompts up to 700 tokens), both in
 fp32 on the GPU; the sliding layers in the hybrid SWA pool, at upstream's default size and at one too small to keep
-every prompt's window slots (released as they leave the window, prefills cut to its room). The kernels' fp32 dots run in tf32, so near-ties may flip: at every step the engine's token must be
+every prompt's window slots (released as they leave the window, prefills cut to its room), that one also sized after
+graph capture (SGLANG_ENABLE_POST_CAPTURE_KV_SIZING=1: the windowed layers' buffers a VMM arena of their own). The kernels' fp32 dots run in tf32, so near-ties may flip: at every step the engine's token must be
 transformers' top-1 or within LOGIT_TOL of it, 90% of the steps exactly top-1, and the output logprobs (of the
 capped logits) within LOGPROB_TOL."""
 
@@ -28,10 +29,15 @@ LOGPROB_TOL = 2e-2
 
 
 @pytest.mark.parametrize("family", ["gemma2", "gemma3"])
-@pytest.mark.parametrize("swa_ratio", [0.8, 0.05])  # 0.05: a window pool of 409 tokens for prompts up to 700
-def test_engine_matches_transformers_on_gpu(family, swa_ratio):
+@pytest.mark.parametrize(
+    "swa_ratio, post_capture",
+    [(0.8, False), (0.05, False), (0.05, True)],  # 0.05: a window pool of 409 tokens for prompts up to 700
+    ids=["0.8", "0.05", "0.05-post-capture"],
+)
+def test_engine_matches_transformers_on_gpu(family, swa_ratio, post_capture, monkeypatch):
     import sglang
 
+    monkeypatch.setenv("SGLANG_ENABLE_POST_CAPTURE_KV_SIZING", "1" if post_capture else "0")
     # head_dim 32: the fused rotary kernel on the GPU takes power-of-two head widths (real Gemmas: 128, 256).
     ckpt = write_tiny_gemma(
         family,
@@ -54,6 +60,9 @@ def test_engine_matches_transformers_on_gpu(family, swa_ratio):
         swa_full_tokens_ratio=swa_ratio,
     )
     try:
+        info = engine.get_server_info()
+        assert info["memory_plan"]["path"] == ("post-capture" if post_capture else "static")
+        assert info["memory_plan"]["swa_max_total_num_tokens"] == int(8192 * swa_ratio)
         outs = engine.generate(
             input_ids=prompts,
             sampling_params={"max_new_tokens": NEW_TOKENS, "temperature": 0, "ignore_eos": True},

@@ -86,3 +86,21 @@ def test_a_dry_window_pool_leaves_a_continued_page_alone():
     more = a.alloc_extend([2], [7], [int(first[-1])])
     assert (more[:2] // 4).tolist() == [int(first[0]) // 4] * 2  # the page continued, then a new one
     assert a.available_size() == 24 and a.swa_available_size() == 0
+
+
+def test_post_capture_resize_grows_both_pools_within_the_slot_map():
+    """Post-capture sizing: the pools start at what one granule holds and grow to the planner's sizes; the slot map
+    (held by attention and the decode graphs) is allocated once for the bound, and a pool past it is refused."""
+    a = SWATokenToKVPoolAllocator(8, 4, 4, "cpu", max_size=64)
+    assert a.full_to_swa.shape[0] == 68
+    held = a.alloc(4)
+    a.resize(64, 16)
+    assert (a.size, a.swa_size) == (64, 16)
+    assert (a.available_size(), a.swa_available_size()) == (60, 12)  # the page in use stays in use in both
+    assert a.alloc(16) is None  # every new token needs a window slot too: 12 left
+    more = a.alloc(12)
+    assert more is not None and int(more.max()) < 68 and bool((a.full_to_swa[more] > 0).all())
+    a.free(torch.cat([held, more]))
+    assert (a.available_size(), a.swa_available_size()) == (64, 16)
+    with pytest.raises(ValueError, match="larger than the slot map"):
+        a.resize(68, 16)

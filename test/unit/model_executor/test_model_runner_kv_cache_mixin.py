@@ -153,3 +153,45 @@ def test_mla_reserves_one_latent_range_per_layer(monkeypatch, tmp_path):
     )
     mr.shutdown()
     assert arena.released and pool.buffers() == []
+
+
+def test_window_pool_gets_an_arena_of_its_own(monkeypatch, tmp_path, caplog):
+    """A model with sliding-window layers (Qwen2, the upper two of four layers windowed): the windowed layers' K/V
+    ranges are a second arena, reserved and backed for the window pool (--swa-full-tokens-ratio of the full pool's
+    tokens), and the allocator grows both pools to the planner's sizes."""
+    from sglang.srt.mem_cache.swa_allocator import SWATokenToKVPoolAllocator
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+    from sglang.test.tiny_sliding_window import qwen2_config
+
+    qwen2_config().save_pretrained(tmp_path)
+    with caplog.at_level(logging.INFO):
+        mr, _ = _post_capture_runner(
+            str(tmp_path),
+            monkeypatch,
+            [10 * GiB, 9 * GiB, 8 * GiB, 1 * GiB],
+            mem_fraction_static=0.9,
+            max_running_requests=8,
+            swa_full_tokens_ratio=0.25,
+        )
+    kv, full_arena, swa_arena = mr.kv_geometry, mr.kv_arena, mr.swa_kv_arena
+    assert (kv.full_layers, kv.swa_layers) == (2, 2) and (full_arena.num_buffers, swa_arena.num_buffers) == (4, 4)
+    vp = virtual_pool(mr.readings, mr.pool_args)
+    assert full_arena.reserved_bytes_per_buffer == vp.reserve_bytes_per_buffer
+    assert swa_arena.reserved_bytes_per_buffer == vp.swa_reserve_bytes_per_buffer < vp.reserve_bytes_per_buffer
+    size = post_capture_pool_size(mr.readings, mr.capture_readings, mr.pool_args)
+    swa_tokens = kv.swa_tokens(size.tokens, 1)
+    alloc, pool = mr.token_to_kv_pool_allocator, mr.token_to_kv_pool
+    assert isinstance(alloc, SWATokenToKVPoolAllocator) and isinstance(pool, SWAKVPool)
+    assert (alloc.size, alloc.swa_size) == (size.tokens, swa_tokens) and swa_tokens == int(size.tokens * 0.25)
+    assert alloc.available_size() == size.tokens and alloc.swa_available_size() == swa_tokens
+    assert alloc.full_to_swa.shape[0] == vp.max_tokens + 1  # the slot map covers the pool's bound, allocated once
+    slot = kv.widest_slot_bytes
+    assert full_arena.mapped_bytes_per_buffer == backed_bytes_per_buffer(size.tokens, slot, 1, FakeArena.granularity)
+    assert swa_arena.mapped_bytes_per_buffer == backed_bytes_per_buffer(swa_tokens, slot, 1, FakeArena.granularity)
+    assert (
+        f"Post-capture KV sizing: max_total_num_tokens={size.tokens}, sliding-window layers' pool {swa_tokens} tokens"
+        in (caplog.messages)
+    )
+    assert mr.memory_plan.swa_layers == 2 and mr.memory_plan.swa_max_total_num_tokens == swa_tokens
+    mr.shutdown()
+    assert full_arena.released and swa_arena.released and mr.swa_kv_arena is None

@@ -252,9 +252,20 @@ def test_uneven_heads_size_from_the_largest_rank():
 GRANULE = 2 * MiB
 
 
-def post_readings(free_after_capture_gib=122.25, peak=None, graph_bs=256, page=1, reservations=None, kv=LLAMA_8B):
+def post_readings(
+    free_after_capture_gib=122.25,
+    peak=None,
+    graph_bs=256,
+    page=1,
+    reservations=None,
+    kv=LLAMA_8B,
+    free_after_gib=124.25,
+):
     """(MemoryReadings, CaptureReadings) of a post-capture start."""
-    return readings(page=page, kv=kv, reservations=reservations, vmm_granularity_bytes=GRANULE), CaptureReadings(
+    r = readings(
+        free_after_gib=free_after_gib, page=page, kv=kv, reservations=reservations, vmm_granularity_bytes=GRANULE
+    )
+    return r, CaptureReadings(
         graph_bytes=int(1.46 * GiB),
         captured_graph_max_bs=graph_bs,
         free_after_capture_bytes=int(free_after_capture_gib * GiB),
@@ -423,3 +434,58 @@ def test_post_capture_with_the_latent_buffers(page):
     assert kept.reservation_rule.startswith("permanent") and kept.tokens < lent.tokens
     # Kept out, the reservation leaves the budget's latent rows, in whole granules of the 61 buffers.
     assert kept.tokens * DEEPSEEK_V3.cell_size_bytes <= kept.budget_bytes - reserved
+
+
+# Gemma-3-27B: 62 layers, 52 of them sliding (window 1,024), 16 KV heads of 128 in bf16.
+GEMMA3_27B = KVGeometry(
+    num_layers=62, kv_heads=16, head_dim=128, v_head_dim=128, dtype_bytes=2, swa_layers=52, swa_window=1024
+)
+
+
+@pytest.mark.parametrize("page", [1, 16])
+@pytest.mark.parametrize("ratio", [0.8, 0.25])
+def test_post_capture_with_the_window_pool(page, ratio):
+    """The hybrid SWA pool on the post-capture path: the windowed layers' 104 ranges are reserved and backed for the
+    window pool's tokens, the other 20 for the full pool's; both in whole granules, inside the budget, and the most
+    whole pages that fit. A KT reservation is kept out (no one tail of whole pages for both kinds of buffer)."""
+    from sglang.srt.model_executor.pool_configurator import backed_kv_bytes
+
+    kv = dataclasses.replace(GEMMA3_27B, swa_full_tokens_ratio=ratio)
+    assert (kv.full_buffers, kv.swa_buffers) == (20, 104)
+    r, r_cap = post_readings(peak=GiB, page=page, kv=kv, free_after_gib=88.87, free_after_capture_gib=86.0)
+    pool = virtual_pool(r, args(mfs=0.988))
+    slot = kv.widest_slot_bytes  # 4 KiB
+    assert pool.reserve_bytes_per_buffer == (pool.max_tokens + page) * slot
+    assert pool.swa_reserve_bytes_per_buffer == (kv.swa_tokens(pool.max_tokens, page) + page) * slot
+    assert r.backed_before_capture_bytes == 124 * GRANULE
+    size = post_capture_pool_size(r, r_cap, args(mfs=0.988))
+    tokens, swa = size.tokens, kv.swa_tokens(size.tokens, page)
+    assert tokens % page == 0 and swa == int(tokens * ratio) // page * page
+    mapped = backed_kv_bytes(tokens, r)
+    assert mapped == 20 * backed_bytes_per_buffer(tokens, slot, page, GRANULE) + 104 * backed_bytes_per_buffer(
+        swa, slot, page, GRANULE
+    )
+    assert mapped <= size.budget_bytes < backed_kv_bytes(tokens + page, r)  # inside the budget, and the most
+    # Against the cell count, the rounding to granules costs less than a granule per buffer (and the dummy pages).
+    assert size.budget_bytes // kv.cell_size_bytes - tokens < 124 * (GRANULE + page * slot) // kv.cell_size_bytes + page
+    one_pool_kv = dataclasses.replace(GEMMA3_27B, swa_layers=0)
+    one_pool = post_capture_pool_size(
+        *post_readings(peak=GiB, page=page, kv=one_pool_kv, free_after_gib=88.87, free_after_capture_gib=86.0),
+        args(mfs=0.988),
+    )
+    assert tokens > one_pool.tokens > swa  # the full-attention layers keep more tokens, the windowed ones fewer
+    lent = post_capture_pool_size(
+        *post_readings(
+            peak=GiB, page=page, kv=kv, free_after_gib=88.87, free_after_capture_gib=86.0, reservations={"kt": GiB}
+        ),
+        dataclasses.replace(args(mfs=0.988), lend_reservations=True),
+    )
+    assert lent.prefill_slot_tail is None and lent.reservation_rule.startswith("permanent")
+    assert backed_kv_bytes(lent.tokens, r) <= lent.budget_bytes - GiB
+
+
+def test_post_capture_window_pool_too_small_names_the_flag():
+    kv = dataclasses.replace(GEMMA3_27B, swa_full_tokens_ratio=0.001)
+    r, r_cap = post_readings(peak=GiB, kv=kv, free_after_gib=88.87, free_after_capture_gib=86.0)
+    with pytest.raises(NotEnoughMemoryError, match="--swa-full-tokens-ratio"):
+        post_capture_pool_size(r, r_cap, args(mfs=0.988, max_total_tokens=100_000))

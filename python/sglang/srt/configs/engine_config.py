@@ -252,7 +252,6 @@ def resolve_engine_config(
                 window_layers=model.num_window_layers,
                 swa_full_tokens_ratio=args.swa_full_tokens_ratio,
                 disabled=args.disable_hybrid_swa_memory,
-                post_capture=path.post_capture,
             ),
         ),
         kernels=KernelConfig(

@@ -26,12 +26,14 @@ class SWATokenToKVPoolAllocator:
     Allocation calls take and return full-pool slots, as TokenToKVPoolAllocator's do, and assign the same tokens
     window slots. `available_size()` is the full pool's; the window pool's room is `swa_available_size()`."""
 
-    def __init__(self, size: int, swa_size: int, page_size: int, device: str) -> None:
+    def __init__(self, size: int, swa_size: int, page_size: int, device: str, max_size: Optional[int] = None) -> None:
+        """`max_size`: the largest full pool `resize` may grow to (post-capture sizing; default `size`): the slot
+        map is allocated for it once, since attention and the decode graphs hold it."""
         self.full = TokenToKVPoolAllocator(size, page_size, device)
         self.swa = TokenToKVPoolAllocator(swa_size, page_size, device)
         self.page_size = page_size
         self.device = device
-        slots = size + page_size
+        slots = max(size, max_size or 0) + page_size
         # The device copy is what attention and the K/V stores read; the host copy what the scheduler reads
         # (a device read would wait for the forward in flight). Both are written together.
         self.full_to_swa = torch.zeros(slots, dtype=torch.int64, device=device)
@@ -49,10 +51,17 @@ class SWATokenToKVPoolAllocator:
 
     @property
     def lent_tokens(self) -> int:
-        return 0  # the KT prefill slot is never lent from a hybrid pool (post-capture sizing has none)
+        return 0  # the KT prefill slot is never lent from a hybrid pool (pool_configurator.can_lend_reservations)
 
     def available_size(self) -> int:
         return self.full.available_size()
+
+    def resize(self, size: int, swa_size: int) -> None:
+        """Post-capture sizing: both pools to their final sizes (pages beyond the old sizes become free)."""
+        if size + self.page_size > self.full_to_swa.shape[0]:
+            raise ValueError(f"pool of {size} tokens is larger than the slot map ({self.full_to_swa.shape[0]} slots)")
+        self.full.resize(size)
+        self.swa.resize(swa_size)
 
     def swa_available_size(self) -> int:
         return self.swa.available_size()
@@ -139,9 +148,3 @@ class SWATokenToKVPoolAllocator:
         if self.full_to_swa_host is not self.full_to_swa:
             dev = lambda t: t.to(self.full_to_swa.device, non_blocking=True)  # noqa: E731
             self.full_to_swa[dev(full)] = dev(swa)
-
-    # ---------------------------------------------------------- not supported
-    def resize(self, new_size: int, lendable_tail_pages: int = 0) -> None:
-        raise RuntimeError(
-            "the hybrid SWA pool is sized once (static path) and lends no tail; start with --disable-hybrid-swa-memory"
-        )

@@ -51,6 +51,7 @@ class ModelRunner(ModelRunnerKVCacheMixin):
         self.kv_geometry = config.model.kv_geometry(self.tp_size, tp_rank, ratio)  # this rank's pool layout
         self.cuda_graph_runner = None
         self.kv_arena = None  # the VMM arena of the post-capture path
+        self.swa_kv_arena = None  # its second arena: the sliding-window layers' buffers (hybrid SWA pool)
         self.token_to_kv_pool = None  # pools exist once init_memory_pool ran
 
         self.init_torch_distributed()

@@ -5,8 +5,9 @@ Static path: size the pool from the readings now and allocate it. Post-capture p
 memory (one range per layer's K and V, sized for every token free memory could hold) and back only the
 first granule of each range, the dummy slot that padded graph rows write to; after capture, measure
 the worst-case activation peak and what is really free, let post_capture_pool_size decide, and back
-exactly that much with physical memory behind the same addresses. Either way the request table is
-created once, and the allocator owns the token count (the runner and the scheduler ask it).
+exactly that much with physical memory behind the same addresses. With the hybrid SWA pool the sliding-window
+layers' buffers are a second arena, reserved and backed for the window pool's tokens. Either way the request table
+is created once, and the allocator owns the token count (the runner and the scheduler ask it).
 """
 
 from __future__ import annotations
@@ -61,32 +62,53 @@ class ModelRunnerKVCacheMixin:
 
         pool = virtual_pool(self.readings, self.pool_args)
         kv, page = self.kv_geometry, self.config.args.page_size
-        self.kv_arena = VirtualKVArena(kv.num_buffers, pool.reserve_bytes_per_buffer, self.gpu_id)
         store = kv_storage_dtype(self.model_config.kv_cache_dtype)
-        slots = pool.max_tokens + page
-        buffers = []
-        for layer in range(kv.num_layers):
-            if kv.is_mla:  # one latent range per layer
-                buffers.append(self.kv_arena.tensor(layer, store, (slots, 1, kv.head_dim)))
-                continue
-            buffers.append(self.kv_arena.tensor(2 * layer, store, (slots, kv.kv_heads, kv.head_dim)))
-            buffers.append(self.kv_arena.tensor(2 * layer + 1, store, (slots, kv.kv_heads, kv.v_head_dim)))
+
+        def reserve(num_buffers: int, reserve_bytes: int, tokens: int) -> tuple[VirtualKVArena, list[torch.Tensor]]:
+            """An arena of `num_buffers` ranges and the pool's tensors over them (K, V per layer; MLA: the latent)."""
+            arena, slots = VirtualKVArena(num_buffers, reserve_bytes, self.gpu_id), tokens + page
+            if kv.is_mla:
+                return arena, [arena.tensor(i, store, (slots, 1, kv.head_dim)) for i in range(num_buffers)]
+            widths = (kv.head_dim, kv.v_head_dim) * (num_buffers // 2)
+            return arena, [arena.tensor(i, store, (slots, kv.kv_heads, w)) for i, w in enumerate(widths)]
+
+        self.kv_arena, buffers = reserve(kv.full_buffers, pool.reserve_bytes_per_buffer, pool.max_tokens)
+        swa_buffers = None
+        if kv.is_hybrid_swa:
+            swa_max = kv.swa_tokens(pool.max_tokens, page)
+            self.swa_kv_arena, swa_buffers = reserve(kv.swa_buffers, pool.swa_reserve_bytes_per_buffer, swa_max)
         initial = tokens_backed_before_capture(self.readings, pool)
-        self.create_kv_pools(initial, pool.max_running_requests, kv_buffers=buffers)
+        self.create_kv_pools(
+            initial,
+            pool.max_running_requests,
+            kv_buffers=buffers,
+            swa_kv_buffers=swa_buffers,
+            max_tokens=pool.max_tokens,
+        )
         logger.info(
-            "Post-capture KV sizing: reserved %d layers x %d ranges of %.2f GB of address space (<= %d tokens); "
+            "Post-capture KV sizing: reserved %d layers x %d ranges of %.2f GB of address space (<= %d tokens)%s; "
             "%d tokens backed until capture",
-            kv.num_layers,
+            kv.full_layers,
             kv.num_buffers // kv.num_layers,
             self.kv_arena.reserved_bytes_per_buffer / GiB,
             pool.max_tokens,
+            ""
+            if swa_buffers is None
+            else f", {kv.swa_layers} sliding-window layers x {kv.num_buffers // kv.num_layers} ranges of "
+            f"{self.swa_kv_arena.reserved_bytes_per_buffer / GiB:.2f} GB",
             initial,
         )
 
     def create_kv_pools(
-        self: "ModelRunner", tokens: int, max_running_requests: int, kv_buffers: Optional[Sequence[torch.Tensor]] = None
+        self: "ModelRunner",
+        tokens: int,
+        max_running_requests: int,
+        kv_buffers: Optional[Sequence[torch.Tensor]] = None,
+        swa_kv_buffers: Optional[Sequence[torch.Tensor]] = None,
+        max_tokens: Optional[int] = None,
     ) -> None:
-        """The request table, the KV buffers (allocated here unless given) and the allocator over them."""
+        """The request table, the KV buffers (allocated here unless given: the post-capture path's ranges, for a
+        pool that may grow to `max_tokens`; `swa_kv_buffers` the windowed layers') and the allocator over them."""
         mc, page, kv = self.model_config, self.config.args.page_size, self.kv_geometry
         self.req_to_token_pool = ReqToTokenPool(max_running_requests, mc.context_len, self.device)
 
@@ -114,12 +136,14 @@ class ModelRunnerKVCacheMixin:
                 device=self.device,
                 buffers=kv_buffers,
             )
-        elif kv.is_hybrid_swa:  # sliding-window layers in their own, smaller pool (static path only)
+        elif kv.is_hybrid_swa:  # sliding-window layers in their own, smaller pool
             swa_tokens = kv.swa_tokens(tokens, page)
-            self.token_to_kv_pool_allocator = SWATokenToKVPoolAllocator(tokens, swa_tokens, page, self.device)
+            self.token_to_kv_pool_allocator = SWATokenToKVPoolAllocator(
+                tokens, swa_tokens, page, self.device, max_size=max_tokens
+            )
             self.token_to_kv_pool = SWAKVPool(
-                mha_pool(tokens, kv.full_layers),
-                mha_pool(swa_tokens, kv.swa_layers),
+                mha_pool(tokens, kv.full_layers, kv_buffers),
+                mha_pool(swa_tokens, kv.swa_layers, swa_kv_buffers),
                 layer_windows=mc.sliding_windows,
                 full_to_swa=self.token_to_kv_pool_allocator.full_to_swa,
             )
@@ -160,10 +184,20 @@ class ModelRunnerKVCacheMixin:
         self.pool_size = pool = post_capture_pool_size(self.readings, capture, self.pool_args)
         for warning in pool.warnings:
             logger.warning("%s", warning)
-        page, gran = self.config.args.page_size, self.kv_arena.granularity
-        backed = backed_bytes_per_buffer(pool.tokens, self.kv_geometry.widest_slot_bytes, page, gran)
+        page, gran, kv = self.config.args.page_size, self.kv_arena.granularity, self.kv_geometry
+        backed = backed_bytes_per_buffer(pool.tokens, kv.widest_slot_bytes, page, gran)
         tail = pool.prefill_slot_tail
         self.kv_arena.map_to(backed, tail_bytes_per_buffer=0 if tail is None else tail.bytes_per_buffer)
+        if kv.is_hybrid_swa:  # no tail: can_lend_reservations refuses a hybrid pool
+            swa_tokens = kv.swa_tokens(pool.tokens, page)
+            self.swa_kv_arena.map_to(backed_bytes_per_buffer(swa_tokens, kv.widest_slot_bytes, page, gran))
+            self.token_to_kv_pool_allocator.resize(pool.tokens, swa_tokens)
+            logger.info(
+                "Post-capture KV sizing: max_total_num_tokens=%d, sliding-window layers' pool %d tokens",
+                pool.tokens,
+                swa_tokens,
+            )
+            return capture
         self.token_to_kv_pool_allocator.resize(
             pool.tokens, lendable_tail_pages=0 if tail is None else tail.tokens // page
         )
@@ -190,3 +224,6 @@ class ModelRunnerKVCacheMixin:
             self.attn_backend = None
             self.kv_arena.release()
             self.kv_arena = None
+        if self.swa_kv_arena is not None:
+            self.swa_kv_arena.release()
+            self.swa_kv_arena = None

@@ -179,18 +179,13 @@ class SWAPoolDecision:
     reason: str
 
 
-def decide_swa_pool(
-    *, window_layers: int, swa_full_tokens_ratio: float, disabled: bool, post_capture: bool
-) -> SWAPoolDecision:
-    """The hybrid SWA pool runs where a model has sliding-window layers, on the static path: the post-capture path's
-    VMM ranges are one size for every buffer, so there the windowed layers keep every token (correct, and as
-    large as the full-attention layers' share)."""
+def decide_swa_pool(*, window_layers: int, swa_full_tokens_ratio: float, disabled: bool) -> SWAPoolDecision:
+    """The hybrid SWA pool runs where a model has sliding-window layers, on both sizing paths (post-capture: the
+    windowed layers' buffers are VMM ranges of their own, backed to the window pool's tokens)."""
     if not window_layers:
         return SWAPoolDecision(None, "no sliding-window layers")
     if disabled:
         return SWAPoolDecision(None, "--disable-hybrid-swa-memory")
-    if post_capture:
-        return SWAPoolDecision(None, "post-capture sizing keeps every token of the sliding-window layers")
     return SWAPoolDecision(swa_full_tokens_ratio, f"{window_layers} sliding-window layers, --swa-full-tokens-ratio")
 
 
@@ -296,6 +291,16 @@ class KVGeometry:
     def num_buffers(self) -> int:
         return self.num_layers if self.is_mla else 2 * self.num_layers
 
+    @property
+    def full_buffers(self) -> int:
+        """The buffers sized by the full pool's tokens (every buffer without the hybrid SWA pool)."""
+        return self.num_buffers - self.swa_buffers
+
+    @property
+    def swa_buffers(self) -> int:
+        """The windowed layers' K and V buffers, sized by the window pool's tokens."""
+        return 2 * self.swa_layers
+
 
 @dataclass(frozen=True)
 class MemoryReadings:
@@ -384,6 +389,8 @@ class VirtualPool:
     memory_bound_tokens: int  # the same bound from memory alone
     max_running_requests: int  # decided now: the request table is captured by the graphs
     reserve_bytes_per_buffer: int
+    # The hybrid SWA pool: the windowed layers' buffers, reserved for the window pool of max_tokens.
+    swa_reserve_bytes_per_buffer: int = 0
 
 
 # ------------------------------------------------------------------ the common terms
@@ -429,6 +436,18 @@ def _static_sizing(readings: MemoryReadings, mem_fraction_static: float, max_tot
     return headroom, budget, _cap_and_align(memory_tokens, readings.page_size, max_total_tokens)
 
 
+def _check_window_pool(readings: MemoryReadings, tokens: int) -> None:
+    """Both paths: a hybrid SWA pool too small for one request's windows is an error naming the flag."""
+    kv, page = readings.kv, readings.page_size
+    if kv.swa_tokens(tokens, page) < kv.min_swa_tokens(page):
+        raise NotEnoughMemoryError(
+            f"The sliding-window layers' KV pool of {kv.swa_tokens(tokens, page)} tokens cannot hold one "
+            f"request's windows ({kv.min_swa_tokens(page)} tokens for a window of {kv.swa_window}, page "
+            f"{page}); raise --swa-full-tokens-ratio (now {kv.swa_full_tokens_ratio}) or --max-total-tokens, or "
+            "use --disable-hybrid-swa-memory."
+        )
+
+
 # ---------------------------------------------------------------------- static path
 def static_pool_size(readings: MemoryReadings, args: PoolArgs) -> PoolSize:
     """SGLang's profile_max_num_token: the pool is what the weights leave, less the headroom and the
@@ -439,14 +458,7 @@ def static_pool_size(readings: MemoryReadings, args: PoolArgs) -> PoolSize:
             f"Not enough memory for the KV cache (max_total_num_tokens={capped.tokens}). "
             f"Increase --mem-fraction-static (now {args.mem_fraction_static}) or free device memory."
         )
-    kv, page = readings.kv, readings.page_size
-    if kv.swa_tokens(capped.tokens, page) < kv.min_swa_tokens(page):
-        raise NotEnoughMemoryError(
-            f"The sliding-window layers' KV pool of {kv.swa_tokens(capped.tokens, page)} tokens cannot hold one "
-            f"request's windows ({kv.min_swa_tokens(page)} tokens for a window of {kv.swa_window}, page "
-            f"{page}); raise --swa-full-tokens-ratio (now {kv.swa_full_tokens_ratio}) or --max-total-tokens, or "
-            "use --disable-hybrid-swa-memory."
-        )
+    _check_window_pool(readings, capped.tokens)
     return PoolSize(
         tokens=capped.tokens,
         max_running_requests=default_max_running_requests(capped.tokens, args),
@@ -467,11 +479,13 @@ def virtual_pool(readings: MemoryReadings, args: PoolArgs) -> VirtualPool:
     bound = memory_bound if args.max_total_tokens is None else min(memory_bound, args.max_total_tokens // page * page)
     if bound <= 0:
         raise NotEnoughMemoryError("no free memory for a KV cache after loading the weights")
+    kv = readings.kv
     return VirtualPool(
         max_tokens=bound,
         memory_bound_tokens=memory_bound,
         max_running_requests=default_max_running_requests(bound, args),
-        reserve_bytes_per_buffer=(bound + page) * readings.kv.widest_slot_bytes,
+        reserve_bytes_per_buffer=(bound + page) * kv.widest_slot_bytes,
+        swa_reserve_bytes_per_buffer=(kv.swa_tokens(bound, page) + page) * kv.widest_slot_bytes if kv.swa_layers else 0,
     )
 
 
@@ -494,13 +508,37 @@ def backed_bytes_per_buffer(tokens: int, slot_bytes: int, page_size: int, granul
     return -(-(tokens + page_size) * slot_bytes // granularity) * granularity
 
 
+def backed_kv_bytes(tokens: int, readings: MemoryReadings) -> int:
+    """Device memory a pool of `tokens` maps over all its buffers: each buffer's slots (the dummy page included) in
+    whole granules; with the hybrid SWA pool the windowed layers' buffers hold the window pool's tokens."""
+    kv, page, gran = readings.kv, readings.page_size, readings.granularity()
+    full = backed_bytes_per_buffer(tokens, kv.widest_slot_bytes, page, gran) * kv.full_buffers
+    if not kv.swa_layers:
+        return full
+    return (
+        full + backed_bytes_per_buffer(kv.swa_tokens(tokens, page), kv.widest_slot_bytes, page, gran) * kv.swa_buffers
+    )
+
+
 def _granule_tokens(budget_bytes: int, readings: MemoryReadings, bound: int) -> int:
     """Tokens a KV budget holds: whole pages, then whole granules per buffer, rounded down so the
     mapping stays inside the budget."""
-    page, gran = readings.page_size, readings.granularity()
-    tokens = min(max(budget_bytes, 0) // readings.kv.cell_size_bytes // page * page, bound)
-    per_buffer = (tokens + page) * readings.kv.widest_slot_bytes // gran * gran
-    return tokens_in_backed_bytes(per_buffer, readings)
+    page, gran, kv = readings.page_size, readings.granularity(), readings.kv
+    tokens = min(max(budget_bytes, 0) // kv.cell_size_bytes // page * page, bound)
+    if not kv.swa_layers:
+        per_buffer = (tokens + page) * kv.widest_slot_bytes // gran * gran
+        return tokens_in_backed_bytes(per_buffer, readings)
+    # Two pools of different token counts round up to granules apart: the most whole pages whose mapping fits
+    # (each buffer rounds up by less than a granule, so the answer is within that many tokens of the cell count).
+    slack = kv.num_buffers * (gran + page * kv.widest_slot_bytes)  # the dummy page and a granule per buffer
+    lo = max(0, (budget_bytes - slack) // kv.cell_size_bytes // page * page)
+    lo, hi = min(lo, tokens), tokens
+    if backed_kv_bytes(lo, readings) > budget_bytes:
+        return 0
+    while lo < hi:
+        mid = (lo + hi + page) // 2 // page * page
+        lo, hi = (mid, hi) if backed_kv_bytes(mid, readings) <= budget_bytes else (lo, mid - page)
+    return lo
 
 
 def _post_capture_headroom(
@@ -541,7 +579,9 @@ def can_lend_reservations(readings: MemoryReadings, args: PoolArgs) -> bool:
     """Lending needs a reservation, one tail size for every buffer (K and V slots of one width, or MLA's latent
     buffers, all alike) and every rank holding the same KV heads (PoolArgs.lend_reservations)."""
     kv = readings.kv
-    return args.lend_reservations and readings.reserved_bytes > 0 and (kv.is_mla or kv.k_slot_bytes == kv.v_slot_bytes)
+    same_width = kv.is_mla or kv.k_slot_bytes == kv.v_slot_bytes
+    # A hybrid SWA pool's two kinds of buffer hold different token counts: no one tail of whole pages for all.
+    return args.lend_reservations and readings.reserved_bytes > 0 and same_width and not kv.swa_layers
 
 
 def smallest_prefill_slot_tail(readings: MemoryReadings) -> PrefillSlotTail:
@@ -582,6 +622,8 @@ def post_capture_pool_size(readings: MemoryReadings, capture: CaptureReadings, a
             tail, lend = None, False
             memory_tokens = _granule_tokens(budget - reserved, readings, pool.memory_bound_tokens)
             capped = _cap_and_align(memory_tokens, readings.page_size, mtt)
+    if capped.tokens > 0:
+        _check_window_pool(readings, capped.tokens)
     if capped.tokens <= 0:
         raise NotEnoughMemoryError(
             f"Post-capture KV sizing found no room for the KV cache: {free / GiB:.2f} GiB free, "
