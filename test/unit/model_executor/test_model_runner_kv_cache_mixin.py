@@ -49,6 +49,11 @@ class FakeArena:
         self.released = True
 
 
+# Free memory before the weights, after them, after capture, after start-up; the pool's flags.
+READINGS = [10 * GiB, 9 * GiB, 8 * GiB, 1 * GiB]
+SMALL_POOL = dict(mem_fraction_static=0.9, max_running_requests=8)
+
+
 def _post_capture_runner(model: str, monkeypatch, readings: list, peak=None, **kw):
     """peak: what the activation probe measures (None: no measurement, SGLang's rule applies)."""
     import dataclasses
@@ -75,9 +80,8 @@ def test_applies_the_planners_decision(tiny_model_dir, monkeypatch, caplog):
         mr, args = _post_capture_runner(
             tiny_model_dir,
             monkeypatch,
-            [10 * GiB, 9 * GiB, 8 * GiB, 1 * GiB],
-            mem_fraction_static=0.9,
-            max_running_requests=8,
+            READINGS,
+            **SMALL_POOL,
         )
     r, cap, arena = mr.readings, mr.capture_readings, mr.kv_arena
     assert cap.free_after_capture_bytes == 8 * GiB and r.vmm_granularity_bytes == FakeArena.granularity
@@ -111,10 +115,9 @@ def test_measured_peak_sets_the_headroom(tiny_model_dir, monkeypatch):
     mr, _ = _post_capture_runner(
         tiny_model_dir,
         monkeypatch,
-        [10 * GiB, 9 * GiB, 8 * GiB, 1 * GiB],
+        READINGS,
         peak=peak,
-        mem_fraction_static=0.9,
-        max_running_requests=8,
+        **SMALL_POOL,
     )
     size = mr.pool_size
     assert mr.capture_readings.activation_peak_bytes == peak
@@ -136,9 +139,8 @@ def test_mla_reserves_one_latent_range_per_layer(monkeypatch, tmp_path):
     mr, _ = _post_capture_runner(
         str(tmp_path),
         monkeypatch,
-        [10 * GiB, 9 * GiB, 8 * GiB, 1 * GiB],
-        mem_fraction_static=0.9,
-        max_running_requests=8,
+        READINGS,
+        **SMALL_POOL,
     )
     kv, arena, pool = mr.kv_geometry, mr.kv_arena, mr.token_to_kv_pool
     row = config.kv_lora_rank + config.qk_rope_head_dim
@@ -168,9 +170,8 @@ def test_window_pool_gets_an_arena_of_its_own(monkeypatch, tmp_path, caplog):
         mr, _ = _post_capture_runner(
             str(tmp_path),
             monkeypatch,
-            [10 * GiB, 9 * GiB, 8 * GiB, 1 * GiB],
-            mem_fraction_static=0.9,
-            max_running_requests=8,
+            READINGS,
+            **SMALL_POOL,
             swa_full_tokens_ratio=0.25,
         )
     kv, full_arena, swa_arena = mr.kv_geometry, mr.kv_arena, mr.swa_kv_arena
