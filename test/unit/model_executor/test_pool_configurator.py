@@ -481,6 +481,7 @@ def test_post_capture_with_the_window_pool(page, ratio):
         dataclasses.replace(args(mfs=0.988), lend_reservations=True),
     )
     assert lent.prefill_slot_tail is None and lent.reservation_rule.startswith("permanent")
+    assert any("--disable-hybrid-swa-memory" in w for w in lent.warnings)
     assert backed_kv_bytes(lent.tokens, r) <= lent.budget_bytes - GiB
 
 

@@ -608,6 +608,11 @@ def post_capture_pool_size(readings: MemoryReadings, capture: CaptureReadings, a
     )
     budget = free - headroom + backed
     lend = can_lend_reservations(readings, args)
+    if args.lend_reservations and reserved and readings.kv.swa_layers:
+        warnings += (
+            "The KT prefill slot's memory is kept out of the KV pool: a hybrid SWA pool lends no tail "
+            "(--disable-hybrid-swa-memory lends it from one pool's tail)",
+        )
     memory_tokens = _granule_tokens(budget - (0 if lend else reserved), readings, pool.memory_bound_tokens)
     capped = _cap_and_align(memory_tokens, readings.page_size, mtt)
     tail = None
