@@ -627,14 +627,13 @@ def post_capture_pool_size(readings: MemoryReadings, capture: CaptureReadings, a
             tail, lend = None, False
             memory_tokens = _granule_tokens(budget - reserved, readings, pool.memory_bound_tokens)
             capped = _cap_and_align(memory_tokens, readings.page_size, mtt)
-    if capped.tokens > 0:
-        _check_window_pool(readings, capped.tokens)
     if capped.tokens <= 0:
         raise NotEnoughMemoryError(
             f"Post-capture KV sizing found no room for the KV cache: {free / GiB:.2f} GiB free, "
             f"headroom {headroom / GiB:.2f} GiB, reservations {reserved / GiB:.2f} GiB. "
             f"Lower --max-running-requests or --chunked-prefill-size, or free device memory."
         )
+    _check_window_pool(readings, capped.tokens)
     sglang_tokens = _granule_tokens(free - sglang_headroom + backed - reserved, readings, pool.memory_bound_tokens)
     return PoolSize(
         tokens=capped.tokens,
