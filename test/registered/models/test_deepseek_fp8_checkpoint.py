@@ -68,13 +68,11 @@ def test_cpu_dequantizes_every_projection(fp8_v3):
     sched = _scheduler(d)
     model = sched.model_runner.model
     ours = dict(model.named_parameters())
-    for name in (
-        "self_attn.kv_b_proj",
-        "self_attn.q_b_proj",
-        "self_attn.kv_a_proj_with_mqa",
-        "mlp.shared_experts.down_proj",
-    ):
+    for name in ("self_attn.kv_b_proj", "self_attn.q_b_proj", "mlp.shared_experts.down_proj"):
         assert torch.equal(ours[L1 + name + ".weight"], dequantized[L1 + name + ".weight"]), name
+    # q_a_proj and kv_a_proj_with_mqa: one layer's rows, back to back
+    fused = torch.cat([dequantized[L1 + f"self_attn.{n}.weight"] for n in ("q_a_proj", "kv_a_proj_with_mqa")])
+    assert torch.equal(ours[L1 + "self_attn.fused_qkv_a_proj_with_mqa.weight"], fused)
     experts = model.model.layers[1].mlp.experts
     assert torch.equal(experts.w2_weight[3], dequantized[L1 + "mlp.experts.3.down_proj.weight"])
     assert all(p.dtype == torch.float32 for p in ours.values())
@@ -111,11 +109,18 @@ def test_gpu_format_keeps_the_checkpoints_fp8(fp8_v3, monkeypatch):
     sched = _scheduler(d)
     model = sched.model_runner.model
     attn, mlp = model.model.layers[1].self_attn, model.model.layers[1].mlp
-    for layer, name in ((attn.q_a_proj, "self_attn.q_a_proj"), (attn.kv_a_proj_with_mqa, "self_attn.kv_a_proj_with_mqa"),
-                        (attn.o_proj, "self_attn.o_proj"), (mlp.shared_experts.down_proj, "mlp.shared_experts.down_proj")):  # fmt: skip
-        assert layer.is_block_fp8, name
-        assert torch.equal(layer.weight.view(torch.uint8), ckpt[L1 + name + ".weight"].view(torch.uint8)), name
-        assert torch.equal(layer.weight_scale_inv, ckpt[L1 + name + ".weight_scale_inv"]), name
+
+    def stacked(*names: str, suffix: str) -> torch.Tensor:  # the checkpoint tensors back to back (fp8 as bytes)
+        parts = [ckpt[L1 + name + suffix] for name in names]
+        return torch.cat([p.view(torch.uint8) if p.dtype == torch.float8_e4m3fn else p for p in parts])
+
+    for layer, names in ((attn.fused_qkv_a_proj_with_mqa, ("self_attn.q_a_proj", "self_attn.kv_a_proj_with_mqa")),
+                         (attn.o_proj, ("self_attn.o_proj",)),
+                         (mlp.shared_experts.down_proj, ("mlp.shared_experts.down_proj",))):  # fmt: skip
+        assert layer.is_block_fp8, names
+        assert torch.equal(layer.weight.view(torch.uint8), stacked(*names, suffix=".weight")), names
+        # q_a's 128 rows are one scale block: kv_a's blocks follow it, whole
+        assert torch.equal(layer.weight_scale_inv, stacked(*names, suffix=".weight_scale_inv")), names
     assert model.model.layers[0].mlp.gate_up_proj.is_block_fp8  # the dense layer
     assert attn.kv_b_proj.weight.dtype == torch.float32 and not attn.kv_b_proj.is_block_fp8
     assert torch.equal(attn.kv_b_proj.weight, dequantized[L1 + "self_attn.kv_b_proj.weight"])

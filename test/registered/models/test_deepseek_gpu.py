@@ -157,7 +157,7 @@ def test_native_fp8_deepseek_v3_checkpoint_on_the_gpu():
     )  # fmt: skip
     model = sched.model_runner.model
     attn, mlp = model.model.layers[1].self_attn, model.model.layers[1].mlp
-    assert attn.q_a_proj.is_block_fp8 and attn.kv_a_proj_with_mqa.is_block_fp8 and attn.o_proj.is_block_fp8
+    assert attn.fused_qkv_a_proj_with_mqa.is_block_fp8 and attn.q_b_proj.is_block_fp8 and attn.o_proj.is_block_fp8
     assert mlp.shared_experts.gate_up_proj.is_block_fp8 and model.model.layers[0].mlp.down_proj.is_block_fp8
     assert mlp.experts.quant_method.name == "FP8" and mlp.experts.w13_weight.dtype == torch.float8_e4m3fn
     assert attn.kv_b_proj.weight.dtype == torch.float32

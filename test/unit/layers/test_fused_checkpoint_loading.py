@@ -1,5 +1,5 @@
 """layers/linear.py: a checkpoint's fused q/k/v and gate/up tensors (Phi-3's qkv_proj, gate_up_proj), taken whole
-by the merged layers' loaders (shard id None), fill each tensor-parallel rank exactly as the separate tensors do:
+by the merged layers' loaders (shard id None), fill each tensor-parallel rank exactly as the separate tensors do (and StackedLinear its parts):
 weights, biases, and a block-fp8 layer's 128x128 scales; a fused tensor missing rows is refused."""
 
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from sglang.srt.layers import linear
-from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear
+from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, StackedLinear
 
 
 def ranks(monkeypatch, rank: int, size: int) -> None:
@@ -71,3 +71,36 @@ def test_fused_tensor_missing_rows_is_refused():
     layer = QKVParallelLinear(64, 16, 4, 2, params_dtype=torch.float32)
     with pytest.raises(ValueError, match="fused checkpoint tensor of 96 rows for a layer of 128"):
         layer.weight.weight_loader(layer.weight, torch.zeros(96, 64))
+
+
+@pytest.mark.parametrize("tp", [1, 2])
+def test_stacked_head_split_and_replicated_parts(tp, monkeypatch):
+    """MLA's q_proj (this rank's heads) and kv_a_proj_with_mqa (every rank all of it) in one StackedLinear: the
+    rows each rank holds, a block-fp8 layer's scales after them, and a tensor with the wrong rows refused."""
+    heads, head, kv_a, hidden = 4, 192, 576, 256
+    g = torch.Generator().manual_seed(2)
+    q, kv = torch.randn(heads * head, hidden, generator=g), torch.randn(kv_a, hidden, generator=g)
+    for rank in range(tp):
+        mine = heads // tp
+        parts = {"q": (heads * head, rank * mine * head, mine * head), "kv_a": (kv_a, 0, kv_a)}
+        layer = StackedLinear(hidden, parts, params_dtype=torch.float32)
+        for shard, w in (("kv_a", kv), ("q", q)):  # any order
+            layer.weight.weight_loader(layer.weight, w, shard)
+        assert layer.part_sizes == [mine * head, kv_a]
+        assert torch.equal(layer.weight, torch.cat([q[rank * mine * head : (rank + 1) * mine * head], kv]))
+        x = torch.randn(3, hidden, generator=g)
+        q_out, kv_out = layer(x).split(layer.part_sizes, dim=-1)
+        assert torch.allclose(kv_out, x @ kv.T, atol=1e-5)
+
+        block = StackedLinear(hidden, parts, params_dtype=torch.float32, quantization="fp8_block")
+        q_scales = torch.arange(heads * head // 128 * 2, dtype=torch.float32).view(-1, 2)
+        kv_scales = -torch.arange(5 * 2, dtype=torch.float32).view(5, 2)  # 576 rows: 4.5 blocks
+        block.weight_scale_inv.weight_loader(block.weight_scale_inv, q_scales, "q")
+        block.weight_scale_inv.weight_loader(block.weight_scale_inv, kv_scales, "kv_a")
+        mine_blocks = mine * head // 128
+        expected = torch.cat([q_scales[rank * mine_blocks : (rank + 1) * mine_blocks], kv_scales])
+        assert torch.equal(block.weight_scale_inv, expected)
+    with pytest.raises(ValueError, match="part 'kv_a' has 512 rows, expected 576"):
+        layer.weight.weight_loader(layer.weight, torch.zeros(512, hidden), "kv_a")
+    with pytest.raises(ValueError, match="parts are \\['q', 'kv_a'\\]"):
+        layer.weight.weight_loader(layer.weight, kv, "k")

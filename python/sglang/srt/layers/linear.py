@@ -185,6 +185,44 @@ class ReplicatedLinear(LinearBase):
         return self.matmul(x, self.bias)
 
 
+class StackedLinear(LinearBase):
+    """Several checkpoint projections of the same input, each with its own rows on this rank (a head-split
+    part beside a replicated one), stored back to back so that one GEMM serves them: MLA's query projection and
+    kv_a_proj_with_mqa (models/deepseek_v2.py). ``parts``: shard id -> (the checkpoint tensor's rows, this
+    rank's first row in it, how many); a checkpoint tensor fills its part, and must have exactly its rows."""
+
+    def __init__(
+        self,
+        input_size: int,
+        parts: Mapping[str, tuple[int, int, int]],
+        params_dtype=None,
+        quantization: Optional[str] = None,
+    ) -> None:
+        self.parts = dict(parts)
+        self.part_starts: dict[str, int] = {}
+        offset = 0
+        for shard_id, (_, _, size) in self.parts.items():
+            self.part_starts[shard_id] = offset
+            offset += size
+        super().__init__(input_size, offset, False, params_dtype, quantization)
+
+    @property
+    def part_sizes(self) -> list[int]:
+        """Each part's output columns, in order (what ``forward``'s result splits into)."""
+        return [size for _, _, size in self.parts.values()]
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id: Optional[str] = None) -> None:
+        if shard_id not in self.parts:
+            raise ValueError(f"{type(self).__name__} parts are {list(self.parts)}, got shard id {shard_id!r}")
+        rows, src_start, size = self.parts[shard_id]
+        if param is self.weight and loaded.shape[0] != rows:  # a short tensor would load a prefix silently
+            raise ValueError(f"checkpoint tensor for part {shard_id!r} has {loaded.shape[0]} rows, expected {rows}")
+        self._load_slice(param, self.part_starts[shard_id], loaded, src_start, size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.matmul(x, None)
+
+
 class ColumnParallelLinear(LinearBase):
     """Y = X A with A split along its output dimension; each rank computes its slice of Y."""
 
@@ -385,17 +423,20 @@ class RowParallelLinear(LinearBase):
         return y
 
     def forward_add_norm(
-        self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module
+        self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module, addend: Optional[torch.Tensor] = None
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``norm(self(x), residual)`` (an ``RMSNorm``): (the norm of self(x) + residual, that sum; on the GPU
-        written over ``residual``, as the norm kernel does), what the decoder does after o_proj and down.
-        Where this layer's plan splits K for x's rows (one rank, no bias, bf16 weights), the add and the norm
-        run in the GEMM's split-K sum kernel instead of a kernel of their own, with the same bits."""
+        """``norm(self(x) [+ addend], residual)`` (an ``RMSNorm``): (the norm of that + residual, the sum; on the
+        GPU written over ``residual``, as the norm kernel does), what the decoder does after o_proj and down
+        (``addend``: another output of the same shape, DeepSeek's routed experts beside its shared experts).
+        Where this layer's plan splits K for x's rows (one rank, no bias, bf16 weights), the adds and the norm
+        run in the GEMM's split-K sum kernel instead of kernels of their own, with the same bits."""
         if self.tp_size == 1 and self.bias is None and self.quantization is None:
-            normed = linear_add_rmsnorm(x, self.weight, self.gemm_plan, residual, norm.weight, norm.variance_epsilon)
+            eps = norm.variance_epsilon
+            normed = linear_add_rmsnorm(x, self.weight, self.gemm_plan, residual, norm.weight, eps, addend)
             if normed is not None:
                 return normed, residual
-        return norm(self(x), residual)
+        y = self(x)
+        return norm(y if addend is None else y + addend, residual)
 
 
 def store_weights_column_major(model: nn.Module) -> int:

@@ -3,6 +3,7 @@
 Attention (transformers' DeepseekV2Attention / DeepseekV3Attention compute the same):
     q = q_b_proj(q_a_layernorm(q_a_proj(x)))  (q_lora_rank set)  or  q_proj(x)        -> heads x (nope + rope)
     [c_kv | k_rope] = kv_a_proj_with_mqa(x); c_kv = kv_a_layernorm(c_kv)                 -> the cached latent row
+    (q_proj or q_a_proj and kv_a_proj_with_mqa are one GEMM here: fused_qkv_a_proj_with_mqa)
     rotary on the rope parts (interleaved pairs: V2 always, V3 when rope_interleave), softmax scale
     (nope + rope)^-0.5 times YaRN's mscale^2, keys/values of every head from kv_b_proj(c_kv), o_proj.
 The latent row is what the pool keeps (MLATokenToKVPool); layers/attention/mla_torch.py attends over it.
@@ -32,7 +33,6 @@ import math
 from typing import Iterable, Iterator, Optional, Set, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 from transformers import PretrainedConfig
 
@@ -48,12 +48,13 @@ from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import (
     CHECKPOINT_FP8_FORMATS,
     ColumnParallelLinear,
-    ReplicatedLinear,
     RowParallelLinear,
+    StackedLinear,
 )
 from sglang.srt.layers.mla_attention import MLAAttention
 from sglang.srt.layers.moe.kt_ep_wrapper import KTState, build_moe_experts
 from sglang.srt.layers.moe.kt_prefill_slot import KTPrefillSlot
+from sglang.srt.layers.moe.router_gemm import router_logits
 from sglang.srt.layers.moe.topk import GroupedTopKConfig, select_experts_grouped
 from sglang.srt.layers.rotary_embedding import _rope_parameters, get_rope
 from sglang.srt.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
@@ -127,14 +128,17 @@ class DeepseekV2Attention(nn.Module):
         self.num_heads = end - start
         self.q_lora_rank = config.q_lora_rank
         quant = quantization  # the checkpoint's fp8 format on the GPU (see the module docstring), else None
+        # The query projection (q_proj: this rank's heads; or q_a_proj: replicated) and kv_a_proj_with_mqa both read
+        # the layer's input: one GEMM serves both (SGLang's fused_qkv_a_proj_with_mqa), one launch less a layer.
+        kv_a_rows = self.kv_lora_rank + self.rope
         if self.q_lora_rank is None:
-            self.q_proj = HeadParallelLinear(hidden, config.num_attention_heads, qk, dtype, quant)
+            q_part = (config.num_attention_heads * qk, start * qk, self.num_heads * qk)
         else:
-            self.q_a_proj = ReplicatedLinear(hidden, self.q_lora_rank, params_dtype=dtype, quantization=quant)
+            q_part = (self.q_lora_rank, 0, self.q_lora_rank)
             self.q_a_layernorm = RMSNorm(self.q_lora_rank, eps=LATENT_NORM_EPS, params_dtype=dtype)
             self.q_b_proj = HeadParallelLinear(self.q_lora_rank, config.num_attention_heads, qk, dtype, quant)
-        self.kv_a_proj_with_mqa = ReplicatedLinear(
-            hidden, self.kv_lora_rank + self.rope, params_dtype=dtype, quantization=quant
+        self.fused_qkv_a_proj_with_mqa = StackedLinear(
+            hidden, {"q": q_part, "kv_a": (kv_a_rows, 0, kv_a_rows)}, params_dtype=dtype, quantization=quant
         )
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, eps=LATENT_NORM_EPS, params_dtype=dtype)
         # Always in the model's dtype: its weight is W_UK / W_UV, absorbed by the attention (never run as a layer).
@@ -162,14 +166,14 @@ class DeepseekV2Attention(nn.Module):
     def attend(self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch) -> torch.Tensor:
         """Everything up to o_proj: its input [T, heads * v] (the decoder runs o_proj with the residual add)."""
         n = hidden_states.shape[0]
-        if self.q_lora_rank is None:
-            q = self.q_proj(hidden_states)
-        else:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden_states)))
-        q = q.view(n, self.num_heads, self.nope + self.rope)
+        fused = self.fused_qkv_a_proj_with_mqa
+        q, kv_a = fused(hidden_states).split(fused.part_sizes, dim=-1)
+        latent, k_rope = kv_a.split([self.kv_lora_rank, self.rope], dim=-1)
+        if self.q_lora_rank is not None:
+            q = self.q_b_proj(self.q_a_layernorm(q))
+        q = q.view(n, self.num_heads, self.nope + self.rope)  # q_proj's columns: a strided view of the fused rows
         q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
-        latent, k_rope = self.kv_a_proj_with_mqa(hidden_states).split([self.kv_lora_rank, self.rope], dim=-1)
-        # Both are strided views of kv_a's rows: the norm reads them in place (and writes new rows); rotary rotates
+        # Both are strided views of the fused rows: the norm reads them in place (and writes new rows); rotary rotates
         # q's and kv_a's rope columns in place on the GPU, one kernel, no copies ([n, H, rope] / [n, rope] views).
         latent = self.kv_a_layernorm(latent)
         q_rope, k_rope = self.rotary_emb(positions, q_rope, k_rope)
@@ -190,7 +194,7 @@ class MoEGate(nn.Module):
             self.register_parameter("e_score_correction_bias", None)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden_states.float(), self.weight)
+        return router_logits(hidden_states, self.weight)  # one kernel on the GPU, no fp32 copy of the input
 
 
 def noaux_tc_routing(config: PretrainedConfig) -> GroupedTopKConfig:
@@ -256,19 +260,44 @@ class DeepseekV2MoE(nn.Module):
             else None
         )
 
-    def forward(
+    def routed(
         self, hidden_states: torch.Tensor, is_prefill: bool = False, num_real_tokens: Optional[torch.Tensor] = None
     ) -> torch.Tensor:
-        """`is_prefill`, `num_real_tokens`: what the KT wrapper reads (the full-GPU prefill path, graph padding)."""
+        """The routed experts' output. `is_prefill`, `num_real_tokens`: what the KT wrapper reads (the full-GPU
+        prefill path, graph padding)."""
         logits = self.gate(hidden_states)
         topk = select_experts_grouped(logits, self.routing, self.gate.e_score_correction_bias)
         # Each rank holds a slice of every expert's intermediate dimension: partial sums, then all-reduce.
         experts = self.experts(hidden_states, logits, is_prefill, num_real_tokens, topk_output=topk)
-        out = tensor_model_parallel_all_reduce(experts)
+        return tensor_model_parallel_all_reduce(experts)
+
+    def forward(
+        self, hidden_states: torch.Tensor, is_prefill: bool = False, num_real_tokens: Optional[torch.Tensor] = None
+    ) -> torch.Tensor:
+        out = self.routed(hidden_states, is_prefill, num_real_tokens)
         if self.shared_experts is not None:
             shared = self.shared_experts
             out = out + shared.down_proj(shared.gate_up_proj.silu_and_mul(hidden_states))
         return out
+
+    def forward_add_norm(
+        self,
+        hidden_states: torch.Tensor,
+        residual: torch.Tensor,
+        next_norm: RMSNorm,
+        is_prefill: bool = False,
+        num_real_tokens: Optional[torch.Tensor] = None,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``next_norm(self(hidden_states), residual)``: the shared experts' down_proj adds the routed output, the
+        residual and the norm where its split-K sum kernel can (RowParallelLinear.forward_add_norm), with the same
+        bits."""
+        out = self.routed(hidden_states, is_prefill, num_real_tokens)
+        if self.shared_experts is None:
+            return next_norm(out, residual)
+        shared = self.shared_experts
+        return shared.down_proj.forward_add_norm(
+            shared.gate_up_proj.silu_and_mul(hidden_states), residual, next_norm, addend=out
+        )
 
 
 class DeepseekV2DecoderLayer(LlamaDecoderLayer):
@@ -291,7 +320,9 @@ class DeepseekV2DecoderLayer(LlamaDecoderLayer):
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         if isinstance(self.mlp, DeepseekV2MoE):
             fb = forward_batch
-            return next_norm(self.mlp(hidden_states, fb.forward_mode.is_extend(), fb.num_real_tokens), residual)
+            return self.mlp.forward_add_norm(
+                hidden_states, residual, next_norm, fb.forward_mode.is_extend(), fb.num_real_tokens
+            )
         return super().mlp_forward_add_norm(hidden_states, residual, next_norm, forward_batch)
 
 
@@ -302,6 +333,9 @@ class DeepseekV2Model(LlamaModel):
 class DeepseekV2ForCausalLM(LlamaForCausalLM):
     model_cls = DeepseekV2Model
     stacked_params_mapping = [
+        (".fused_qkv_a_proj_with_mqa", ".q_proj", "q"),
+        (".fused_qkv_a_proj_with_mqa", ".q_a_proj", "q"),
+        (".fused_qkv_a_proj_with_mqa", ".kv_a_proj_with_mqa", "kv_a"),
         (".gate_up_proj", ".gate_proj", 0),
         (".gate_up_proj", ".up_proj", 1),
     ]

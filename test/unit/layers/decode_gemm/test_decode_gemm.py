@@ -191,10 +191,12 @@ def test_silu_and_mul_epilogue_refuses_split_k_and_odd_rows():
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("m", [1, 5, 17])
 @pytest.mark.parametrize("split_k", [2, 3])
-def test_split_k_sum_kernel_does_the_add_and_norm_after_the_gemm_bit_for_bit(device, m, split_k):
+@pytest.mark.parametrize("with_addend", [False, True])
+def test_split_k_sum_kernel_does_the_add_and_norm_after_the_gemm_bit_for_bit(device, m, split_k, with_addend):
     """add_norm: the sum kernel adds the residual in place and returns its RMSNorm, the same bits as the GEMM
-    followed by the norm kernel (``fused_elementwise.rmsnorm``). N = 40: the row's masked tail must add nothing
-    to the variance; rows of very different scale catch a norm taken over the wrong row."""
+    followed by the norm kernel (``fused_elementwise.rmsnorm``); with an addend (DeepSeek's routed experts), as
+    the GEMM, torch's add, then the norm kernel. N = 40: the row's masked tail must add nothing to the variance;
+    rows of very different scale catch a norm taken over the wrong row."""
     from sglang.srt.layers.fused_elementwise import rmsnorm
 
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
@@ -205,10 +207,12 @@ def test_split_k_sum_kernel_does_the_add_and_norm_after_the_gemm_bit_for_bit(dev
     residual = torch.randn(m, n, generator=g).to(device, dtype)
     norm_weight = (torch.rand(n, generator=g) + 0.5).to(device, dtype)
     config = GemmConfig(**CFG, split_k=split_k)
-    stream = _reference(x, w, None) + residual.double()
+    addend = (torch.randn(m, n, generator=g) * 3).to(device, dtype) if with_addend else None
+    stream = _reference(x, w, None) + residual.double() + (addend.double() if with_addend else 0)
     fused_residual = residual.clone()
-    normed = skinny_linear(x, w, None, config, add_norm=(fused_residual, norm_weight, 1e-5))
-    expected = rmsnorm(skinny_linear(x, w, None, config), norm_weight, 1e-5, residual=residual)
+    normed = skinny_linear(x, w, None, config, add_norm=(fused_residual, norm_weight, 1e-5), addend=addend)
+    product = skinny_linear(x, w, None, config)
+    expected = rmsnorm(product + addend if with_addend else product, norm_weight, 1e-5, residual=residual)
     assert torch.equal(fused_residual, residual) and torch.equal(normed, expected)
     _check(fused_residual, stream, dtype, relative=True)
     _check(normed, stream * torch.rsqrt(stream.pow(2).mean(-1, keepdim=True) + 1e-5) * norm_weight.double(), dtype)
@@ -223,6 +227,8 @@ def test_add_norm_needs_a_split_k_config_and_matching_shapes():
         skinny_linear(torch.randn(2, 16), w[:, :16], None, GemmConfig(**CFG, split_k=2), add_norm=add_norm)  # 1 tile
     with pytest.raises(ValueError, match="row-contiguous \\[2, 32\\] residual"):
         skinny_linear(x, w, None, GemmConfig(**CFG, split_k=2), add_norm=(torch.zeros(2, 16), torch.ones(32), 1e-6))
+    with pytest.raises(ValueError, match="addend needs add_norm"):
+        skinny_linear(x, w, None, GemmConfig(**CFG, split_k=2), addend=torch.zeros(2, 32))
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -245,6 +251,8 @@ def test_linear_add_rmsnorm_falls_back_wherever_the_kernel_would_refuse(device):
         "residual rows": add_norm_refusal(split2, 2, 64, 32, torch.zeros(3, 32), norm_w),
         "residual strided": add_norm_refusal(split2, 2, 64, 32, torch.zeros(32, 2).t(), norm_w),
         "norm weight": add_norm_refusal(split2, 2, 64, 32, residual, torch.ones(16)),
+        "addend rows": add_norm_refusal(split2, 2, 64, 32, residual, norm_w, addend=torch.zeros(3, 32)),
+        "addend strided": add_norm_refusal(split2, 2, 64, 32, residual, norm_w, addend=torch.zeros(32, 2).t()),
     }
     assert all(isinstance(reason, str) and "add_norm needs" in reason for reason in refusals.values()), refusals
     plan = GemmPlan(((8, split2),))

@@ -55,8 +55,7 @@ def test_shapes_are_the_models_linear_layers(arch):
 def test_deepseek_v2_lite_shapes():
     config = AutoConfig.from_pretrained(shape_config_dir("DeepSeek-V2-Lite"))
     assert projection_shapes(config) == {
-        "q": (16 * 192, 2048),
-        "kv_a": (512 + 64, 2048),
+        "q_kv_a": (16 * 192 + 512 + 64, 2048),
         "o": (2048, 16 * 128),
         "gate_up": (2 * 10944, 2048),
         "down": (2048, 10944),

@@ -55,17 +55,20 @@ def linear_add_rmsnorm(
     residual: torch.Tensor,
     norm_weight: torch.Tensor,
     eps: float,
+    addend: Optional[torch.Tensor] = None,
 ) -> Optional[torch.Tensor]:
-    """``fused_elementwise.rmsnorm(F.linear(x, weight), norm_weight, eps, residual=residual)`` (residual += the
-    product in place; the result is the RMSNorm of that sum) with the add and the norm in the skinny GEMM's
+    """``fused_elementwise.rmsnorm(F.linear(x, weight) [+ addend], norm_weight, eps, residual=residual)`` (residual
+    += the product in place; the result is the RMSNorm of that sum) with the adds and the norm in the skinny GEMM's
     split-K sum kernel, where the plan's config for x's rows splits K; None where it does not (the caller runs
-    the GEMM, then the norm kernel: the same bits)."""
+    the GEMM, the add, then the norm kernel: the same bits)."""
     config = skinny_config(x, plan)
-    if config is None or add_norm_refusal(config, *x.shape, weight.shape[0], residual, norm_weight) is not None:
+    if config is None:
+        return None
+    if add_norm_refusal(config, *x.shape, weight.shape[0], residual, norm_weight, addend=addend) is not None:
         return None
     from sglang.srt.layers.decode_gemm import kernel
 
-    return kernel.skinny_linear(x, weight, None, config, add_norm=(residual, norm_weight, eps))
+    return kernel.skinny_linear(x, weight, None, config, add_norm=(residual, norm_weight, eps), addend=addend)
 
 
 def linear_silu_and_mul(

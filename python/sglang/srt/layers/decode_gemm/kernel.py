@@ -199,16 +199,19 @@ def _sum_splits_kernel(
     Bias,
     Residual,
     NormWeight,
+    Addend,
     Out,
     N,
     stride_split,
     stride_om,
     stride_res,
+    stride_add,
     eps,
     SPLIT_K: tl.constexpr,
     BLOCK: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ADD_NORM: tl.constexpr,
+    HAS_ADDEND: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
@@ -222,6 +225,9 @@ def _sum_splits_kernel(
         acc += tl.load(Bias + offs, mask=mask, other=0.0).to(tl.float32)
     if ADD_NORM:  # one program per row: the residual add and RMSNorm after the GEMM, rounded as rmsnorm() does
         y = acc.to(Out.dtype.element_ty).to(tl.float32)  # the GEMM's own output, as the norm kernel would read it
+        if HAS_ADDEND:  # y + addend rounded as torch's add of the two outputs would be, before the residual
+            y = y + tl.load(Addend + m * stride_add + offs, mask=mask, other=0.0).to(tl.float32)
+            y = y.to(Out.dtype.element_ty).to(tl.float32)
         res_ptrs = Residual + m * stride_res + offs
         h = (y + tl.load(res_ptrs, mask=mask, other=0.0).to(tl.float32)).to(Residual.dtype.element_ty)
         tl.store(res_ptrs, h, mask=mask)
@@ -240,6 +246,7 @@ def skinny_linear(
     silu_and_mul: bool = False,
     add_norm: Optional[tuple[torch.Tensor, torch.Tensor, float]] = None,
     block_scales: Optional[tuple[torch.Tensor, torch.Tensor, torch.dtype]] = None,
+    addend: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """``F.linear(x, weight, bias)`` for a 2-D ``x`` whose rows and ``weight``'s rows are K-contiguous.
 
@@ -251,7 +258,9 @@ def skinny_linear(
     ``add_norm`` = (residual [M, N], norm weight [N], eps), split-K configs only: what the decoder does next,
     ``fused_elementwise.rmsnorm(y, weight, eps, residual=residual)``, done by the split-K sum kernel (one
     program per row): residual += y in place and the result is the RMSNorm of that sum, rounded at the same
-    points as the norm kernel (the same bits).
+    points as the norm kernel (the same bits). ``addend`` [M, N] (with ``add_norm`` only): another output added to
+    the product before the residual, as ``rmsnorm(y + addend, ...)`` rounds it (DeepSeek's routed experts beside
+    the shared experts' down_proj).
     ``block_scales`` = (x_scale [M, ceil(K/128)] with contiguous rows, weight_scale [ceil(N/128), ceil(K/128)]
     with contiguous rows, out dtype) for fp8 ``x`` quantized per token and 128-column group and a block-fp8
     ``weight``: the block-scaled product (``fp8_block_linear.block_fp8_matmul_reference``) in the out dtype;
@@ -273,9 +282,11 @@ def skinny_linear(
         )
     split_k, k_per_split = config.k_split(k)
     if add_norm is not None:
-        refusal = add_norm_refusal(config, m, k, n, add_norm[0], add_norm[1], scales is not None, silu_and_mul)
+        refusal = add_norm_refusal(config, m, k, n, add_norm[0], add_norm[1], scales is not None, silu_and_mul, addend)
         if refusal is not None:
             raise ValueError(refusal)
+    elif addend is not None:
+        raise ValueError("addend needs add_norm")
     out = torch.empty(m, n, device=x.device, dtype=x.dtype if scales is None else scales[2])
     if m == 0:
         return out
@@ -328,16 +339,19 @@ def skinny_linear(
             bias if bias is not None else out,
             add_norm[0] if add_norm is not None else out,  # dummies unless ADD_NORM
             add_norm[1] if add_norm is not None else out,
+            addend if addend is not None else out,
             out,
             n,
             target.stride(0),
             out.stride(0),
             add_norm[0].stride(0) if add_norm is not None else 0,
+            addend.stride(0) if addend is not None else 0,
             add_norm[2] if add_norm is not None else 0.0,
             SPLIT_K=split_k,
             BLOCK=block,
             HAS_BIAS=bias is not None,
             ADD_NORM=add_norm is not None,
+            HAS_ADDEND=addend is not None,
             PDL=pdl,
             launch_pdl=pdl,
             num_warps=(4 if n <= 1024 else 8) if add_norm is not None else 4,

@@ -31,17 +31,18 @@ def projection_shapes(config: PretrainedConfig, tp_size: int = 1, tp_rank: int =
 
 def mla_projection_shapes(config: PretrainedConfig, tp_size: int = 1, tp_rank: int = 0) -> dict[str, tuple[int, int]]:
     """The DeepSeek-V2/V3 family (``models/deepseek_v2.py``): the query projection (``q``, or ``q_a`` then ``q_b``
-    with a q LoRA rank), the latent KV projection ``kv_a`` (replicated), ``o``; the leading dense layers' MLP
+    with a q LoRA rank) and the latent KV projection (``kv_a``, replicated) as one GEMM (``q_kv_a``, or ``q_a_kv_a``
+    then ``q_b``), ``o``; the leading dense layers' MLP
     (``gate_up`` / ``down``) and the shared experts' (``shared_gate_up`` / ``shared_down``). ``kv_b_proj`` is never
     run as a layer (the attention absorbs its weight) and the routed experts are fused-MoE's."""
     start, end = shard_range(config.num_attention_heads, tp_size, tp_rank)
     heads, hidden = end - start, config.hidden_size
     qk = config.qk_nope_head_dim + config.qk_rope_head_dim
+    kv_a = config.kv_lora_rank + config.qk_rope_head_dim
     if config.q_lora_rank is None:
-        shapes = {"q": (heads * qk, hidden)}
+        shapes = {"q_kv_a": (heads * qk + kv_a, hidden)}
     else:
-        shapes = {"q_a": (config.q_lora_rank, hidden), "q_b": (heads * qk, config.q_lora_rank)}
-    shapes["kv_a"] = (config.kv_lora_rank + config.qk_rope_head_dim, hidden)
+        shapes = {"q_a_kv_a": (config.q_lora_rank + kv_a, hidden), "q_b": (heads * qk, config.q_lora_rank)}
     shapes["o"] = (hidden, heads * config.v_head_dim)
     mlps = {}
     if (config.first_k_dense_replace or 0) > 0 or num_routed_experts(config) == 0:

@@ -72,11 +72,13 @@ def add_norm_refusal(
     norm_weight: "torch.Tensor",
     scaled: bool = False,
     silu_and_mul: bool = False,
+    addend: Optional["torch.Tensor"] = None,
 ) -> Optional[str]:
     """Why the split-K sum kernel cannot do the residual add and RMSNorm after this [m, k] x [n, k] GEMM, or
     None when it can: it needs partial sums to add (a config that splits this K), unscaled operands, no
-    SiLU-and-mul, a row it can hold (N <= MAX_ADD_NORM_COLUMNS), a row-contiguous [m, n] residual and an [n]
-    norm weight. One rule for the caller that falls back (``linear_add_rmsnorm``) and the kernel that raises."""
+    SiLU-and-mul, a row it can hold (N <= MAX_ADD_NORM_COLUMNS), a row-contiguous [m, n] residual (and addend, if
+    any) and an [n] norm weight. One rule for the caller that falls back (``linear_add_rmsnorm``) and the kernel
+    that raises."""
     if config.k_split(k)[0] == 1 or scaled or silu_and_mul or n > MAX_ADD_NORM_COLUMNS:
         return (
             f"add_norm needs a split-K config, unscaled operands, no silu_and_mul and N <= "
@@ -84,6 +86,8 @@ def add_norm_refusal(
         )
     if tuple(residual.shape) != (m, n) or residual.stride(1) != 1 or tuple(norm_weight.shape) != (n,):
         return f"add_norm needs a row-contiguous [{m}, {n}] residual and a [{n}] norm weight"
+    if addend is not None and (tuple(addend.shape) != (m, n) or addend.stride(1) != 1):
+        return f"add_norm needs a row-contiguous [{m}, {n}] addend, got {tuple(addend.shape)}"
     return None
 
 

@@ -1,0 +1,142 @@
+"""The router's logits, ``F.linear(x.float(), weight)`` with an fp32 weight (DeepSeek's and GLM-4.5's routers keep
+theirs in fp32, as the reference computes them), in one triton kernel on the GPU.
+
+torch needs three launches for it in a decode step's graph: the cast of the bf16 activations to fp32, then
+cuBLAS's fp32 GEMM, which at decode sizes runs as a GEMV or a split-K GEMM plus its reduction kernel (the
+DeepSeek-V2-Lite profile, ``benchmark/decode_roofline/profile_deepseek_v2_lite.md``: 78 launches a step at batch
+1). Here one kernel reads the activations in their own dtype and sums exact fp32 products (``ieee`` dots, no
+TF32), like cuBLAS's fp32 GEMM, in another order: logits agree to fp32 rounding.
+
+Two forms, by token count (a host int: a captured graph keeps its form):
+- few tokens (``<= GEMV_MAX_TOKENS``): a program per (expert block, token), an fp32 multiply-and-sum over K;
+  each token reads the weight again, from L2 after the first;
+- more: a program per (expert block, token block), tile dots; the weight is read once per token block.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from sglang.srt.layers.pdl import pdl_available, pdl_prologue
+from sglang.srt.layers.triton_loops import use_while_loops
+
+# Up to this many tokens each one is its own program (GEMV form); past it, tiles of TILE_TOKENS tokens.
+GEMV_MAX_TOKENS = 4
+GEMV_EXPERTS = 8  # experts per GEMV program: V2-Lite's 64 in 8 programs a token, DeepSeek-V3's 256 in 32
+GEMV_BLOCK_K = 512
+TILE_EXPERTS = 16  # tl.dot's smallest tile edge
+TILE_TOKENS = 16
+TILE_BLOCK_K = 64
+
+
+@triton.jit
+def _router_logits_kernel(
+    X,
+    W,
+    Out,
+    num_tokens,
+    num_experts,
+    K,
+    stride_x,
+    stride_w,
+    stride_o,
+    BLOCK_E: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GEMV: tl.constexpr,
+    WHILE_LOOPS: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    pdl_prologue(PDL)
+    offs_e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
+    e_ok = offs_e < num_experts
+    offs_k = tl.arange(0, BLOCK_K)
+    w_rows = W + offs_e[:, None].to(tl.int64) * stride_w
+    if GEMV:  # one token: acc[e] = sum_k w[e, k] * x[k]
+        t = tl.program_id(1)
+        acc = tl.zeros((BLOCK_E,), dtype=tl.float32)
+        k0 = 0
+        if WHILE_LOOPS:  # the interpreter: see triton_loops.use_while_loops
+            while k0 < K:
+                acc += _gemv_step(X, w_rows, t, stride_x, k0, offs_k, e_ok, K)
+                k0 += BLOCK_K
+        else:
+            for k0 in range(0, K, BLOCK_K):
+                acc += _gemv_step(X, w_rows, t, stride_x, k0, offs_k, e_ok, K)
+        tl.store(Out + t * stride_o + offs_e, acc, mask=e_ok)
+    else:  # a [experts, tokens] tile, as the skinny decode GEMM lays it out (decode_gemm/kernel.py)
+        offs_t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
+        t_ok = offs_t < num_tokens
+        x_rows = X + offs_t[:, None].to(tl.int64) * stride_x
+        acc = tl.zeros((BLOCK_E, BLOCK_T), dtype=tl.float32)
+        k0 = 0
+        if WHILE_LOOPS:
+            while k0 < K:
+                acc = _tile_step(acc, x_rows, w_rows, k0, offs_k, e_ok, t_ok, K)
+                k0 += BLOCK_K
+        else:
+            for k0 in range(0, K, BLOCK_K):
+                acc = _tile_step(acc, x_rows, w_rows, k0, offs_k, e_ok, t_ok, K)
+        out = Out + offs_t[None, :].to(tl.int64) * stride_o + offs_e[:, None]
+        tl.store(out, acc, mask=e_ok[:, None] & t_ok[None, :])
+
+
+@triton.jit
+def _gemv_step(X, w_rows, t, stride_x, k0, offs_k, e_ok, K):
+    k_ok = k0 + offs_k < K
+    x = tl.load(X + t * stride_x + k0 + offs_k, mask=k_ok, other=0.0).to(tl.float32)
+    w = tl.load(w_rows + (k0 + offs_k)[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
+    return tl.sum(w * x[None, :], axis=1)
+
+
+@triton.jit
+def _tile_step(acc, x_rows, w_rows, k0, offs_k, e_ok, t_ok, K):
+    k_ok = k0 + offs_k < K
+    x = tl.load(x_rows + (k0 + offs_k)[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
+    w = tl.load(w_rows + (k0 + offs_k)[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
+    return tl.dot(w, tl.trans(x), acc, input_precision="ieee")
+
+
+def router_logits_triton(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """x [T, K] (rows K-contiguous, any float dtype), weight [E, K] fp32 contiguous -> fp32 logits [T, E]."""
+    num_tokens, k = x.shape
+    num_experts = weight.shape[0]
+    if weight.dtype != torch.float32 or weight.shape[1] != k or weight.stride(1) != 1 or x.stride(1) != 1:
+        raise ValueError(f"router logits need K-contiguous x {tuple(x.shape)} and an fp32 weight [E, {k}]")
+    out = torch.empty((num_tokens, num_experts), dtype=torch.float32, device=x.device)
+    if num_tokens == 0:
+        return out
+    gemv = num_tokens <= GEMV_MAX_TOKENS
+    block_e = GEMV_EXPERTS if gemv else TILE_EXPERTS
+    grid = (triton.cdiv(num_experts, block_e), num_tokens if gemv else triton.cdiv(num_tokens, TILE_TOKENS))
+    pdl = pdl_available(x)
+    extra = {"num_warps": 4, "launch_pdl": pdl} if x.is_cuda else {}
+    _router_logits_kernel[grid](
+        x,
+        weight,
+        out,
+        num_tokens,
+        num_experts,
+        k,
+        x.stride(0),
+        weight.stride(0),
+        out.stride(0),
+        BLOCK_E=block_e,
+        BLOCK_T=1 if gemv else TILE_TOKENS,
+        BLOCK_K=GEMV_BLOCK_K if gemv else TILE_BLOCK_K,
+        GEMV=gemv,
+        WHILE_LOOPS=use_while_loops(x),
+        PDL=pdl,
+        **extra,
+    )
+    return out
+
+
+def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """fp32 logits of x [T, K] under an fp32 router weight [E, K]: the kernel on CUDA, torch elsewhere."""
+    if x.is_cuda and x.dim() == 2 and x.stride(1) == 1:
+        return router_logits_triton(x, weight)
+    return F.linear(x.float(), weight)

@@ -1,0 +1,48 @@
+"""layers/moe/router_gemm.py: the router's fp32 logits in one kernel equal torch's F.linear(x.float(), weight) to
+fp32 rounding, in both forms (a program per token up to GEMV_MAX_TOKENS, token tiles past it), for bf16 and fp32
+activations, ragged expert and K counts, and strided activation rows; the CPU path is torch's itself."""
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=10, suite="per-commit-cpu")
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sglang.srt.layers.moe import router_gemm
+from sglang.srt.layers.moe.router_gemm import GEMV_MAX_TOKENS, TILE_TOKENS, router_logits, router_logits_triton
+from sglang.test.gpu_utils import triton_test_devices
+
+
+@pytest.mark.parametrize("device", triton_test_devices())
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("tokens", [1, GEMV_MAX_TOKENS, GEMV_MAX_TOKENS + 1, TILE_TOKENS + 3])
+@pytest.mark.parametrize("experts,hidden", [(64, 2048), (20, 200)])  # V2-Lite's router; nothing a power of two
+def test_kernel_matches_torch(device, dtype, tokens, experts, hidden):
+    gen = torch.Generator().manual_seed(tokens * 1000 + experts)
+    weight = torch.randn(experts, hidden, generator=gen).to(device)
+    # strided rows: a view into a wider buffer, as a decode graph's padded inputs can be
+    x = torch.randn(tokens, hidden + 8, generator=gen).to(device=device, dtype=dtype)[:, :hidden]
+    ours = router_logits_triton(x, weight)
+    ref = F.linear(x.double(), weight.double())
+    assert ours.dtype == torch.float32 and ours.shape == (tokens, experts)
+    # fp32 sums of exact products in another order than torch's: within a few fp32 ulps of the K-long sum
+    torch.testing.assert_close(ours.double(), ref, rtol=1e-5, atol=1e-5 * hidden**0.5)
+    assert not torch.equal(ours[:, :1], ours[:, 1:2])  # not degenerate
+
+
+def test_no_tokens_and_bad_weights():
+    w = torch.randn(8, 32)
+    assert router_logits_triton(torch.empty(0, 32), w).shape == (0, 8)
+    with pytest.raises(ValueError, match="fp32 weight"):
+        router_logits_triton(torch.randn(2, 32), w.bfloat16())
+    with pytest.raises(ValueError, match="fp32 weight"):
+        router_logits_triton(torch.randn(2, 16), w)
+
+
+def test_cpu_tensors_take_torch(monkeypatch):
+    """Off CUDA the model's router is torch's own GEMM (the reference's), never the interpreter."""
+    monkeypatch.setattr(router_gemm, "router_logits_triton", lambda *a: pytest.fail("the kernel ran on the CPU"))
+    x, w = torch.randn(3, 32, dtype=torch.bfloat16), torch.randn(8, 32)
+    assert torch.equal(router_logits(x, w), F.linear(x.float(), w))
