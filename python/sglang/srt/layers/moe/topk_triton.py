@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.srt.layers.pdl import pdl_available, pdl_prologue
+
 # Score functions and group scores, as kernel constants.
 _SOFTMAX: tl.constexpr = tl.constexpr(0)
 _SIGMOID: tl.constexpr = tl.constexpr(1)
@@ -31,8 +33,9 @@ def _route_topk_kernel(
     TOP_K: tl.constexpr, N_GROUP: tl.constexpr, GROUP_SIZE: tl.constexpr, TOPK_GROUP: tl.constexpr,
     SCORE: tl.constexpr, GROUP_SCORE: tl.constexpr, HAS_BIAS: tl.constexpr, WEIGHT_FROM_SCORES: tl.constexpr,
     RENORMALIZE: tl.constexpr, RENORM_EPS: tl.constexpr,
-    G_PAD: tl.constexpr, S_PAD: tl.constexpr, K_PAD: tl.constexpr,
+    G_PAD: tl.constexpr, S_PAD: tl.constexpr, K_PAD: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_prologue(PDL)
     row = tl.program_id(0).to(tl.int64)
     # Experts as a [group, index in group] block: expert = g * GROUP_SIZE + j (one group when ungrouped).
     g1 = tl.arange(0, G_PAD)
@@ -117,6 +120,7 @@ def route_topk_triton(
         return weights, ids
     group_size = num_experts // n_group
     groups = {"none": _GROUP_NONE, "max": _GROUP_MAX, "top2_sum": _GROUP_TOP2_SUM}[group_score]
+    pdl = pdl_available(logits)
     _route_topk_kernel[(num_tokens,)](
         logits, correction_bias if correction_bias is not None else logits, weights, ids,
         logits.stride(0), scaling,
@@ -124,7 +128,7 @@ def route_topk_triton(
         SCORE=_SIGMOID if sigmoid else _SOFTMAX, GROUP_SCORE=groups, HAS_BIAS=correction_bias is not None,
         WEIGHT_FROM_SCORES=sigmoid, RENORMALIZE=renormalize, RENORM_EPS=renorm_eps,
         G_PAD=triton.next_power_of_2(n_group), S_PAD=triton.next_power_of_2(group_size),
-        K_PAD=triton.next_power_of_2(top_k),
-        num_warps=2,
+        K_PAD=triton.next_power_of_2(top_k), PDL=pdl,
+        num_warps=2, **({"launch_pdl": pdl} if logits.is_cuda else {}),
     )  # fmt: skip
     return weights, ids

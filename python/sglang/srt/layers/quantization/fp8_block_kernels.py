@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from sglang.srt.layers.decode_gemm import CUBLAS_ONLY, GemmPlan, skinny_config
+from sglang.srt.layers.pdl import pdl_available, pdl_prologue
 from sglang.srt.layers.quantization.fp8 import FP8_BLOCK as GROUP
 from sglang.srt.layers.quantization.fp8 import FP8_DTYPE, FP8_MAX
 from sglang.srt.layers.quantization.fp8_linear import INV_FP8_MAX, MIN_SCALE
@@ -34,7 +35,9 @@ def _quantize_groups_kernel(
     MIN_SCALE_C: tl.constexpr,
     GROUP_C: tl.constexpr,
     GROUPS: tl.constexpr,  # 128-column groups a program quantizes (a power of two)
+    PDL: tl.constexpr,
 ):
+    pdl_prologue(PDL)
     row = tl.program_id(0)
     first = tl.program_id(1) * GROUPS
     cols = first * GROUP_C + tl.arange(0, GROUPS * GROUP_C)
@@ -67,6 +70,7 @@ def quantize_groups(
     scale_strides = (1, rows) if column_major_scales else (groups, 1)
     scale = torch.empty_strided((rows, groups), scale_strides, device=x.device, dtype=torch.float32)
     per_program = min(GROUPS_PER_PROGRAM, triton.next_power_of_2(groups))
+    pdl = pdl_available(x)  # a decode step runs one before every projection: its launch overlaps the kernel before
     if rows:
         _quantize_groups_kernel[(rows, triton.cdiv(groups, per_program))](
             x,
@@ -83,6 +87,8 @@ def quantize_groups(
             MIN_SCALE_C=MIN_SCALE,
             GROUP_C=GROUP,
             GROUPS=per_program,
+            PDL=pdl,
+            **({"launch_pdl": pdl} if x.is_cuda else {}),
         )
     return q, scale
 

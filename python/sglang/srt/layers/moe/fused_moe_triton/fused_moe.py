@@ -23,6 +23,7 @@ import triton.language as tl
 
 from sglang.srt.layers.moe.fused_moe_triton.moe_align import AlignedRouting, moe_align_block_size
 from sglang.srt.layers.moe.weight_format import MoEGemmWeight, WeightQuant
+from sglang.srt.layers.pdl import pdl_available, pdl_prologue
 
 # WeightQuant values as kernel-visible constants (triton only reads constexpr globals).
 _Q_FP8: tl.constexpr = tl.constexpr(int(WeightQuant.FP8_BLOCK))
@@ -79,8 +80,9 @@ def _moe_gemm_kernel(
     GROUP_K: tl.constexpr,
     SCALE_K_PER_TILE: tl.constexpr,  # GROUP_K is a multiple of BLOCK_K: one scale per column per tile
     DOT_PRECISION: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_prologue(PDL)  # the routing (sorted ids, expert ids) is the kernel before's output: nothing to prefetch
     pid = tl.program_id(0)
     num_pid_n = tl.cdiv(N, BLOCK_N)
     pid_m = pid // num_pid_n
@@ -176,6 +178,7 @@ def invoke_moe_gemm(
     scale, s_e, s_n, s_k = _scale_strides(w)
     per_tile = w.group_k > 0 and w.group_k % config.block_k == 0
     grid = (routing.expert_ids.numel() * triton.cdiv(n, config.block_n),)
+    pdl = pdl_available(a)
     _moe_gemm_kernel[grid](
         a, w.weight, scale, out, topk_weights if topk_weights is not None else a,
         routing.sorted_slot_ids, routing.expert_ids, routing.num_padded,
@@ -194,8 +197,8 @@ def invoke_moe_gemm(
         GROUP_K=max(w.group_k, 1),
         SCALE_K_PER_TILE=per_tile,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
-        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
-        num_warps=config.num_warps, num_stages=config.num_stages,
+        BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, PDL=pdl,
+        num_warps=config.num_warps, num_stages=config.num_stages, **({"launch_pdl": pdl} if a.is_cuda else {}),
     )  # fmt: skip
 
 
@@ -223,8 +226,9 @@ def _fused_experts_chunk(
 def _moe_sum_kernel(
     cache_ptr, ids_ptr, out_ptr,
     stride_cm, stride_om, H,
-    TOP_K: tl.constexpr, BLOCK_H: tl.constexpr,
+    TOP_K: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_prologue(PDL)
     token = tl.program_id(0).to(tl.int64)
     offs = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     h_mask = offs < H
@@ -243,11 +247,12 @@ def moe_sum(cache: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
     hidden = cache.shape[1]
     out = torch.empty((num_tokens, hidden), dtype=cache.dtype, device=cache.device)
     block_h = min(1024, triton.next_power_of_2(hidden))
+    pdl = pdl_available(cache)
     _moe_sum_kernel[(num_tokens, triton.cdiv(hidden, block_h))](
         cache, topk_ids.contiguous(), out,
         cache.stride(0), out.stride(0), hidden,
-        TOP_K=top_k, BLOCK_H=block_h,
-        num_warps=4,
+        TOP_K=top_k, BLOCK_H=block_h, PDL=pdl,
+        num_warps=4, **({"launch_pdl": pdl} if cache.is_cuda else {}),
     )  # fmt: skip
     return out
 

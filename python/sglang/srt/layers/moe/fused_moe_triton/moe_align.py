@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.srt.layers.pdl import pdl_available, pdl_prologue
+
 # The kernel walks num_slots x experts one-hot tiles in one program: fine for decode batches (a few
 # thousand slots), too serial for long prefills, which amortise torch's ~25 launches anyway.
 ALIGN_KERNEL_MAX_SLOTS = 4096
@@ -83,8 +85,9 @@ def moe_align_block_size_torch(topk_ids: torch.Tensor, block_m: int, num_experts
 def _moe_align_kernel(
     ids_ptr, sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
     num_slots, num_experts, num_tiles,
-    BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_M: tl.constexpr, E_PAD: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_T: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
+    pdl_prologue(PDL)
     # One program. Slots are walked in BLOCK_S chunks as [BLOCK_S, E_PAD] one-hot tiles: the column
     # sums count, the column cumsum ranks a slot among its expert's earlier slots (the torch version's
     # stable order, so both write the same rows). Padding experts (>= num_experts) match no id.
@@ -144,6 +147,7 @@ def moe_align_block_size_triton(topk_ids: torch.Tensor, block_m: int, num_expert
     expert_ids = torch.empty(num_tiles, dtype=torch.int32, device=dev)
     num_padded = torch.empty(1, dtype=torch.int32, device=dev)
     e_pad = triton.next_power_of_2(num_experts)
+    pdl = pdl_available(flat)
     _moe_align_kernel[(1,)](
         flat, sorted_ids, expert_ids, num_padded,
         num_slots, num_experts, num_tiles,
@@ -151,6 +155,7 @@ def moe_align_block_size_triton(topk_ids: torch.Tensor, block_m: int, num_expert
         E_PAD=e_pad,
         BLOCK_S=max(16, min(256, 8192 // e_pad)),  # one-hot tiles of at most ~8K elements
         BLOCK_T=max(16, min(64, 4096 // max(e_pad, block_m))),
-        num_warps=4,
+        PDL=pdl,
+        num_warps=4, **({"launch_pdl": pdl} if flat.is_cuda else {}),
     )  # fmt: skip
     return AlignedRouting(sorted_slot_ids=sorted_ids, expert_ids=expert_ids, num_padded=num_padded)
