@@ -131,10 +131,10 @@ def test_triton_backend_decodes_through_the_latent_kernel(tmp_path_factory, monk
     forms = []
     kernel_path = TritonAttnBackend.forward_mla
 
-    def counted(self, q_nope, q_rope, latent, k_rope, w_kv_b, layer, fb):
+    def counted(self, q_nope, q_rope, latent, k_rope, w_kv_b, layer, fb, save_kv_cache=True):
         absorbed = fb.attn_metadata.token_kv_indptr is not None
         forms.append("decode" if fb.forward_mode.is_decode() else "absorbed" if absorbed else "decompressed")
-        return kernel_path(self, q_nope, q_rope, latent, k_rope, w_kv_b, layer, fb)
+        return kernel_path(self, q_nope, q_rope, latent, k_rope, w_kv_b, layer, fb, save_kv_cache)
 
     monkeypatch.setattr(TritonAttnBackend, "forward_mla", counted)
     picked = [1, 3]  # 6 tokens, and 41 in chunks of 16 (extends over a cached prefix)

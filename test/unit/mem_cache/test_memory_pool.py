@@ -108,7 +108,13 @@ def test_mla_pool_is_one_latent_row_per_token_and_layer(dtype):
     assert torch.equal(k[[5, 9], 0].float(), torch.cat([latent, rope], -1))
     v = pool.get_value_buffer(1)  # the latent part of the same rows, a view
     assert v.shape == (20, 1, 32) and v.data_ptr() == k.data_ptr() and torch.equal(v[[5, 9], 0].float(), latent)
-    assert pool.fused_store_buffers(1, latent, latent) is None
+    fused = pool.fused_store_buffers(1, rope.to(dtype), latent.to(dtype))  # rotary's store: views of the rows
+    if dtype == torch.float8_e4m3fn:  # stored converted (set_mla_kv_buffer): no fused store
+        assert fused is None
+    else:
+        assert [tuple(b.shape) for b in fused] == [(20, 8), (20, 32)]
+        assert torch.equal(fused[0][[5, 9]].float(), rope) and torch.equal(fused[1][[5, 9]].float(), latent)
+    assert pool.fused_store_buffers(1, rope.to(dtype).t(), latent.to(dtype)) is None  # not row-contiguous
     pool.set_kv_buffer(2, torch.tensor([3]), torch.cat([latent, rope], -1)[:1].view(1, 1, 40))  # whole rows
     assert torch.equal(pool.get_key_buffer(2)[3, 0].float(), torch.cat([latent[0], rope[0]]))
     pool.release_buffers()

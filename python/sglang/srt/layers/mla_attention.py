@@ -36,7 +36,10 @@ class MLAAttention(nn.Module):
         k_rope: torch.Tensor,
         w_kv_b: torch.Tensor,
         forward_batch,
+        save_kv_cache: bool = True,
     ) -> torch.Tensor:
         """q_nope [T, H, nope], q_rope [T, H, rope] (rotated), latent [T, kv_lora] (normed c_kv), k_rope [T, rope]
-        (rotated), w_kv_b: kv_b_proj's weight on this rank [H * (nope + v), kv_lora] -> [T, H * v]."""
-        return forward_batch.attn_backend.forward_mla(q_nope, q_rope, latent, k_rope, w_kv_b, self, forward_batch)
+        (rotated), w_kv_b: kv_b_proj's weight on this rank [H * (nope + v), kv_lora] -> [T, H * v].
+        `save_kv_cache` False: the rows are in the pool already (rotary stored them)."""
+        backend = forward_batch.attn_backend
+        return backend.forward_mla(q_nope, q_rope, latent, k_rope, w_kv_b, self, forward_batch, save_kv_cache)

@@ -311,9 +311,19 @@ class MLATokenToKVPool:
             rows = rows.to(self.dtype)
         return rows.view(self.store_dtype) if self.store_dtype != self.dtype else rows
 
-    def fused_store_buffers(self, layer_id: int, k: torch.Tensor, v: torch.Tensor) -> None:
-        """No fused rotary + store for latent rows (the MHA pool's hook; always None here)."""
-        return None
+    def fused_store_buffers(
+        self, layer_id: int, k_rope: torch.Tensor, latent: torch.Tensor
+    ) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """The MHA pool's hook for rotary to store this step's rows itself (``models/utils.py``): the layer's rope
+        columns [slots, rope] (where the rotated key goes, as K) and latent columns [slots, kv_lora] (where the
+        normed latent goes, as V), views of its rows; None where the rows must go through ``set_mla_kv_buffer``
+        (a cache dtype other than the activations', e.g. fp8, or rows not contiguous)."""
+        buf = self.kv_buffer[layer_id][:, 0]
+        if self.store_dtype != self.dtype or not (buf.dtype == k_rope.dtype == latent.dtype):
+            return None
+        if k_rope.stride(-1) != 1 or latent.stride(-1) != 1:
+            return None
+        return buf[:, self.kv_lora_rank :], buf[:, : self.kv_lora_rank]
 
     def buffers(self) -> List[torch.Tensor]:
         return list(self.kv_buffer)

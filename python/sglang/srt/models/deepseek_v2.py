@@ -59,6 +59,7 @@ from sglang.srt.layers.moe.topk import GroupedTopKConfig, select_experts_grouped
 from sglang.srt.layers.rotary_embedding import _rope_parameters, get_rope
 from sglang.srt.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
 from sglang.srt.models.moe_weights import finish_kt_layers, load_moe_weights
+from sglang.srt.models.utils import create_fused_latent_store_arg
 
 logger = logging.getLogger(__name__)
 
@@ -174,10 +175,13 @@ class DeepseekV2Attention(nn.Module):
         q = q.view(n, self.num_heads, self.nope + self.rope)  # q_proj's columns: a strided view of the fused rows
         q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
         # Both are strided views of the fused rows: the norm reads them in place (and writes new rows); rotary rotates
-        # q's and kv_a's rope columns in place on the GPU, one kernel, no copies ([n, H, rope] / [n, rope] views).
+        # q's and kv_a's rope columns in place on the GPU, one kernel, no copies ([n, H, rope] / [n, rope] views),
+        # and there also stores the latent row and the rotated key in the pool (attention then skips the store).
         latent = self.kv_a_layernorm(latent)
-        q_rope, k_rope = self.rotary_emb(positions, q_rope, k_rope)
-        return self.attn(q_nope, q_rope, latent, k_rope, self.kv_b_proj.weight, forward_batch)
+        store = create_fused_latent_store_arg(latent, k_rope, self.attn.layer_id, forward_batch)
+        q_rope, k_rope = self.rotary_emb(positions, q_rope, k_rope, fused_set_kv_buffer_arg=store)
+        w_kv_b = self.kv_b_proj.weight
+        return self.attn(q_nope, q_rope, latent, k_rope, w_kv_b, forward_batch, save_kv_cache=store is None)
 
 
 class MoEGate(nn.Module):

@@ -29,3 +29,19 @@ def create_fused_set_kv_buffer_arg(
     return FusedSetKVBufferArg(
         value=value, k_buffer=buffers[0], v_buffer=buffers[1], cache_loc=forward_batch.out_cache_loc
     )
+
+
+def create_fused_latent_store_arg(
+    latent: torch.Tensor, k_rope: torch.Tensor, layer_id: int, forward_batch
+) -> Optional[FusedSetKVBufferArg]:
+    """MLA's counterpart: let rotary write this step's latent rows (``latent`` [T, kv_lora], normed, as V; the
+    rotated ``k_rope`` [T, rope] as K) into the latent pool, when the pool allows it, else None (attention
+    stores them, ``save_kv_cache=True``). One launch less a layer."""
+    if not latent.is_cuda:
+        return None
+    buffers = forward_batch.token_to_kv_pool.fused_store_buffers(layer_id, k_rope, latent)
+    if buffers is None:
+        return None
+    return FusedSetKVBufferArg(
+        value=latent, k_buffer=buffers[0], v_buffer=buffers[1], cache_loc=forward_batch.out_cache_loc
+    )

@@ -34,13 +34,15 @@ class AttentionBackend(ABC):
             return self.forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
         return self.forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
 
-    def forward_mla(self, q_nope, q_rope, latent, k_rope, w_kv_b, layer, forward_batch) -> torch.Tensor:
-        """Multi-head latent attention (DeepSeek-V2/V3) over the latent pool: stores this step's rows, then
-        attends (see mla_torch.py for the shapes). The torch implementation serves every backend until one
-        has kernels of its own."""
+    def forward_mla(
+        self, q_nope, q_rope, latent, k_rope, w_kv_b, layer, forward_batch, save_kv_cache=True
+    ) -> torch.Tensor:
+        """Multi-head latent attention (DeepSeek-V2/V3) over the latent pool: stores this step's rows (unless
+        `save_kv_cache` is False: stored already), then attends (see mla_torch.py for the shapes). The torch
+        implementation serves every backend until one has kernels of its own."""
         from sglang.srt.layers.attention import mla_torch
 
-        return mla_torch.forward(q_nope, q_rope, latent, k_rope, w_kv_b, layer, forward_batch)
+        return mla_torch.forward(q_nope, q_rope, latent, k_rope, w_kv_b, layer, forward_batch, save_kv_cache)
 
     @abstractmethod
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor: ...

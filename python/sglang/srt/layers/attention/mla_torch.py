@@ -88,15 +88,18 @@ def forward(
     w_kv_b: torch.Tensor,
     layer: "MLAAttention",
     forward_batch: "ForwardBatch",
+    save_kv_cache: bool = True,
 ) -> torch.Tensor:
-    """Store this step's rows (latent [T, kv_lora], k_rope [T, rope]) in the pool, then attend: decode absorbed,
-    extend decompressed. q_nope [T, H, nope], q_rope [T, H, rope] (this rank's heads) -> [T, H * v]."""
+    """Store this step's rows (latent [T, kv_lora], k_rope [T, rope]) in the pool (unless `save_kv_cache` is
+    False: stored already), then attend: decode absorbed, extend decompressed. q_nope [T, H, nope], q_rope
+    [T, H, rope] (this rank's heads) -> [T, H * v]."""
     if q_nope.is_cuda and torch.cuda.is_current_stream_capturing():
         # The torch path reads the batch's lengths on the host: it cannot be replayed from a graph.
         raise RuntimeError("MLA decode on the torch path cannot be captured in a CUDA graph")
     fb = forward_batch
     pool = fb.token_to_kv_pool
-    pool.set_mla_kv_buffer(layer.layer_id, fb.out_cache_loc, latent, k_rope)
+    if save_kv_cache:
+        pool.set_mla_kv_buffer(layer.layer_id, fb.out_cache_loc, latent, k_rope)
     cache = pool.get_key_buffer(layer.layer_id)[:, 0]  # [slots, kv_lora + rope]
     w_uk, w_uv = split_kv_b(w_kv_b, layer.num_heads, layer.qk_nope_head_dim)
     req_to_token = fb.req_to_token_pool.req_to_token

@@ -302,15 +302,19 @@ class TritonAttnBackend(AttentionBackend):
         )
         return o.view(n, -1)
 
-    def forward_mla(self, q_nope, q_rope, latent, k_rope, w_kv_b, layer, forward_batch) -> torch.Tensor:
+    def forward_mla(
+        self, q_nope, q_rope, latent, k_rope, w_kv_b, layer, forward_batch, save_kv_cache=True
+    ) -> torch.Tensor:
         """MLA on this backend's metadata (so decode also runs inside CUDA graphs), layers/attention/mla_triton.py:
         decode absorbed (the triton latent kernel); an extend absorbed or decompressed, as the batch's metadata
-        says (use_absorbed_extend decided it once for every layer)."""
+        says (use_absorbed_extend decided it once for every layer). `save_kv_cache` False: rotary stored the
+        rows already."""
         from sglang.srt.layers.attention.mla_torch import split_kv_b
 
         fb = forward_batch
         md, pool = fb.attn_metadata, fb.token_to_kv_pool
-        pool.set_mla_kv_buffer(layer.layer_id, fb.out_cache_loc, latent, k_rope)
+        if save_kv_cache:
+            pool.set_mla_kv_buffer(layer.layer_id, fb.out_cache_loc, latent, k_rope)
         cache = pool.get_key_buffer(layer.layer_id)
         w_uk, w_uv = split_kv_b(w_kv_b, layer.num_heads, layer.qk_nope_head_dim)
         n = q_nope.shape[0]
