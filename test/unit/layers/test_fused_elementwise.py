@@ -138,20 +138,23 @@ def test_silu_and_mul(device):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("use_kernel", [True, False], ids=["kernel", "layer"])
-def test_rotary_stores_latent_rows_in_the_mla_pool(device, use_kernel):
-    """DeepSeek's decode layer: rotary (interleaved) rotates q's and kv_a's rope columns and writes each token's
-    latent row and rotated key into the MLA pool through MLATokenToKVPool.fused_store_buffers: the rows equal
-    what set_mla_kv_buffer stores after the unfused rotary, and no other slot is touched."""
+def test_rotary_norms_and_stores_latent_rows_in_the_mla_pool(device, use_kernel):
+    """DeepSeek's decode layer: rotary (interleaved) rotates q's and kv_a's rope columns, RMS-norms the latent
+    columns in place (kv_a_layernorm) and writes each token's latent row and rotated key into the MLA pool through
+    MLATokenToKVPool.fused_store_buffers: the same bits as the norm kernel, the unfused rotary and set_mla_kv_buffer
+    (on the CPU's torch path: as the torch norm), and no other slot touched."""
+    from sglang.srt.layers.layernorm import rms_normed
     from sglang.srt.mem_cache.memory_pool import MLATokenToKVPool
 
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    kv_lora, rope_dim, heads = 32, 16, 3
+    kv_lora, rope_dim, heads, eps = 32, 16, 3, 1e-6
     config = LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=64)
     with torch.device(device):
         rope = RotaryEmbedding(config, rope_dim, 64, dtype, interleaved=True)
     g = torch.Generator().manual_seed(7)
     q = torch.randn(5, heads, 24 + rope_dim, generator=g).to(device, dtype)
-    kv_a = torch.randn(5, kv_lora + rope_dim, generator=g).to(device, dtype)  # latent (normed) | k_rope
+    kv_a = (torch.randn(5, kv_lora + rope_dim, generator=g) * 3).to(device, dtype)  # latent (raw) | k_rope
+    norm_weight = (torch.rand(kv_lora, generator=g) + 0.5).to(device, dtype)
     pos = torch.tensor([0, 7, 63, 2, 31], device=device)
     loc = torch.tensor([9, 2, 11, 4, 6], device=device)
 
@@ -161,7 +164,11 @@ def test_rotary_stores_latent_rows_in_the_mla_pool(device, use_kernel):
             buf.zero_()
         return p
 
-    want_q, want_kv_a, ref = q.clone(), kv_a.clone(), pool()
+    want_q, want_kv_a, ref, raw_latent = q.clone(), kv_a.clone(), pool(), kv_a[:, :kv_lora].clone()
+    if use_kernel or device != "cpu":
+        want_kv_a[:, :kv_lora] = fe.rmsnorm(want_kv_a[:, :kv_lora], norm_weight, eps)
+    else:
+        want_kv_a[:, :kv_lora] = rms_normed(want_kv_a[:, :kv_lora], norm_weight, eps)
     fe.apply_rotary_inplace(pos, want_q[..., 24:], want_kv_a[:, kv_lora:], rope.cos_cache, rope.sin_cache, rope_dim,
                             interleaved=True)  # fmt: skip
     ref.set_mla_kv_buffer(1, loc, want_kv_a[:, :kv_lora], want_kv_a[:, kv_lora:])
@@ -169,16 +176,20 @@ def test_rotary_stores_latent_rows_in_the_mla_pool(device, use_kernel):
     ours = pool()
     latent, k_rope = kv_a[:, :kv_lora], kv_a[:, kv_lora:]
     rope_cols, latent_cols = ours.fused_store_buffers(1, k_rope, latent)
-    arg = FusedSetKVBufferArg(value=latent, k_buffer=rope_cols, v_buffer=latent_cols, cache_loc=loc)
+    arg = FusedSetKVBufferArg(
+        value=latent, k_buffer=rope_cols, v_buffer=latent_cols, cache_loc=loc, value_norm=(norm_weight, eps)
+    )
     if use_kernel:
         fe.apply_rotary_inplace(pos, q[..., 24:], k_rope, rope.cos_cache, rope.sin_cache, rope_dim, kv_store=arg,
                                 interleaved=True)  # fmt: skip
         q_rope, k_rope = q[..., 24:], kv_a[:, kv_lora:]
-    else:  # in place on the GPU; the CPU's torch path returns new tensors
+    else:  # in place on the GPU; the CPU's torch path returns new tensors (the latent is normed in place on both)
         q_rope, k_rope = rope(pos, q[..., 24:], k_rope, fused_set_kv_buffer_arg=arg)
     assert torch.equal(q_rope, want_q[..., 24:]) and torch.equal(k_rope, want_kv_a[:, kv_lora:])
+    assert torch.equal(kv_a[:, :kv_lora], want_kv_a[:, :kv_lora])  # the latent, normed in place
     assert torch.equal(ours.kv_buffer[1], ref.kv_buffer[1]) and (ours.kv_buffer[0] == 0).all()
     assert (ref.kv_buffer[1][loc].abs().sum(-1) > 0).all()  # the rows were written: the comparison is not vacuous
+    assert not torch.allclose(want_kv_a[:, :kv_lora], raw_latent)  # the norm changes the rows: not vacuous either
     # an fp8 cache stores through set_mla_kv_buffer (the conversion): no fused store
     fp8 = MLATokenToKVPool(12, 1, torch.float8_e4m3fn, kv_lora, rope_dim, layer_num=1, device=device)
     assert fp8.fused_store_buffers(0, k_rope, latent) is None

@@ -120,6 +120,8 @@ def _rotary_kernel(
     stride_kb,
     stride_vb,
     v_row,
+    vw_ptr,
+    v_eps,
     HEAD_DIM: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
@@ -127,6 +129,7 @@ def _rotary_kernel(
     BLOCK_H: tl.constexpr,
     STORE_KV: tl.constexpr,
     BLOCK_V: tl.constexpr,
+    NORM_V: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     PDL: tl.constexpr,
 ):
@@ -173,8 +176,15 @@ def _rotary_kernel(
                 tl.store(k_buf + slot * stride_kb + heads[:, None] * HEAD_DIM + p[None, :], tail, mask=pmask)
     if STORE_KV:
         offs_v = tl.arange(0, BLOCK_V)
-        v = tl.load(v_ptr + token * stride_v + offs_v, mask=offs_v < v_row)
-        tl.store(v_buf + slot * stride_vb + offs_v, v, mask=offs_v < v_row)
+        v_mask = offs_v < v_row
+        v = tl.load(v_ptr + token * stride_v + offs_v, mask=v_mask, other=0.0)
+        if NORM_V:  # RMSNorm of the row, rounded as _rmsnorm_kernel does, written back in place and stored
+            vf = v.to(tl.float32)
+            normed = (vf * tl.rsqrt(tl.sum(vf * vf, axis=0) / v_row + v_eps)).to(v_ptr.dtype.element_ty)
+            w = tl.load(vw_ptr + offs_v, mask=v_mask, other=0.0)
+            v = (w.to(tl.float32) * normed.to(tl.float32)).to(v_ptr.dtype.element_ty)
+            tl.store(v_ptr + token * stride_v + offs_v, v, mask=v_mask)
+        tl.store(v_buf + slot * stride_vb + offs_v, v, mask=v_mask)
 
 
 def apply_rotary_inplace(
@@ -197,7 +207,8 @@ def apply_rotary_inplace(
 
     With ``kv_store`` (a FusedSetKVBufferArg) the same kernel also writes the rotated K rows and
     ``kv_store.value``'s V rows into the pool buffers at ``kv_store.cache_loc``: a decode layer then
-    runs one kernel where rotary, a V copy and the KV store were three."""
+    runs one kernel where rotary, a V copy and the KV store were three. With ``kv_store.value_norm`` each V row
+    is RMS-normed first (in place too): MLA's latent, its kv_a_layernorm one kernel fewer."""
     n_tokens = q.shape[0]
     if n_tokens == 0:
         return
@@ -211,6 +222,8 @@ def apply_rotary_inplace(
     else:
         v, k_buf, v_buf, loc = kv_store.value, kv_store.k_buffer, kv_store.v_buffer, kv_store.cache_loc
         stride_v, stride_kb, stride_vb, v_row = v.stride(0), k_buf.stride(0), v_buf.stride(0), v.shape[1]
+    norm = kv_store.value_norm if kv_store is not None else None
+    v_weight, v_eps = norm if norm is not None else (q, 0.0)
     pdl = pdl_available(q)
     _rotary_kernel[(n_tokens,)](
         q,
@@ -233,6 +246,8 @@ def apply_rotary_inplace(
         stride_kb,
         stride_vb,
         v_row,
+        v_weight,
+        v_eps,
         HEAD_DIM=head_dim,
         HALF=rot // 2,
         BLOCK_HALF=triton.next_power_of_2(rot // 2),
@@ -240,6 +255,7 @@ def apply_rotary_inplace(
         BLOCK_H=triton.next_power_of_2(max(hq, hk)),
         STORE_KV=kv_store is not None,
         BLOCK_V=triton.next_power_of_2(v_row),
+        NORM_V=norm is not None,
         INTERLEAVED=interleaved,
         PDL=pdl,
         launch_pdl=pdl,

@@ -8,6 +8,13 @@ import torch
 from torch import nn
 
 
+def rms_normed(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """RMSNorm in torch, rounded as transformers' (the normalised value in x's dtype, then times the weight)."""
+    x32 = x.to(torch.float32)
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float = 1e-6, params_dtype: Optional[torch.dtype] = None) -> None:
         super().__init__()
@@ -15,10 +22,7 @@ class RMSNorm(nn.Module):
         self.variance_epsilon = eps
 
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.to(torch.float32)
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        return self.weight * x32.to(dtype)
+        return rms_normed(x, self.weight, self.variance_epsilon)
 
     def forward(
         self, x: torch.Tensor, residual: Optional[torch.Tensor] = None

@@ -19,6 +19,7 @@ from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from sglang.srt.configs.rope import rope_parameters as _rope_parameters
+from sglang.srt.layers.layernorm import rms_normed
 
 
 def rotary_dim(config: PretrainedConfig, head_dim: int) -> int:
@@ -70,6 +71,8 @@ class FusedSetKVBufferArg:
     k_buffer: torch.Tensor  # [slots, Hkv, D], each slot's row contiguous
     v_buffer: torch.Tensor  # [slots, Hkv, Dv]
     cache_loc: torch.Tensor  # [T] slot per token
+    # (weight, eps): each value row is RMS-normed first, in place, then stored (MLA's kv_a_layernorm of the latent)
+    value_norm: Optional[Tuple[torch.Tensor, float]] = None
 
 
 class RotaryEmbedding(nn.Module):
@@ -130,6 +133,8 @@ class RotaryEmbedding(nn.Module):
         q, k = self._forward_torch(positions, q, k)
         if fused_set_kv_buffer_arg is not None:
             arg = fused_set_kv_buffer_arg
+            if arg.value_norm is not None:
+                arg.value.copy_(rms_normed(arg.value, *arg.value_norm))
             arg.k_buffer[arg.cache_loc] = k.view(k.shape[0], *arg.k_buffer.shape[1:]).to(arg.k_buffer.dtype)
             arg.v_buffer[arg.cache_loc] = arg.value.view(k.shape[0], *arg.v_buffer.shape[1:]).to(arg.v_buffer.dtype)
         return q, k

@@ -174,11 +174,12 @@ class DeepseekV2Attention(nn.Module):
             q = self.q_b_proj(self.q_a_layernorm(q))
         q = q.view(n, self.num_heads, self.nope + self.rope)  # q_proj's columns: a strided view of the fused rows
         q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
-        # Both are strided views of the fused rows: the norm reads them in place (and writes new rows); rotary rotates
-        # q's and kv_a's rope columns in place on the GPU, one kernel, no copies ([n, H, rope] / [n, rope] views),
-        # and there also stores the latent row and the rotated key in the pool (attention then skips the store).
-        latent = self.kv_a_layernorm(latent)
-        store = create_fused_latent_store_arg(latent, k_rope, self.attn.layer_id, forward_batch)
+        # Both are strided views of the fused rows. Rotary rotates q's and kv_a's rope columns in place on the GPU, one
+        # kernel, no copies ([n, H, rope] / [n, rope] views), and there also norms the latent in place and stores it
+        # with the rotated key in the pool (attention then skips the store); else the norm runs on its own.
+        store = create_fused_latent_store_arg(latent, k_rope, self.attn.layer_id, forward_batch, self.kv_a_layernorm)
+        if store is None:
+            latent = self.kv_a_layernorm(latent)
         q_rope, k_rope = self.rotary_emb(positions, q_rope, k_rope, fused_set_kv_buffer_arg=store)
         w_kv_b = self.kv_b_proj.weight
         return self.attn(q_nope, q_rope, latent, k_rope, w_kv_b, forward_batch, save_kv_cache=store is None)

@@ -6,6 +6,7 @@ from typing import Optional
 
 import torch
 
+from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.layers.rotary_embedding import FusedSetKVBufferArg
 
@@ -32,16 +33,21 @@ def create_fused_set_kv_buffer_arg(
 
 
 def create_fused_latent_store_arg(
-    latent: torch.Tensor, k_rope: torch.Tensor, layer_id: int, forward_batch
+    latent: torch.Tensor, k_rope: torch.Tensor, layer_id: int, forward_batch, latent_norm: RMSNorm
 ) -> Optional[FusedSetKVBufferArg]:
-    """MLA's counterpart: let rotary write this step's latent rows (``latent`` [T, kv_lora], normed, as V; the
-    rotated ``k_rope`` [T, rope] as K) into the latent pool, when the pool allows it, else None (attention
-    stores them, ``save_kv_cache=True``). One launch less a layer."""
+    """MLA's counterpart: let rotary norm this step's latent rows (``latent`` [T, kv_lora] as V, normed in place by
+    ``latent_norm``) and write them with the rotated ``k_rope`` [T, rope] (as K) into the latent pool, when the pool
+    allows it; else None (the caller norms the latent, attention stores the rows: ``save_kv_cache=True``). Two
+    launches less a layer."""
     if not latent.is_cuda:
         return None
     buffers = forward_batch.token_to_kv_pool.fused_store_buffers(layer_id, k_rope, latent)
     if buffers is None:
         return None
     return FusedSetKVBufferArg(
-        value=latent, k_buffer=buffers[0], v_buffer=buffers[1], cache_loc=forward_batch.out_cache_loc
+        value=latent,
+        k_buffer=buffers[0],
+        v_buffer=buffers[1],
+        cache_loc=forward_batch.out_cache_loc,
+        value_norm=(latent_norm.weight, latent_norm.variance_epsilon),
     )
