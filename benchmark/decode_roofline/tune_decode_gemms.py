@@ -239,7 +239,7 @@ def main() -> None:
     out_name += "_silu" if args.silu else ""
     args.out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), out_name)
     device = torch.cuda.get_device_name()
-    shapes = projection_shapes(model_config(args.model), args.tp_size)
+    shapes = projection_shapes(model_config(args.model), args.tp_size, block_fp8=args.fp8_block)
     table_path = args.table or device_table_path(device, envs.SGLANG_DECODE_GEMM_CONFIG_DIR.get())
     current_raw = {}  # the table the engine would load now: --silu's baseline; batches not tuned now stay
     if os.path.exists(table_path):

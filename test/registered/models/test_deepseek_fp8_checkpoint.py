@@ -118,9 +118,11 @@ def test_gpu_format_keeps_the_checkpoints_fp8(fp8_v3, monkeypatch):
                          (attn.o_proj, ("self_attn.o_proj",)),
                          (mlp.shared_experts.down_proj, ("mlp.shared_experts.down_proj",))):  # fmt: skip
         assert layer.is_block_fp8, names
-        assert torch.equal(layer.weight.view(torch.uint8), stacked(*names, suffix=".weight")), names
-        # q_a's 128 rows are one scale block: kv_a's blocks follow it, whole
-        assert torch.equal(layer.weight_scale_inv, stacked(*names, suffix=".weight_scale_inv")), names
+        weight, scales = stacked(*names, suffix=".weight"), stacked(*names, suffix=".weight_scale_inv")
+        # the stacked layer: q_a's 128 rows (one scale block), kv_a's 160 after them, padded to 384 (whole blocks)
+        assert layer.weight.shape[0] == -(-weight.shape[0] // 128) * 128, names
+        assert torch.equal(layer.weight.view(torch.uint8)[: weight.shape[0]], weight), names
+        assert torch.equal(layer.weight_scale_inv[: scales.shape[0]], scales), names
     assert model.model.layers[0].mlp.gate_up_proj.is_block_fp8  # the dense layer
     assert attn.kv_b_proj.weight.dtype == torch.float32 and not attn.kv_b_proj.is_block_fp8
     assert torch.equal(attn.kv_b_proj.weight, dequantized[L1 + "self_attn.kv_b_proj.weight"])

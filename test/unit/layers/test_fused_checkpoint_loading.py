@@ -11,6 +11,7 @@ import torch
 
 from sglang.srt.layers import linear
 from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, StackedLinear
+from sglang.srt.layers.quantization.fp8_block_linear import fp8_block_linear
 
 
 def ranks(monkeypatch, rank: int, size: int) -> None:
@@ -99,7 +100,16 @@ def test_stacked_head_split_and_replicated_parts(tp, monkeypatch):
         block.weight_scale_inv.weight_loader(block.weight_scale_inv, kv_scales, "kv_a")
         mine_blocks = mine * head // 128
         expected = torch.cat([q_scales[rank * mine_blocks : (rank + 1) * mine_blocks], kv_scales])
-        assert torch.equal(block.weight_scale_inv, expected)
+        assert torch.equal(block.weight_scale_inv[: len(expected)], expected)
+        # whole 128-row blocks for cuBLAS's block-scaled GEMM: padding rows after the parts, their columns dropped
+        rows = mine * head + kv_a
+        assert block.weight.shape[0] == -(-rows // 128) * 128 > rows
+        for shard, w in (("q", q), ("kv_a", kv)):
+            block.weight.weight_loader(block.weight, w.to(torch.float8_e4m3fn), shard)
+        out = block(x)
+        assert out.shape == (3, rows) and out.isfinite().all()  # garbage padding rows never reach the output
+        ref = fp8_block_linear(x, kv.to(torch.float8_e4m3fn), kv_scales, None)
+        assert torch.allclose(out[:, mine * head :], ref, rtol=1e-4, atol=1e-3)
     with pytest.raises(ValueError, match="part 'kv_a' has 512 rows, expected 576"):
         layer.weight.weight_loader(layer.weight, torch.zeros(512, hidden), "kv_a")
     with pytest.raises(ValueError, match="parts are \\['q', 'kv_a'\\]"):

@@ -14,7 +14,7 @@ A native FP8 checkpoint's layers keep its own fp8 weights and scales, never re-q
 
 from __future__ import annotations
 
-from typing import List, Mapping, Optional, Union
+from typing import List, Mapping, Optional, Sequence, Union
 
 import torch
 from torch import nn
@@ -185,11 +185,20 @@ class ReplicatedLinear(LinearBase):
         return self.matmul(x, self.bias)
 
 
+def stacked_rows(part_sizes: Sequence[int], block_fp8: bool) -> int:
+    """A StackedLinear's weight rows: its parts', rounded up to whole 128-row blocks for a block-fp8 weight (cuBLAS's
+    block-scaled GEMM takes N in whole blocks; DeepSeek-V3's q_a + kv_a is 1,536 + 576 rows)."""
+    rows = sum(part_sizes)
+    return -(-rows // FP8_BLOCK) * FP8_BLOCK if block_fp8 else rows
+
+
 class StackedLinear(LinearBase):
     """Several checkpoint projections of the same input, each with its own rows on this rank (a head-split
     part beside a replicated one), stored back to back so that one GEMM serves them: MLA's query projection and
     kv_a_proj_with_mqa (models/deepseek_v2.py). ``parts``: shard id -> (the checkpoint tensor's rows, this
-    rank's first row in it, how many); a checkpoint tensor fills its part, and must have exactly its rows."""
+    rank's first row in it, how many); a checkpoint tensor fills its part, and must have exactly its rows.
+    A block-fp8 weight has padding rows after the parts (``stacked_rows``), never loaded: their output columns are
+    not returned."""
 
     def __init__(
         self,
@@ -204,7 +213,9 @@ class StackedLinear(LinearBase):
         for shard_id, (_, _, size) in self.parts.items():
             self.part_starts[shard_id] = offset
             offset += size
-        super().__init__(input_size, offset, False, params_dtype, quantization)
+        self.output_rows = offset
+        rows = stacked_rows(self.part_sizes, quantization == "fp8_block")
+        super().__init__(input_size, rows, False, params_dtype, quantization)
 
     @property
     def part_sizes(self) -> list[int]:
@@ -220,7 +231,9 @@ class StackedLinear(LinearBase):
         self._load_slice(param, self.part_starts[shard_id], loaded, src_start, size)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.matmul(x, None)
+        """[T, sum of the parts' rows] (a view of wider rows where the weight has padding rows)."""
+        y = self.matmul(x, None)
+        return y if y.shape[-1] == self.output_rows else y[..., : self.output_rows]
 
 
 class ColumnParallelLinear(LinearBase):

@@ -65,19 +65,28 @@ def test_deepseek_v2_lite_shapes():
 
 
 @pytest.mark.parametrize("version", ["v2", "v3"])
-def test_mla_shapes_are_the_models_linear_layers(version):
-    """Every linear layer the tiny DeepSeek model runs, and no other (kv_b_proj's weight is absorbed)."""
+@pytest.mark.parametrize("block_fp8", [False, True])
+def test_mla_shapes_are_the_models_linear_layers(version, block_fp8):
+    """Every linear layer the tiny DeepSeek model runs, and no other (kv_b_proj's weight is absorbed); a block-fp8
+    checkpoint's stacked q / kv_a projection padded to whole 128-row blocks."""
     from sglang.srt.models.registry import get_model_class
     from sglang.test.tiny_deepseek import tiny_deepseek_config
 
-    config = tiny_deepseek_config(version)
-    model = get_model_class(f"DeepseekV{version[1]}ForCausalLM")(config, torch.float32)
+    # block fp8: the MLPs in whole 128 blocks, as the real models have them (q_kv_a / q_a_kv_a stay ragged)
+    config = tiny_deepseek_config(
+        version, **({"intermediate_size": 256, "moe_intermediate_size": 128} if block_fp8 else {})
+    )
+    quantization = "fp8_block" if block_fp8 else None
+    model = get_model_class(f"DeepseekV{version[1]}ForCausalLM")(config, torch.float32, quantization=quantization)
     built = {
         tuple(m.weight.shape)
         for name, m in model.named_modules()
         if isinstance(m, LinearBase) and not name.endswith("kv_b_proj")
     }
-    assert built == set(projection_shapes(config).values())
+    assert built == set(projection_shapes(config, block_fp8=block_fp8).values())
+    stacked = model.model.layers[0].self_attn.fused_qkv_a_proj_with_mqa
+    rows = sum(stacked.part_sizes)
+    assert stacked.weight.shape[0] == (-(-rows // 128) * 128 if block_fp8 else rows)
 
 
 def test_table_file_merges_models_and_loads_from_its_directory(tmp_path):

@@ -7,14 +7,18 @@ from transformers import PretrainedConfig
 from sglang.srt.configs.deepseek import uses_mla
 from sglang.srt.configs.model_config import attention_head_dim, num_routed_experts, total_num_kv_heads
 from sglang.srt.distributed.partition import HeadPartition, shard_range
+from sglang.srt.layers.linear import stacked_rows
 
 
-def projection_shapes(config: PretrainedConfig, tp_size: int = 1, tp_rank: int = 0) -> dict[str, tuple[int, int]]:
+def projection_shapes(
+    config: PretrainedConfig, tp_size: int = 1, tp_rank: int = 0, block_fp8: bool = False
+) -> dict[str, tuple[int, int]]:
     """``(N, K)`` of qkv_proj, o_proj and (dense models) gate_up_proj / down_proj on rank ``tp_rank``, as
     ``srt/layers/linear.py`` shards them (KV heads replicated when they are fewer than the ranks). MoE experts
-    run in the fused-MoE kernel and lm_head in the logits processor: neither goes through the table."""
+    run in the fused-MoE kernel and lm_head in the logits processor: neither goes through the table.
+    ``block_fp8``: the shapes of a block-fp8 checkpoint's layers (MLA's stacked projection padded to whole blocks)."""
     if uses_mla(config):
-        return mla_projection_shapes(config, tp_size, tp_rank)
+        return mla_projection_shapes(config, tp_size, tp_rank, block_fp8)
     heads = HeadPartition.for_rank(config.num_attention_heads, total_num_kv_heads(config), tp_size, tp_rank)
     head_dim = attention_head_dim(config)
     hidden = config.hidden_size
@@ -29,7 +33,9 @@ def projection_shapes(config: PretrainedConfig, tp_size: int = 1, tp_rank: int =
     return shapes
 
 
-def mla_projection_shapes(config: PretrainedConfig, tp_size: int = 1, tp_rank: int = 0) -> dict[str, tuple[int, int]]:
+def mla_projection_shapes(
+    config: PretrainedConfig, tp_size: int = 1, tp_rank: int = 0, block_fp8: bool = False
+) -> dict[str, tuple[int, int]]:
     """The DeepSeek-V2/V3 family (``models/deepseek_v2.py``): the query projection (``q``, or ``q_a`` then ``q_b``
     with a q LoRA rank) and the latent KV projection (``kv_a``, replicated) as one GEMM (``q_kv_a``, or ``q_a_kv_a``
     then ``q_b``), ``o``; the leading dense layers' MLP
@@ -40,9 +46,10 @@ def mla_projection_shapes(config: PretrainedConfig, tp_size: int = 1, tp_rank: i
     qk = config.qk_nope_head_dim + config.qk_rope_head_dim
     kv_a = config.kv_lora_rank + config.qk_rope_head_dim
     if config.q_lora_rank is None:
-        shapes = {"q_kv_a": (heads * qk + kv_a, hidden)}
+        shapes = {"q_kv_a": (stacked_rows([heads * qk, kv_a], block_fp8), hidden)}
     else:
-        shapes = {"q_a_kv_a": (config.q_lora_rank + kv_a, hidden), "q_b": (heads * qk, config.q_lora_rank)}
+        q_a_kv_a = stacked_rows([config.q_lora_rank, kv_a], block_fp8)
+        shapes = {"q_a_kv_a": (q_a_kv_a, hidden), "q_b": (heads * qk, config.q_lora_rank)}
     shapes["o"] = (hidden, heads * config.v_head_dim)
     mlps = {}
     if (config.first_k_dense_replace or 0) > 0 or num_routed_experts(config) == 0:
