@@ -276,15 +276,6 @@ class DeepseekV2MoE(nn.Module):
         experts = self.experts(hidden_states, logits, is_prefill, num_real_tokens, topk_output=topk)
         return tensor_model_parallel_all_reduce(experts)
 
-    def forward(
-        self, hidden_states: torch.Tensor, is_prefill: bool = False, num_real_tokens: Optional[torch.Tensor] = None
-    ) -> torch.Tensor:
-        out = self.routed(hidden_states, is_prefill, num_real_tokens)
-        if self.shared_experts is not None:
-            shared = self.shared_experts
-            out = out + shared.down_proj(shared.gate_up_proj.silu_and_mul(hidden_states))
-        return out
-
     def forward_add_norm(
         self,
         hidden_states: torch.Tensor,
@@ -293,9 +284,9 @@ class DeepseekV2MoE(nn.Module):
         is_prefill: bool = False,
         num_real_tokens: Optional[torch.Tensor] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """``next_norm(self(hidden_states), residual)``: the shared experts' down_proj adds the routed output, the
-        residual and the norm where its split-K sum kernel can (RowParallelLinear.forward_add_norm), with the same
-        bits."""
+        """``next_norm(routed + shared experts' output, residual)``, the decoder's only use of the MoE block: the
+        shared experts' down_proj adds the routed output, the residual and the norm where its split-K sum kernel
+        can (RowParallelLinear.forward_add_norm), with the same bits."""
         out = self.routed(hidden_states, is_prefill, num_real_tokens)
         if self.shared_experts is None:
             return next_norm(out, residual)
