@@ -107,7 +107,8 @@ def test_stacked_head_split_and_replicated_parts(tp, monkeypatch):
         for shard, w in (("q", q), ("kv_a", kv)):
             block.weight.weight_loader(block.weight, w.to(torch.float8_e4m3fn), shard)
         out = block(x)
-        assert out.shape == (3, rows) and out.isfinite().all()  # garbage padding rows never reach the output
+        assert out.shape == (3, rows) and out.isfinite().all()
+        assert (block.weight[rows:].float() == 0).all()  # the padding rows: zeros, never loaded
         ref = fp8_block_linear(x, kv.to(torch.float8_e4m3fn), kv_scales, None)
         assert torch.allclose(out[:, mine * head :], ref, rtol=1e-4, atol=1e-3)
     with pytest.raises(ValueError, match="part 'kv_a' has 512 rows, expected 576"):

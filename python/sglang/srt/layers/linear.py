@@ -197,8 +197,8 @@ class StackedLinear(LinearBase):
     part beside a replicated one), stored back to back so that one GEMM serves them: MLA's query projection and
     kv_a_proj_with_mqa (models/deepseek_v2.py). ``parts``: shard id -> (the checkpoint tensor's rows, this
     rank's first row in it, how many); a checkpoint tensor fills its part, and must have exactly its rows.
-    A block-fp8 weight has padding rows after the parts (``stacked_rows``), never loaded: their output columns are
-    not returned."""
+    A block-fp8 weight has padding rows after the parts (``stacked_rows``), zeros never loaded: their output columns
+    are not returned."""
 
     def __init__(
         self,
@@ -216,6 +216,8 @@ class StackedLinear(LinearBase):
         self.output_rows = offset
         rows = stacked_rows(self.part_sizes, quantization == "fp8_block")
         super().__init__(input_size, rows, False, params_dtype, quantization)
+        with torch.no_grad():
+            self.weight[offset:].zero_()  # padding rows: finite products, whatever the GEMM does with them
 
     @property
     def part_sizes(self) -> list[int]:
