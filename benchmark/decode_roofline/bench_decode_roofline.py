@@ -66,6 +66,19 @@ DRY_OVERRIDES = dict(
     bos_token_id=1,
     eos_token_id=2,
 )
+# ... and a DeepSeek MoE shape's: MLA, shared and routed experts, one dense layer, at dimensions the CPU runs.
+MOE_DRY_OVERRIDES = dict(
+    {k: v for k, v in DRY_OVERRIDES.items() if k != "max_position_embeddings"},  # the shape's own, as YaRN expects
+    moe_intermediate_size=128,
+    n_routed_experts=8,
+    num_experts_per_tok=2,
+    n_shared_experts=1,
+    first_k_dense_replace=1,
+    kv_lora_rank=64,
+    qk_nope_head_dim=32,
+    qk_rope_head_dim=16,
+    v_head_dim=32,
+)
 
 
 def copy_bandwidth() -> float:
@@ -261,23 +274,28 @@ def moe_floor_terms(mr, bs: int, ctx: int, touched: list) -> dict:
 
 
 def moe_main(args, bw: float) -> None:
-    """--shape NAME (a DeepSeek MoE shape): batches 1 and 64 at context 1k vs the floor of its terms."""
-    mr = our_runner(shape_config_dir(args.shape))
+    """--shape NAME (a DeepSeek MoE shape): batches 1 and 64 at context 1k vs the floor of its terms (a dry run: a
+    tiny model of the family, batches 1 and 8 at context 128, on the CPU)."""
+    if args.dry_run:
+        mr = our_runner(shape_config_dir(args.shape, **MOE_DRY_OVERRIDES), device="cpu", max_total_tokens=4096)
+    else:
+        mr = our_runner(shape_config_dir(args.shape))
+    ctx, iters = (128, 3) if args.dry_run else (1024, 30)
     rows = []
-    for bs in (1, 64):
+    for bs in (1, 8) if args.dry_run else (1, 64):
         touched = []
         ms, shared = decode_step_ms(
-            mr, bs, 1024, random_inputs=True, on_batch=lambda fb, t=touched: t.extend(experts_touched(mr, fb))
+            mr, bs, ctx, iters, random_inputs=True, on_batch=lambda fb, t=touched: t.extend(experts_touched(mr, fb))
         )
-        terms = moe_floor_terms(mr, bs, 1024, touched)
+        terms = moe_floor_terms(mr, bs, ctx, touched)
         floor_bytes = sum(v for k, v in terms.items() if k.endswith("_bytes"))
         floor_ms = floor_bytes / bw * 1000
         rows.append(
-            {"batch": bs, "context": 1024, "step_ms": round(ms, 3), "hbm_floor_ms": round(floor_ms, 3),
+            {"batch": bs, "context": ctx, "step_ms": round(ms, 3), "hbm_floor_ms": round(floor_ms, 3),
              "ratio_to_floor": round(ms / floor_ms, 3), "kv_slots_shared": shared, **terms}
         )  # fmt: skip
     result = {
-        "device": torch.cuda.get_device_name(),
+        "device": "cpu (dry run)" if args.dry_run else torch.cuda.get_device_name(),
         "shape": args.shape,
         "copy_bandwidth_GBps": round(bw / GB, 1),
         "decode": rows,
