@@ -1,7 +1,7 @@
 """Tune the skinny decode GEMM (``srt/layers/decode_gemm``) against cuBLAS and write the device's table.
 
     python benchmark/decode_roofline/tune_decode_gemms.py [--model Llama-3.1-8B] [--tp-size 1]
-        [--batches 1 4 8 16 32 64] [--fp8 | --fp8-block] [--silu] [--out DIR] [--table FILE]
+        [--batches 1 4 8 16 32 64] [--fp8 | --fp8-block] [--silu] [--only NAME ...] [--out DIR] [--table FILE]
 
 For each projection of the model (qkv, o and, dense models, gate_up and down; MLA models their query, latent KV,
 o, dense and shared-expert MLP projections; the shapes one tensor-parallel rank holds: ``decode_gemm/shapes.py``) and batch size it times, as one CUDA graph
@@ -24,7 +24,8 @@ checkpoint's (e4m3, a scale per 128x128 block), both sides quantize the activati
 (one kernel) and the skinny kernel (BLOCK_K 128: one scale block a K step) competes with cuBLAS's block-scaled GEMM
 (``F.scaled_mm``); entries ``N x K:fp8block`` (output dir ``gemm_tuning_fp8_block``). Updates this GPU's table (in $SGLANG_DECODE_GEMM_CONFIG_DIR
 if set, else the package's ``configs/``; other shapes in it stay) that the engine reads at load time, writes a
-table + JSON of the measurements to ``--out``, and prints the table.
+table + JSON of the measurements to ``--out``, and prints the table. ``--only`` tunes the named projections alone
+(names of ``decode_gemm/shapes.py``, e.g. ``q_kv_a``: one changed shape, without the device time of the others).
 """
 
 from __future__ import annotations
@@ -227,6 +228,7 @@ def main() -> None:
         "--model", default="Llama-3.1-8B", help="a shape name of scripts/make_model_configs.py, or a model dir / HF id"
     )
     parser.add_argument("--tp-size", type=int, default=1, help="tune the shapes one rank has (rank 0's)")
+    parser.add_argument("--only", nargs="+", default=[], help="tune these projections alone (shapes.py's names)")
     parser.add_argument(
         "--table",
         default="",
@@ -238,8 +240,13 @@ def main() -> None:
     out_name = "gemm_tuning" + ("_fp8" if args.fp8 else "_fp8_block" if args.fp8_block else "")
     out_name += "_silu" if args.silu else ""
     args.out = args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), out_name)
-    device = torch.cuda.get_device_name()
     shapes = projection_shapes(model_config(args.model), args.tp_size, block_fp8=args.fp8_block)
+    if args.only:
+        unknown = sorted(set(args.only) - set(shapes))
+        if unknown:
+            parser.error(f"--only {' '.join(unknown)}: {args.model}'s projections are {', '.join(shapes)}")
+        shapes = {name: nk for name, nk in shapes.items() if name in args.only}
+    device = torch.cuda.get_device_name()
     table_path = args.table or device_table_path(device, envs.SGLANG_DECODE_GEMM_CONFIG_DIR.get())
     current_raw = {}  # the table the engine would load now: --silu's baseline; batches not tuned now stay
     if os.path.exists(table_path):

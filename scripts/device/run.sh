@@ -57,6 +57,8 @@
 #   tune-gemm-fp8-block decode_roofline/: tune_decode_gemms.py --model Qwen3-8B --fp8-block (a block-fp8 checkpoint's
 #                       projections against cuBLAS's block-scaled GEMM, entries N x K:fp8block; the table as above);
 #                       another model's projections with FP8_MODEL=NAME, as for roofline-fp8-native
+#   tune-gemm-stacked   decode_roofline/: tune_decode_gemms.py --only on the MLA models' stacked q / kv_a projection
+#                       alone (DeepSeek-V2-Lite q_kv_a in bf16, DeepSeek-V3 q_a_kv_a in block fp8; the table as above)
 #   tune-gemm-fp8-block-v3  the same on DeepSeek-V3's projections (q_a, q_b, kv_a, o, dense and shared-expert MLPs)
 #   tune-attention      decode_roofline/: tune_decode_attention.py --focused
 #   tune-moe            decode_roofline/: tune_fused_moe.py (the fused MoE's tile configs at decode sizes, V2-Lite bf16
@@ -96,7 +98,7 @@ set -o pipefail
 
 STAGES="gpu-tests gpu-tests-2 gpu-files kt-cpu-tests kv-sizing kv-sizing-1 kv-sizing-2 kv-sizing-tp2 kv-sizing-mla
 roofline roofline-fp8 roofline-fp8-native roofline-mla mla-prefill mla-decode
-profile-decode profile-decode-mla profile-decode-fp8-native tune-gemm tune-gemm-mla tune-gemm-fp8-block tune-gemm-fp8-block-v3 tune-attention tune-moe kv-dtype fp8-gemms fp8-block-gemms kt-decode kt-decode-check
+profile-decode profile-decode-mla profile-decode-fp8-native tune-gemm tune-gemm-mla tune-gemm-stacked tune-gemm-fp8-block tune-gemm-fp8-block-v3 tune-attention tune-moe kv-dtype fp8-gemms fp8-block-gemms kt-decode kt-decode-check
 kt-decode-int4-fp8 kt-decode-deepseek kt-doorbell kt-prefill kt-elastic serving serving-overlap serving-paths
 serving-fp8 serving-fp8-native serving-fp8-written serving-kv-fp8 prefill-decode swa-pool kv-sizing-swa
 constrained-itl precision"
@@ -151,6 +153,12 @@ run_stage() {
     tune-gemm-mla)  # DeepSeek-V2-Lite's projections in bf16, then its gate/up pairs with SiLU-and-mul
       python3 benchmark/decode_roofline/tune_decode_gemms.py --model DeepSeek-V2-Lite --out $o/gemm_tuning_mla &&
         python3 benchmark/decode_roofline/tune_decode_gemms.py --model DeepSeek-V2-Lite --silu --out $o/gemm_tuning_mla_silu &&
+        cp python/sglang/srt/layers/decode_gemm/configs/NVIDIA_H200.json $o/ ;;
+    tune-gemm-stacked)  # the MLA models' stacked q (or q_a) + kv_a projection alone: V2-Lite bf16, V3 block-fp8
+      python3 benchmark/decode_roofline/tune_decode_gemms.py --model DeepSeek-V2-Lite --only q_kv_a \
+        --out $o/gemm_tuning_mla_stacked &&
+        python3 benchmark/decode_roofline/tune_decode_gemms.py --model DeepSeek-V3 --fp8-block --only q_a_kv_a \
+          --out $o/gemm_tuning_fp8_block_v3_stacked &&
         cp python/sglang/srt/layers/decode_gemm/configs/NVIDIA_H200.json $o/ ;;
     tune-gemm-fp8-block)
       python3 benchmark/decode_roofline/tune_decode_gemms.py --model ${FP8_MODEL:-Qwen3-8B} --fp8-block \
