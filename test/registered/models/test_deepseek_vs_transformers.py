@@ -5,7 +5,9 @@ q_lora_rank, n_group/topk_group, a non-zero correction bias, routed_scaling_fact
 - greedy tokens identical and logprobs within the usual tolerance, through the in-process scheduler, with the
   latent KV pool (one row of kv_lora_rank + qk_rope_head_dim per token and layer);
 - chunked prefill and radix-cache hits (extends over a cached prefix) give the same tokens;
-- the triton backend's latent decode kernel and both extend forms (interpreter), KT hybrid experts (BF16 on the CPU kernels, the
+- the GPU path's latent store in rotary (norm in place, attention skipping its store) and its MoE-layer kernels
+  (the router's logits, the shared down_proj's sum kernel adding the routed output), the triton backend's latent
+  decode kernel and both extend forms (interpreter), KT hybrid experts (BF16 on the CPU kernels, the
   full-GPU prefill slot over 16 tokens);
 - sglang.Engine with --tp-size 2 (heads and experts split over two gloo ranks) and `launch_server` too.
 """
@@ -86,6 +88,70 @@ def test_chunked_prefill_and_cached_prefixes_match(tiny):
     again = run_scheduler(sched, prompts, greedy_params(NEW_TOKENS))
     assert [o.output_ids for o in again] == ref
     assert again[-1].cached_tokens > 0, "the second round should have reused the cached prefix"
+
+
+def test_rotary_norming_and_storing_the_latent_rows_gives_the_same_tokens(tiny, monkeypatch):
+    """The GPU's decode path, here on the CPU: rotary norms the latent in place and stores the latent rows itself
+    (models/utils.create_fused_latent_store_arg, its CUDA check lifted; RotaryEmbedding's torch path does the
+    store), attention skips its own (save_kv_cache=False) and the extends read the normed latent: the same tokens,
+    chunked and over cached prefixes too."""
+    from sglang.srt.models import deepseek_v2, utils
+
+    version, d, hf, prompts, ref = tiny
+    fused = []
+
+    def on_any_device(latent, k_rope, layer_id, forward_batch, latent_norm):
+        buffers = forward_batch.token_to_kv_pool.fused_store_buffers(layer_id, k_rope, latent)
+        fused.append(buffers is not None)
+        if buffers is None:
+            return None
+        return utils.FusedSetKVBufferArg(latent, *buffers, forward_batch.out_cache_loc,
+                                         value_norm=(latent_norm.weight, latent_norm.variance_epsilon))  # fmt: skip
+
+    monkeypatch.setattr(deepseek_v2, "create_fused_latent_store_arg", on_any_device)
+    sched = make_scheduler(
+        model_path=d, skip_tokenizer_init=True, max_total_tokens=2048, chunked_prefill_size=16, log_level="warning"
+    )
+    outs = run_scheduler(sched, prompts + prompts[2:], greedy_params(NEW_TOKENS))  # the repeats hit the cache
+    assert [o.output_ids for o in outs] == ref + ref[2:]
+    assert fused and all(fused)
+
+
+def test_moe_layer_gpu_kernels_in_the_interpreter_give_the_same_tokens(tmp_path_factory, monkeypatch):
+    """The GPU's MoE-layer kernels, here in the triton interpreter on CPU tensors: the router's logits kernel
+    (layers/moe/router_gemm.py) and the shared experts' down_proj through the skinny GEMM with a split-K plan, whose
+    sum kernel adds the routed output, the residual and the next layer's norm (addend): transformers' tokens."""
+    import os
+
+    from sglang.srt.layers import decode_gemm
+    from sglang.srt.layers.moe import router_gemm
+    from sglang.srt.models import deepseek_v2
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("triton kernels on CPU tensors need TRITON_INTERPRET=1")
+    _, d, _, prompts, ref = _build("v2", tmp_path_factory)
+    monkeypatch.setattr(deepseek_v2, "router_logits", router_gemm.router_logits_triton)
+    sched = make_scheduler(model_path=d, skip_tokenizer_init=True, max_total_tokens=2048, log_level="warning")
+    model = sched.model_runner.model
+    split_k = decode_gemm.GemmPlan(((64, decode_gemm.GemmConfig(16, 16, 16, 4, 1, split_k=2)),))
+    downs = [layer.mlp.shared_experts.down_proj for layer in model.model.layers if hasattr(layer.mlp, "routed")]
+    fused = []
+    real = decode_gemm.linear_add_rmsnorm
+
+    def counted(x, weight, plan, residual, norm_weight, eps, addend=None):
+        out = real(x, weight, plan, residual, norm_weight, eps, addend)
+        if addend is not None:  # a shared down_proj's call (o_proj's have none)
+            fused.append(out is not None)
+        return out
+
+    monkeypatch.setattr("sglang.srt.layers.linear.linear_add_rmsnorm", counted)
+    for down in downs:
+        down.gemm_plan = split_k
+        down.weight.data = down.weight.data.contiguous()  # the CPU stores weights column-major; the kernel reads rows
+    picked = [1, 2]
+    outs = run_scheduler(sched, [prompts[i] for i in picked], greedy_params(4))
+    assert [o.output_ids for o in outs] == [ref[i][:4] for i in picked]
+    assert downs and fused and all(fused)  # every shared down_proj call took the sum kernel with the addend
 
 
 def test_fp8_latent_cache(tmp_path_factory):
