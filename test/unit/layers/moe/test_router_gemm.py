@@ -1,6 +1,7 @@
 """layers/moe/router_gemm.py: the router's fp32 logits in one kernel equal torch's F.linear(x.float(), weight) to
 fp32 rounding, in both forms (a program per token up to GEMV_MAX_TOKENS, token tiles past it), for bf16 and fp32
-activations, ragged expert and K counts, and strided activation rows; the CPU path is torch's itself."""
+activations, ragged expert and K counts, and strided activation rows; the CPU path and prefill-sized batches are
+torch's (cuBLAS's) GEMM."""
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -11,8 +12,14 @@ import torch
 import torch.nn.functional as F
 
 from sglang.srt.layers.moe import router_gemm
-from sglang.srt.layers.moe.router_gemm import GEMV_MAX_TOKENS, TILE_TOKENS, router_logits, router_logits_triton
-from sglang.test.gpu_utils import triton_test_devices
+from sglang.srt.layers.moe.router_gemm import (
+    GEMV_MAX_TOKENS,
+    KERNEL_MAX_TOKENS,
+    TILE_TOKENS,
+    router_logits,
+    router_logits_triton,
+)
+from sglang.test.gpu_utils import REQUIRES_GPU_REASON, triton_test_devices
 
 
 @pytest.mark.parametrize("device", triton_test_devices())
@@ -46,3 +53,17 @@ def test_cpu_tensors_take_torch(monkeypatch):
     monkeypatch.setattr(router_gemm, "router_logits_triton", lambda *a: pytest.fail("the kernel ran on the CPU"))
     x, w = torch.randn(3, 32, dtype=torch.bfloat16), torch.randn(8, 32)
     assert torch.equal(router_logits(x, w), F.linear(x.float(), w))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=REQUIRES_GPU_REASON)
+def test_prefill_sized_batches_take_cublas(monkeypatch):
+    """Past KERNEL_MAX_TOKENS (a prefill chunk) the router is torch's cast and cuBLAS's fp32 GEMM; at decode sizes
+    the kernel."""
+    calls = []
+    real = router_gemm.router_logits_triton
+    monkeypatch.setattr(router_gemm, "router_logits_triton", lambda *a: calls.append(a[0].shape[0]) or real(*a))
+    w = torch.randn(8, 64, device="cuda")
+    for tokens in (1, KERNEL_MAX_TOKENS, KERNEL_MAX_TOKENS + 1):
+        x = torch.randn(tokens, 64, device="cuda", dtype=torch.bfloat16)
+        torch.testing.assert_close(router_logits(x, w), F.linear(x.float(), w), rtol=1e-5, atol=1e-4)
+    assert calls == [1, KERNEL_MAX_TOKENS]

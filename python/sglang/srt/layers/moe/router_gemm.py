@@ -11,6 +11,9 @@ Two forms, by token count (a host int: a captured graph keeps its form):
 - few tokens (``<= GEMV_MAX_TOKENS``): a program per (expert block, token), an fp32 multiply-and-sum over K;
   each token reads the weight again, from L2 after the first;
 - more: a program per (expert block, token block), tile dots; the weight is read once per token block.
+Past decode sizes (``KERNEL_MAX_TOKENS``) the launches no longer matter and the arithmetic does: a prefill chunk
+takes torch's cast and cuBLAS's fp32 GEMM, whose large tiles the 16 x 16 FMA tiles here do not match (DeepSeek-V3's
+router over an 8k-token chunk is 30 GFLOP a layer).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from sglang.srt.layers.triton_loops import use_while_loops
 
 # Up to this many tokens each one is its own program (GEMV form); past it, tiles of TILE_TOKENS tokens.
 GEMV_MAX_TOKENS = 4
+KERNEL_MAX_TOKENS = 512  # the largest decode graph SGLang's tiers capture (cuda_graph_max_bs); past it, torch
 GEMV_EXPERTS = 8  # experts per GEMV program: V2-Lite's 64 in 8 programs a token, DeepSeek-V3's 256 in 32
 GEMV_BLOCK_K = 512
 TILE_EXPERTS = 16  # tl.dot's smallest tile edge
@@ -136,7 +140,8 @@ def router_logits_triton(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """fp32 logits of x [T, K] under an fp32 router weight [E, K]: the kernel on CUDA, torch elsewhere."""
-    if x.is_cuda and x.dim() == 2 and x.stride(1) == 1:
+    """fp32 logits of x [T, K] under an fp32 router weight [E, K]: the kernel on CUDA at decode sizes, torch
+    elsewhere."""
+    if x.is_cuda and x.dim() == 2 and x.stride(1) == 1 and x.shape[0] <= KERNEL_MAX_TOKENS:
         return router_logits_triton(x, weight)
     return F.linear(x.float(), weight)
