@@ -117,7 +117,6 @@ def router_logits_triton(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     block_e = GEMV_EXPERTS if gemv else TILE_EXPERTS
     grid = (triton.cdiv(num_experts, block_e), num_tokens if gemv else triton.cdiv(num_tokens, TILE_TOKENS))
     pdl = pdl_available(x)
-    extra = {"num_warps": 4, "launch_pdl": pdl} if x.is_cuda else {}
     _router_logits_kernel[grid](
         x,
         weight,
@@ -134,7 +133,8 @@ def router_logits_triton(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         GEMV=gemv,
         WHILE_LOOPS=use_while_loops(x),
         PDL=pdl,
-        **extra,
+        launch_pdl=pdl,
+        num_warps=4,
     )
     return out
 

@@ -129,6 +129,6 @@ def route_topk_triton(
         WEIGHT_FROM_SCORES=sigmoid, RENORMALIZE=renormalize, RENORM_EPS=renorm_eps,
         G_PAD=triton.next_power_of_2(n_group), S_PAD=triton.next_power_of_2(group_size),
         K_PAD=triton.next_power_of_2(top_k), PDL=pdl,
-        num_warps=2, **({"launch_pdl": pdl} if logits.is_cuda else {}),
+        num_warps=2, launch_pdl=pdl,
     )  # fmt: skip
     return weights, ids

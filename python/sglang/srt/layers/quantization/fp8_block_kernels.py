@@ -88,7 +88,7 @@ def quantize_groups(
             GROUP_C=GROUP,
             GROUPS=per_program,
             PDL=pdl,
-            **({"launch_pdl": pdl} if x.is_cuda else {}),
+            launch_pdl=pdl,
         )
     return q, scale
 

@@ -198,7 +198,7 @@ def invoke_moe_gemm(
         SCALE_K_PER_TILE=per_tile,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, PDL=pdl,
-        num_warps=config.num_warps, num_stages=config.num_stages, **({"launch_pdl": pdl} if a.is_cuda else {}),
+        num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl,
     )  # fmt: skip
 
 
@@ -252,7 +252,7 @@ def moe_sum(cache: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
         cache, topk_ids.contiguous(), out,
         cache.stride(0), out.stride(0), hidden,
         TOP_K=top_k, BLOCK_H=block_h, PDL=pdl,
-        num_warps=4, **({"launch_pdl": pdl} if cache.is_cuda else {}),
+        num_warps=4, launch_pdl=pdl,
     )  # fmt: skip
     return out
 

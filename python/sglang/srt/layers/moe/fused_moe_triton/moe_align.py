@@ -156,6 +156,6 @@ def moe_align_block_size_triton(topk_ids: torch.Tensor, block_m: int, num_expert
         BLOCK_S=max(16, min(256, 8192 // e_pad)),  # one-hot tiles of at most ~8K elements
         BLOCK_T=max(16, min(64, 4096 // max(e_pad, block_m))),
         PDL=pdl,
-        num_warps=4, **({"launch_pdl": pdl} if flat.is_cuda else {}),
+        num_warps=4, launch_pdl=pdl,
     )  # fmt: skip
     return AlignedRouting(sorted_slot_ids=sorted_ids, expert_ids=expert_ids, num_padded=num_padded)
