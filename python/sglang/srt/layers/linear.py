@@ -186,8 +186,9 @@ class ReplicatedLinear(LinearBase):
 
 
 def stacked_rows(part_sizes: Sequence[int], block_fp8: bool) -> int:
-    """A StackedLinear's weight rows: its parts', rounded up to whole 128-row blocks for a block-fp8 weight (cuBLAS's
-    block-scaled GEMM takes N in whole blocks; DeepSeek-V3's q_a + kv_a is 1,536 + 576 rows)."""
+    """A StackedLinear's weight rows: its parts', rounded up to whole 128-row blocks for a block-fp8 weight (the
+    engine sends only whole blocks of N to cuBLAS's block-scaled GEMM, ``fp8_block_kernels.takes_cublas_block_gemm``;
+    DeepSeek-V3's q_a + kv_a is 1,536 + 576 rows)."""
     rows = sum(part_sizes)
     return -(-rows // FP8_BLOCK) * FP8_BLOCK if block_fp8 else rows
 
