@@ -241,17 +241,15 @@ def moe_bf16(d: str) -> str:
 # fp32: 15.8 of 45 after layer 1), while each MoE layer on the same input matched the reference within 0.2% with
 # the same experts chosen. With every expert routed the output is continuous in the input; the scales and layouts
 # are checked as strictly, and the routing itself is checked by the bf16 and CPU tests.
-def deepseek_v3_full(d: str, every_expert: bool = False) -> str:
+def deepseek_v3_full(d: str, every_expert: bool = False, **overrides) -> str:
     """A tiny DeepSeek-V3 (transformers-written, fp32) whose dimensions are multiples of 128 where DeepSeek-V3's
     are (hidden, q_lora, kv_lora, every MLP): MLA with q_lora_rank, grouped noaux_tc routing with a correction
     bias, a shared expert, one dense layer; kv_a_proj_with_mqa (kv_lora + rope = 160) and q_b_proj (2 x 96) are
-    ragged, as the real model's 576 and 128 x 192 rows are. `every_expert`: see the comment above."""
+    ragged, as the real model's 576 and 128 x 192 rows are. `every_expert`: see the comment above; `overrides`: other
+    config values."""
     from sglang.test.tiny_deepseek import make_tiny_deepseek
 
-    make_tiny_deepseek(
-        "v3",
-        d,
-        seed=3,
+    dims = dict(
         hidden_size=128,
         intermediate_size=256,
         moe_intermediate_size=128,
@@ -267,6 +265,7 @@ def deepseek_v3_full(d: str, every_expert: bool = False) -> str:
         topk_group=2 if every_expert else 1,
         **({"num_experts_per_tok": 4} if every_expert else {}),
     )
+    make_tiny_deepseek("v3", d, seed=3, **{**dims, **overrides})
     return d
 
 

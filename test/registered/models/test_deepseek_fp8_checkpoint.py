@@ -132,11 +132,53 @@ def test_gpu_format_keeps_the_checkpoints_fp8(fp8_v3, monkeypatch):
     linears = [m for m in model.modules() if isinstance(m, LinearBase)]
     assert sum(not m.is_block_fp8 for m in linears) == 3  # kv_b_proj of each layer (lm_head is no LinearBase)
 
-    # Activations rounded to e4m3 turn last-bit differences (our absorbed attention sums in another order) into
-    # whole e4m3 steps, so a near-tie may flip late in a sequence: every token must be transformers' top-1 under the
-    # same quantization, or within FP8_TIE of it, and nearly all exactly.
+    _assert_near_the_quantized_reference(d, prompts, run_scheduler(sched, prompts, greedy_params(NEW_TOKENS)))
+
+
+def test_gpu_format_split_k_add_norm_in_the_interpreter(fp8_v3, monkeypatch, tmp_path):
+    """The GPU's decode path for block-fp8 o_proj / down_proj, here in the triton interpreter: with a split-K plan the
+    skinny GEMM's sum kernel adds the residual (and, for the shared experts' down_proj, the routed output) and takes
+    the next norm (fp8_block_linear_add_rmsnorm): every such call is fused, and the tokens stay transformers'."""
+    import os
+
+    import sglang.srt.configs.model_config as model_config
+    from sglang.srt.layers import linear
+    from sglang.srt.layers.decode_gemm import GemmConfig, GemmPlan
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("triton kernels on CPU tensors need TRITON_INTERPRET=1")
+    # K of two 128 blocks for every row-parallel layer, so a split-K plan splits it: o_proj (4 heads x 64), the shared
+    # experts' down_proj (2 x 128), the dense layer's down_proj (256)
+    root = str(tmp_path)
+    full = deepseek_v3_full(root + "/full", num_attention_heads=4, num_key_value_heads=4, n_shared_experts=2)
+    d = write_fp8_checkpoint(full, root + "/fp8", "block")
+    prompts = fp8_v3[1]
+    monkeypatch.setattr(model_config, "linear_weight_format", lambda *a: "fp8_block")  # as on the GPU
+    sched = _scheduler(d)
+    model = sched.model_runner.model
+    split_k = GemmPlan(((64, GemmConfig(16, 16, 128, 4, 1, split_k=2)),))  # block_k 128: one scale block a step
+    rows = [m for m in model.modules() if isinstance(m, linear.RowParallelLinear)]  # o_proj, down_proj, shared down
+    for layer in rows:
+        layer.gemm_plan = split_k
+    calls = []
+    real = linear.fp8_block_linear_add_rmsnorm
+
+    def counted(*args):
+        out = real(*args)
+        calls.append((out is not None, args[-1] is not None))
+        return out
+
+    monkeypatch.setattr(linear, "fp8_block_linear_add_rmsnorm", counted)
+    _assert_near_the_quantized_reference(d, prompts, run_scheduler(sched, prompts, greedy_params(NEW_TOKENS)))
+    assert calls and all(fused for fused, _ in calls)
+    assert any(with_addend for _, with_addend in calls)  # the shared experts' down_proj took the routed output
+
+
+def _assert_near_the_quantized_reference(d: str, prompts, outs) -> None:
+    """Activations rounded to e4m3 turn last-bit differences (our absorbed attention sums in another order) into
+    whole e4m3 steps, so a near-tie may flip late in a sequence: every token must be transformers' top-1 under the
+    same quantization, or within FP8_TIE of it, and nearly all exactly."""
     reference = fake_quantized(load_hf_model(d + "-dequantized"), "block", weight_only=("kv_b_proj",))
-    outs = run_scheduler(sched, prompts, greedy_params(NEW_TOKENS))
     exact = 0
     for prompt, out in zip(prompts, outs):
         with torch.no_grad():

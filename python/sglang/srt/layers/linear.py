@@ -36,7 +36,7 @@ from sglang.srt.layers.decode_gemm import (
     plan_for_shape,
 )
 from sglang.srt.layers.quantization.fp8_block_linear import GROUP as FP8_BLOCK
-from sglang.srt.layers.quantization.fp8_block_linear import fp8_block_linear
+from sglang.srt.layers.quantization.fp8_block_linear import fp8_block_linear, fp8_block_linear_add_rmsnorm
 from sglang.srt.layers.quantization.fp8_linear import FP8_DTYPE, fp8_linear, fp8_linear_silu_and_mul, quantize_rows
 from sglang.srt.server_args_cli import QUANTIZATIONS
 
@@ -444,11 +444,15 @@ class RowParallelLinear(LinearBase):
         """``norm(self(x) [+ addend], residual)`` (an ``RMSNorm``): (the norm of that + residual, the sum; on the
         GPU written over ``residual``, as the norm kernel does), what the decoder does after o_proj and down
         (``addend``: another output of the same shape, DeepSeek's routed experts beside its shared experts).
-        Where this layer's plan splits K for x's rows (one rank, no bias, bf16 weights), the adds and the norm
-        run in the GEMM's split-K sum kernel instead of kernels of their own, with the same bits."""
-        if self.tp_size == 1 and self.bias is None and self.quantization is None:
-            eps = norm.variance_epsilon
-            normed = linear_add_rmsnorm(x, self.weight, self.gemm_plan, residual, norm.weight, eps, addend)
+        Where this layer's plan splits K for x's rows (one rank, no bias, bf16 or block-fp8 weights), the adds and
+        the norm run in the GEMM's split-K sum kernel instead of kernels of their own, with the same bits."""
+        if self.tp_size == 1 and self.bias is None and (self.quantization is None or self.is_block_fp8):
+            eps, plan = norm.variance_epsilon, self.gemm_plan
+            if self.is_block_fp8:
+                scale = self.weight_scale_inv
+                normed = fp8_block_linear_add_rmsnorm(x, self.weight, scale, plan, residual, norm.weight, eps, addend)
+            else:
+                normed = linear_add_rmsnorm(x, self.weight, plan, residual, norm.weight, eps, addend)
             if normed is not None:
                 return normed, residual
         y = self(x)

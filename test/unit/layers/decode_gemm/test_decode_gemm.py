@@ -134,6 +134,43 @@ def test_skinny_linear_on_block_fp8_operands_scales_each_block(device, m, split_
     _check(out, ref + b.double() if b is not None else ref, out_dtype, relative=True)
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("with_addend", [False, True])
+def test_block_fp8_split_k_sum_kernel_does_the_add_and_norm(device, with_addend):
+    """add_norm (and the addend) on block-fp8 operands: the split-K partials are scaled as they are summed, so the
+    sum kernel's residual add and norm give the same bits as the block-scaled GEMM, torch's add, then the norm
+    kernel; fp8_block_linear_add_rmsnorm takes that path where the plan splits K, and returns None where it does not
+    (a config of one split)."""
+    from sglang.srt.layers.fused_elementwise import rmsnorm
+    from sglang.srt.layers.quantization.fp8_block_linear import fp8_block_linear_add_rmsnorm, quantize_groups_reference
+
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    g = torch.Generator().manual_seed(70 + with_addend)
+    m, n, k = 5, 200, 384
+    x = torch.randn(m, k, generator=g).to(device, dtype)
+    qw = (torch.randn(n, k, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn).to(device)
+    sw = (torch.rand(2, 3, generator=g) + 0.5).to(device) / 100
+    residual = torch.randn(m, n, generator=g).to(device, dtype)
+    norm_weight = (torch.rand(n, generator=g) + 0.5).to(device, dtype)
+    addend = torch.randn(m, n, generator=g).to(device, dtype) if with_addend else None
+    config = GemmConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=2, split_k=3)
+    qx, sx = quantize_groups_reference(x)
+    product = skinny_linear(qx, qw, None, config, block_scales=(sx, sw, dtype))
+    original, fused_residual = residual.clone(), residual.clone()
+    normed = skinny_linear(
+        qx, qw, None, config, block_scales=(sx, sw, dtype), add_norm=(fused_residual, norm_weight, 1e-6), addend=addend
+    )
+    expected = rmsnorm(product + addend if with_addend else product, norm_weight, 1e-6, residual=residual)
+    assert torch.equal(fused_residual, residual) and torch.equal(normed, expected)
+    if device == "cpu":  # the layer's entry point (on the GPU its activations go through the quantization kernel)
+        again = original.clone()
+        plan = GemmPlan(((8, config),))
+        out = fp8_block_linear_add_rmsnorm(x, qw, sw, plan, again, norm_weight, 1e-6, addend)
+        assert out is not None and torch.equal(out, expected)
+        one_split = GemmPlan(((8, GemmConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=2)),))
+        assert fp8_block_linear_add_rmsnorm(x, qw, sw, one_split, again, norm_weight, 1e-6, addend) is None
+
+
 def test_block_scales_need_128_wide_k_steps():
     qx, qw = torch.zeros(1, 256, dtype=torch.float8_e4m3fn), torch.zeros(64, 256, dtype=torch.float8_e4m3fn)
     scales = (torch.ones(1, 2), torch.ones(1, 2), torch.float32)

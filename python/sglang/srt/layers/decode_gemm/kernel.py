@@ -264,12 +264,12 @@ def skinny_linear(
     ``block_scales`` = (x_scale [M, ceil(K/128)] with contiguous rows, weight_scale [ceil(N/128), ceil(K/128)]
     with contiguous rows, out dtype) for fp8 ``x`` quantized per token and 128-column group and a block-fp8
     ``weight``: the block-scaled product (``fp8_block_linear.block_fp8_matmul_reference``) in the out dtype;
-    ``config.block_k`` must be 128 (one K step, one scale block)."""
+    ``config.block_k`` must be 128 (one K step, one scale block); ``add_norm`` (and ``addend``) as above: the split-K
+    partials are scaled as they are summed, so the sum kernel adds them as it adds unscaled ones."""
     if block_scales is not None:
-        if scales is not None or silu_and_mul or add_norm is not None or config.block_k != BLOCK_SCALE_EDGE:
+        if scales is not None or silu_and_mul or config.block_k != BLOCK_SCALE_EDGE:
             raise ValueError(
-                f"block_scales need block_k {BLOCK_SCALE_EDGE} and neither scales, silu_and_mul nor add_norm, "
-                f"got {config}"
+                f"block_scales need block_k {BLOCK_SCALE_EDGE} and neither scales nor silu_and_mul, got {config}"
             )
         scales = block_scales
     m, k = x.shape
@@ -282,7 +282,8 @@ def skinny_linear(
         )
     split_k, k_per_split = config.k_split(k)
     if add_norm is not None:
-        refusal = add_norm_refusal(config, m, k, n, add_norm[0], add_norm[1], scales is not None, silu_and_mul, addend)
+        per_channel = scales is not None and block_scales is None  # block-scaled partials are sums already
+        refusal = add_norm_refusal(config, m, k, n, add_norm[0], add_norm[1], per_channel, silu_and_mul, addend)
         if refusal is not None:
             raise ValueError(refusal)
     elif addend is not None:

@@ -75,13 +75,14 @@ def add_norm_refusal(
     addend: Optional["torch.Tensor"] = None,
 ) -> Optional[str]:
     """Why the split-K sum kernel cannot do the residual add and RMSNorm after this [m, k] x [n, k] GEMM, or
-    None when it can: it needs partial sums to add (a config that splits this K), unscaled operands, no
+    None when it can: it needs partial sums to add (a config that splits this K), no per-channel fp8 scales
+    (``scaled``: that path does not pass them through; block-scaled partials are summed as they are), no
     SiLU-and-mul, a row it can hold (N <= MAX_ADD_NORM_COLUMNS), a row-contiguous [m, n] residual (and addend, if
     any) and an [n] norm weight. One rule for the caller that falls back (``linear_add_rmsnorm``) and the kernel
     that raises."""
     if config.k_split(k)[0] == 1 or scaled or silu_and_mul or n > MAX_ADD_NORM_COLUMNS:
         return (
-            f"add_norm needs a split-K config, unscaled operands, no silu_and_mul and N <= "
+            f"add_norm needs a split-K config, no per-channel scales, no silu_and_mul and N <= "
             f"{MAX_ADD_NORM_COLUMNS}, got {config} for K={k}, N={n}"
         )
     if tuple(residual.shape) != (m, n) or residual.stride(1) != 1 or tuple(norm_weight.shape) != (n,):

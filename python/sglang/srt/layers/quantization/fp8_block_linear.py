@@ -20,7 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from sglang.srt.layers.decode_gemm.table import CUBLAS_ONLY, GemmPlan
+from sglang.srt.layers.decode_gemm import skinny_config
+from sglang.srt.layers.decode_gemm.table import CUBLAS_ONLY, GemmPlan, add_norm_refusal
 from sglang.srt.layers.quantization.fp8 import FP8_BLOCK, FP8_DTYPE, FP8_MAX
 from sglang.srt.layers.quantization.fp8_linear import INV_FP8_MAX, MIN_SCALE
 
@@ -77,3 +78,36 @@ def fp8_block_linear(
 
         out = block_fp8_linear_gpu(x2, qweight, weight_scale_inv, bias, plan)
     return out.view(*lead, qweight.shape[0])
+
+
+def fp8_block_linear_add_rmsnorm(
+    x: torch.Tensor,
+    qweight: torch.Tensor,
+    weight_scale_inv: torch.Tensor,
+    plan: GemmPlan,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    addend: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """``fused_elementwise.rmsnorm(fp8_block_linear(x, ...) [+ addend], norm_weight, eps, residual=residual)``
+    (decode_gemm.linear_add_rmsnorm's contract) with the adds and the norm in the skinny GEMM's split-K sum kernel,
+    where the plan (the ``N x K:fp8block`` entry) has a config for x's rows that splits K; None where it has not (the
+    caller runs the GEMM, the add, then the norm kernel: the same bits). x [M, K] with contiguous rows."""
+    config = skinny_config(x, plan)
+    if config is None:
+        return None
+    if add_norm_refusal(config, *x.shape, qweight.shape[0], residual, norm_weight, addend=addend) is not None:
+        return None
+    from sglang.srt.layers.decode_gemm.kernel import skinny_linear
+
+    if x.is_cuda:
+        from sglang.srt.layers.quantization.fp8_block_kernels import quantize_groups
+
+        qx, sx = quantize_groups(x)
+    else:  # the interpreter (CPU tests), whose fp8 stores round wrongly: torch's quantization, the same codes
+        qx, sx = quantize_groups_reference(x)
+    add_norm = (residual, norm_weight, eps)
+    return skinny_linear(
+        qx, qweight, None, config, block_scales=(sx, weight_scale_inv, x.dtype), add_norm=add_norm, addend=addend
+    )
