@@ -5,7 +5,7 @@ q_lora_rank, n_group/topk_group, a non-zero correction bias, routed_scaling_fact
 - greedy tokens identical and logprobs within the usual tolerance, through the in-process scheduler, with the
   latent KV pool (one row of kv_lora_rank + qk_rope_head_dim per token and layer);
 - chunked prefill and radix-cache hits (extends over a cached prefix) give the same tokens;
-- the GPU path's latent store in rotary (norm in place, attention skipping its store) and its MoE-layer kernels
+- the latent's norm and store in rotary (attention skipping its store), the GPU's MoE-layer kernels
   (the router's logits, the shared down_proj's sum kernel adding the routed output), the triton backend's latent
   decode kernel and both extend forms (interpreter), KT hybrid experts (BF16 on the CPU kernels, the
   full-GPU prefill slot over 16 tokens);
@@ -90,31 +90,22 @@ def test_chunked_prefill_and_cached_prefixes_match(tiny):
     assert again[-1].cached_tokens > 0, "the second round should have reused the cached prefix"
 
 
-def test_rotary_norming_and_storing_the_latent_rows_gives_the_same_tokens(tiny, monkeypatch):
-    """The GPU's decode path, here on the CPU: rotary norms the latent in place and stores the latent rows itself
-    (models/utils.create_fused_latent_store_arg, its CUDA check lifted; RotaryEmbedding's torch path does the
-    store), attention skips its own (save_kv_cache=False) and the extends read the normed latent: the same tokens,
-    chunked and over cached prefixes too."""
-    from sglang.srt.models import deepseek_v2, utils
-
+def test_rotary_norms_and_stores_the_latent_rows(tiny, monkeypatch):
+    """Rotary norms the latent in place and stores the latent rows itself (models/utils.create_fused_latent_store_arg,
+    on the CPU through RotaryEmbedding's torch path, on the GPU in its kernel), attention skips its own store
+    (save_kv_cache=False) and the extends read the normed latent: every layer call takes that path, and the tokens
+    are transformers', chunked and over cached prefixes too."""
     version, d, hf, prompts, ref = tiny
-    fused = []
-
-    def on_any_device(latent, k_rope, layer_id, forward_batch, latent_norm):
-        buffers = forward_batch.token_to_kv_pool.fused_store_buffers(layer_id, k_rope, latent)
-        fused.append(buffers is not None)
-        if buffers is None:
-            return None
-        return utils.FusedSetKVBufferArg(latent, *buffers, forward_batch.out_cache_loc,
-                                         value_norm=(latent_norm.weight, latent_norm.variance_epsilon))  # fmt: skip
-
-    monkeypatch.setattr(deepseek_v2, "create_fused_latent_store_arg", on_any_device)
     sched = make_scheduler(
         model_path=d, skip_tokenizer_init=True, max_total_tokens=2048, chunked_prefill_size=16, log_level="warning"
     )
+    pool = sched.model_runner.token_to_kv_pool
+    fused = []
+    real = pool.fused_store_buffers
+    monkeypatch.setattr(pool, "fused_store_buffers", lambda *a: fused.append(real(*a)) or fused[-1])
     outs = run_scheduler(sched, prompts + prompts[2:], greedy_params(NEW_TOKENS))  # the repeats hit the cache
     assert [o.output_ids for o in outs] == ref + ref[2:]
-    assert fused and all(fused)
+    assert fused and all(buffers is not None for buffers in fused)
 
 
 def test_moe_layer_gpu_kernels_in_the_interpreter_give_the_same_tokens(tmp_path_factory, monkeypatch):

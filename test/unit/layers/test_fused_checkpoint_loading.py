@@ -90,7 +90,7 @@ def test_stacked_head_split_and_replicated_parts(tp, monkeypatch):
         assert layer.part_sizes == [mine * head, kv_a]
         assert torch.equal(layer.weight, torch.cat([q[rank * mine * head : (rank + 1) * mine * head], kv]))
         x = torch.randn(3, hidden, generator=g)
-        q_out, kv_out = layer(x).split(layer.part_sizes, dim=-1)
+        q_out, kv_out = layer(x)
         assert torch.allclose(kv_out, x @ kv.T, atol=1e-5)
 
         block = StackedLinear(hidden, parts, params_dtype=torch.float32, quantization="fp8_block")
@@ -106,12 +106,34 @@ def test_stacked_head_split_and_replicated_parts(tp, monkeypatch):
         assert block.weight.shape[0] == -(-rows // 128) * 128 > rows
         for shard, w in (("q", q), ("kv_a", kv)):
             block.weight.weight_loader(block.weight, w.to(torch.float8_e4m3fn), shard)
-        out = block(x)
-        assert out.shape == (3, rows) and out.isfinite().all()
+        q_out, kv_out = block(x)
+        assert q_out.shape == (3, mine * head) and kv_out.shape == (3, kv_a) and kv_out.isfinite().all()
         assert (block.weight[rows:].float() == 0).all()  # the padding rows: zeros, never loaded
         ref = fp8_block_linear(x, kv.to(torch.float8_e4m3fn), kv_scales, None)
-        assert torch.allclose(out[:, mine * head :], ref, rtol=1e-4, atol=1e-3)
+        assert torch.allclose(kv_out, ref, rtol=1e-4, atol=1e-3)
     with pytest.raises(ValueError, match="part 'kv_a' has 512 rows, expected 576"):
         layer.weight.weight_loader(layer.weight, torch.zeros(512, hidden), "kv_a")
     with pytest.raises(ValueError, match="parts are \\['q', 'kv_a'\\]"):
         layer.weight.weight_loader(layer.weight, kv, "k")
+
+
+def test_stacked_block_fp8_parts_start_on_scale_blocks():
+    """A block-fp8 part that does not end on a 128-row block (a q_lora_rank or a rank's heads not a multiple of 128)
+    leaves zero rows up to the next block, where the next part starts: each part's scale blocks stay its own."""
+    g = torch.Generator().manual_seed(3)
+    a, b = torch.randn(100, 256, generator=g), torch.randn(60, 256, generator=g)
+    layer = StackedLinear(256, {"a": (100, 0, 100), "b": (60, 0, 60)}, params_dtype=torch.float32,
+                          quantization="fp8_block")  # fmt: skip
+    assert layer.part_starts == {"a": 0, "b": 128} and layer.weight.shape == (256, 256)
+    scales = {"a": torch.tensor([[0.5, 2.0]]), "b": torch.tensor([[4.0, 0.25]])}
+    for shard, w in (("a", a), ("b", b)):
+        layer.weight.weight_loader(layer.weight, w.to(torch.float8_e4m3fn), shard)
+        layer.weight_scale_inv.weight_loader(layer.weight_scale_inv, scales[shard], shard)
+    assert torch.equal(layer.weight_scale_inv, torch.cat([scales["a"], scales["b"]]))
+    assert (layer.weight[100:128].float() == 0).all() and (layer.weight[188:].float() == 0).all()
+    x = torch.randn(2, 256, generator=g)
+    out_a, out_b = layer(x)
+    assert out_a.shape == (2, 100) and out_b.shape == (2, 60)
+    for out, w, shard in ((out_a, a, "a"), (out_b, b, "b")):
+        ref = fp8_block_linear(x, w.to(torch.float8_e4m3fn), scales[shard], None)
+        assert torch.allclose(out, ref, rtol=1e-4, atol=1e-3), shard

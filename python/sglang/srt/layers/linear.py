@@ -185,12 +185,17 @@ class ReplicatedLinear(LinearBase):
         return self.matmul(x, self.bias)
 
 
-def stacked_rows(part_sizes: Sequence[int], block_fp8: bool) -> int:
-    """A StackedLinear's weight rows: its parts', rounded up to whole 128-row blocks for a block-fp8 weight (the
-    engine sends only whole blocks of N to cuBLAS's block-scaled GEMM, ``fp8_block_kernels.takes_cublas_block_gemm``;
-    DeepSeek-V3's q_a + kv_a is 1,536 + 576 rows)."""
-    rows = sum(part_sizes)
-    return -(-rows // FP8_BLOCK) * FP8_BLOCK if block_fp8 else rows
+def stacked_layout(part_sizes: Sequence[int], block_fp8: bool) -> tuple[list[int], int]:
+    """A StackedLinear's parts' first rows and its weight's rows: back to back; for a block-fp8 weight each part
+    starts on a 128-row scale block (a block never straddles two checkpoint tensors) and the rows are whole blocks
+    (the engine sends only whole blocks of N to cuBLAS's block-scaled GEMM, ``fp8_block_kernels.
+    takes_cublas_block_gemm``; DeepSeek-V3's q_a + kv_a: 1,536 + 576 rows -> 2,176)."""
+    align = FP8_BLOCK if block_fp8 else 1
+    starts, rows = [], 0
+    for size in part_sizes:
+        starts.append(rows)
+        rows = -(-(rows + size) // align) * align
+    return starts, rows
 
 
 class StackedLinear(LinearBase):
@@ -198,8 +203,8 @@ class StackedLinear(LinearBase):
     part beside a replicated one), stored back to back so that one GEMM serves them: MLA's query projection and
     kv_a_proj_with_mqa (models/deepseek_v2.py). ``parts``: shard id -> (the checkpoint tensor's rows, this
     rank's first row in it, how many); a checkpoint tensor fills its part, and must have exactly its rows.
-    A block-fp8 weight has padding rows after the parts (``stacked_rows``), zeros never loaded: their output columns
-    are not returned."""
+    A block-fp8 weight has zero padding rows where a part does not end on a scale block (``stacked_layout``), never
+    loaded and never returned: ``forward`` gives each part's columns."""
 
     def __init__(
         self,
@@ -209,16 +214,12 @@ class StackedLinear(LinearBase):
         quantization: Optional[str] = None,
     ) -> None:
         self.parts = dict(parts)
-        self.part_starts: dict[str, int] = {}
-        offset = 0
-        for shard_id, (_, _, size) in self.parts.items():
-            self.part_starts[shard_id] = offset
-            offset += size
-        self.output_rows = offset
-        rows = stacked_rows(self.part_sizes, quantization == "fp8_block")
+        starts, rows = stacked_layout(self.part_sizes, quantization == "fp8_block")
+        self.part_starts = dict(zip(self.parts, starts))
         super().__init__(input_size, rows, False, params_dtype, quantization)
-        with torch.no_grad():
-            self.weight[offset:].zero_()  # padding rows: finite products, whatever the GEMM does with them
+        with torch.no_grad():  # padding rows: finite products, whatever the GEMM does with them
+            for start, size, end in zip(starts, self.part_sizes, [*starts[1:], rows]):
+                self.weight[start + size : end].zero_()
 
     @property
     def part_sizes(self) -> list[int]:
@@ -233,10 +234,10 @@ class StackedLinear(LinearBase):
             raise ValueError(f"checkpoint tensor for part {shard_id!r} has {loaded.shape[0]} rows, expected {rows}")
         self._load_slice(param, self.part_starts[shard_id], loaded, src_start, size)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """[T, sum of the parts' rows] (a view of wider rows where the weight has padding rows)."""
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """Each part's output [T, its rows], in order: views of the one GEMM's rows."""
         y = self.matmul(x, None)
-        return y if y.shape[-1] == self.output_rows else y[..., : self.output_rows]
+        return [y[..., start : start + size] for start, size in zip(self.part_starts.values(), self.part_sizes)]
 
 
 class ColumnParallelLinear(LinearBase):

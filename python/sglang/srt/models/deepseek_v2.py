@@ -167,8 +167,7 @@ class DeepseekV2Attention(nn.Module):
     def attend(self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch) -> torch.Tensor:
         """Everything up to o_proj: its input [T, heads * v] (the decoder runs o_proj with the residual add)."""
         n = hidden_states.shape[0]
-        fused = self.fused_qkv_a_proj_with_mqa
-        q, kv_a = fused(hidden_states).split(fused.part_sizes, dim=-1)
+        q, kv_a = self.fused_qkv_a_proj_with_mqa(hidden_states)
         latent, k_rope = kv_a.split([self.kv_lora_rank, self.rope], dim=-1)
         if self.q_lora_rank is not None:
             q = self.q_b_proj(self.q_a_layernorm(q))

@@ -38,9 +38,7 @@ def create_fused_latent_store_arg(
     """MLA's counterpart: let rotary norm this step's latent rows (``latent`` [T, kv_lora] as V, normed in place by
     ``latent_norm``) and write them with the rotated ``k_rope`` [T, rope] (as K) into the latent pool, when the pool
     allows it; else None (the caller norms the latent, attention stores the rows: ``save_kv_cache=True``). Two
-    launches less a layer."""
-    if not latent.is_cuda:
-        return None
+    launches less a layer on the GPU; on the CPU rotary's torch path does the same norm and stores (one path)."""
     buffers = forward_batch.token_to_kv_pool.fused_store_buffers(layer_id, k_rope, latent)
     if buffers is None:
         return None

@@ -21,6 +21,7 @@ __all__ = [
     "CUBLAS_ONLY",
     "GemmConfig",
     "GemmPlan",
+    "add_norm_config",
     "linear",
     "linear_add_rmsnorm",
     "linear_silu_and_mul",
@@ -35,6 +36,22 @@ def skinny_config(x: torch.Tensor, plan: GemmPlan) -> Optional[GemmConfig]:
     """The plan's skinny-kernel config for x's row count, or None (cuBLAS) when it has none or x cannot
     be read by the kernel (not 2-D with K-contiguous rows)."""
     return plan.config_for(x.shape[0]) if x.dim() == 2 and x.stride(-1) == 1 else None
+
+
+def add_norm_config(
+    x: torch.Tensor,
+    plan: GemmPlan,
+    n: int,
+    residual: torch.Tensor,
+    norm_weight: torch.Tensor,
+    addend: Optional[torch.Tensor] = None,
+) -> Optional[GemmConfig]:
+    """The plan's config for x's rows where the skinny GEMM's split-K sum kernel can do the adds and the norm after
+    the product (``table.add_norm_refusal``), else None: what the add-norm entry points ask first."""
+    config = skinny_config(x, plan)
+    if config is None or add_norm_refusal(config, *x.shape, n, residual, norm_weight, addend=addend) is not None:
+        return None
+    return config
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], plan: GemmPlan) -> torch.Tensor:
@@ -61,10 +78,8 @@ def linear_add_rmsnorm(
     += the product in place; the result is the RMSNorm of that sum) with the adds and the norm in the skinny GEMM's
     split-K sum kernel, where the plan's config for x's rows splits K; None where it does not (the caller runs
     the GEMM, the add, then the norm kernel: the same bits)."""
-    config = skinny_config(x, plan)
+    config = add_norm_config(x, plan, weight.shape[0], residual, norm_weight, addend)
     if config is None:
-        return None
-    if add_norm_refusal(config, *x.shape, weight.shape[0], residual, norm_weight, addend=addend) is not None:
         return None
     from sglang.srt.layers.decode_gemm import kernel
 

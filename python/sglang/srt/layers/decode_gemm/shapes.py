@@ -7,7 +7,7 @@ from transformers import PretrainedConfig
 from sglang.srt.configs.deepseek import uses_mla
 from sglang.srt.configs.model_config import attention_head_dim, num_routed_experts, total_num_kv_heads
 from sglang.srt.distributed.partition import HeadPartition, shard_range
-from sglang.srt.layers.linear import stacked_rows
+from sglang.srt.layers.linear import stacked_layout
 
 
 def projection_shapes(
@@ -16,7 +16,7 @@ def projection_shapes(
     """``(N, K)`` of qkv_proj, o_proj and (dense models) gate_up_proj / down_proj on rank ``tp_rank``, as
     ``srt/layers/linear.py`` shards them (KV heads replicated when they are fewer than the ranks). MoE experts
     run in the fused-MoE kernel and lm_head in the logits processor: neither goes through the table.
-    ``block_fp8``: the shapes of a block-fp8 checkpoint's layers (MLA's stacked projection padded to whole blocks)."""
+    ``block_fp8``: the shapes of a block-fp8 checkpoint's layers (MLA's stacked projection in whole blocks)."""
     if uses_mla(config):
         return mla_projection_shapes(config, tp_size, tp_rank, block_fp8)
     heads = HeadPartition.for_rank(config.num_attention_heads, total_num_kv_heads(config), tp_size, tp_rank)
@@ -46,9 +46,9 @@ def mla_projection_shapes(
     qk = config.qk_nope_head_dim + config.qk_rope_head_dim
     kv_a = config.kv_lora_rank + config.qk_rope_head_dim
     if config.q_lora_rank is None:
-        shapes = {"q_kv_a": (stacked_rows([heads * qk, kv_a], block_fp8), hidden)}
+        shapes = {"q_kv_a": (stacked_layout([heads * qk, kv_a], block_fp8)[1], hidden)}
     else:
-        q_a_kv_a = stacked_rows([config.q_lora_rank, kv_a], block_fp8)
+        q_a_kv_a = stacked_layout([config.q_lora_rank, kv_a], block_fp8)[1]
         shapes = {"q_a_kv_a": (q_a_kv_a, hidden), "q_b": (heads * qk, config.q_lora_rank)}
     shapes["o"] = (hidden, heads * config.v_head_dim)
     mlps = {}

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 import torch
 
-from sglang.srt.layers.decode_gemm import skinny_config
-from sglang.srt.layers.decode_gemm.table import CUBLAS_ONLY, GemmPlan, add_norm_refusal
+from sglang.srt.layers.decode_gemm import add_norm_config
+from sglang.srt.layers.decode_gemm.table import CUBLAS_ONLY, GemmPlan
 from sglang.srt.layers.quantization.fp8 import FP8_BLOCK, FP8_DTYPE, FP8_MAX
 from sglang.srt.layers.quantization.fp8_linear import INV_FP8_MAX, MIN_SCALE
 
@@ -94,10 +94,8 @@ def fp8_block_linear_add_rmsnorm(
     (decode_gemm.linear_add_rmsnorm's contract) with the adds and the norm in the skinny GEMM's split-K sum kernel,
     where the plan (the ``N x K:fp8block`` entry) has a config for x's rows that splits K; None where it has not (the
     caller runs the GEMM, the add, then the norm kernel: the same bits). x [M, K] with contiguous rows."""
-    config = skinny_config(x, plan)
+    config = add_norm_config(x, plan, qweight.shape[0], residual, norm_weight, addend)
     if config is None:
-        return None
-    if add_norm_refusal(config, *x.shape, qweight.shape[0], residual, norm_weight, addend=addend) is not None:
         return None
     from sglang.srt.layers.decode_gemm.kernel import skinny_linear
 
