@@ -11,8 +11,9 @@ import torch
 import torch.nn.functional as F
 
 from sglang.srt.layers.quantization.fp8_linear import FP8_DTYPE, FP8_MAX, fp8_linear, quantize_rows
-from sglang.test.gpu_utils import REQUIRES_GPU_REASON
+from sglang.test.gpu_utils import REQUIRES_GPU_REASON, triton_test_devices
 
+TRITON_DEVICES = triton_test_devices()
 DEVICES = [
     "cpu",
     pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason=REQUIRES_GPU_REASON)),
@@ -61,15 +62,12 @@ def test_fp8_linear_keeps_leading_dims():
     assert fp8_linear(x, qw, sw, None).shape == (2, 3, 16)
 
 
-@pytest.mark.skipif(
-    not torch.cuda.is_available(),
-    reason=REQUIRES_GPU_REASON + "; the triton interpreter rounds "
-    "float8 stores wrongly (124.3 -> 64), so the kernel is checked only on the GPU",
-)
+@pytest.mark.parametrize("device", TRITON_DEVICES)
 @pytest.mark.parametrize("cols", [64, 4096, 14336])
-def test_activation_kernel_equals_quantize_rows(cols):
+def test_activation_kernel_equals_quantize_rows(device, cols):
+    """Bit for bit, in the interpreter too (whose own float8 conversion rounds wrongly: fp8_tile.py)."""
     g = torch.Generator().manual_seed(2)
-    x = (torch.randn(9, cols, generator=g) * 5).to("cuda", torch.bfloat16)
+    x = (torch.randn(9, cols, generator=g) * 5).to(device, torch.bfloat16 if device == "cuda" else torch.float32)
     x[4] = 0.0
     from sglang.srt.layers.quantization.fp8_activation_kernel import quantize_activations
 

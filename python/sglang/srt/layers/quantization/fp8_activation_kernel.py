@@ -7,7 +7,8 @@ import triton
 import triton.language as tl
 
 from sglang.srt.layers.pdl import pdl_available, pdl_prologue
-from sglang.srt.layers.quantization.fp8 import FP8_DTYPE, FP8_MAX, INV_FP8_MAX, MIN_SCALE
+from sglang.srt.layers.quantization.fp8 import FP8_DTYPE
+from sglang.srt.layers.quantization.fp8_tile import quantize_tile_rows, rounds_fp8_by_hand
 
 
 @triton.jit
@@ -18,10 +19,8 @@ def _quantize_rows_kernel(
     n_cols,
     stride_x,
     stride_q,
-    FP8_MAX_C: tl.constexpr,
-    INV_FP8_MAX_C: tl.constexpr,
-    MIN_SCALE_C: tl.constexpr,
     BLOCK: tl.constexpr,
+    ROUND_BY_HAND: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
@@ -29,11 +28,9 @@ def _quantize_rows_kernel(
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
-    # As quantize_rows: times the reciprocal, then a correctly rounded division (triton's `/` is approximate).
-    scale = tl.maximum(tl.max(tl.abs(x), axis=0) * INV_FP8_MAX_C, MIN_SCALE_C)
-    q = tl.clamp(tl.math.div_rn(x, scale), -FP8_MAX_C, FP8_MAX_C)
-    tl.store(q_ptr + row * stride_q + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
-    tl.store(scale_ptr + row, scale)
+    q, scale = quantize_tile_rows(tl.reshape(x, (1, BLOCK)), q_ptr.dtype.element_ty, ROUND_BY_HAND)
+    tl.store(q_ptr + row * stride_q + cols, tl.reshape(q, (BLOCK,)), mask=mask)
+    tl.store(scale_ptr + row + tl.arange(0, 1), scale)
 
 
 def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -50,10 +47,8 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             cols,
             x.stride(0),
             q.stride(0),
-            FP8_MAX_C=FP8_MAX,
-            INV_FP8_MAX_C=INV_FP8_MAX,
-            MIN_SCALE_C=MIN_SCALE,
             BLOCK=triton.next_power_of_2(cols),
+            ROUND_BY_HAND=rounds_fp8_by_hand(x),
             PDL=pdl,
             launch_pdl=pdl,
             num_warps=4 if cols <= 4096 else 8,

@@ -13,8 +13,8 @@ import triton.language as tl
 from sglang.srt.layers.decode_gemm import CUBLAS_ONLY, GemmPlan, skinny_config
 from sglang.srt.layers.pdl import pdl_available, pdl_prologue
 from sglang.srt.layers.quantization.fp8 import FP8_BLOCK as GROUP
-from sglang.srt.layers.quantization.fp8 import FP8_DTYPE, FP8_MAX
-from sglang.srt.layers.quantization.fp8_linear import INV_FP8_MAX, MIN_SCALE
+from sglang.srt.layers.quantization.fp8 import FP8_DTYPE
+from sglang.srt.layers.quantization.fp8_tile import quantize_tile_rows, rounds_fp8_by_hand
 from sglang.srt.layers.triton_loops import use_while_loops
 
 
@@ -30,11 +30,9 @@ def _quantize_groups_kernel(
     stride_q,
     stride_s_row,
     stride_s_group,
-    FP8_MAX_C: tl.constexpr,
-    INV_FP8_MAX_C: tl.constexpr,
-    MIN_SCALE_C: tl.constexpr,
     GROUP_C: tl.constexpr,
     GROUPS: tl.constexpr,  # 128-column groups a program quantizes (a power of two)
+    ROUND_BY_HAND: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
@@ -44,10 +42,8 @@ def _quantize_groups_kernel(
     mask = cols < n_cols
     # Padding rows (row >= n_rows) read zeros: q 0 and the smallest scale, a harmless operand.
     x = tl.load(x_ptr + row * stride_x + cols, mask=mask & (row < n_rows), other=0.0).to(tl.float32)
-    x = tl.reshape(x, (GROUPS, GROUP_C))
-    scale = tl.maximum(tl.max(tl.abs(x), axis=1) * INV_FP8_MAX_C, MIN_SCALE_C)
-    q = tl.reshape(tl.clamp(tl.math.div_rn(x, scale[:, None]), -FP8_MAX_C, FP8_MAX_C), (GROUPS * GROUP_C,))
-    tl.store(q_ptr + row * stride_q + cols, q.to(q_ptr.dtype.element_ty), mask=mask)
+    q, scale = quantize_tile_rows(tl.reshape(x, (GROUPS, GROUP_C)), q_ptr.dtype.element_ty, ROUND_BY_HAND)
+    tl.store(q_ptr + row * stride_q + cols, tl.reshape(q, (GROUPS * GROUP_C,)), mask=mask)
     groups = first + tl.arange(0, GROUPS)
     tl.store(scale_ptr + row * stride_s_row + groups * stride_s_group, scale, mask=groups < n_groups)
 
@@ -82,11 +78,9 @@ def quantize_groups(
             x.stride(0),
             q.stride(0),
             *scale.stride(),
-            FP8_MAX_C=FP8_MAX,
-            INV_FP8_MAX_C=INV_FP8_MAX,
-            MIN_SCALE_C=MIN_SCALE,
             GROUP_C=GROUP,
             GROUPS=per_program,
+            ROUND_BY_HAND=rounds_fp8_by_hand(x),
             PDL=pdl,
             launch_pdl=pdl,
         )

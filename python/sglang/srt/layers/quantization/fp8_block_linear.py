@@ -98,13 +98,9 @@ def fp8_block_linear_add_rmsnorm(
     if config is None:
         return None
     from sglang.srt.layers.decode_gemm.kernel import skinny_linear
+    from sglang.srt.layers.quantization.fp8_block_kernels import quantize_groups
 
-    if x.is_cuda:
-        from sglang.srt.layers.quantization.fp8_block_kernels import quantize_groups
-
-        qx, sx = quantize_groups(x)
-    else:  # the interpreter (CPU tests), whose fp8 stores round wrongly: torch's quantization, the same codes
-        qx, sx = quantize_groups_reference(x)
+    qx, sx = quantize_groups(x)
     add_norm = (residual, norm_weight, eps)
     return skinny_linear(
         qx, qweight, None, config, block_scales=(sx, weight_scale_inv, x.dtype), add_norm=add_norm, addend=addend
