@@ -127,6 +127,37 @@ def test_block_fp8_on_the_gpu_refuses_merged_parts_off_the_scale_blocks():
     assert ModelConfig.from_hf_config(aligned, dtype="bfloat16", device="cuda").quantization == "fp8_block"
 
 
+def test_block_fp8_tensor_parallel_shares_must_be_whole_scale_blocks(tmp_path):
+    """Each rank loads its share of every merged part; a share that is not whole 128-row blocks would cut a scale
+    block between two ranks. Refused at start-up naming --tp-size and the parts (with each rank's share), before
+    any weight is read; the shares are split as the layers split them (KV heads replicated past their count)."""
+    from sglang.srt.configs.device_config import described_device
+    from sglang.srt.configs.engine_config import resolve_engine_config
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.server_args import ServerArgs, ServerArgsError
+
+    heads_128 = dict(hidden_size=1024, num_attention_heads=8, num_key_value_heads=2, head_dim=128)
+    fine = _smollm2_shaped(**heads_128)  # q 8 x 128, kv 2 x 128, intermediate 1536
+    for tp in (1, 2, 4):  # at 4 each rank holds one replicated KV head: 128 rows
+        assert ModelConfig.from_hf_config(fine, dtype="bfloat16", device="cuda", tp_size=tp).quantization == "fp8_block"
+    ragged = _smollm2_shaped(**heads_128, intermediate_size=1664)  # 13 blocks: 832 rows a rank at 2
+    ModelConfig.from_hf_config(ragged, dtype="bfloat16", device="cuda")  # one rank: whole blocks
+    with pytest.raises(ValueError, match=r"--tp-size 2: .*intermediate_size \(832/832\)") as e:
+        ModelConfig.from_hf_config(ragged, dtype="bfloat16", device="cuda", tp_size=2)
+    assert "head_dim" not in str(e.value)
+    heads_64 = _smollm2_shaped(hidden_size=512, num_attention_heads=8, num_key_value_heads=2)  # 64-wide heads
+    with pytest.raises(ValueError, match=r"num_key_value_heads x head_dim \(64/64\)") as e:
+        ModelConfig.from_hf_config(heads_64, dtype="bfloat16", device="cuda", tp_size=2)
+    assert "num_attention_heads" not in str(e.value)  # 4 query heads a rank: 256 rows
+    # From the command line: --tp-size reaches the check (a config.json alone: no weight to read).
+    d = tmp_path / "ragged"
+    d.mkdir()
+    ragged.to_json_file(str(d / "config.json"))
+    args = ServerArgs(model_path=str(d), device="cuda", load_format="dummy", dtype="bfloat16", tp_size=2)
+    with pytest.raises(ServerArgsError, match=r"--tp-size 2: .*intermediate_size"):
+        resolve_engine_config(args, device=described_device("cuda", 81_559))
+
+
 @pytest.mark.parametrize(
     "architecture",
     ["Glm4MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM", "Phi3ForCausalLM",

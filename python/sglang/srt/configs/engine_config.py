@@ -150,8 +150,9 @@ def _model_config(args: ServerArgs, model_path: str, device: str) -> ModelConfig
             device=device,
             context_length=args.context_length,
             quantization=args.quantization,
+            tp_size=args.tp_size,
         )
-    except ValueError as e:  # the message names the flag (--quantization, --context-length)
+    except ValueError as e:  # the message names the flag (--quantization, --context-length, --tp-size)
         raise ServerArgsError(str(e)) from e
 
 

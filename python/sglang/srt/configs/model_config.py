@@ -22,12 +22,13 @@ from sglang.srt.configs.quantization_config import (
     CheckpointQuantization,
     UnsupportedQuantization,
     check_block_fp8_layout,
+    check_block_fp8_tensor_parallel,
     checkpoint_quantization,
     linear_weight_format,
 )
 from sglang.srt.configs.rope import EXACT_ROPE_TYPES, longrope_context_limit, rope_parameters
 from sglang.srt.configs.sliding_window import layer_sliding_windows
-from sglang.srt.distributed.partition import HeadPartition
+from sglang.srt.distributed.partition import HeadPartition, shard_range
 from sglang.srt.model_executor.pool_configurator import KVGeometry
 from sglang.srt.model_loader.model_source import ModelSource
 
@@ -134,15 +135,33 @@ ATTENTION_BIAS_IGNORED = ("MistralForCausalLM", "MixtralForCausalLM", "Qwen2MoeF
 SLIDING_WINDOW_IGNORED = ("LlamaForCausalLM", "OlmoeForCausalLM")
 
 
+Q_HEADS_PART = "num_attention_heads x head_dim"
+KV_HEADS_PART = "num_key_value_heads x head_dim"
+
+
+def block_fp8_rank_shares(
+    widths: Dict[str, int], text: PretrainedConfig, head_dim: int, kv_heads: int, tp_size: int
+) -> Dict[str, Tuple[int, ...]]:
+    """Each merged part's rows on every tensor-parallel rank, split as the layers split it (whole heads by
+    distributed/partition.HeadPartition, KV heads replicated past their count; the MLP widths by shard_range):
+    a rank's merged layer holds its shares back to back, so each must be whole 128-row blocks."""
+    shares: Dict[str, Tuple[int, ...]] = {}
+    for name, width in widths.items():
+        if name in (Q_HEADS_PART, KV_HEADS_PART):
+            heads = (HeadPartition.for_rank(text.num_attention_heads, kv_heads, tp_size, r) for r in range(tp_size))
+            counts = (h.num_q_heads if name == Q_HEADS_PART else h.num_kv_heads for h in heads)
+            shares[name] = tuple(count * head_dim for count in counts)
+        else:
+            shares[name] = tuple(end - start for start, end in (shard_range(width, tp_size, r) for r in range(tp_size)))
+    return shares
+
+
 def block_fp8_merged_widths(text: PretrainedConfig, head_dim: int, kv_heads: int, architecture: str) -> Dict[str, int]:
     """The width of each part of the merged projections that keep a block-fp8 checkpoint's weights on the GPU,
     named by the config fields it comes from (check_block_fp8_layout): q|k|v, the dense gate|up, the routed
     experts' gate|up (w13) and the shared experts' gate|up. GLM's leading dense MLPs are not among them: one
     whose width is not block-aligned (GLM-4.5-Air's 10944) keeps full precision instead (block_aligned_format)."""
-    widths = {
-        "num_attention_heads x head_dim": text.num_attention_heads * head_dim,
-        "num_key_value_heads x head_dim": kv_heads * head_dim,
-    }
+    widths = {Q_HEADS_PART: text.num_attention_heads * head_dim, KV_HEADS_PART: kv_heads * head_dim}
     if architecture != GLM4_MOE_ARCH:
         widths["intermediate_size"] = getattr(text, "intermediate_size", 0) or 0
     moe_width = getattr(text, "moe_intermediate_size", 0) or 0
@@ -284,7 +303,9 @@ class ModelConfig:
         device: str = "cpu",
         context_length: Optional[int] = None,
         quantization: Optional[str] = None,
+        tp_size: int = 1,
     ) -> "ModelConfig":
+        """``tp_size``: --tp-size, for the checks of how a block-fp8 checkpoint's layers split over the ranks."""
         check_model_supported(hf_config)
         text = getattr(hf_config, "text_config", None) or hf_config
         kind = attention_kind(hf_config)
@@ -324,7 +345,10 @@ class ModelConfig:
         architecture = architecture_of(hf_config)
         quantization = quantization or linear_weight_format(checkpoint_format, device, model_dtype, architecture)
         if quantization == "fp8_block" and kind == "mha":
-            check_block_fp8_layout(block_fp8_merged_widths(text, head_dim, kv_heads, architecture))
+            widths = block_fp8_merged_widths(text, head_dim, kv_heads, architecture)
+            check_block_fp8_layout(widths)
+            if tp_size > 1:  # before any weight is read (the loader would stop at the first scale that straddles)
+                check_block_fp8_tensor_parallel(block_fp8_rank_shares(widths, text, head_dim, kv_heads, tp_size))
         return cls(
             hf_config=hf_config,
             source=source,

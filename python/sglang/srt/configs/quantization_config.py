@@ -233,3 +233,19 @@ def check_block_fp8_layout(widths: Mapping[str, int]) -> None:
             f"projections to be a multiple of {BLOCK} wide: {parts} is not (the scale blocks would straddle two "
             "projections); on the CPU such checkpoints are dequantized at load and run"
         )
+
+
+def check_block_fp8_tensor_parallel(rank_shares: Mapping[str, Tuple[int, ...]]) -> None:
+    """With --tp-size > 1 each rank loads its share of every merged part (``model_config.block_fp8_rank_shares``);
+    a share that is not whole 128-row blocks would cut the checkpoint's scale blocks between two ranks. ValueError
+    naming --tp-size and the parts, at start-up rather than mid-load."""
+    bad = {name: shares for name, shares in rank_shares.items() if any(share % BLOCK for share in shares)}
+    if bad:
+        tp_size = len(next(iter(bad.values())))
+        parts = ", ".join(f"{name} ({'/'.join(str(share) for share in shares)})" for name, shares in bad.items())
+        raise ValueError(
+            f"--tp-size {tp_size}: a block-fp8 checkpoint (weight_block_size [128, 128]) on the GPU needs each "
+            f"rank's share of its merged projections to be a multiple of {BLOCK} rows; the shares of {parts} are "
+            "not (a scale block would be cut between two ranks); choose a --tp-size that splits them into whole "
+            "blocks"
+        )
