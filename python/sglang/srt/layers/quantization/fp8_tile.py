@@ -1,8 +1,8 @@
 """fp8 (e4m3) quantization of a tile inside a triton kernel: one scale per row of the tile, the arithmetic of
 ``fp8_linear.quantize_rows`` / ``fp8_block_linear.quantize_groups_reference`` to the bit.
 
-The activation kernels (per token, per token and 128-column group) and the skinny decode GEMM, which quantizes its
-own activation tile (``decode_gemm/kernel.py``), share it, so they cannot round apart.
+The activation kernels (per token: ``fp8_activation_kernel.py``; per token and 128-column group:
+``fp8_block_kernels.py``) share it, so they cannot round apart.
 
 The triton interpreter (the CPU tests) converts float32 to float8 wrongly: where rounding carries into the next power
 of two (124.3 -> 64 instead of 128) and below e4m3's smallest normal (2^-6, rounded down). There the value is first
