@@ -158,6 +158,32 @@ def test_block_fp8_tensor_parallel_shares_must_be_whole_scale_blocks(tmp_path):
         resolve_engine_config(args, device=described_device("cuda", 81_559))
 
 
+def test_block_fp8_mla_tensor_parallel_shares_split_by_whole_heads():
+    """DeepSeek-V3's layout (MLA): q_b_proj's rows and o_proj's input columns split by whole heads, the dense, routed
+    and shared MLP widths evenly. Refused at start-up naming --tp-size and the part whose shares cut a scale
+    block; the merged MLP parts must be whole blocks at one rank too."""
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.test.tiny_deepseek import tiny_deepseek_config
+
+    dims = dict(qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, intermediate_size=1024, n_shared_experts=1)
+    v3 = tiny_deepseek_config("v3", **dims, num_attention_heads=8, moe_intermediate_size=512)
+    v3.quantization_config = FP8_BLOCK
+    for tp in (1, 2, 4):  # 8 heads: 2 a rank at 4 (384 query rows, 256 value columns); 128 expert rows
+        assert ModelConfig.from_hf_config(v3, dtype="bfloat16", device="cuda", tp_size=tp).quantization == "fp8_block"
+    with pytest.raises(ValueError, match=r"--tp-size 8: .*moe_intermediate_size \(64/64") as e:
+        ModelConfig.from_hf_config(v3, dtype="bfloat16", device="cuda", tp_size=8)  # one head (192 rows) a rank
+    assert "qk_rope_head_dim" in str(e.value) and "v_head_dim (128/" not in str(e.value)
+    six_heads = tiny_deepseek_config("v3", **dims, num_attention_heads=6, moe_intermediate_size=512)
+    six_heads.quantization_config = FP8_BLOCK
+    with pytest.raises(ValueError, match=r"qk_rope_head_dim\) \(384/384/192/192\)") as e:
+        ModelConfig.from_hf_config(six_heads, dtype="bfloat16", device="cuda", tp_size=4)
+    assert "v_head_dim" not in str(e.value) and "intermediate_size" not in str(e.value)  # 256/256/128/128 is whole
+    ragged = tiny_deepseek_config("v3", **dims, num_attention_heads=8, moe_intermediate_size=320)
+    ragged.quantization_config = FP8_BLOCK
+    with pytest.raises(ValueError, match="moe_intermediate_size = 320"):
+        ModelConfig.from_hf_config(ragged, dtype="bfloat16", device="cuda")
+
+
 @pytest.mark.parametrize(
     "architecture",
     ["Glm4MoeForCausalLM", "Qwen2MoeForCausalLM", "MixtralForCausalLM", "OlmoeForCausalLM", "Phi3ForCausalLM",

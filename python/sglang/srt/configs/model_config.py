@@ -137,31 +137,39 @@ SLIDING_WINDOW_IGNORED = ("LlamaForCausalLM", "OlmoeForCausalLM")
 
 Q_HEADS_PART = "num_attention_heads x head_dim"
 KV_HEADS_PART = "num_key_value_heads x head_dim"
+# MLA: q_b_proj (or q_proj) rows and o_proj's input columns, split by whole heads (models/deepseek_v2.py).
+MLA_Q_HEADS_PART = "num_attention_heads x (qk_nope_head_dim + qk_rope_head_dim)"
+MLA_O_HEADS_PART = "num_attention_heads x v_head_dim"
+_SPLIT_BY_KV_HEADS = (KV_HEADS_PART,)
+_SPLIT_BY_QUERY_HEADS = (Q_HEADS_PART, MLA_Q_HEADS_PART, MLA_O_HEADS_PART)
 
 
 def block_fp8_rank_shares(
-    widths: Dict[str, int], text: PretrainedConfig, head_dim: int, kv_heads: int, tp_size: int
+    widths: Dict[str, int], num_heads: int, kv_heads: int, tp_size: int
 ) -> Dict[str, Tuple[int, ...]]:
-    """Each merged part's rows on every tensor-parallel rank, split as the layers split it (whole heads by
-    distributed/partition.HeadPartition, KV heads replicated past their count; the MLP widths by shard_range):
-    a rank's merged layer holds its shares back to back, so each must be whole 128-row blocks."""
+    """Each part's rows (or a row-parallel layer's columns) on every tensor-parallel rank, split as the layers split
+    them: whole heads by distributed/partition.HeadPartition (KV heads replicated past their count; MLA's heads,
+    kv_heads = num_heads, by shard_range), the MLP widths by shard_range. A rank's merged layer holds its shares back
+    to back, so each must be whole 128-row blocks (demanded of MLA's unmerged head parts too: every share of an
+    uneven split, the last included, is rarely whole blocks when the others are)."""
+    partitions = [HeadPartition.for_rank(num_heads, kv_heads, tp_size, r) for r in range(tp_size)]
     shares: Dict[str, Tuple[int, ...]] = {}
     for name, width in widths.items():
-        if name in (Q_HEADS_PART, KV_HEADS_PART):
-            heads = (HeadPartition.for_rank(text.num_attention_heads, kv_heads, tp_size, r) for r in range(tp_size))
-            counts = (h.num_q_heads if name == Q_HEADS_PART else h.num_kv_heads for h in heads)
-            shares[name] = tuple(count * head_dim for count in counts)
+        if name in _SPLIT_BY_QUERY_HEADS:
+            shares[name] = tuple(p.num_q_heads * (width // num_heads) for p in partitions)
+        elif name in _SPLIT_BY_KV_HEADS:
+            shares[name] = tuple(p.num_kv_heads * (width // kv_heads) for p in partitions)
         else:
             shares[name] = tuple(end - start for start, end in (shard_range(width, tp_size, r) for r in range(tp_size)))
     return shares
 
 
-def block_fp8_merged_widths(text: PretrainedConfig, head_dim: int, kv_heads: int, architecture: str) -> Dict[str, int]:
-    """The width of each part of the merged projections that keep a block-fp8 checkpoint's weights on the GPU,
-    named by the config fields it comes from (check_block_fp8_layout): q|k|v, the dense gate|up, the routed
-    experts' gate|up (w13) and the shared experts' gate|up. GLM's leading dense MLPs are not among them: one
-    whose width is not block-aligned (GLM-4.5-Air's 10944) keeps full precision instead (block_aligned_format)."""
-    widths = {Q_HEADS_PART: text.num_attention_heads * head_dim, KV_HEADS_PART: kv_heads * head_dim}
+def block_fp8_mlp_widths(text: PretrainedConfig, architecture: str) -> Dict[str, int]:
+    """The merged MLP parts that keep a block-fp8 checkpoint's weights on the GPU, named by the config fields they
+    come from: the dense gate|up, the routed experts' gate|up (w13) and the shared experts' gate|up. GLM's leading
+    dense MLPs are not among them: one whose width is not block-aligned (GLM-4.5-Air's 10944) keeps full
+    precision instead (block_aligned_format)."""
+    widths: Dict[str, int] = {}
     if architecture != GLM4_MOE_ARCH:
         widths["intermediate_size"] = getattr(text, "intermediate_size", 0) or 0
     moe_width = getattr(text, "moe_intermediate_size", 0) or 0
@@ -174,6 +182,36 @@ def block_fp8_merged_widths(text: PretrainedConfig, head_dim: int, kv_heads: int
     if shared_width:
         widths["shared_expert_intermediate_size"] = shared_width
     return widths
+
+
+def block_fp8_merged_widths(text: PretrainedConfig, head_dim: int, kv_heads: int, architecture: str) -> Dict[str, int]:
+    """The width of each part of the merged projections that keep a block-fp8 checkpoint's weights on the GPU,
+    named by the config fields it comes from (check_block_fp8_layout): q|k|v and the MLP parts
+    (block_fp8_mlp_widths)."""
+    return {
+        Q_HEADS_PART: text.num_attention_heads * head_dim,
+        KV_HEADS_PART: kv_heads * head_dim,
+        **block_fp8_mlp_widths(text, architecture),
+    }
+
+
+def check_block_fp8_split(
+    text: PretrainedConfig, kind: str, head_dim: int, v_head_dim: int, kv_heads: int, architecture: str, tp_size: int
+) -> None:
+    """A block-fp8 checkpoint on the GPU: its merged parts in whole 128-row blocks (check_block_fp8_layout), and with
+    --tp-size > 1 every rank's share of every split part too (check_block_fp8_tensor_parallel), at start-up, before
+    any weight is read (the loader would stop at the first scale that straddles). MLA's query and output head parts
+    are single layers: only their tensor-parallel shares matter."""
+    if kind == "mla":
+        mlp = block_fp8_mlp_widths(text, architecture)
+        check_block_fp8_layout(mlp)
+        heads = text.num_attention_heads
+        widths = {MLA_Q_HEADS_PART: heads * head_dim, MLA_O_HEADS_PART: heads * v_head_dim, **mlp}
+    else:
+        widths = block_fp8_merged_widths(text, head_dim, kv_heads, architecture)
+        check_block_fp8_layout(widths)
+    if tp_size > 1:
+        check_block_fp8_tensor_parallel(block_fp8_rank_shares(widths, text.num_attention_heads, kv_heads, tp_size))
 
 
 def architecture_of(config: PretrainedConfig) -> str:
@@ -344,11 +382,8 @@ class ModelConfig:
         checkpoint_format = checkpoint_quantization(hf_config)  # refuses a format we do not run
         architecture = architecture_of(hf_config)
         quantization = quantization or linear_weight_format(checkpoint_format, device, model_dtype, architecture)
-        if quantization == "fp8_block" and kind == "mha":
-            widths = block_fp8_merged_widths(text, head_dim, kv_heads, architecture)
-            check_block_fp8_layout(widths)
-            if tp_size > 1:  # before any weight is read (the loader would stop at the first scale that straddles)
-                check_block_fp8_tensor_parallel(block_fp8_rank_shares(widths, text, head_dim, kv_heads, tp_size))
+        if quantization == "fp8_block":
+            check_block_fp8_split(text, kind, head_dim, v_head_dim, kv_heads, architecture, tp_size)
         return cls(
             hf_config=hf_config,
             source=source,
