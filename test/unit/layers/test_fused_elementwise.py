@@ -12,6 +12,7 @@ from transformers import LlamaConfig
 
 from sglang.srt.layers import fused_elementwise as fe
 from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.quantization.block_fp8_activation import ActivationLayout
 from sglang.srt.layers.rotary_embedding import FusedSetKVBufferArg, RotaryEmbedding
 from sglang.test.gpu_utils import triton_test_devices
 
@@ -193,3 +194,59 @@ def test_rotary_norms_and_stores_latent_rows_in_the_mla_pool(device, use_kernel)
     # an fp8 cache stores through set_mla_kv_buffer (the conversion): no fused store
     fp8 = MLATokenToKVPool(12, 1, torch.float8_e4m3fn, kv_lora, rope_dim, layer_num=1, device=device)
     assert fp8.fused_store_buffers(0, k_rope, latent) is None
+
+
+LAYOUTS = [
+    pytest.param(ActivationLayout(), id="row-major"),
+    pytest.param(ActivationLayout(pad_rows_to=4, column_major_scales=True), id="cublas"),
+]
+
+
+def _assert_same_activation(got, x_unfused, layout):
+    """``got`` (a kernel's own quantized output) has the bits of ``x_unfused`` through the quantization kernel in
+    the same layout, padding rows included (zero codes, the smallest scale)."""
+    from sglang.srt.layers.quantization.fp8_block_kernels import quantize_groups
+
+    q, scale = quantize_groups(x_unfused, layout.pad_rows_to, layout.column_major_scales)
+    assert got.rows == x_unfused.shape[0] and got.dtype == x_unfused.dtype and got.layout == layout
+    assert got.q.shape == q.shape and got.scale.shape == scale.shape and got.scale.stride() == scale.stride()
+    assert torch.equal(got.q.view(torch.uint8), q.view(torch.uint8)) and torch.equal(got.scale, scale)
+    assert got.q.shape[0] > got.rows or layout.pad_rows_to == 1  # 5 rows: padded to 8 in cuBLAS's layout
+    assert not got.q[got.rows :].float().any()
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("with_residual", [False, True])
+def test_rmsnorm_hands_a_block_fp8_projection_its_output_quantized(device, layout, with_residual):
+    """RMSNorm with ``quantize``: the norm's output per token and 128-column group (a ragged last group here) in
+    the projection's layout, the same bits as the norm kernel's output through the quantization kernel, and the
+    residual updated as before; no output written in x's dtype (x untouched)."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    g = torch.Generator().manual_seed(40 + with_residual)
+    x = (torch.randn(5, 320, generator=g) * 4).to(device, dtype)
+    x[1, 130:140] *= 300  # one group's range far above the others'
+    weight = (torch.rand(320, generator=g) + 0.5).to(device, dtype)
+    residual = torch.randn(5, 320, generator=g).to(device, dtype) if with_residual else None
+    x_before = x.clone()
+    want_residual = residual.clone() if with_residual else None
+    want = fe.rmsnorm(x.clone(), weight, 1e-6, residual=want_residual)
+    got_residual = residual.clone() if with_residual else None
+    got = fe.rmsnorm(x, weight, 1e-6, residual=got_residual, quantize=layout)
+    _assert_same_activation(got, want, layout)
+    assert torch.equal(x, x_before)
+    if with_residual:
+        assert torch.equal(got_residual, want_residual)
+    with pytest.raises(ValueError, match="2-D x"):
+        fe.rmsnorm(x.view(5, 2, 160), weight[:160], 1e-6, quantize=layout)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("d", [320, 2048 + 384])  # one program a row; two, the second ragged
+def test_silu_and_mul_hands_a_block_fp8_projection_its_output_quantized(device, layout, d):
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    x = (torch.randn(5, 2 * d, generator=torch.Generator().manual_seed(d)) * 3).to(device, dtype)
+    x[2, d - 5] = 40.0  # a group of another range (the second program's, for the wider row)
+    got = fe.silu_and_mul(x, quantize=layout)
+    _assert_same_activation(got, fe.silu_and_mul(x), layout)

@@ -16,6 +16,12 @@ import triton
 import triton.language as tl
 
 from sglang.srt.layers.pdl import pdl_available, pdl_prologue
+from sglang.srt.layers.quantization.block_fp8_activation import (
+    ActivationLayout,
+    BlockFp8Activation,
+    empty_block_fp8_activation,
+)
+from sglang.srt.layers.quantization.fp8_tile import rounds_fp8_by_hand, store_quantized_groups
 
 
 @triton.jit
@@ -24,16 +30,24 @@ def _rmsnorm_kernel(
     res_ptr,
     out_ptr,
     w_ptr,
+    q_ptr,
+    qs_ptr,
     n_cols,
+    n_rows,
     heads,
     sx0,
     sx1,
     sres,
     so0,
     so1,
+    sq,
+    sqs_row,
+    sqs_group,
     eps,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    QUANTIZE: tl.constexpr,
+    ROUND_BY_HAND: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
@@ -42,7 +56,8 @@ def _rmsnorm_kernel(
     row = tl.program_id(0)
     r0, r1 = row // heads, row % heads
     cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
+    # Rows past n_rows: QUANTIZE's padding rows (zero codes, the smallest scale), nothing else read or written.
+    mask = (cols < n_cols) & (row < n_rows)
     x = tl.load(x_ptr + r0 * sx0 + r1 * sx1 + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         x = x.to(tl.float32) + tl.load(res_ptr + r0 * sres + cols, mask=mask, other=0.0).to(tl.float32)
@@ -52,8 +67,12 @@ def _rmsnorm_kernel(
     var = tl.sum(xf * xf, axis=0) / n_cols
     normed = (xf * tl.rsqrt(var + eps)).to(x_ptr.dtype.element_ty)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0)
-    out = (w.to(tl.float32) * normed.to(tl.float32)).to(out_ptr.dtype.element_ty)
-    tl.store(out_ptr + r0 * so0 + r1 * so1 + cols, out, mask=mask)
+    out = w.to(tl.float32) * normed.to(tl.float32)
+    if QUANTIZE:  # (2-D x) the row as the block-fp8 projection after the norm takes it, not written in x's dtype
+        v = out.to(x_ptr.dtype.element_ty).to(tl.float32)  # the output the quantization kernel would read
+        store_quantized_groups(v, 0, n_cols, q_ptr + row * sq, qs_ptr + row * sqs_row, sqs_group, BLOCK, ROUND_BY_HAND)
+    else:
+        tl.store(out_ptr + r0 * so0 + r1 * so1 + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def rmsnorm(
@@ -62,40 +81,55 @@ def rmsnorm(
     eps: float,
     residual: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
-) -> torch.Tensor:
+    quantize: ActivationLayout | None = None,
+) -> torch.Tensor | BlockFp8Activation:
     """norm over the last dim of x ([T, D], or [T, H, D] normed per head; strided rows are fine).
     With `residual` ([T, D]): residual += x in place and the result is norm(residual). `out` may be
-    x itself (in place); by default a new contiguous tensor."""
+    x itself (in place); by default a new contiguous tensor. `quantize` (2-D x): the result handed to the block-fp8
+    projection after the norm, quantized per token and 128-column group in that layout (the same bits as the norm's
+    output through ``fp8_block_kernels.quantize_groups``), instead of written in x's dtype."""
     if x.dim() == 2:
         x3 = x.unsqueeze(1)
     else:
         x3 = x
     n_tok, heads, n_cols = x3.shape
-    out = torch.empty_like(x) if out is None else out
-    o3 = out.unsqueeze(1) if out.dim() == 2 else out
+    if quantize is not None and (heads != 1 or out is not None):
+        raise ValueError("rmsnorm quantizes the rows of a 2-D x into buffers of its own (no per-head norm, no out)")
+    out = torch.empty_like(x) if out is None and quantize is None else out
+    o3 = x3 if out is None else out.unsqueeze(1) if out.dim() == 2 else out  # x3: a dummy, never written
+    quantized = None if quantize is None else empty_block_fp8_activation(n_tok, n_cols, x.dtype, quantize, x.device)
+    q, qs = (quantized.q, quantized.scale) if quantized is not None else (x3, x3)  # dummies unless quantizing
     res = residual if residual is not None else x3[:, 0]
     pdl = pdl_available(x)
-    if n_tok:
-        _rmsnorm_kernel[(n_tok * heads,)](
+    programs = n_tok * heads if quantized is None else q.shape[0]  # padding rows too
+    if programs:
+        _rmsnorm_kernel[(programs,)](
             x3,
             res,
             o3,
             weight,
+            q,
+            qs,
             n_cols,
+            n_tok * heads,
             heads,
             x3.stride(0),
             x3.stride(1),
             res.stride(0),
             o3.stride(0),
             o3.stride(1),
+            q.stride(0),
+            *(qs.stride() if quantized is not None else (0, 0)),
             eps,
             HAS_RESIDUAL=residual is not None,
-            BLOCK=triton.next_power_of_2(n_cols),
+            BLOCK=max(triton.next_power_of_2(n_cols), 128 if quantized is not None else 1),
+            QUANTIZE=quantized is not None,
+            ROUND_BY_HAND=rounds_fp8_by_hand(x),
             PDL=pdl,
             launch_pdl=pdl,
             num_warps=4 if n_cols <= 1024 else 8,
         )
-    return out
+    return out if quantized is None else quantized
 
 
 @triton.jit
@@ -275,26 +309,69 @@ def _heads_and_stride(x: torch.Tensor, head_dim: int) -> tuple[int, int]:
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, d, stride_x, stride_out, BLOCK: tl.constexpr, PDL: tl.constexpr):
+def _silu_and_mul_kernel(
+    x_ptr,
+    out_ptr,
+    q_ptr,
+    qs_ptr,
+    d,
+    n_rows,
+    stride_x,
+    stride_out,
+    stride_q,
+    stride_qs_row,
+    stride_qs_group,
+    BLOCK: tl.constexpr,
+    QUANTIZE: tl.constexpr,
+    ROUND_BY_HAND: tl.constexpr,
+    PDL: tl.constexpr,
+):
     pdl_prologue(PDL)
     row = tl.program_id(0)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = cols < d
+    mask = (cols < d) & (row < n_rows)  # rows past n_rows: QUANTIZE's padding rows
     gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
     up = tl.load(x_ptr + row * stride_x + d + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(
-        out_ptr + row * stride_out + cols, (gate / (1.0 + tl.exp(-gate)) * up).to(out_ptr.dtype.element_ty), mask=mask
-    )
+    y = gate / (1.0 + tl.exp(-gate)) * up
+    if QUANTIZE:  # the row as the block-fp8 projection after it (down_proj) takes it, not written in x's dtype
+        v = y.to(x_ptr.dtype.element_ty).to(tl.float32)  # the output the quantization kernel would read
+        first_group = tl.program_id(1) * (BLOCK // 128)
+        store_quantized_groups(v, first_group, d, q_ptr + row * stride_q, qs_ptr + row * stride_qs_row,
+                               stride_qs_group, BLOCK, ROUND_BY_HAND)  # fmt: skip
+    else:
+        tl.store(out_ptr + row * stride_out + cols, y.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+def silu_and_mul(x: torch.Tensor, quantize: ActivationLayout | None = None) -> torch.Tensor | BlockFp8Activation:
+    """silu(gate) * up of x = [gate | up] ([T, 2d] -> [T, d]). `quantize`: the result handed to the block-fp8
+    projection after it, quantized per token and 128-column group in that layout (the same bits as the result
+    through ``fp8_block_kernels.quantize_groups``), instead of written in x's dtype."""
     n_rows, two_d = x.shape
     d = two_d // 2
-    out = torch.empty((n_rows, d), dtype=x.dtype, device=x.device)
-    if n_rows:
-        block = min(triton.next_power_of_2(d), 2048)
+    quantized = None if quantize is None else empty_block_fp8_activation(n_rows, d, x.dtype, quantize, x.device)
+    out = torch.empty((n_rows, d), dtype=x.dtype, device=x.device) if quantized is None else x  # x: a dummy
+    q, qs = (quantized.q, quantized.scale) if quantized is not None else (x, x)  # dummies unless quantizing
+    programs = n_rows if quantized is None else q.shape[0]  # padding rows too
+    if programs:
+        # Quantizing: whole 128-column groups a program (d >= 128: a power of two from 128 up).
+        block = min(max(triton.next_power_of_2(d), 128 if quantized is not None else 1), 2048)
         pdl = pdl_available(x)
-        _silu_and_mul_kernel[(n_rows, triton.cdiv(d, block))](
-            x, out, d, x.stride(0), out.stride(0), BLOCK=block, PDL=pdl, launch_pdl=pdl, num_warps=4
+        _silu_and_mul_kernel[(programs, triton.cdiv(d, block))](
+            x,
+            out,
+            q,
+            qs,
+            d,
+            n_rows,
+            x.stride(0),
+            out.stride(0),
+            q.stride(0),
+            *(qs.stride() if quantized is not None else (0, 0)),
+            BLOCK=block,
+            QUANTIZE=quantized is not None,
+            ROUND_BY_HAND=rounds_fp8_by_hand(x),
+            PDL=pdl,
+            launch_pdl=pdl,
+            num_warps=4,
         )
-    return out
+    return out if quantized is None else quantized

@@ -7,6 +7,9 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import nn
 
+from sglang.srt.layers.quantization.block_fp8_activation import Activation, ActivationLayout
+from sglang.srt.layers.quantization.fp8_block_linear import quantize_activation
+
 
 def rms_normed(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """RMSNorm in torch, rounded as transformers' (the normalised value in x's dtype, then times the weight)."""
@@ -25,22 +28,24 @@ class RMSNorm(nn.Module):
         return rms_normed(x, self.weight, self.variance_epsilon)
 
     def forward(
-        self, x: torch.Tensor, residual: Optional[torch.Tensor] = None
-    ) -> Union[torch.Tensor, Tuple[torch.Tensor, torch.Tensor]]:
+        self, x: torch.Tensor, residual: Optional[torch.Tensor] = None, quantize: Optional[ActivationLayout] = None
+    ) -> Union[Activation, Tuple[Activation, torch.Tensor]]:
         """Without a residual: norm(x). With one: (norm(x + residual), x + residual).
 
         On the GPU one fused kernel does it, updating `residual` in place and writing the result
-        over `x` (both are temporaries of the decoder loop)."""
+        over `x` (both are temporaries of the decoder loop). ``quantize`` (2-D x): the norm is handed to the
+        block-fp8 projection that reads it, quantized in that layout (on the GPU by the same kernel, in place of
+        writing it over x)."""
         if x.is_cuda:
             from sglang.srt.layers.fused_elementwise import rmsnorm
 
-            if residual is None:
-                return rmsnorm(x, self.weight, self.variance_epsilon)
-            return rmsnorm(x, self.weight, self.variance_epsilon, residual=residual, out=x), residual
-        if residual is None:
-            return self._norm(x)
-        x = x + residual
-        return self._norm(x), x
+            out = x if residual is not None and quantize is None else None
+            normed = rmsnorm(x, self.weight, self.variance_epsilon, residual=residual, out=out, quantize=quantize)
+            return normed if residual is None else (normed, residual)
+        if residual is not None:
+            residual = x = x + residual
+        normed = self._norm(x) if quantize is None else quantize_activation(self._norm(x), quantize)
+        return normed if residual is None else (normed, residual)
 
     def forward_heads_inplace(self, x: torch.Tensor) -> torch.Tensor:
         """Per-head norm of x [T, H, D] (a strided view of qkv is fine), in place on the GPU."""

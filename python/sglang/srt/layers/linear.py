@@ -14,7 +14,8 @@ A native FP8 checkpoint's layers keep its own fp8 weights and scales, never re-q
 
 from __future__ import annotations
 
-from typing import List, Mapping, Optional, Sequence, Union
+from dataclasses import dataclass
+from typing import List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -35,6 +36,8 @@ from sglang.srt.layers.decode_gemm import (
     linear_silu_and_mul,
     plan_for_shape,
 )
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.quantization.block_fp8_activation import ROW_MAJOR, Activation, ActivationLayout
 from sglang.srt.layers.quantization.fp8_block_linear import GROUP as FP8_BLOCK
 from sglang.srt.layers.quantization.fp8_block_linear import fp8_block_linear, fp8_block_linear_add_rmsnorm
 from sglang.srt.layers.quantization.fp8_linear import FP8_DTYPE, fp8_linear, fp8_linear_silu_and_mul, quantize_rows
@@ -148,8 +151,21 @@ class LinearBase(nn.Module):
         dst.copy_(qweight)
         self.weight_scale.narrow(0, start, rows.shape[0]).copy_(scale)
 
-    def matmul(self, x: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-        """x @ weight^T (+ bias) through the GEMM this layer's plan picks for x's row count."""
+    def input_quantization(self, x: torch.Tensor) -> Optional[ActivationLayout]:
+        """Where a kernel before this layer may hand it ``x`` (2-D) already quantized (a block-fp8 layer): the
+        layout its GEMM branch for x's rows takes (on the GPU ``fp8_block_kernels.input_layout``; the CPU's torch
+        product takes any); None: x as it is."""
+        if not (self.is_block_fp8 and x.dim() == 2):
+            return None
+        if not x.is_cuda:
+            return ROW_MAJOR
+        from sglang.srt.layers.quantization.fp8_block_kernels import input_layout
+
+        return input_layout(self.weight, self.gemm_plan, x.shape[0], x.dtype)
+
+    def matmul(self, x: Activation, bias: Optional[torch.Tensor]) -> torch.Tensor:
+        """x @ weight^T (+ bias) through the GEMM this layer's plan picks for x's row count (x handed over
+        quantized only to a block-fp8 layer, in the layout ``input_quantization`` gave)."""
         if self.is_block_fp8:
             return fp8_block_linear(x, self.weight, self.weight_scale_inv, bias, self.gemm_plan)
         if self.is_fp8:
@@ -297,14 +313,17 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         """Two equal outputs (gate, up): what ``silu_and_mul`` takes."""
         return len(self.output_sizes) == 2 and self.output_sizes[0] == self.output_sizes[1]
 
-    def silu_and_mul(self, x: torch.Tensor) -> torch.Tensor:
+    def silu_and_mul(self, x: Activation, into: Optional[LinearBase] = None) -> Activation:
         """``silu(gate) * up`` of this projection's two outputs: one kernel where the silu plan has a config
-        for x's rows (the activation in the GEMM's epilogue), else the projection then the activation kernel."""
+        for x's rows (the activation in the GEMM's epilogue), else the projection then the activation kernel.
+        ``into``: the projection that reads the result (down_proj); where it takes it quantized
+        (``input_quantization``), the activation kernel hands it over so."""
         if not self.is_gated_pair:
             raise ValueError(f"silu_and_mul needs two equal outputs, got {self.output_sizes}")
-        if self.is_block_fp8:
-            fused = None  # no fused epilogue for block scales: the GEMM, then the activation kernel
-        elif self.is_fp8:
+        if self.is_block_fp8:  # no fused epilogue for block scales: the GEMM, then the activation kernel
+            y = self(x)
+            return silu_and_mul(y, into.input_quantization(y) if into is not None else None)
+        if self.is_fp8:
             fused = fp8_linear_silu_and_mul(x, self.weight, self.weight_scale, self.bias, self.silu_plan)
         else:
             fused = linear_silu_and_mul(x, self.weight, self.bias, self.silu_plan)
@@ -440,24 +459,47 @@ class RowParallelLinear(LinearBase):
         return y
 
     def forward_add_norm(
-        self, x: torch.Tensor, residual: torch.Tensor, norm: nn.Module, addend: Optional[torch.Tensor] = None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """``norm(self(x) [+ addend], residual)`` (an ``RMSNorm``): (the norm of that + residual, the sum; on the
-        GPU written over ``residual``, as the norm kernel does), what the decoder does after o_proj and down
-        (``addend``: another output of the same shape, DeepSeek's routed experts beside its shared experts).
-        Where this layer's plan splits K for x's rows (one rank, no bias, bf16 or block-fp8 weights), the adds and
-        the norm run in the GEMM's split-K sum kernel instead of kernels of their own, with the same bits."""
+        self, x: Activation, residual: torch.Tensor, norm: NormInto, addend: Optional[torch.Tensor] = None
+    ) -> Tuple[Activation, torch.Tensor]:
+        """``norm(self(x) [+ addend], residual)``: (the norm of that + residual, the sum; on the GPU written over
+        ``residual``, as the norm kernel does), what the decoder does after o_proj and down (``addend``: another
+        output of the same shape, DeepSeek's routed experts beside its shared experts). Where this layer's plan
+        splits K for x's rows (one rank, no bias, bf16 or block-fp8 weights), the adds and the norm run in the
+        GEMM's split-K sum kernel instead of kernels of their own, with the same bits (and that kernel quantizes
+        the norm for a block-fp8 projection after it, as ``norm`` would)."""
         if self.tp_size == 1 and self.bias is None and (self.quantization is None or self.is_block_fp8):
-            eps, plan = norm.variance_epsilon, self.gemm_plan
+            eps, plan, weight = norm.norm.variance_epsilon, self.gemm_plan, norm.norm.weight
             if self.is_block_fp8:
                 scale = self.weight_scale_inv
-                normed = fp8_block_linear_add_rmsnorm(x, self.weight, scale, plan, residual, norm.weight, eps, addend)
+                quantize = norm.quantization(residual)
+                normed = fp8_block_linear_add_rmsnorm(
+                    x, self.weight, scale, plan, residual, weight, eps, addend, quantize
+                )
             else:
-                normed = linear_add_rmsnorm(x, self.weight, plan, residual, norm.weight, eps, addend)
+                normed = linear_add_rmsnorm(x, self.weight, plan, residual, weight, eps, addend)
             if normed is not None:
                 return normed, residual
         y = self(x)
         return norm(y if addend is None else y + addend, residual)
+
+
+@dataclass(frozen=True)
+class NormInto:
+    """An RMSNorm and the projection that alone reads its output (None: other layers read it too, or none is
+    linear). Called as the norm is; where that projection takes its input quantized (a block-fp8 layer on the GPU,
+    ``LinearBase.input_quantization``), the norm's kernel hands the output over quantized: one launch less."""
+
+    norm: RMSNorm
+    projection: Optional[LinearBase]
+
+    def quantization(self, x: torch.Tensor) -> Optional[ActivationLayout]:
+        """The layout the projection takes ``x``'s norm in, or None (as it is)."""
+        return self.projection.input_quantization(x) if self.projection is not None else None
+
+    def __call__(
+        self, x: torch.Tensor, residual: Optional[torch.Tensor] = None
+    ) -> Union[Activation, Tuple[Activation, torch.Tensor]]:
+        return self.norm(x, residual, quantize=self.quantization(x))
 
 
 def store_weights_column_major(model: nn.Module) -> int:

@@ -48,6 +48,8 @@ from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import (
     CHECKPOINT_FP8_FORMATS,
     ColumnParallelLinear,
+    LinearBase,
+    NormInto,
     RowParallelLinear,
     StackedLinear,
 )
@@ -56,6 +58,7 @@ from sglang.srt.layers.moe.kt_ep_wrapper import KTState, build_moe_experts
 from sglang.srt.layers.moe.kt_prefill_slot import KTPrefillSlot
 from sglang.srt.layers.moe.router_gemm import router_logits
 from sglang.srt.layers.moe.topk import GroupedTopKConfig, select_experts_grouped
+from sglang.srt.layers.quantization.block_fp8_activation import Activation
 from sglang.srt.layers.rotary_embedding import _rope_parameters, get_rope
 from sglang.srt.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
 from sglang.srt.models.moe_weights import finish_kt_layers, load_moe_weights
@@ -164,13 +167,17 @@ class DeepseekV2Attention(nn.Module):
             layer_id,
         )
 
-    def attend(self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch) -> torch.Tensor:
+    def input_projection(self) -> LinearBase:
+        """The projection that alone reads the layer's input norm (its output may come quantized for it)."""
+        return self.fused_qkv_a_proj_with_mqa
+
+    def attend(self, positions: torch.Tensor, hidden_states: Activation, forward_batch) -> torch.Tensor:
         """Everything up to o_proj: its input [T, heads * v] (the decoder runs o_proj with the residual add)."""
-        n = hidden_states.shape[0]
         q, kv_a = self.fused_qkv_a_proj_with_mqa(hidden_states)
+        n = q.shape[0]
         latent, k_rope = kv_a.split([self.kv_lora_rank, self.rope], dim=-1)
-        if self.q_lora_rank is not None:
-            q = self.q_b_proj(self.q_a_layernorm(q))
+        if self.q_lora_rank is not None:  # q_a's norm handed to a block-fp8 q_b quantized, by the norm's kernel
+            q = self.q_b_proj(self.q_a_layernorm(q, quantize=self.q_b_proj.input_quantization(q)))
         q = q.view(n, self.num_heads, self.nope + self.rope)  # q_proj's columns: a strided view of the fused rows
         q_nope, q_rope = q.split([self.nope, self.rope], dim=-1)
         # Both are strided views of the fused rows. Rotary rotates q's and kv_a's rope columns in place on the GPU, one
@@ -279,7 +286,7 @@ class DeepseekV2MoE(nn.Module):
         self,
         hidden_states: torch.Tensor,
         residual: torch.Tensor,
-        next_norm: RMSNorm,
+        next_norm: NormInto,
         is_prefill: bool = False,
         num_real_tokens: Optional[torch.Tensor] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -290,9 +297,7 @@ class DeepseekV2MoE(nn.Module):
         if self.shared_experts is None:
             return next_norm(out, residual)
         shared = self.shared_experts
-        return shared.down_proj.forward_add_norm(
-            shared.gate_up_proj.silu_and_mul(hidden_states), residual, next_norm, addend=out
-        )
+        return shared.down_proj.forward_add_norm(shared.activation(hidden_states), residual, next_norm, addend=out)
 
 
 class DeepseekV2DecoderLayer(LlamaDecoderLayer):
@@ -311,8 +316,8 @@ class DeepseekV2DecoderLayer(LlamaDecoderLayer):
         return LlamaMLP(config.hidden_size, config.intermediate_size, dtype, quantization=quantization)
 
     def mlp_forward_add_norm(
-        self, hidden_states: torch.Tensor, residual: torch.Tensor, next_norm: RMSNorm, forward_batch
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        self, hidden_states: Activation, residual: torch.Tensor, next_norm: NormInto, forward_batch
+    ) -> Tuple[Activation, torch.Tensor]:
         if isinstance(self.mlp, DeepseekV2MoE):
             fb = forward_batch
             return self.mlp.forward_add_norm(

@@ -11,8 +11,15 @@ from transformers import PretrainedConfig
 from sglang.srt.configs.model_config import attention_head_dim, total_num_kv_heads
 from sglang.srt.configs.sliding_window import layer_sliding_window
 from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from sglang.srt.layers.linear import (
+    LinearBase,
+    MergedColumnParallelLinear,
+    NormInto,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
+from sglang.srt.layers.quantization.block_fp8_activation import Activation
 from sglang.srt.layers.radix_attention import RadixAttention
 from sglang.srt.layers.rotary_embedding import get_rope
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
@@ -37,12 +44,16 @@ class LlamaMLP(nn.Module):
             intermediate_size, hidden_size, params_dtype=dtype, quantization=quantization
         )
 
+    def activation(self, x: Activation) -> Activation:
+        """``silu_and_mul(gate_up(x))``, down_proj's input (handed over quantized where down_proj takes it so)."""
+        return self.gate_up_proj.silu_and_mul(x, into=self.down_proj)
+
     def forward_add_norm(
-        self, x: torch.Tensor, residual: torch.Tensor, norm: RMSNorm
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        self, x: Activation, residual: torch.Tensor, norm: NormInto
+    ) -> Tuple[Activation, torch.Tensor]:
         """``norm(down(silu_and_mul(gate_up(x))), residual)``, the add and norm in down_proj's split-K sum kernel
         where it can (``RowParallelLinear.forward_add_norm``): the decoder's only use of the MLP."""
-        return self.down_proj.forward_add_norm(self.gate_up_proj.silu_and_mul(x), residual, norm)
+        return self.down_proj.forward_add_norm(self.activation(x), residual, norm)
 
 
 class LlamaAttention(nn.Module):
@@ -95,7 +106,11 @@ class LlamaAttention(nn.Module):
             sliding_window_size=layer_sliding_window(config, layer_id),  # Mistral's window, honoured
         )
 
-    def attend(self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch) -> torch.Tensor:
+    def input_projection(self) -> LinearBase:
+        """The projection that alone reads the layer's input norm (its output may come quantized for it)."""
+        return self.qkv_proj
+
+    def attend(self, positions: torch.Tensor, hidden_states: Activation, forward_batch) -> torch.Tensor:
         """Everything up to o_proj: its input (the attention output of every head); the decoder runs o_proj
         with the residual add and norm after it (``RowParallelLinear.forward_add_norm``)."""
         qkv = self.qkv_proj(hidden_states)
@@ -130,6 +145,10 @@ class LlamaDecoderLayer(nn.Module):
         self.mlp = self.make_mlp(config, layer_id, dtype, quantization, **mlp_kwargs)
         self.input_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, params_dtype=dtype)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, params_dtype=dtype)
+        # Each norm with the projection that reads its output: a block-fp8 one takes it quantized by the norm.
+        self.input_norm = NormInto(self.input_layernorm, self.self_attn.input_projection())
+        mlp_input = self.mlp.gate_up_proj if isinstance(self.mlp, LlamaMLP) else None  # MoE: router and experts
+        self.post_attention_norm = NormInto(self.post_attention_layernorm, mlp_input)
 
     def make_mlp(
         self, config: PretrainedConfig, layer_id: int, dtype: torch.dtype, quantization: Optional[str]
@@ -139,28 +158,27 @@ class LlamaDecoderLayer(nn.Module):
     def forward(
         self,
         positions: torch.Tensor,
-        hidden_states: torch.Tensor,
+        hidden_states: Activation,
         residual: Optional[torch.Tensor],
         forward_batch,
-        next_norm: RMSNorm,
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        next_norm: NormInto,
+    ) -> Tuple[Activation, torch.Tensor]:
         """``hidden_states``: the embeddings (the first layer, ``residual`` None), else this layer's input norm of
         the residual stream ``residual`` (the layer before applied it as its ``next_norm``). Returns
         (next_norm(stream), stream) for the stream after this layer; ``next_norm`` is the next layer's input
         norm or the model's final one. Each residual add and norm runs in the split-K sum kernel of the GEMM
-        before it (o_proj, down) where that GEMM splits K at this batch size, else in the norm's own kernel."""
+        before it (o_proj, down) where that GEMM splits K at this batch size, else in the norm's own kernel; a
+        norm's output goes to a block-fp8 projection after it quantized by that kernel (``NormInto``)."""
         if residual is None:
             residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
+            hidden_states = self.input_norm(hidden_states)
         attention = self.self_attn.attend(positions, hidden_states, forward_batch)
-        hidden_states, residual = self.self_attn.o_proj.forward_add_norm(
-            attention, residual, self.post_attention_layernorm
-        )
+        hidden_states, residual = self.self_attn.o_proj.forward_add_norm(attention, residual, self.post_attention_norm)
         return self.mlp_forward_add_norm(hidden_states, residual, next_norm, forward_batch)
 
     def mlp_forward_add_norm(
-        self, hidden_states: torch.Tensor, residual: torch.Tensor, next_norm: RMSNorm, forward_batch
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        self, hidden_states: Activation, residual: torch.Tensor, next_norm: NormInto, forward_batch
+    ) -> Tuple[Activation, torch.Tensor]:
         """``next_norm(mlp(hidden_states), residual)``."""
         return self.mlp.forward_add_norm(hidden_states, residual, next_norm)
 
@@ -185,11 +203,12 @@ class LlamaModel(nn.Module):
             ]
         )
         self.norm = RMSNorm(config.hidden_size, eps=config.rms_norm_eps, params_dtype=dtype)
+        self.final_norm = NormInto(self.norm, None)  # the lm_head reads it (bf16)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch) -> torch.Tensor:
         hidden_states = self.embed_tokens(input_ids)
         residual = None
-        next_norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
+        next_norms = [layer.input_norm for layer in self.layers[1:]] + [self.final_norm]
         for layer, next_norm in zip(self.layers, next_norms):
             hidden_states, residual = layer(positions, hidden_states, residual, forward_batch, next_norm)
         return hidden_states  # the final norm of the stream (the last layer's next_norm)

@@ -14,10 +14,10 @@ from transformers import PretrainedConfig
 
 from sglang.srt.configs.kt_config import KTConfig
 from sglang.srt.distributed import tensor_model_parallel_all_reduce
-from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.linear import CHECKPOINT_FP8_FORMATS, ReplicatedLinear
+from sglang.srt.layers.linear import CHECKPOINT_FP8_FORMATS, NormInto, ReplicatedLinear
 from sglang.srt.layers.moe.kt_ep_wrapper import KTState, build_moe_experts
 from sglang.srt.layers.moe.kt_prefill_slot import KTPrefillSlot
+from sglang.srt.layers.quantization.block_fp8_activation import Activation
 from sglang.srt.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
 from sglang.srt.models.moe_weights import Weights, finish_kt_layers, load_moe_weights
 from sglang.srt.models.qwen3 import Qwen3Attention
@@ -85,8 +85,8 @@ class Qwen3MoeDecoderLayer(LlamaDecoderLayer):
         return LlamaMLP(config.hidden_size, config.intermediate_size, dtype, quantization=quantization)
 
     def mlp_forward_add_norm(
-        self, hidden_states: torch.Tensor, residual: torch.Tensor, next_norm: RMSNorm, forward_batch
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        self, hidden_states: Activation, residual: torch.Tensor, next_norm: NormInto, forward_batch
+    ) -> Tuple[Activation, torch.Tensor]:
         if isinstance(self.mlp, Qwen3MoeSparseMoeBlock):
             out = self.mlp(hidden_states, forward_batch.forward_mode.is_extend(), forward_batch.num_real_tokens)
             return next_norm(out, residual)

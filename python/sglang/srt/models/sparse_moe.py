@@ -21,9 +21,9 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from sglang.srt.distributed import tensor_model_parallel_all_reduce
-from sglang.srt.layers.layernorm import RMSNorm
-from sglang.srt.layers.linear import CHECKPOINT_FP8_FORMATS, ReplicatedLinear
+from sglang.srt.layers.linear import CHECKPOINT_FP8_FORMATS, NormInto, ReplicatedLinear
 from sglang.srt.layers.moe.kt_ep_wrapper import KTState, build_moe_experts
+from sglang.srt.layers.quantization.block_fp8_activation import Activation
 from sglang.srt.models.llama import LlamaDecoderLayer, LlamaMLP
 
 
@@ -76,7 +76,7 @@ class SparseMoeBlock(nn.Module):
         # Each rank holds a slice of every expert's intermediate dimension: partial sums, then all-reduce.
         out = tensor_model_parallel_all_reduce(self.experts(hidden_states, logits, is_prefill, num_real_tokens))
         if self.shared_expert is not None:
-            shared = self.shared_expert.down_proj(self.shared_expert.gate_up_proj.silu_and_mul(hidden_states))
+            shared = self.shared_expert.down_proj(self.shared_expert.activation(hidden_states))
             out = out + torch.sigmoid(self.shared_expert_gate(hidden_states)) * shared
         return out
 
@@ -105,8 +105,8 @@ class SparseMoeDecoderLayer(LlamaDecoderLayer):
         return LlamaMLP(config.hidden_size, config.intermediate_size, dtype, quantization=quantization)
 
     def mlp_forward_add_norm(
-        self, hidden_states: torch.Tensor, residual: torch.Tensor, next_norm: RMSNorm, forward_batch
-    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        self, hidden_states: Activation, residual: torch.Tensor, next_norm: NormInto, forward_batch
+    ) -> Tuple[Activation, torch.Tensor]:
         if isinstance(self.mlp, SparseMoeBlock):
             fb = forward_batch
             return next_norm(self.mlp(hidden_states, fb.forward_mode.is_extend(), fb.num_real_tokens), residual)

@@ -16,6 +16,7 @@ from sglang.srt.layers import decode_gemm
 from sglang.srt.layers.decode_gemm import CUBLAS_ONLY, GemmConfig, GemmPlan, parse_table, plan_for_shape
 from sglang.srt.layers.decode_gemm.kernel import skinny_linear
 from sglang.srt.layers.decode_gemm.table import device_table_path, load_device_table
+from sglang.srt.layers.quantization.block_fp8_activation import ROW_MAJOR
 from sglang.test.gpu_utils import REQUIRES_GPU_REASON, triton_test_devices
 
 DEVICES = triton_test_devices()
@@ -171,6 +172,49 @@ def test_block_fp8_split_k_sum_kernel_does_the_add_and_norm(device, with_addend)
         assert fp8_block_linear_add_rmsnorm(x, qw, sw, one_split, again, norm_weight, 1e-6, addend) is None
 
 
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("cublas_layout", [False, True], ids=["row-major", "cublas"])
+def test_split_k_add_norm_hands_the_next_block_fp8_projection_its_norm_quantized(device, cublas_layout):
+    """add_norm with ``quantize``: the sum kernel writes the norm per token and 128-column group (a ragged last
+    group: N 200) in the next projection's layout, the same bits as its bf16 output through the quantization
+    kernel, with the same residual; fp8_block_linear_add_rmsnorm passes it through, and takes its own input handed
+    over quantized (a BlockFp8Activation, as SiLU-and-mul gives down_proj) with the same result."""
+    from sglang.srt.layers.quantization.fp8_block_kernels import quantize_groups
+    from sglang.srt.layers.quantization.fp8_block_linear import (
+        ActivationLayout,
+        fp8_block_linear_add_rmsnorm,
+        quantize_activation,
+    )
+
+    layout = ActivationLayout(4, True) if cublas_layout else ROW_MAJOR
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    g = torch.Generator().manual_seed(90 + cublas_layout)
+    m, n, k = 5, 200, 384
+    x = torch.randn(m, k, generator=g).to(device, dtype)
+    qw = (torch.randn(n, k, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn).to(device)
+    sw = (torch.rand(2, 3, generator=g) + 0.5).to(device) / 100
+    residual = torch.randn(m, n, generator=g).to(device, dtype)
+    norm_weight = (torch.rand(n, generator=g) + 0.5).to(device, dtype)
+    config = GemmConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=2, split_k=3)
+    qx, sx = quantize_groups(x)
+    want_residual = residual.clone()
+    normed = skinny_linear(
+        qx, qw, None, config, block_scales=(sx, sw, dtype), add_norm=(want_residual, norm_weight, 1e-6)
+    )
+    want_q, want_s = quantize_groups(normed, layout.pad_rows_to, layout.column_major_scales)
+    plan = GemmPlan(((8, config),))
+    for handed_over in (False, True):
+        got_residual = residual.clone()
+        x_in = quantize_activation(x) if handed_over else x
+        got = fp8_block_linear_add_rmsnorm(x_in, qw, sw, plan, got_residual, norm_weight, 1e-6, quantize=layout)
+        assert got.rows == m and got.layout == layout and got.scale.stride() == want_s.stride()
+        assert torch.equal(got.q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(got.scale, want_s)
+        assert torch.equal(got_residual, want_residual)
+    with pytest.raises(ValueError, match="takes ActivationLayout"):  # handed over in another branch's layout
+        fp8_block_linear_add_rmsnorm(quantize_activation(x, layout=ActivationLayout(4, True)), qw, sw, plan,
+                                     residual.clone(), norm_weight, 1e-6)  # fmt: skip
+
+
 def test_block_scales_need_128_wide_k_steps():
     qx, qw = torch.zeros(1, 256, dtype=torch.float8_e4m3fn), torch.zeros(64, 256, dtype=torch.float8_e4m3fn)
     scales = (torch.ones(1, 2), torch.ones(1, 2), torch.float32)
@@ -264,8 +308,10 @@ def test_add_norm_needs_a_split_k_config_and_matching_shapes():
         skinny_linear(torch.randn(2, 16), w[:, :16], None, GemmConfig(**CFG, split_k=2), add_norm=add_norm)  # 1 tile
     with pytest.raises(ValueError, match="row-contiguous \\[2, 32\\] residual"):
         skinny_linear(x, w, None, GemmConfig(**CFG, split_k=2), add_norm=(torch.zeros(2, 16), torch.ones(32), 1e-6))
-    with pytest.raises(ValueError, match="addend needs add_norm"):
+    with pytest.raises(ValueError, match="addend and quantize need add_norm"):
         skinny_linear(x, w, None, GemmConfig(**CFG, split_k=2), addend=torch.zeros(2, 32))
+    with pytest.raises(ValueError, match="addend and quantize need add_norm"):
+        skinny_linear(x, w, None, GemmConfig(**CFG, split_k=2), quantize=ROW_MAJOR)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -436,7 +482,7 @@ def test_row_parallel_add_norm_runs_in_the_sum_kernel_where_its_plan_splits_k(de
     row counts whose config splits K, else the GEMM (cuBLAS, or a split-1 skinny config) then the norm."""
     from sglang.srt.layers.decode_gemm import kernel
     from sglang.srt.layers.layernorm import RMSNorm
-    from sglang.srt.layers.linear import RowParallelLinear
+    from sglang.srt.layers.linear import NormInto, RowParallelLinear
 
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     g = torch.Generator().manual_seed(13)
@@ -454,7 +500,7 @@ def test_row_parallel_add_norm_runs_in_the_sum_kernel_where_its_plan_splits_k(de
         x = torch.randn(rows, 96, generator=g).to(device, dtype)
         residual = torch.randn(rows, 48, generator=g).to(device, dtype)
         expected = [t.clone() for t in norm(layer(x), residual.clone())]
-        got = layer.forward_add_norm(x, residual.clone(), norm)
+        got = layer.forward_add_norm(x, residual.clone(), NormInto(norm, None))
         for out, ref in zip(got, expected):
             assert out.shape == (rows, 48)
             if device == "cpu":  # the torch norm against the kernel's (interpreted): fp32 rounding apart

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from sglang.srt.layers.quantization.block_fp8_activation import ROW_MAJOR, ActivationLayout
 from sglang.srt.layers.quantization.fp8 import FP8_DTYPE, FP8_MAX, Fp8FusedMoEMethod
 from sglang.srt.layers.quantization.fp8_block_kernels import (
     block_fp8_gemm,
@@ -21,6 +22,7 @@ from sglang.srt.layers.quantization.fp8_block_linear import (
     block_fp8_matmul_reference,
     dequantize_blocks,
     fp8_block_linear,
+    quantize_activation,
     quantize_groups_reference,
 )
 from sglang.test.gpu_utils import REQUIRES_GPU_REASON, triton_test_devices
@@ -186,3 +188,41 @@ def test_gpu_skinny_plan_equals_the_cublas_branch(m, split_k, pdl):
     assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 1e-2
     if m > 16:  # beyond the plan: cuBLAS itself
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_an_activation_handed_over_quantized_gives_the_same_product_on_the_cpu():
+    """fp8_block_linear of a BlockFp8Activation (what a norm or SiLU-and-mul kernel hands a block-fp8 projection)
+    equals that of the bf16 tensor it quantizes, in either layout (cuBLAS's padded rows left out)."""
+    g = torch.Generator().manual_seed(7)
+    qw, sw = block_quantized(256, 384, g)
+    x = torch.randn(5, 384, generator=g)
+    bias = torch.randn(256, generator=g)
+    want = fp8_block_linear(x, qw, sw, bias)
+    for layout in (ROW_MAJOR, ActivationLayout(4, True)):
+        handed = quantize_activation(x, layout)
+        assert handed.q.shape == (8 if layout.pad_rows_to == 4 else 5, 384)
+        assert torch.equal(fp8_block_linear(handed, qw, sw, bias), want)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=REQUIRES_GPU_REASON)
+@pytest.mark.parametrize("m", [1, 5, 300])
+def test_gpu_branch_layouts_and_a_handed_over_activation(m):
+    """input_layout names the layout of the branch fp8_block_linear takes for the row count (the skinny plan's rows
+    and the triton GEMM: row-major; cuBLAS: padded rows, column-major scales); an activation handed over in that
+    layout gives the same bits as quantizing inside, and one in another layout is refused by name."""
+    from sglang.srt.layers.decode_gemm import GemmConfig, GemmPlan
+    from sglang.srt.layers.quantization.fp8_block_kernels import CUBLAS_LAYOUT, input_layout
+
+    g = torch.Generator().manual_seed(300 + m)
+    qw, sw = (t.cuda() for t in block_quantized(1024, 2048, g))
+    x = torch.randn(m, 2048, generator=g).cuda().bfloat16()
+    config = GemmConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=4, split_k=4, pdl=True)
+    plan = GemmPlan(((4, config),))
+    layout = input_layout(qw, plan, m, x.dtype)
+    assert layout == (ROW_MAJOR if m <= 4 else CUBLAS_LAYOUT)
+    assert input_layout(qw, plan, m, torch.float32) == ROW_MAJOR  # fp32: the triton GEMM
+    want = fp8_block_linear(x, qw, sw, None, plan)
+    assert torch.equal(fp8_block_linear(quantize_activation(x, layout), qw, sw, None, plan), want)
+    other = ActivationLayout(4, True) if layout == ROW_MAJOR else ROW_MAJOR
+    with pytest.raises(ValueError, match="where this GEMM branch takes"):
+        fp8_block_linear(quantize_activation(x, other), qw, sw, None, plan)

@@ -32,7 +32,13 @@ import triton.language as tl
 
 from sglang.srt.layers.decode_gemm.table import GemmConfig, add_norm_refusal
 from sglang.srt.layers.pdl import pdl_available, pdl_prologue, release_dependents, wait_for_prerequisites
+from sglang.srt.layers.quantization.block_fp8_activation import (
+    ActivationLayout,
+    BlockFp8Activation,
+    empty_block_fp8_activation,
+)
 from sglang.srt.layers.quantization.fp8 import FP8_BLOCK as BLOCK_SCALE_EDGE
+from sglang.srt.layers.quantization.fp8_tile import rounds_fp8_by_hand, store_quantized_groups
 from sglang.srt.layers.triton_loops import use_while_loops
 
 
@@ -201,23 +207,32 @@ def _sum_splits_kernel(
     NormWeight,
     Addend,
     Out,
+    QOut,
+    QScale,
     N,
+    n_rows,
     stride_split,
     stride_om,
     stride_res,
     stride_add,
+    stride_q,
+    stride_qs_row,
+    stride_qs_group,
     eps,
     SPLIT_K: tl.constexpr,
     BLOCK: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     ADD_NORM: tl.constexpr,
     HAS_ADDEND: tl.constexpr,
+    QUANTIZE: tl.constexpr,
+    ROUND_BY_HAND: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
     m = tl.program_id(0)
     offs = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    mask = offs < N
+    # Rows past n_rows: QUANTIZE's padding rows (zero codes, the smallest scale), nothing else read or written.
+    mask = (offs < N) & (m < n_rows)
     acc = tl.zeros((BLOCK,), dtype=tl.float32)
     for s in tl.static_range(SPLIT_K):  # fixed order: the same sum on every run
         acc += tl.load(Partials + s * stride_split + m * N + offs, mask=mask, other=0.0)
@@ -234,7 +249,13 @@ def _sum_splits_kernel(
         hf = h.to(tl.float32)
         normed = (hf * tl.rsqrt(tl.sum(hf * hf, axis=0) / N + eps)).to(Residual.dtype.element_ty)
         acc = tl.load(NormWeight + offs, mask=mask, other=0.0).to(tl.float32) * normed.to(tl.float32)
-    tl.store(Out + m * stride_om + offs, acc.to(Out.dtype.element_ty), mask=mask)
+    if QUANTIZE:  # (ADD_NORM only: one program per row) the normed row as the block-fp8 projection after takes it
+        v = acc.to(Out.dtype.element_ty).to(tl.float32)
+        store_quantized_groups(
+            v, 0, N, QOut + m * stride_q, QScale + m * stride_qs_row, stride_qs_group, BLOCK, ROUND_BY_HAND
+        )
+    else:
+        tl.store(Out + m * stride_om + offs, acc.to(Out.dtype.element_ty), mask=mask)
 
 
 def skinny_linear(
@@ -247,7 +268,8 @@ def skinny_linear(
     add_norm: Optional[tuple[torch.Tensor, torch.Tensor, float]] = None,
     block_scales: Optional[tuple[torch.Tensor, torch.Tensor, torch.dtype]] = None,
     addend: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
+    quantize: Optional[ActivationLayout] = None,
+) -> torch.Tensor | BlockFp8Activation:
     """``F.linear(x, weight, bias)`` for a 2-D ``x`` whose rows and ``weight``'s rows are K-contiguous.
 
     ``scales`` = (x_scale [M, 1], weight_scale [N, 1], out dtype) for fp8 ``x`` and ``weight``:
@@ -265,7 +287,10 @@ def skinny_linear(
     with contiguous rows, out dtype) for fp8 ``x`` quantized per token and 128-column group and a block-fp8
     ``weight``: the block-scaled product (``fp8_block_linear.block_fp8_matmul_reference``) in the out dtype;
     ``config.block_k`` must be 128 (one K step, one scale block); ``add_norm`` (and ``addend``) as above: the split-K
-    partials are scaled as they are summed, so the sum kernel adds them as it adds unscaled ones."""
+    partials are scaled as they are summed, so the sum kernel adds them as it adds unscaled ones.
+    ``quantize`` (with ``add_norm`` only): the sum kernel hands the norm's output to a block-fp8 projection after it,
+    quantized per token and 128-column group in that layout (``BlockFp8Activation``; the same bits as the norm's
+    output through ``fp8_block_kernels.quantize_groups``) instead of writing it in the out dtype."""
     if block_scales is not None:
         if scales is not None or silu_and_mul or config.block_k != BLOCK_SCALE_EDGE:
             raise ValueError(
@@ -286,11 +311,12 @@ def skinny_linear(
         refusal = add_norm_refusal(config, m, k, n, add_norm[0], add_norm[1], per_channel, silu_and_mul, addend)
         if refusal is not None:
             raise ValueError(refusal)
-    elif addend is not None:
-        raise ValueError("addend needs add_norm")
+    elif addend is not None or quantize is not None:
+        raise ValueError("addend and quantize need add_norm")
     out = torch.empty(m, n, device=x.device, dtype=x.dtype if scales is None else scales[2])
+    quantized = None if quantize is None else empty_block_fp8_activation(m, n, out.dtype, quantize, x.device)
     if m == 0:
-        return out
+        return out if quantized is None else quantized
     grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, config.block_m), split_k)
     fused_bias = bias is not None and split_k == 1
     pdl = pdl_available(x)  # the split-K sum below launches with PDL whatever the config says
@@ -335,26 +361,38 @@ def skinny_linear(
     if split_k > 1:
         # add_norm: a program per row, as wide as the norm kernel's (and as many warps: the same reduction)
         block = triton.next_power_of_2(n) if add_norm is not None else 1024
-        _sum_splits_kernel[(m, triton.cdiv(n, block))](
+        if quantized is not None:  # whole 128-column groups a program
+            block = max(block, BLOCK_SCALE_EDGE)
+        q_out, q_scale = (quantized.q, quantized.scale) if quantized is not None else (out, out)
+        _sum_splits_kernel[(m if quantized is None else q_out.shape[0], triton.cdiv(n, block))](
             target,
             bias if bias is not None else out,
             add_norm[0] if add_norm is not None else out,  # dummies unless ADD_NORM
             add_norm[1] if add_norm is not None else out,
             addend if addend is not None else out,
             out,
+            q_out,  # dummies unless QUANTIZE
+            q_scale,
             n,
+            m,
             target.stride(0),
             out.stride(0),
             add_norm[0].stride(0) if add_norm is not None else 0,
             addend.stride(0) if addend is not None else 0,
+            q_out.stride(0),
+            *q_scale.stride(),
             add_norm[2] if add_norm is not None else 0.0,
             SPLIT_K=split_k,
             BLOCK=block,
             HAS_BIAS=bias is not None,
             ADD_NORM=add_norm is not None,
             HAS_ADDEND=addend is not None,
+            QUANTIZE=quantized is not None,
+            ROUND_BY_HAND=rounds_fp8_by_hand(x),
             PDL=pdl,
             launch_pdl=pdl,
             num_warps=(4 if n <= 1024 else 8) if add_norm is not None else 4,
         )
+        if quantized is not None:
+            return quantized
     return out

@@ -10,11 +10,17 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from sglang.srt.layers.decode_gemm import CUBLAS_ONLY, GemmPlan, skinny_config
+from sglang.srt.layers.decode_gemm import CUBLAS_ONLY, GemmPlan
 from sglang.srt.layers.pdl import pdl_available, pdl_prologue
+from sglang.srt.layers.quantization.block_fp8_activation import (
+    ROW_MAJOR,
+    Activation,
+    ActivationLayout,
+    BlockFp8Activation,
+    empty_block_fp8_activation,
+)
 from sglang.srt.layers.quantization.fp8 import FP8_BLOCK as GROUP
-from sglang.srt.layers.quantization.fp8 import FP8_DTYPE
-from sglang.srt.layers.quantization.fp8_tile import quantize_tile_rows, rounds_fp8_by_hand
+from sglang.srt.layers.quantization.fp8_tile import rounds_fp8_by_hand, store_quantized_groups
 from sglang.srt.layers.triton_loops import use_while_loops
 
 
@@ -25,27 +31,24 @@ def _quantize_groups_kernel(
     scale_ptr,
     n_rows,
     n_cols,
-    n_groups,
     stride_x,
     stride_q,
     stride_s_row,
     stride_s_group,
-    GROUP_C: tl.constexpr,
-    GROUPS: tl.constexpr,  # 128-column groups a program quantizes (a power of two)
+    BLOCK: tl.constexpr,  # the columns a program quantizes: whole 128-column groups, a power of two of them
     ROUND_BY_HAND: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
     row = tl.program_id(0)
-    first = tl.program_id(1) * GROUPS
-    cols = first * GROUP_C + tl.arange(0, GROUPS * GROUP_C)
-    mask = cols < n_cols
+    first_group = tl.program_id(1) * (BLOCK // GROUP)
+    cols = first_group * GROUP + tl.arange(0, BLOCK)
     # Padding rows (row >= n_rows) read zeros: q 0 and the smallest scale, a harmless operand.
-    x = tl.load(x_ptr + row * stride_x + cols, mask=mask & (row < n_rows), other=0.0).to(tl.float32)
-    q, scale = quantize_tile_rows(tl.reshape(x, (GROUPS, GROUP_C)), q_ptr.dtype.element_ty, ROUND_BY_HAND)
-    tl.store(q_ptr + row * stride_q + cols, tl.reshape(q, (GROUPS * GROUP_C,)), mask=mask)
-    groups = first + tl.arange(0, GROUPS)
-    tl.store(scale_ptr + row * stride_s_row + groups * stride_s_group, scale, mask=groups < n_groups)
+    x = tl.load(x_ptr + row * stride_x + cols, mask=(cols < n_cols) & (row < n_rows), other=0.0).to(tl.float32)
+    store_quantized_groups(
+        x, first_group, n_cols, q_ptr + row * stride_q, scale_ptr + row * stride_s_row, stride_s_group, BLOCK,
+        ROUND_BY_HAND,
+    )  # fmt: skip
 
 
 # Groups per program: a program of one 128-column group (one element per thread) made a 2,048 x 4,096 activation
@@ -61,10 +64,10 @@ def quantize_groups(
     block-scaled GEMM the rows can be padded to a multiple of ``pad_rows_to`` (zero rows) and the scales laid out
     column-major, [M, K/128] with strides (1, M), as it takes them, with no copy after."""
     m, k = x.shape
-    rows, groups = -(-m // pad_rows_to) * pad_rows_to, triton.cdiv(k, GROUP)
-    q = torch.empty(rows, k, device=x.device, dtype=FP8_DTYPE)
-    scale_strides = (1, rows) if column_major_scales else (groups, 1)
-    scale = torch.empty_strided((rows, groups), scale_strides, device=x.device, dtype=torch.float32)
+    layout = ActivationLayout(pad_rows_to, column_major_scales)
+    out = empty_block_fp8_activation(m, k, x.dtype, layout, x.device)
+    q, scale = out.q, out.scale
+    rows, groups = scale.shape
     per_program = min(GROUPS_PER_PROGRAM, triton.next_power_of_2(groups))
     pdl = pdl_available(x)  # a decode step runs one before every projection: its launch overlaps the kernel before
     if rows:
@@ -74,17 +77,26 @@ def quantize_groups(
             scale,
             m,
             k,
-            groups,
             x.stride(0),
             q.stride(0),
             *scale.stride(),
-            GROUP_C=GROUP,
-            GROUPS=per_program,
+            BLOCK=per_program * GROUP,
             ROUND_BY_HAND=rounds_fp8_by_hand(x),
             PDL=pdl,
             launch_pdl=pdl,
         )
     return q, scale
+
+
+def handed_over_or_quantized(x: Activation, layout: ActivationLayout) -> BlockFp8Activation:
+    """x quantized into ``layout`` by the kernel above, or x itself where the kernel before the projection handed it
+    over quantized (it must be in that layout: the producer asked the projection, ``input_layout``)."""
+    if isinstance(x, BlockFp8Activation):
+        if x.layout != layout:
+            raise ValueError(f"a block-fp8 activation in {x.layout} where this GEMM branch takes {layout}")
+        return x
+    q, scale = quantize_groups(x, layout.pad_rows_to, layout.column_major_scales)
+    return BlockFp8Activation(q, scale, x.shape[0], x.dtype, layout)
 
 
 # Where cuBLAS takes the shape, its block-scaled GEMM (``F.scaled_mm``) runs in place of the triton one at every row
@@ -98,6 +110,7 @@ CUBLAS_ROW_MULTIPLE = 4
 # transposed, is that layout with no copy when K/128 is a multiple of 4 (every Qwen3, Llama, DeepSeek-V3 and GLM-4.5
 # projection); other shapes stay on the triton GEMM.
 CUBLAS_K_MULTIPLE = 4 * GROUP
+CUBLAS_LAYOUT = ActivationLayout(CUBLAS_ROW_MULTIPLE, column_major_scales=True)
 
 
 @functools.cache
@@ -121,46 +134,55 @@ def takes_cublas_block_gemm(qweight: torch.Tensor, out_dtype: torch.dtype) -> bo
     )
 
 
+def input_layout(qweight: torch.Tensor, plan: GemmPlan, rows: int, dtype: torch.dtype) -> ActivationLayout:
+    """The layout in which ``block_fp8_linear_gpu``'s branch for this many rows takes the quantized activation:
+    cuBLAS's where it runs there, else row-major (the skinny kernel and the triton GEMM)."""
+    if plan.config_for(rows) is None and takes_cublas_block_gemm(qweight, dtype):
+        return CUBLAS_LAYOUT
+    return ROW_MAJOR
+
+
 def cublas_block_fp8_gemm(
-    x: torch.Tensor, qweight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+    x: Activation, qweight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """The same block-scaled product as ``block_fp8_gemm`` after ``quantize_groups``, by cuBLAS: the activations
-    quantized by the same kernel (rows padded, scales column-major), the checkpoint's weight scale transposed."""
-    m = x.shape[0]
-    qx, sx = quantize_groups(x, pad_rows_to=CUBLAS_ROW_MULTIPLE, column_major_scales=True)
+    quantized by the same kernel (rows padded, scales column-major) or handed over so, the checkpoint's weight scale
+    transposed."""
+    qa = handed_over_or_quantized(x, CUBLAS_LAYOUT)
     recipe = F.ScalingType
     out = F.scaled_mm(
-        qx,
+        qa.q,
         qweight.t(),
-        sx,
+        qa.scale,
         recipe.BlockWise1x128,
         weight_scale.t(),
         recipe.BlockWise128x128,
         output_dtype=torch.bfloat16,
-    )[:m]
+    )[: qa.rows]
     return out if bias is None else out.add_(bias)
 
 
 def block_fp8_linear_gpu(
-    x: torch.Tensor,
+    x: Activation,
     qweight: torch.Tensor,
     weight_scale: torch.Tensor,
     bias: torch.Tensor | None,
     plan: GemmPlan = CUBLAS_ONLY,
 ) -> torch.Tensor:
-    """``fp8_block_linear``'s CUDA branch for a 2-D x with contiguous rows: the activation quantization, then the
-    skinny decode kernel where ``plan`` (the shape's ``N x K:fp8block`` entry) has a config for x's rows, else
-    cuBLAS where it takes the shape and dtype, else the triton GEMM."""
-    config = skinny_config(x, plan)
+    """``fp8_block_linear``'s CUDA branch for a 2-D x with contiguous rows (or handed over quantized, in
+    ``input_layout``'s layout): the activation quantization, then the skinny decode kernel where ``plan`` (the
+    shape's ``N x K:fp8block`` entry) has a config for x's rows, else cuBLAS where it takes the shape and dtype,
+    else the triton GEMM."""
+    rows = x.rows if isinstance(x, BlockFp8Activation) else x.shape[0]
+    qa = handed_over_or_quantized(x, input_layout(qweight, plan, rows, x.dtype))
+    config = plan.config_for(rows)
     if config is not None:
         from sglang.srt.layers.decode_gemm.kernel import skinny_linear
 
-        qx, sx = quantize_groups(x)
-        return skinny_linear(qx, qweight, bias, config, block_scales=(sx, weight_scale, x.dtype))
-    if takes_cublas_block_gemm(qweight, x.dtype):
-        return cublas_block_fp8_gemm(x, qweight, weight_scale, bias)
-    qx, sx = quantize_groups(x)
-    return block_fp8_gemm(qx, sx, qweight, weight_scale, bias, x.dtype)
+        return skinny_linear(qa.q, qweight, bias, config, block_scales=(qa.scale, weight_scale, qa.dtype))
+    if qa.layout == CUBLAS_LAYOUT:
+        return cublas_block_fp8_gemm(qa, qweight, weight_scale, bias)
+    return block_fp8_gemm(qa.q, qa.scale, qweight, weight_scale, bias, qa.dtype)
 
 
 @triton.jit

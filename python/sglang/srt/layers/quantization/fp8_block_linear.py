@@ -7,7 +7,9 @@ quantized at every call with one scale per token and 128-column group (DeepSeek-
 
     out[m, n] = sum_kb  sx[m, kb] * sw[n // 128, kb] * sum_{k in kb} qx[m, k] qw[n, k]
 
-The GPU quantizes the activations in one triton kernel (``fp8_block_kernels.py``), then runs the GEMM (fp8 x fp8
+The GPU quantizes the activations in one triton kernel (``fp8_block_kernels.py``), or the kernel before the
+projection does as it writes them (the RMSNorm before qkv_proj and gate_up_proj, SiLU-and-mul before down_proj:
+``BlockFp8Activation``, one launch and one bf16 round trip less each), then runs the GEMM (fp8 x fp8
 dots accumulated in fp32 per 128-wide K block, scaled, summed): at decode sizes the skinny decode kernel where
 the GPU's tuned table has an ``N x K:fp8block`` entry for the row count (``decode_gemm``), else cuBLAS's
 block-scaled GEMM (``F.scaled_mm``) where the GPU, shape and dtype allow (measured faster than the triton GEMM
@@ -22,10 +24,32 @@ import torch
 
 from sglang.srt.layers.decode_gemm import add_norm_config
 from sglang.srt.layers.decode_gemm.table import CUBLAS_ONLY, GemmPlan
+from sglang.srt.layers.quantization.block_fp8_activation import (
+    ROW_MAJOR,
+    Activation,
+    ActivationLayout,
+    BlockFp8Activation,
+    empty_block_fp8_activation,
+)
 from sglang.srt.layers.quantization.fp8 import FP8_BLOCK, FP8_DTYPE, FP8_MAX
 from sglang.srt.layers.quantization.fp8_linear import INV_FP8_MAX, MIN_SCALE
 
 GROUP = FP8_BLOCK  # K columns per activation scale, and the weight's block edge
+
+
+def quantize_activation(x: torch.Tensor, layout: ActivationLayout = ROW_MAJOR) -> BlockFp8Activation:
+    """A 2-D activation quantized per token and 128-column group into ``layout``: the triton kernel on the GPU,
+    the torch reference elsewhere (the same bits)."""
+    if x.is_cuda:
+        from sglang.srt.layers.quantization.fp8_block_kernels import quantize_groups
+
+        q, scale = quantize_groups(x, layout.pad_rows_to, layout.column_major_scales)
+        return BlockFp8Activation(q, scale, x.shape[0], x.dtype, layout)
+    out = empty_block_fp8_activation(x.shape[0], x.shape[1], x.dtype, layout, x.device)
+    q, scale = quantize_groups_reference(x)
+    out.q.zero_()[: x.shape[0]] = q
+    out.scale.fill_(MIN_SCALE)[: x.shape[0]] = scale  # padding rows: q 0 and the smallest scale, as the kernel
+    return out
 
 
 def quantize_groups_reference(x: torch.Tensor, group: int = GROUP) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,14 +80,23 @@ def block_fp8_matmul_reference(
 
 
 def fp8_block_linear(
-    x: torch.Tensor,
+    x: Activation,
     qweight: torch.Tensor,
     weight_scale_inv: torch.Tensor,
     bias: torch.Tensor | None,
     plan: GemmPlan = CUBLAS_ONLY,
 ) -> torch.Tensor:
-    """``F.linear(x, dequantized weight, bias)`` in x's dtype with x quantized per token and 128-column group.
+    """``F.linear(x, dequantized weight, bias)`` in x's dtype with x quantized per token and 128-column group (or
+    handed over quantized: a ``BlockFp8Activation`` in the layout the GPU's branch for its rows takes).
     Leading dims of x are flattened and restored. plan: the weight shape's tuned decode choices (GPU only)."""
+    if isinstance(x, BlockFp8Activation):
+        if not x.q.is_cuda:
+            q, scale = x.q[: x.rows], x.scale[: x.rows]
+            out = block_fp8_matmul_reference(q, scale, qweight, weight_scale_inv)
+            return (out if bias is None else out + bias.float()).to(x.dtype)
+        from sglang.srt.layers.quantization.fp8_block_kernels import block_fp8_linear_gpu
+
+        return block_fp8_linear_gpu(x, qweight, weight_scale_inv, bias, plan)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
@@ -81,7 +114,7 @@ def fp8_block_linear(
 
 
 def fp8_block_linear_add_rmsnorm(
-    x: torch.Tensor,
+    x: Activation,
     qweight: torch.Tensor,
     weight_scale_inv: torch.Tensor,
     plan: GemmPlan,
@@ -89,19 +122,30 @@ def fp8_block_linear_add_rmsnorm(
     norm_weight: torch.Tensor,
     eps: float,
     addend: torch.Tensor | None = None,
-) -> torch.Tensor | None:
+    quantize: ActivationLayout | None = None,
+) -> torch.Tensor | BlockFp8Activation | None:
     """``fused_elementwise.rmsnorm(fp8_block_linear(x, ...) [+ addend], norm_weight, eps, residual=residual)``
     (decode_gemm.linear_add_rmsnorm's contract) with the adds and the norm in the skinny GEMM's split-K sum kernel,
     where the plan (the ``N x K:fp8block`` entry) has a config for x's rows that splits K; None where it has not (the
-    caller runs the GEMM, the add, then the norm kernel: the same bits). x [M, K] with contiguous rows."""
-    config = add_norm_config(x, plan, qweight.shape[0], residual, norm_weight, addend)
+    caller runs the GEMM, the add, then the norm kernel: the same bits). x [M, K] with contiguous rows, or handed
+    over quantized (row-major: the skinny kernel's layout). ``quantize``: the sum kernel also quantizes the norm's
+    output per token and 128-column group into that layout, for the block-fp8 projection that reads it, and returns
+    that instead of the bf16 rows."""
+    from sglang.srt.layers.decode_gemm.kernel import skinny_linear
+    from sglang.srt.layers.quantization.fp8_block_kernels import handed_over_or_quantized
+
+    probe = x.q[: x.rows] if isinstance(x, BlockFp8Activation) else x
+    config = add_norm_config(probe, plan, qweight.shape[0], residual, norm_weight, addend)
     if config is None:
         return None
-    from sglang.srt.layers.decode_gemm.kernel import skinny_linear
-    from sglang.srt.layers.quantization.fp8_block_kernels import quantize_groups
-
-    qx, sx = quantize_groups(x)
-    add_norm = (residual, norm_weight, eps)
+    qa = handed_over_or_quantized(x, ROW_MAJOR)
     return skinny_linear(
-        qx, qweight, None, config, block_scales=(sx, weight_scale_inv, x.dtype), add_norm=add_norm, addend=addend
+        qa.q,
+        qweight,
+        None,
+        config,
+        block_scales=(qa.scale, weight_scale_inv, qa.dtype),
+        add_norm=(residual, norm_weight, eps),
+        addend=addend,
+        quantize=quantize,
     )

@@ -2,7 +2,9 @@
 ``fp8_linear.quantize_rows`` / ``fp8_block_linear.quantize_groups_reference`` to the bit.
 
 The activation kernels (per token: ``fp8_activation_kernel.py``; per token and 128-column group:
-``fp8_block_kernels.py``) share it, so they cannot round apart.
+``fp8_block_kernels.py``) share it, and so do the kernels that quantize their own output for a block-fp8
+projection after them (``store_quantized_groups``: RMSNorm, SiLU-and-mul, the skinny GEMM's split-K add-norm), so
+none of them can round apart.
 
 The triton interpreter (the CPU tests) converts float32 to float8 wrongly: where rounding carries into the next power
 of two (124.3 -> 64 instead of 128) and below e4m3's smallest normal (2^-6, rounded down). There the value is first
@@ -16,8 +18,9 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang.srt.layers.quantization.fp8 import FP8_MAX, INV_FP8_MAX, MIN_SCALE
+from sglang.srt.layers.quantization.fp8 import FP8_BLOCK, FP8_MAX, INV_FP8_MAX, MIN_SCALE
 
+_GROUP: tl.constexpr = tl.constexpr(FP8_BLOCK)
 _FP8_MAX: tl.constexpr = tl.constexpr(FP8_MAX)
 _INV_FP8_MAX: tl.constexpr = tl.constexpr(INV_FP8_MAX)
 _MIN_SCALE: tl.constexpr = tl.constexpr(MIN_SCALE)
@@ -61,3 +64,26 @@ def quantize_tile_rows(x, fp8_dtype: tl.constexpr, ROUND_BY_HAND: tl.constexpr):
     if ROUND_BY_HAND:
         v = _round_to_e4m3_grid(v)
     return v.to(fp8_dtype), scale
+
+
+@triton.jit
+def store_quantized_groups(
+    v,
+    first_group,
+    n_cols,
+    q_row_ptr,
+    scale_row_ptr,
+    stride_scale_group,
+    BLOCK: tl.constexpr,
+    ROUND_BY_HAND: tl.constexpr,
+):
+    """One row's float32 values ``v`` [BLOCK] (BLOCK a power of two >= 128), the row's columns from
+    ``first_group * 128``, quantized per 128-column group: the codes stored at ``q_row_ptr + column`` (columns below
+    n_cols), each group's scale at ``scale_row_ptr + group * stride_scale_group`` (groups that hold a column). Values
+    past n_cols must be 0: they pad the ragged last group, as the reference pads it."""
+    GROUPS: tl.constexpr = BLOCK // _GROUP
+    q, scale = quantize_tile_rows(tl.reshape(v, (GROUPS, _GROUP)), q_row_ptr.dtype.element_ty, ROUND_BY_HAND)
+    cols = first_group * _GROUP + tl.arange(0, BLOCK)
+    tl.store(q_row_ptr + cols, tl.reshape(q, (BLOCK,)), mask=cols < n_cols)
+    groups = first_group + tl.arange(0, GROUPS)
+    tl.store(scale_row_ptr + groups * stride_scale_group, scale, mask=groups * _GROUP < n_cols)
