@@ -190,7 +190,9 @@ def write_random_block_fp8_checkpoint(
     return out_dir
 
 
-def dense_bf16(d: str) -> str:
+def dense_bf16(d: str, head_dim: int = 64) -> str:
+    """A tiny Llama in bf16; ``head_dim`` 128: each head's output one 128-column group of o_proj's input (the
+    attention kernels then hand a block-fp8 o_proj its input quantized)."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     config = LlamaConfig(
@@ -199,7 +201,7 @@ def dense_bf16(d: str) -> str:
         num_hidden_layers=2,
         num_attention_heads=4,
         num_key_value_heads=2,
-        head_dim=64,
+        head_dim=head_dim,
         vocab_size=512,
         max_position_embeddings=256,
         initializer_range=0.08,

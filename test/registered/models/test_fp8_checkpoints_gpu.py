@@ -13,7 +13,8 @@ step is 6-12% of the value), so a tiny random model's logits move by more than b
 (largest gap measured on the H200 with the fp32-activation reference: 0.24; the reference now rounds its
 activations to bf16 before quantizing them, as our layers see them). The skinny kernel's block-scaled decode adds its
 fp8 products in another order than cuBLAS's block-scaled GEMM: the dense model through it, 83 of 96 exact and a
-largest gap of 0.324 (H200, 2026-12-04), hence 0.35."""
+largest gap of 0.324 (H200, 2026-12-04), hence 0.35. "dense128" is the dense model with 128-wide heads: there the
+decode attention kernels hand the block-fp8 o_proj its input quantized (one group a head)."""
 
 from sglang.test.ci.ci_register import register_cuda_ci
 
@@ -40,6 +41,7 @@ NEW_TOKENS = 24
 # on the H200 (2026-12-04) as it is now: 85 of 96 exact, largest gap 0.275.
 ARCHS = {
     "dense": (dense_bf16, 512, torch.bfloat16),
+    "dense128": (lambda d: dense_bf16(d, head_dim=128), 512, torch.bfloat16),  # 128-wide heads
     "moe": (moe_bf16, 256, torch.bfloat16),
     "glm": (lambda d: glm4_moe_full(d, every_expert=True), 256, torch.float32),
 }
@@ -53,6 +55,9 @@ SKINNY_BLOCK_TILES = {
     (256, 256): {"block_m": 16, "block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 2, "split_k": 2},
     (768, 256): {"block_m": 16, "block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 3, "split_k": 1},
     (256, 384): {"block_m": 16, "block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 2, "split_k": 3},
+    # dense128's qkv and o_proj: o_proj's input comes quantized from the decode attention kernels, K split in 4
+    (1024, 256): {"block_m": 16, "block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 2, "split_k": 1},
+    (256, 512): {"block_m": 16, "block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 2, "split_k": 4},
 }
 
 
@@ -70,7 +75,14 @@ def write_skinny_block_table(config_dir: str) -> None:
 
 @pytest.mark.parametrize(
     "arch,strategy",
-    [("dense", "block"), ("dense", "block-skinny"), ("dense", "channel"), ("moe", "block"), ("glm", "block")],
+    [
+        ("dense", "block"),
+        ("dense", "block-skinny"),
+        ("dense128", "block-skinny"),
+        ("dense", "channel"),
+        ("moe", "block"),
+        ("glm", "block"),
+    ],
 )
 def test_fp8_checkpoint_on_the_gpu(arch, strategy, tmp_path, monkeypatch):
     import sglang

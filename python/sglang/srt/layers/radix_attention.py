@@ -7,6 +7,8 @@ from typing import Optional
 import torch
 from torch import nn
 
+from sglang.srt.layers.quantization.block_fp8_activation import Activation, ActivationLayout
+
 
 class RadixAttention(nn.Module):
     def __init__(
@@ -42,5 +44,14 @@ class RadixAttention(nn.Module):
     def set_kv_scales(self, k_scale: float, v_scale: float) -> None:
         self.k_scale, self.v_scale = float(k_scale), float(v_scale)
 
-    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, forward_batch, save_kv_cache: bool = True):
-        return forward_batch.attn_backend.forward(q, k, v, self, forward_batch, save_kv_cache)
+    def forward(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        forward_batch,
+        save_kv_cache: bool = True,
+        quantize: Optional[ActivationLayout] = None,
+    ) -> Activation:
+        """``quantize``: the output handed to a block-fp8 o_proj quantized in that layout (AttentionBackend.forward)."""
+        return forward_batch.attn_backend.forward(q, k, v, self, forward_batch, save_kv_cache, quantize)

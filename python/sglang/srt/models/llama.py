@@ -110,9 +110,10 @@ class LlamaAttention(nn.Module):
         """The projection that alone reads the layer's input norm (its output may come quantized for it)."""
         return self.qkv_proj
 
-    def attend(self, positions: torch.Tensor, hidden_states: Activation, forward_batch) -> torch.Tensor:
-        """Everything up to o_proj: its input (the attention output of every head); the decoder runs o_proj
-        with the residual add and norm after it (``RowParallelLinear.forward_add_norm``)."""
+    def attend(self, positions: torch.Tensor, hidden_states: Activation, forward_batch) -> Activation:
+        """Everything up to o_proj: its input (the attention output of every head, quantized for a block-fp8
+        o_proj); the decoder runs o_proj with the residual add and norm after it
+        (``RowParallelLinear.forward_add_norm``)."""
         qkv = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         if self.qk_norm:  # per head, in place on the strided views of qkv
@@ -121,9 +122,10 @@ class LlamaAttention(nn.Module):
         # On the GPU rotary also stores K/V in the pool (one kernel): attention then skips the store.
         kv_store = create_fused_set_kv_buffer_arg(k, v, self.attn, forward_batch)
         q, k = self.rotary_emb(positions, q, k, fused_set_kv_buffer_arg=kv_store)
+        quantize = self.o_proj.input_quantization(q)  # a block-fp8 o_proj takes the output quantized
         if kv_store is not None:
-            return self.attn(q, k, v, forward_batch, save_kv_cache=False)
-        return self.attn(q, k, v.contiguous(), forward_batch)
+            return self.attn(q, k, v, forward_batch, save_kv_cache=False, quantize=quantize)
+        return self.attn(q, k, v.contiguous(), forward_batch, quantize=quantize)
 
 
 class LlamaDecoderLayer(nn.Module):

@@ -405,3 +405,51 @@ def test_dot_dtype_is_the_querys_unless_the_kv_cache_is_fp8():
     assert dot_dtype(torch.bfloat16, torch.float8_e4m3fn) is torch.float16
     assert dot_dtype(torch.bfloat16, torch.float8_e5m2) is torch.float16
     assert dot_dtype(torch.bfloat16, torch.float8_e4m3fn, fp8_dots_in_fp16=False) is torch.bfloat16
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize(
+    "max_splits,single_split_direct", [(4, True), (4, False), (1, True)], ids=["stage2", "all-via-stage2", "stage1"]
+)
+def test_decode_writes_its_output_quantized_for_a_block_fp8_o_proj(device, max_splits, single_split_direct):
+    """With ``quantized`` (128-wide value heads: one 128-column group of o_proj's input each), the kernel that writes
+    a head's output (stage 2, or stage 1 for a one-chunk request and an empty row) writes its fp8 codes and scale
+    instead: the same bits as the output through the quantization kernel, the empty (padding) row as zero codes."""
+    from sglang.srt.layers.attention.triton_ops.decode_attention import writes_quantized
+    from sglang.srt.layers.quantization.block_fp8_activation import (
+        ROW_MAJOR,
+        ActivationLayout,
+        empty_block_fp8_activation,
+    )
+    from sglang.srt.layers.quantization.fp8_block_kernels import quantize_groups
+
+    dtype, _ = _dtype_tol(device)
+    gen = torch.Generator().manual_seed(max_splits + single_split_direct)
+    lens, hq, hkv, d = [1, 17, 300, 0], 8, 2, 128
+    k_buf, v_buf = _pool(sum(lens) + 9, hkv, d, d, dtype, device, gen)
+    v_buf *= 3
+    indptr, indices = _slots(lens, sum(lens) + 9, torch.int32, device, gen)
+    bs = len(lens)
+    q = torch.randn(bs, hq, d, generator=gen).to(device=device, dtype=dtype)
+    num_splits = torch.empty(bs, dtype=torch.int32, device=device)
+    get_num_kv_splits(num_splits, torch.tensor(lens, dtype=torch.int32, device=device), max_splits, 64, 64)
+    config = DecodeKernelConfig(block_n=64, single_split_direct=single_split_direct)
+
+    def run(quantized=None):
+        o = torch.zeros(bs, hq, d, device=device, dtype=dtype)
+        logits = torch.empty(bs, hq, max_splits, d, device=device, dtype=torch.float32)
+        lse = torch.empty(bs, hq, max_splits, device=device, dtype=torch.float32)
+        decode_attention_fwd(
+            q, k_buf, v_buf, o, indptr, indices, logits, lse, num_splits, max_splits, d**-0.5, 0.0, config,
+            quantized=quantized,
+        )  # fmt: skip
+        return o
+
+    want_q, want_scale = quantize_groups(run().view(bs, hq * d))
+    got = empty_block_fp8_activation(bs, hq * d, dtype, ROW_MAJOR, torch.device(device))
+    untouched = run(got)
+    assert not untouched.any()  # the output went to the quantized buffers only
+    assert torch.equal(got.q.view(torch.uint8), want_q.view(torch.uint8)) and torch.equal(got.scale, want_scale)
+    assert not got.q[3].float().any()  # the empty row
+    assert writes_quantized(128, ROW_MAJOR) and not writes_quantized(64, ROW_MAJOR)
+    assert not writes_quantized(128, ActivationLayout(4, True))  # cuBLAS's padded layout: the quantization kernel

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Optional
 
 import torch
+
+from sglang.srt.layers.quantization.block_fp8_activation import Activation, ActivationLayout, BlockFp8Activation
 
 if TYPE_CHECKING:
     from sglang.srt.layers.radix_attention import RadixAttention
@@ -28,11 +30,31 @@ class AttentionBackend(ABC):
         layer: "RadixAttention",
         forward_batch: "ForwardBatch",
         save_kv_cache: bool = True,
-    ) -> torch.Tensor:
-        """q: [T, Hq*D], k: [T, Hkv*D], v: [T, Hkv*Dv] -> [T, Hq*Dv]. Writes k, v to the KV pool first."""
+        quantize: Optional[ActivationLayout] = None,
+    ) -> Activation:
+        """q: [T, Hq*D], k: [T, Hkv*D], v: [T, Hkv*Dv] -> [T, Hq*Dv]. Writes k, v to the KV pool first.
+        ``quantize``: the output handed to a block-fp8 o_proj, quantized in that layout: by the decode kernels
+        where the backend can (``forward_decode_quantized``), else by the quantization kernel after."""
         if forward_batch.forward_mode.is_decode():
-            return self.forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
-        return self.forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+            if quantize is not None:
+                handed = self.forward_decode_quantized(q, k, v, layer, forward_batch, save_kv_cache, quantize)
+                if handed is not None:
+                    return handed
+            out = self.forward_decode(q, k, v, layer, forward_batch, save_kv_cache)
+        else:
+            out = self.forward_extend(q, k, v, layer, forward_batch, save_kv_cache)
+        if quantize is None:
+            return out
+        from sglang.srt.layers.quantization.fp8_block_linear import quantize_activation
+
+        return quantize_activation(out, quantize)
+
+    def forward_decode_quantized(
+        self, q, k, v, layer, forward_batch, save_kv_cache: bool, layout: ActivationLayout
+    ) -> Optional[BlockFp8Activation]:
+        """Decode with the output written quantized in ``layout`` by the attention kernels themselves; None where
+        this backend cannot (the caller quantizes forward_decode's output)."""
+        return None
 
     def forward_mla(
         self, q_nope, q_rope, latent, k_rope, w_kv_b, layer, forward_batch, save_kv_cache=True

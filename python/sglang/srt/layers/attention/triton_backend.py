@@ -27,7 +27,13 @@ from sglang.srt.layers.attention.triton_ops import (
     extend_attention_fwd,
     get_num_kv_splits,
 )
+from sglang.srt.layers.attention.triton_ops.decode_attention import writes_quantized
 from sglang.srt.layers.attention.triton_ops.kv_indices import fill_kv_indices_triton
+from sglang.srt.layers.quantization.block_fp8_activation import (
+    ActivationLayout,
+    BlockFp8Activation,
+    empty_block_fp8_activation,
+)
 
 
 @dataclass
@@ -249,6 +255,23 @@ class TritonAttnBackend(AttentionBackend):
         )
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
+        return self._decode(q, k, v, layer, forward_batch, save_kv_cache, None).view(q.shape[0], -1)
+
+    def forward_decode_quantized(
+        self, q, k, v, layer, forward_batch, save_kv_cache: bool, layout: ActivationLayout
+    ) -> Optional[BlockFp8Activation]:
+        """The decode kernels write each 128-wide head's output quantized, one launch less a layer (see
+        decode_attention_fwd); other head widths and cuBLAS's padded layout: None."""
+        if not writes_quantized(layer.v_head_dim, layout):
+            return None
+        quantized = empty_block_fp8_activation(
+            q.shape[0], layer.tp_q_head_num * layer.v_head_dim, q.dtype, layout, q.device
+        )
+        self._decode(q, k, v, layer, forward_batch, save_kv_cache, quantized)
+        return quantized
+
+    def _decode(self, q, k, v, layer, forward_batch, save_kv_cache, quantized) -> torch.Tensor:
+        """o [bs, Hq, Dv] (not written where ``quantized`` takes the output instead)."""
         fb, md = forward_batch, forward_batch.attn_metadata
         if save_kv_cache:
             self._save(layer, fb, k, v)
@@ -272,8 +295,9 @@ class TritonAttnBackend(AttentionBackend):
             sliding_window=layer.sliding_window_size,
             k_scale=layer.k_scale,
             v_scale=layer.v_scale,
+            quantized=quantized,
         )
-        return o.view(bs, -1)
+        return o
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
         fb, md = forward_batch, forward_batch.attn_metadata

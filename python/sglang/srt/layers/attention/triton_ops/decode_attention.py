@@ -21,6 +21,11 @@ kv head instead of once per q head. That keeps decode bandwidth-bound.
 CUDA graphs: everything data-dependent (lengths, split counts, slot ids) is read on the device;
 the grid depends only on shapes and the host int ``max_kv_splits``. Nothing syncs with the host.
 Rows with an empty context (graph padding) produce zeros.
+
+For a block-fp8 o_proj (a native FP8 checkpoint) with 128-wide value heads, the kernel that writes a head's
+output (stage 2, or stage 1 for a request of one chunk) can write it quantized instead: each head's row is one
+128-column group of o_proj's input, so it gets its codes and one scale (``quantized``; the same bits as the
+output through the quantization kernel), and o_proj's quantization launch goes.
 """
 
 from __future__ import annotations
@@ -33,8 +38,30 @@ import triton
 import triton.language as tl
 
 from sglang.srt.layers.pdl import pdl_available, pdl_prologue
+from sglang.srt.layers.quantization.block_fp8_activation import ROW_MAJOR, BlockFp8Activation
+from sglang.srt.layers.quantization.fp8 import FP8_BLOCK
+from sglang.srt.layers.quantization.fp8_tile import quantize_tile_rows, rounds_fp8_by_hand
 from sglang.srt.layers.triton_loops import use_while_loops
 from sglang.srt.mem_cache.memory_pool import FP8_KV_DTYPES
+
+
+@triton.jit
+def _store_heads(
+    Out, QOut, QScale, b, heads, offs_dv, mask_h, mask_dv, out, stride_ob, stride_oh, stride_qb, stride_sb,
+    DV: tl.constexpr, QUANTIZE: tl.constexpr, ROUND_BY_HAND: tl.constexpr,
+):  # fmt: skip
+    """The output rows ``out`` [heads, BLOCK_DV] (fp32) of request b: into Out in its dtype, or (QUANTIZE; DV is one
+    128-column group) rounded to Out's dtype and quantized, one scale per head: codes at QOut[b, head * DV + d],
+    scales at QScale[b, head] (o_proj's input [bs, heads * DV], row-major scales)."""
+    mask = mask_h[:, None] & mask_dv[None, :]
+    if QUANTIZE:
+        q, scale = quantize_tile_rows(out.to(Out.dtype.element_ty).to(tl.float32), QOut.dtype.element_ty, ROUND_BY_HAND)
+        tl.store(QOut + b * stride_qb + heads[:, None] * DV + offs_dv[None, :], q, mask=mask)
+        tl.store(QScale + b * stride_sb + heads, scale, mask=mask_h)
+    else:
+        tl.store(
+            Out + b * stride_ob + heads[:, None] * stride_oh + offs_dv[None, :], out.to(Out.dtype.element_ty), mask=mask
+        )
 
 
 @triton.jit
@@ -121,6 +148,8 @@ def _decode_grouped_stage1(
     Att_Out,
     Att_Lse,
     O,  # noqa: E741 - the attention output, written here for a request of one chunk (SINGLE_SPLIT_DIRECT)
+    QOut,  # QUANTIZE: O's rows quantized (fp8 codes [bs, Hq * DV], scales [bs, Hq])
+    QScale,
     Num_Kv_Splits,
     sm_scale,
     logit_cap,
@@ -139,6 +168,8 @@ def _decode_grouped_stage1(
     stride_lh,
     stride_ob,
     stride_oh,
+    stride_qob,
+    stride_qsb,
     kv_group_num: tl.constexpr,
     progs_per_kv_head: tl.constexpr,
     D: tl.constexpr,
@@ -156,6 +187,8 @@ def _decode_grouped_stage1(
     SINGLE_SPLIT_DIRECT: tl.constexpr,
     USE_WINDOW: tl.constexpr,
     V_SCALED: tl.constexpr,
+    QUANTIZE: tl.constexpr,
+    ROUND_BY_HAND: tl.constexpr,
 ):
     pdl_prologue(PDL)
     if KV_HEADS_ADJACENT:
@@ -266,11 +299,10 @@ def _decode_grouped_stage1(
         if V_SCALED:  # every value came from the cache, stored as v / v_scale
             out = out * v_scale
         if single:
-            tl.store(
-                O + b * stride_ob + heads[:, None] * stride_oh + offs_dv[None, :],
-                out.to(O.dtype.element_ty),
-                mask=mask_h[:, None] & mask_dv[None, :],
-            )
+            _store_heads(
+                O, QOut, QScale, b, heads, offs_dv, mask_h, mask_dv, out, stride_ob, stride_oh, stride_qob, stride_qsb,
+                DV, QUANTIZE, ROUND_BY_HAND,
+            )  # fmt: skip
         else:
             lse = (m_i + tl.log2(l_i)) * 0.6931471805599453  # natural-log LSE of this chunk
             tl.store(
@@ -280,12 +312,11 @@ def _decode_grouped_stage1(
             )
             tl.store(Att_Lse + b * stride_lb + heads * stride_lh + split_id, lse, mask=mask_h)
     elif single & (split_id == 0):  # an empty context (graph padding): zeros, as stage 2 would write
-        zeros = tl.zeros([BLOCK_H, BLOCK_DV], dtype=O.dtype.element_ty)
-        tl.store(
-            O + b * stride_ob + heads[:, None] * stride_oh + offs_dv[None, :],
-            zeros,
-            mask=mask_h[:, None] & mask_dv[None, :],
-        )
+        zeros = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
+        _store_heads(
+            O, QOut, QScale, b, heads, offs_dv, mask_h, mask_dv, zeros, stride_ob, stride_oh, stride_qob, stride_qsb,
+            DV, QUANTIZE, ROUND_BY_HAND,
+        )  # fmt: skip
 
 
 @triton.jit
@@ -293,6 +324,8 @@ def _decode_stage2(
     Att_Out,
     Att_Lse,
     O,  # noqa: E741 - the attention output, named as in the papers
+    QOut,  # QUANTIZE: as stage 1's
+    QScale,
     Kv_Indptr,
     Num_Kv_Splits,
     sliding_window,
@@ -303,6 +336,8 @@ def _decode_stage2(
     stride_lh,
     stride_ob,
     stride_oh,
+    stride_qob,
+    stride_qsb,
     MAX_KV_SPLITS: tl.constexpr,
     BLOCK_S: tl.constexpr,
     DV: tl.constexpr,
@@ -311,6 +346,8 @@ def _decode_stage2(
     PDL: tl.constexpr,
     SINGLE_SPLIT_DIRECT: tl.constexpr,
     USE_WINDOW: tl.constexpr,
+    QUANTIZE: tl.constexpr,
+    ROUND_BY_HAND: tl.constexpr,
 ):
     """Merge request b / head h's chunks: their LSE-weighted sum. All chunks load as one
     [BLOCK_S, BLOCK_DV] tile (independent loads, one memory round trip, not one per chunk).
@@ -336,7 +373,11 @@ def _decode_stage2(
         )
         w = tl.exp(lse - tl.maximum(tl.max(lse, 0), -1e30))  # unwritten chunks: exp(-inf) = 0
         out = tl.sum(w[:, None] * part, 0) / tl.maximum(tl.sum(w, 0), 1e-30)  # empty row -> zeros
-        tl.store(O + b * stride_ob + h * stride_oh + offs_dv, out.to(O.dtype.element_ty), mask=mask_dv)
+        head = h + tl.arange(0, 1)  # one head: a [1, BLOCK_DV] tile for the shared store
+        _store_heads(
+            O, QOut, QScale, b, head, offs_dv, head >= 0, mask_dv, out[None, :], stride_ob, stride_oh, stride_qob,
+            stride_qsb, DV, QUANTIZE, ROUND_BY_HAND,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -400,8 +441,12 @@ def decode_attention_fwd(
     sliding_window: int = -1,
     k_scale: Optional[float] = None,
     v_scale: Optional[float] = None,
+    quantized: Optional[BlockFp8Activation] = None,
 ) -> None:
     """Decode attention, one query token per request; writes ``o`` in place.
+
+    ``quantized`` (128-wide value heads; ``writes_quantized``): the output is written there instead of ``o``,
+    quantized per head (one 128-column group of o_proj's input [bs, Hq * Dv]) with row-major scales.
 
     ``k_scale`` / ``v_scale``: the checkpoint's KV cache scales (the buffers hold k / k_scale, v / v_scale);
     scores are scaled by sm_scale x k_scale and outputs by v_scale. None: the buffers hold K/V as they are.
@@ -422,6 +467,15 @@ def decode_attention_fwd(
     assert attn_logits.shape[2] >= max_kv_splits and attn_lse.shape[2] >= max_kv_splits
     for t in (q, k_buffer, v_buffer, o, attn_logits, attn_lse):
         assert t.stride(-1) == 1, "last dim must be contiguous"
+    if quantized is not None and not (
+        writes_quantized(dv, quantized.layout) and quantized.q.shape == (bs, hq * dv) and quantized.rows == bs
+    ):
+        raise ValueError(f"decode attention writes quantized output for 128-wide value heads, row-major, got {dv}")
+    qout, qscale = (quantized.q, quantized.scale) if quantized is not None else (o, o)  # dummies unless quantizing
+    quantize = {
+        "QUANTIZE": quantized is not None,
+        "ROUND_BY_HAND": rounds_fp8_by_hand(q),
+    }
     if bs == 0:
         return
     group = hq // hkv
@@ -443,6 +497,8 @@ def decode_attention_fwd(
         attn_logits,
         attn_lse,
         o,
+        qout,
+        qscale,
         num_kv_splits,
         float(sm_scale) * (1.0 if k_scale is None else float(k_scale)),
         float(logit_cap),
@@ -461,6 +517,8 @@ def decode_attention_fwd(
         attn_lse.stride(1),
         o.stride(0),
         o.stride(1),
+        qout.stride(0),
+        qscale.stride(0),
         kv_group_num=group,
         progs_per_kv_head=progs_per_kv_head,
         D=d,
@@ -478,6 +536,7 @@ def decode_attention_fwd(
         SINGLE_SPLIT_DIRECT=config.single_split_direct,
         USE_WINDOW=sliding_window > 0,
         V_SCALED=v_scale is not None,
+        **quantize,
         **extra,
     )
     if config.single_split_direct and max_kv_splits == 1:
@@ -487,6 +546,8 @@ def decode_attention_fwd(
         attn_logits,
         attn_lse,
         o,
+        qout,
+        qscale,
         kv_indptr,
         num_kv_splits,
         int(sliding_window),
@@ -497,6 +558,8 @@ def decode_attention_fwd(
         attn_lse.stride(1),
         o.stride(0),
         o.stride(1),
+        qout.stride(0),
+        qscale.stride(0),
         MAX_KV_SPLITS=max_kv_splits,
         BLOCK_S=triton.next_power_of_2(max_kv_splits),
         DV=dv,
@@ -505,8 +568,16 @@ def decode_attention_fwd(
         PDL=pdl,
         SINGLE_SPLIT_DIRECT=config.single_split_direct,
         USE_WINDOW=sliding_window > 0,
+        **quantize,
         **extra2,
     )
+
+
+def writes_quantized(dv: int, layout) -> bool:
+    """Whether decode_attention_fwd can write its output quantized for a block-fp8 o_proj taking ``layout``: each
+    value head exactly one 128-column group, scales row-major with no padding rows (the skinny kernel's and the
+    triton GEMM's layout; cuBLAS's, at larger batches, goes through the quantization kernel)."""
+    return dv == FP8_BLOCK and layout == ROW_MAJOR
 
 
 MIN_BLOCK_TOKENS = 1024  # keys per chunk of a long context: few long chunks stream best (tuning)
