@@ -135,6 +135,20 @@ def test_skinny_linear_on_block_fp8_operands_scales_each_block(device, m, split_
     _check(out, ref + b.double() if b is not None else ref, out_dtype, relative=True)
 
 
+def _block_fp8_add_norm_case(device: str, g: torch.Generator):
+    """A block-fp8 [200, 384] weight (two ragged scale rows), 5 rows of x, a residual and norm weight, and a
+    block-scaled config that splits K in 3: (dtype, x, qweight, weight scales, residual, norm weight, config)."""
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    m, n, k = 5, 200, 384
+    x = torch.randn(m, k, generator=g).to(device, dtype)
+    qw = (torch.randn(n, k, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn).to(device)
+    sw = (torch.rand(2, 3, generator=g) + 0.5).to(device) / 100
+    residual = torch.randn(m, n, generator=g).to(device, dtype)
+    norm_weight = (torch.rand(n, generator=g) + 0.5).to(device, dtype)
+    config = GemmConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=2, split_k=3)
+    return dtype, x, qw, sw, residual, norm_weight, config
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("with_addend", [False, True])
 def test_block_fp8_split_k_sum_kernel_does_the_add_and_norm(device, with_addend):
@@ -145,16 +159,9 @@ def test_block_fp8_split_k_sum_kernel_does_the_add_and_norm(device, with_addend)
     from sglang.srt.layers.fused_elementwise import rmsnorm
     from sglang.srt.layers.quantization.fp8_block_linear import fp8_block_linear_add_rmsnorm, quantize_groups_reference
 
-    dtype = torch.float32 if device == "cpu" else torch.bfloat16
     g = torch.Generator().manual_seed(70 + with_addend)
-    m, n, k = 5, 200, 384
-    x = torch.randn(m, k, generator=g).to(device, dtype)
-    qw = (torch.randn(n, k, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn).to(device)
-    sw = (torch.rand(2, 3, generator=g) + 0.5).to(device) / 100
-    residual = torch.randn(m, n, generator=g).to(device, dtype)
-    norm_weight = (torch.rand(n, generator=g) + 0.5).to(device, dtype)
-    addend = torch.randn(m, n, generator=g).to(device, dtype) if with_addend else None
-    config = GemmConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=2, split_k=3)
+    dtype, x, qw, sw, residual, norm_weight, config = _block_fp8_add_norm_case(device, g)
+    addend = torch.randn(*residual.shape, generator=g).to(device, dtype) if with_addend else None
     qx, sx = quantize_groups_reference(x)
     product = skinny_linear(qx, qw, None, config, block_scales=(sx, sw, dtype))
     original, fused_residual = residual.clone(), residual.clone()
@@ -179,23 +186,15 @@ def test_split_k_add_norm_hands_the_next_block_fp8_projection_its_norm_quantized
     group: N 200) in the next projection's layout, the same bits as its bf16 output through the quantization
     kernel, with the same residual; fp8_block_linear_add_rmsnorm passes it through, and takes its own input handed
     over quantized (a BlockFp8Activation, as SiLU-and-mul gives down_proj) with the same result."""
+    from sglang.srt.layers.quantization.block_fp8_activation import ActivationLayout
     from sglang.srt.layers.quantization.fp8_block_kernels import quantize_groups
-    from sglang.srt.layers.quantization.fp8_block_linear import (
-        ActivationLayout,
-        fp8_block_linear_add_rmsnorm,
-        quantize_activation,
-    )
+    from sglang.srt.layers.quantization.fp8_block_linear import fp8_block_linear_add_rmsnorm, quantize_activation
 
     layout = ActivationLayout(4, True) if cublas_layout else ROW_MAJOR
-    dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    g = torch.Generator().manual_seed(90 + cublas_layout)
-    m, n, k = 5, 200, 384
-    x = torch.randn(m, k, generator=g).to(device, dtype)
-    qw = (torch.randn(n, k, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn).to(device)
-    sw = (torch.rand(2, 3, generator=g) + 0.5).to(device) / 100
-    residual = torch.randn(m, n, generator=g).to(device, dtype)
-    norm_weight = (torch.rand(n, generator=g) + 0.5).to(device, dtype)
-    config = GemmConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=2, split_k=3)
+    dtype, x, qw, sw, residual, norm_weight, config = _block_fp8_add_norm_case(
+        device, torch.Generator().manual_seed(90)
+    )
+    m = x.shape[0]
     qx, sx = quantize_groups(x)
     want_residual = residual.clone()
     normed = skinny_linear(
