@@ -24,6 +24,9 @@ from sglang.srt.layers.quantization.fp8_tile import rounds_fp8_by_hand, store_qu
 from sglang.srt.layers.triton_loops import use_while_loops
 
 
+_GROUP_C: tl.constexpr = tl.constexpr(GROUP)  # a global a kernel may read
+
+
 @triton.jit
 def _quantize_groups_kernel(
     x_ptr,
@@ -41,8 +44,8 @@ def _quantize_groups_kernel(
 ):
     pdl_prologue(PDL)
     row = tl.program_id(0)
-    first_group = tl.program_id(1) * (BLOCK // GROUP)
-    cols = first_group * GROUP + tl.arange(0, BLOCK)
+    first_group = tl.program_id(1) * (BLOCK // _GROUP_C)
+    cols = first_group * _GROUP_C + tl.arange(0, BLOCK)
     # Padding rows (row >= n_rows) read zeros: q 0 and the smallest scale, a harmless operand.
     x = tl.load(x_ptr + row * stride_x + cols, mask=(cols < n_cols) & (row < n_rows), other=0.0).to(tl.float32)
     store_quantized_groups(

@@ -1,0 +1,203 @@
+"""The triton kernels the CPU suite runs in the interpreter also compile for the GPU (sm_90, the H100/H200), here
+without one: triton's own ptxas turns each into a cubin. The interpreter runs code the GPU compiler refuses (a
+global that is not a constexpr, a dtype an op does not take on that architecture), which a CPU-only check would
+otherwise leave to the GPU machine. Each case names a kernel, its pointer dtypes and constexprs as the launcher
+passes them; the compiles run in a subprocess without TRITON_INTERPRET (conftest sets it for this process)."""
+
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=20, suite="per-commit-cpu")
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+FP8 = "fp8e4nv"
+
+
+def _cases():
+    """(name, kernel, pointer dtypes, float args, constexprs): the decode step's kernels of a block-fp8 model."""
+    import triton.language as tl
+
+    from sglang.srt.layers import fused_elementwise as fe
+    from sglang.srt.layers.attention.triton_ops import decode_attention as da
+    from sglang.srt.layers.decode_gemm import kernel as dk
+    from sglang.srt.layers.quantization import fp8_block_kernels as fbk
+
+    cases = []
+    for q in (False, True):
+        qp, qs = (FP8, "fp32") if q else ("bf16", "bf16")  # dummies (x's dtype) where nothing is quantized
+        cases += [
+            (
+                f"rmsnorm quantize={q}",
+                fe._rmsnorm_kernel,
+                dict(x_ptr="bf16", res_ptr="bf16", out_ptr="bf16", w_ptr="bf16", q_ptr=qp, qs_ptr=qs),
+                {"eps"},
+                dict(HAS_RESIDUAL=True, BLOCK=4096, QUANTIZE=q, ROUND_BY_HAND=False, PDL=True),
+            ),
+            (
+                f"silu_and_mul quantize={q}",
+                fe._silu_and_mul_kernel,
+                dict(x_ptr="bf16", out_ptr="bf16", q_ptr=qp, qs_ptr=qs),
+                set(),
+                dict(BLOCK=2048, QUANTIZE=q, ROUND_BY_HAND=False, PDL=True),
+            ),
+            (
+                f"split-K sum with add-norm quantize={q}",
+                dk._sum_splits_kernel,
+                dict(
+                    Partials="fp32",
+                    Bias="bf16",
+                    Residual="bf16",
+                    NormWeight="bf16",
+                    Addend="bf16",
+                    Out="bf16",
+                    QOut=qp,
+                    QScale=qs,
+                ),  # fmt: skip
+                {"eps"},
+                dict(
+                    SPLIT_K=4,
+                    BLOCK=4096,
+                    HAS_BIAS=False,
+                    ADD_NORM=True,
+                    HAS_ADDEND=True,
+                    QUANTIZE=q,
+                    ROUND_BY_HAND=False,
+                    PDL=True,
+                ),  # fmt: skip
+            ),
+            (
+                f"decode attention stage 1 quantize={q}",
+                da._decode_grouped_stage1,
+                dict(
+                    Q="bf16",
+                    K_Buf="bf16",
+                    V_Buf="bf16",
+                    Kv_Indptr="i32",
+                    Kv_Indices="i32",
+                    Att_Out="fp32",
+                    Att_Lse="fp32",
+                    O="bf16",
+                    QOut=qp,
+                    QScale=qs,
+                    Num_Kv_Splits="i32",
+                ),  # fmt: skip
+                {"sm_scale", "logit_cap", "v_scale"},
+                dict(
+                    kv_group_num=4,
+                    progs_per_kv_head=1,
+                    D=128,
+                    DV=128,
+                    BLOCK_D=128,
+                    BLOCK_DV=128,
+                    BLOCK_N=128,
+                    BLOCK_H=16,
+                    SPLIT_ALIGN=128,
+                    USE_CAP=False,
+                    WHILE_LOOPS=False,
+                    PDL=True,
+                    DOT_DTYPE=tl.bfloat16,
+                    KV_HEADS_ADJACENT=True,
+                    SINGLE_SPLIT_DIRECT=True,
+                    USE_WINDOW=False,
+                    V_SCALED=False,
+                    QUANTIZE=q,
+                    ROUND_BY_HAND=False,
+                ),  # fmt: skip
+            ),
+            (
+                f"decode attention stage 2 quantize={q}",
+                da._decode_stage2,
+                dict(
+                    Att_Out="fp32", Att_Lse="fp32", O="bf16", QOut=qp, QScale=qs, Kv_Indptr="i32", Num_Kv_Splits="i32"
+                ),  # fmt: skip
+                set(),
+                dict(
+                    MAX_KV_SPLITS=16,
+                    BLOCK_S=16,
+                    DV=128,
+                    BLOCK_DV=128,
+                    SPLIT_ALIGN=128,
+                    PDL=True,
+                    SINGLE_SPLIT_DIRECT=True,
+                    USE_WINDOW=False,
+                    QUANTIZE=q,
+                    ROUND_BY_HAND=False,
+                ),  # fmt: skip
+            ),
+        ]
+    cases += [
+        (
+            "activation quantization per 128-column group",
+            fbk._quantize_groups_kernel,
+            dict(x_ptr="bf16", q_ptr=FP8, scale_ptr="fp32"),
+            set(),
+            dict(BLOCK=1024, ROUND_BY_HAND=False, PDL=True),
+        ),
+        (
+            "skinny GEMM on block-fp8 operands",
+            dk._skinny_gemm_kernel,
+            dict(X=FP8, W=FP8, Bias="bf16", XScale="fp32", WScale="fp32", Out="fp32"),
+            set(),
+            dict(
+                HAS_BIAS=False,
+                SCALED=False,
+                BLOCK_SCALED=True,
+                GATED=False,
+                BLOCK_M=16,
+                BLOCK_N=64,
+                BLOCK_K=128,
+                DOT_PRECISION="tf32",
+                IMPRECISE_ACC=128,
+                WHILE_LOOPS=False,
+                USE_PDL=True,
+            ),  # fmt: skip
+        ),
+    ]
+    return cases
+
+
+def _compile_all() -> None:
+    """Compile every case for sm_90 (this process must not interpret triton); print one line a case."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    for name, kernel, pointers, floats, constexprs in _cases():
+        signature = {
+            p.name: "constexpr"
+            if p.is_constexpr
+            else "*" + pointers[p.name]
+            if p.name in pointers
+            else "fp32"
+            if p.name in floats
+            else "i32"
+            for p in kernel.params
+        }
+        unset = [p.name for p in kernel.params if p.is_constexpr and p.name not in constexprs]
+        assert not unset, f"{name}: constexprs not given: {unset}"
+        compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
+                                  target=GPUTarget("cuda", 90, 32))  # fmt: skip
+        print(f"compiled {name}: {len(compiled.asm['cubin'])} bytes of sm_90 code")
+
+
+def _has_ptxas() -> bool:
+    import triton
+
+    return os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas"))
+
+
+@pytest.mark.skipif(not _has_ptxas(), reason="this triton build has no ptxas to compile GPU code with")
+def test_the_decode_kernels_of_a_block_fp8_model_compile_for_sm90(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path)  # compiled here, not taken from an earlier run's cache
+    done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-5000:]
+    assert done.stdout.count("compiled ") == len(_cases()), done.stdout
+
+
+if __name__ == "__main__":
+    _compile_all()
