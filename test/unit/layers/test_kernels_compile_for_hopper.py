@@ -18,12 +18,15 @@ FP8 = "fp8e4nv"
 
 
 def _cases():
-    """(name, kernel, pointer dtypes, float args, constexprs): the decode step's kernels of a block-fp8 model."""
+    """(name, kernel, pointer dtypes, float args, constexprs): the decode step's kernels (a block-fp8 model's, the
+    MoE and MLA ones), each with the constexprs of a real launch."""
     import triton.language as tl
 
     from sglang.srt.layers import fused_elementwise as fe
     from sglang.srt.layers.attention.triton_ops import decode_attention as da
     from sglang.srt.layers.decode_gemm import kernel as dk
+    from sglang.srt.layers.moe.fused_moe_triton import fused_moe as fm
+    from sglang.srt.layers.quantization import fp8_activation_kernel as fak
     from sglang.srt.layers.quantization import fp8_block_kernels as fbk
 
     cases = []
@@ -56,7 +59,7 @@ def _cases():
                     Out="bf16",
                     QOut=qp,
                     QScale=qs,
-                ),  # fmt: skip
+                ),
                 {"eps"},
                 dict(
                     SPLIT_K=4,
@@ -67,7 +70,7 @@ def _cases():
                     QUANTIZE=q,
                     ROUND_BY_HAND=False,
                     PDL=True,
-                ),  # fmt: skip
+                ),
             ),
             (
                 f"decode attention stage 1 quantize={q}",
@@ -84,7 +87,7 @@ def _cases():
                     QOut=qp,
                     QScale=qs,
                     Num_Kv_Splits="i32",
-                ),  # fmt: skip
+                ),
                 {"sm_scale", "logit_cap", "v_scale"},
                 dict(
                     kv_group_num=4,
@@ -106,14 +109,14 @@ def _cases():
                     V_SCALED=False,
                     QUANTIZE=q,
                     ROUND_BY_HAND=False,
-                ),  # fmt: skip
+                ),
             ),
             (
                 f"decode attention stage 2 quantize={q}",
                 da._decode_stage2,
                 dict(
                     Att_Out="fp32", Att_Lse="fp32", O="bf16", QOut=qp, QScale=qs, Kv_Indptr="i32", Num_Kv_Splits="i32"
-                ),  # fmt: skip
+                ),
                 set(),
                 dict(
                     MAX_KV_SPLITS=16,
@@ -126,7 +129,7 @@ def _cases():
                     USE_WINDOW=False,
                     QUANTIZE=q,
                     ROUND_BY_HAND=False,
-                ),  # fmt: skip
+                ),
             ),
         ]
     cases += [
@@ -154,7 +157,107 @@ def _cases():
                 IMPRECISE_ACC=128,
                 WHILE_LOOPS=False,
                 USE_PDL=True,
-            ),  # fmt: skip
+            ),
+        ),
+        (
+            "skinny GEMM, bf16, SiLU-and-mul epilogue",
+            dk._skinny_gemm_kernel,
+            dict(X="bf16", W="bf16", Bias="bf16", XScale="bf16", WScale="bf16", Out="bf16"),
+            set(),
+            dict(
+                HAS_BIAS=True,
+                SCALED=False,
+                BLOCK_SCALED=False,
+                GATED=True,
+                BLOCK_M=16,
+                BLOCK_N=32,
+                BLOCK_K=128,
+                DOT_PRECISION="tf32",
+                IMPRECISE_ACC=None,
+                WHILE_LOOPS=False,
+                USE_PDL=True,
+            ),
+        ),
+        (
+            "triton block-scaled fp8 GEMM",
+            fbk._block_fp8_gemm_kernel,
+            dict(a_ptr=FP8, a_scale_ptr="fp32", b_ptr=FP8, b_scale_ptr="fp32", bias_ptr="bf16", c_ptr="bf16"),
+            set(),
+            dict(HAS_BIAS=True, BLOCK_M=64, BLOCK_N=128, BLOCK_K=128, GROUP_M=8, WHILE_LOOPS=False),
+        ),
+        (
+            "activation quantization per token",
+            fak._quantize_rows_kernel,
+            dict(x_ptr="bf16", q_ptr=FP8, scale_ptr="fp32"),
+            set(),
+            dict(BLOCK=4096, ROUND_BY_HAND=False, PDL=True),
+        ),
+        (
+            "rotary with the KV store and the latent norm (MLA)",
+            fe._rotary_kernel,
+            dict(
+                q_ptr="bf16",
+                k_ptr="bf16",
+                cos_ptr="fp32",
+                sin_ptr="fp32",
+                pos_ptr="i64",
+                v_ptr="bf16",
+                k_buf="bf16",
+                v_buf="bf16",
+                loc_ptr="i64",
+                vw_ptr="bf16",
+            ),
+            {"v_eps"},
+            dict(
+                HEAD_DIM=64,
+                HALF=32,
+                BLOCK_HALF=32,
+                BLOCK_PASS=0,
+                BLOCK_H=16,
+                STORE_KV=True,
+                BLOCK_V=512,
+                NORM_V=True,
+                INTERLEAVED=True,
+                PDL=True,
+            ),
+        ),
+        (
+            "fused MoE GEMM on block-fp8 experts",
+            fm._moe_gemm_kernel,
+            dict(
+                a_ptr="bf16",
+                b_ptr=FP8,
+                scale_ptr="fp32",
+                c_ptr="bf16",
+                topk_weights_ptr="fp32",
+                sorted_ids_ptr="i32",
+                expert_ids_ptr="i32",
+                num_padded_ptr="i32",
+            ),
+            set(),
+            dict(
+                N=2048,
+                K=7168,
+                A_ROW_DIV=1,
+                A_GATED=False,
+                MUL_ROUTED_WEIGHT=False,
+                QUANT=int(fm._Q_FP8),
+                GROUP_N=128,
+                GROUP_K=128,
+                SCALE_K_PER_TILE=True,
+                DOT_PRECISION="tf32",
+                BLOCK_M=16,
+                BLOCK_N=64,
+                BLOCK_K=128,
+                PDL=True,
+            ),
+        ),
+        (
+            "fused MoE sum over top-k",
+            fm._moe_sum_kernel,
+            dict(cache_ptr="bf16", ids_ptr="i32", out_ptr="bf16"),
+            set(),
+            dict(TOP_K=8, BLOCK_H=1024, PDL=True),
         ),
     ]
     return cases
@@ -179,8 +282,9 @@ def _compile_all() -> None:
         }
         unset = [p.name for p in kernel.params if p.is_constexpr and p.name not in constexprs]
         assert not unset, f"{name}: constexprs not given: {unset}"
-        compiled = triton.compile(ASTSource(fn=kernel, signature=signature, constexprs=constexprs),
-                                  target=GPUTarget("cuda", 90, 32))  # fmt: skip
+        compiled = triton.compile(
+            ASTSource(fn=kernel, signature=signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32)
+        )
         print(f"compiled {name}: {len(compiled.asm['cubin'])} bytes of sm_90 code")
 
 
@@ -191,7 +295,7 @@ def _has_ptxas() -> bool:
 
 
 @pytest.mark.skipif(not _has_ptxas(), reason="this triton build has no ptxas to compile GPU code with")
-def test_the_decode_kernels_of_a_block_fp8_model_compile_for_sm90(tmp_path):
+def test_decode_kernels_compile_for_sm90(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path)  # compiled here, not taken from an earlier run's cache
     done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
