@@ -1,4 +1,4 @@
-"""The triton kernels the CPU suite runs in the interpreter also compile for the GPU (sm_90, the H100/H200), here
+"""Every triton kernel of the project, run by the CPU suite in the interpreter, also compiles for the GPU (sm_90, the H100/H200), here
 without one: triton's own ptxas turns each into a cubin. The interpreter runs code the GPU compiler refuses (a
 global that is not a constexpr, a dtype an op does not take on that architecture), which a CPU-only check would
 otherwise leave to the GPU machine. Each case names a kernel, its pointer dtypes and constexprs as the launcher
@@ -6,7 +6,7 @@ passes them; the compiles run in a subprocess without TRITON_INTERPRET (conftest
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=20, suite="per-commit-cpu")
+register_cpu_ci(est_time=30, suite="per-commit-cpu")
 
 import os
 import subprocess
@@ -18,16 +18,24 @@ FP8 = "fp8e4nv"
 
 
 def _cases():
-    """(name, kernel, pointer dtypes, float args, constexprs): the decode step's kernels (a block-fp8 model's, the
-    MoE and MLA ones), each with the constexprs of a real launch."""
+    """(name, kernel, pointer dtypes, float args, constexprs): every kernel of the project, each with the
+    constexprs of a real launch (a block-fp8 model's decode step, the MoE and MLA kernels, prefill attention)."""
     import triton.language as tl
 
     from sglang.srt.layers import fused_elementwise as fe
     from sglang.srt.layers.attention.triton_ops import decode_attention as da
+    from sglang.srt.layers.attention.triton_ops import extend_attention as ea
+    from sglang.srt.layers.attention.triton_ops import kv_indices as ki
+    from sglang.srt.layers.attention.triton_ops import mla_decode as md
     from sglang.srt.layers.decode_gemm import kernel as dk
+    from sglang.srt.layers.moe import router_gemm as rg
+    from sglang.srt.layers.moe import topk_triton as tt
     from sglang.srt.layers.moe.fused_moe_triton import fused_moe as fm
+    from sglang.srt.layers.moe.fused_moe_triton import moe_align as ma
     from sglang.srt.layers.quantization import fp8_activation_kernel as fak
     from sglang.srt.layers.quantization import fp8_block_kernels as fbk
+    from sglang.srt.mem_cache import kv_store_kernel as ks
+    from sglang.srt.mem_cache import latent_store as ls
 
     cases = []
     for q in (False, True):
@@ -259,6 +267,116 @@ def _cases():
             set(),
             dict(TOP_K=8, BLOCK_H=1024, PDL=True),
         ),
+        (
+            "extend (prefill) attention, causal, GQA",
+            ea._extend_fwd_kernel,
+            dict(
+                Q="bf16",
+                K_Ext="bf16",
+                V_Ext="bf16",
+                O="bf16",
+                K_Buf="bf16",
+                V_Buf="bf16",
+                Qo_Indptr="i32",
+                Kv_Indptr="i32",
+                Kv_Indices="i64",
+            ),
+            {"sm_scale", "logit_cap", "k_scale", "v_scale"},
+            dict(
+                kv_group_num=4,
+                D=128,
+                DV=128,
+                BLOCK_D=128,
+                BLOCK_DV=128,
+                BLOCK_M=64,
+                BLOCK_N=64,
+                IS_CAUSAL=True,
+                USE_CAP=False,
+                WHILE_LOOPS=False,
+                USE_WINDOW=True,
+                V_SCALED=False,
+            ),
+        ),
+        (
+            "MLA decode over the latent cache",
+            md._mla_decode_stage1,
+            dict(
+                q_latent="bf16",
+                q_rope="bf16",
+                cache="bf16",
+                kv_indptr="i32",
+                kv_indices="i64",
+                partial="fp32",
+                lse="fp32",
+                out="bf16",
+            ),
+            {"scaling_log2"},
+            dict(KV_LORA=512, ROPE=64, BLOCK_ROPE=64, BLOCK_H=16, BLOCK_N=64, DIRECT=True, WHILE_LOOPS=False, PDL=True),
+        ),
+        (
+            "MLA merge of the splits",
+            md._mla_merge_splits,
+            dict(partial="fp32", lse="fp32", out="bf16"),
+            set(),
+            dict(BLOCK_S=16, BLOCK_D=512, PDL=True),
+        ),
+        (
+            "KV indices and split counts",
+            ki._fill_kv_indices_kernel,
+            dict(Req_To_Token="i32", Req_Pool_Indices="i64", Kv_Indptr="i32", Kv_Indices="i64", Num_Kv_Splits="i32"),
+            set(),
+            dict(BLOCK=1024, WITH_SPLITS=True, WHILE_LOOPS=False),
+        ),
+        (
+            "router logits (GEMV)",
+            rg._router_logits_kernel,
+            dict(X="bf16", W="fp32", Out="fp32"),
+            set(),
+            dict(BLOCK_E=rg.GEMV_EXPERTS, BLOCK_T=1, BLOCK_K=512, GEMV=True, WHILE_LOOPS=False, PDL=True),
+        ),
+        (
+            "grouped top-k (DeepSeek-V3's noaux_tc)",
+            tt._route_topk_kernel,
+            dict(logits_ptr="fp32", bias_ptr="fp32", weights_ptr="fp32", ids_ptr="i32"),
+            {"scaling"},
+            dict(
+                TOP_K=8,
+                N_GROUP=8,
+                GROUP_SIZE=32,
+                TOPK_GROUP=4,
+                SCORE=int(tt._SIGMOID),
+                GROUP_SCORE=int(tt._GROUP_TOP2_SUM),
+                HAS_BIAS=True,
+                WEIGHT_FROM_SCORES=True,
+                RENORMALIZE=True,
+                RENORM_EPS=1e-20,
+                G_PAD=8,
+                S_PAD=32,
+                K_PAD=8,
+                PDL=True,
+            ),
+        ),
+        (
+            "MoE alignment of routed tokens",
+            ma._moe_align_kernel,
+            dict(ids_ptr="i32", sorted_ids_ptr="i32", expert_ids_ptr="i32", num_padded_ptr="i32"),
+            set(),
+            dict(BLOCK_M=16, E_PAD=256, BLOCK_S=32, BLOCK_T=16, PDL=True),
+        ),
+        (
+            "KV store",
+            ks._store_kv_kernel,
+            dict(K="bf16", V="bf16", K_Buf="bf16", V_Buf="bf16", Loc="i64"),
+            set(),
+            dict(ROW_K=1024, ROW_V=1024, BLOCK_K=1024, BLOCK_V=1024),
+        ),
+        (
+            "MLA latent store",
+            ls._store_latent_rows,
+            dict(cache="bf16", loc="i64", latent="bf16", k_rope="bf16"),
+            set(),
+            dict(KV_LORA=512, ROPE=64, BLOCK_LORA=512, BLOCK_ROPE=64, PDL=True),
+        ),
     ]
     return cases
 
@@ -295,7 +413,7 @@ def _has_ptxas() -> bool:
 
 
 @pytest.mark.skipif(not _has_ptxas(), reason="this triton build has no ptxas to compile GPU code with")
-def test_decode_kernels_compile_for_sm90(tmp_path):
+def test_every_kernel_compiles_for_sm90(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path)  # compiled here, not taken from an earlier run's cache
     done = subprocess.run([sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600)
