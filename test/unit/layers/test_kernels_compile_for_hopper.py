@@ -1,8 +1,9 @@
-"""Every triton kernel of the project, run by the CPU suite in the interpreter, also compiles for the GPU (sm_90, the H100/H200), here
-without one: triton's own ptxas turns each into a cubin. The interpreter runs code the GPU compiler refuses (a
-global that is not a constexpr, a dtype an op does not take on that architecture), which a CPU-only check would
-otherwise leave to the GPU machine. Each case names a kernel, its pointer dtypes and constexprs as the launcher
-passes them; the compiles run in a subprocess without TRITON_INTERPRET (conftest sets it for this process)."""
+"""Every triton kernel of the project, which the CPU suite runs in the interpreter, also compiles for the GPU
+(sm_90, the H100/H200), here without one: triton's own ptxas turns each into a cubin. The interpreter runs code the
+GPU compiler refuses (a global that is not a constexpr, a dtype an op does not take on that architecture), which a
+CPU-only check would otherwise leave to the GPU machine. Each case names a kernel, its pointer dtypes and
+constexprs as the launcher passes them; the compiles run in a subprocess without TRITON_INTERPRET (conftest sets it
+for this process)."""
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
