@@ -23,7 +23,6 @@ from sglang.srt.layers.quantization.fp8 import FP8_BLOCK as GROUP
 from sglang.srt.layers.quantization.fp8_tile import rounds_fp8_by_hand, store_quantized_groups
 from sglang.srt.layers.triton_loops import use_while_loops
 
-
 _GROUP_C: tl.constexpr = tl.constexpr(GROUP)  # a global a kernel may read
 
 
