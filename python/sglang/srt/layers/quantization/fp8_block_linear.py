@@ -8,14 +8,13 @@ quantized at every call with one scale per token and 128-column group (DeepSeek-
     out[m, n] = sum_kb  sx[m, kb] * sw[n // 128, kb] * sum_{k in kb} qx[m, k] qw[n, k]
 
 The GPU quantizes the activations in one triton kernel (``fp8_block_kernels.py``), or the kernel before the
-projection does as it writes them (the RMSNorm before qkv_proj and gate_up_proj, SiLU-and-mul before down_proj:
-``BlockFp8Activation``, one launch and one bf16 round trip less each), then runs the GEMM (fp8 x fp8
-dots accumulated in fp32 per 128-wide K block, scaled, summed): at decode sizes the skinny decode kernel where
-the GPU's tuned table has an ``N x K:fp8block`` entry for the row count (``decode_gemm``), else cuBLAS's
-block-scaled GEMM (``F.scaled_mm``) where the GPU, shape and dtype allow (measured faster than the triton GEMM
-at every row count), else a triton kernel. The CPU
-computes the same sum from the dequantized operands in fp32 (tests; on the CPU the engine dequantizes such
-checkpoints at load instead).
+projection does as it writes them (the RMSNorm before qkv_proj and gate_up_proj, SiLU-and-mul before down_proj,
+the decode attention before o_proj: ``BlockFp8Activation``, one launch and one bf16 round trip less each), then
+runs the GEMM (fp8 x fp8 dots accumulated in fp32 per 128-wide K block, scaled, summed): at decode sizes the
+skinny decode kernel where the GPU's tuned table has an ``N x K:fp8block`` entry for the row count
+(``decode_gemm``), else cuBLAS's block-scaled GEMM (``F.scaled_mm``) where the GPU, shape and dtype allow
+(measured faster than the triton GEMM at every row count), else a triton kernel. The CPU computes the same sum
+from the dequantized operands in fp32 (tests; on the CPU the engine dequantizes such checkpoints at load instead).
 """
 
 from __future__ import annotations
