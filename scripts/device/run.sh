@@ -153,27 +153,27 @@ run_stage() {
     tune-gemm-mla)  # DeepSeek-V2-Lite's projections in bf16, then its gate/up pairs with SiLU-and-mul
       python3 benchmark/decode_roofline/tune_decode_gemms.py --model DeepSeek-V2-Lite --out $o/gemm_tuning_mla &&
         python3 benchmark/decode_roofline/tune_decode_gemms.py --model DeepSeek-V2-Lite --silu --out $o/gemm_tuning_mla_silu &&
-        cp python/sglang/srt/layers/decode_gemm/configs/NVIDIA_H200.json $o/ ;;
+        cp python/sglang/srt/layers/decode_gemm/configs/*.json $o/ ;;
     tune-gemm-stacked)  # the MLA models' stacked q (or q_a) + kv_a projection alone: V2-Lite bf16, V3 block-fp8
       python3 benchmark/decode_roofline/tune_decode_gemms.py --model DeepSeek-V2-Lite --only q_kv_a \
         --out $o/gemm_tuning_mla_stacked &&
         python3 benchmark/decode_roofline/tune_decode_gemms.py --model DeepSeek-V3 --fp8-block --only q_a_kv_a \
           --out $o/gemm_tuning_fp8_block_v3_stacked &&
-        cp python/sglang/srt/layers/decode_gemm/configs/NVIDIA_H200.json $o/ ;;
+        cp python/sglang/srt/layers/decode_gemm/configs/*.json $o/ ;;
     tune-gemm-fp8-block)
       python3 benchmark/decode_roofline/tune_decode_gemms.py --model ${FP8_MODEL:-Qwen3-8B} --fp8-block \
         --out $o/gemm_tuning_fp8_block &&
-        cp python/sglang/srt/layers/decode_gemm/configs/NVIDIA_H200.json $o/ ;;
+        cp python/sglang/srt/layers/decode_gemm/configs/*.json $o/ ;;
     tune-gemm-fp8-block-v3)
       python3 benchmark/decode_roofline/tune_decode_gemms.py --model DeepSeek-V3 --fp8-block \
-        --out $o/gemm_tuning_fp8_block_v3 && cp python/sglang/srt/layers/decode_gemm/configs/NVIDIA_H200.json $o/ ;;
+        --out $o/gemm_tuning_fp8_block_v3 && cp python/sglang/srt/layers/decode_gemm/configs/*.json $o/ ;;
     tune-gemm)
       local mode
       for mode in "" --silu --fp8 "--fp8 --silu"; do
         python3 benchmark/decode_roofline/tune_decode_gemms.py $mode \
           --out $o/gemm_tuning$(echo $mode | sed 's/--/_/g; s/ //g') || return 1
       done
-      cp python/sglang/srt/layers/decode_gemm/configs/NVIDIA_H200.json $o/ ;;
+      cp python/sglang/srt/layers/decode_gemm/configs/*.json $o/ ;;
     tune-moe) python3 benchmark/decode_roofline/tune_fused_moe.py --out $o ;;
     tune-attention) python3 benchmark/decode_roofline/tune_decode_attention.py --focused --out $o ;;
     kv-dtype) python3 benchmark/decode_roofline/bench_kv_cache_dtype.py --out $o ;;

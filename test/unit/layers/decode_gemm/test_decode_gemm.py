@@ -6,7 +6,9 @@ from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
 register_cpu_ci(est_time=20, suite="per-commit-cpu")
 register_cuda_ci(est_time=30, suite="per-commit-cuda")
 
+import glob
 import json
+import os
 
 import pytest
 import torch
@@ -15,7 +17,7 @@ import torch.nn.functional as F
 from sglang.srt.layers import decode_gemm
 from sglang.srt.layers.decode_gemm import CUBLAS_ONLY, GemmConfig, GemmPlan, parse_table, plan_for_shape
 from sglang.srt.layers.decode_gemm.kernel import skinny_linear
-from sglang.srt.layers.decode_gemm.table import device_table_path, load_device_table
+from sglang.srt.layers.decode_gemm.table import CONFIG_DIR, device_table_path, load_device_table
 from sglang.srt.layers.quantization.block_fp8_activation import ROW_MAJOR
 from sglang.test.gpu_utils import REQUIRES_GPU_REASON, triton_test_devices
 
@@ -536,21 +538,34 @@ def test_skinny_linear_in_a_cuda_graph_waits_for_the_kernel_before(pdl):
         _check(captured, _reference(expected_x, w, None), torch.bfloat16)
 
 
-def _shipped_h200_entries() -> list:
-    """Every skinny config of the shipped H200 table, with the weight shape and batch size it was tuned for."""
-    with open(device_table_path("NVIDIA H200")) as f:
-        shapes = json.load(f)["shapes"]
-    return [
-        pytest.param(key, int(batch), GemmConfig(**config), id=f"{key}-b{batch}")
-        for key, entries in shapes.items()
-        for batch, config in entries.items()
-        if config is not None
-    ]
+def _shipped_entries() -> list:
+    """Every skinny config of every shipped device table (``configs/*.json``), with the weight shape and batch
+    size it was tuned for."""
+    params = []
+    for path in sorted(glob.glob(os.path.join(CONFIG_DIR, "*.json"))):
+        with open(path) as f:
+            shapes = json.load(f)["shapes"]
+        device = os.path.basename(path).removesuffix(".json")
+        params += [
+            pytest.param(key, int(batch), GemmConfig(**config), id=f"{device}-{key}-b{batch}")
+            for key, entries in shapes.items()
+            for batch, config in entries.items()
+            if config is not None
+        ]
+    return params
+
+
+def test_a_table_ships_for_each_tuned_device():
+    """The H200's and the H100's tables are in the package, so _shipped_entries has something to check."""
+    names = {os.path.basename(p) for p in glob.glob(os.path.join(CONFIG_DIR, "*.json"))}
+    assert {"NVIDIA_H200.json", "NVIDIA_H100_80GB_HBM3.json"} <= names
+    for name in names:
+        assert load_device_table(name.removesuffix(".json").replace("_", " "))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=REQUIRES_GPU_REASON)
-@pytest.mark.parametrize("key,batch,config", _shipped_h200_entries())
-def test_every_shipped_h200_config_computes_its_shape(key, batch, config):
+@pytest.mark.parametrize("key,batch,config", _shipped_entries())
+def test_every_shipped_config_computes_its_shape(key, batch, config):
     """The tuner times configs on their real shapes; this checks what each chosen one computes there (ragged
     tiles, K splits, the SiLU-and-mul epilogue, fp8 scales, block-fp8 scales) against a float64 product."""
     from sglang.srt.layers.quantization.fp8 import Fp8FusedMoEMethod
