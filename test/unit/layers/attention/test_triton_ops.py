@@ -453,3 +453,6 @@ def test_decode_writes_its_output_quantized_for_a_block_fp8_o_proj(device, max_s
     assert not got.q[3].float().any()  # the empty row
     assert writes_quantized(128, ROW_MAJOR) and not writes_quantized(64, ROW_MAJOR)
     assert not writes_quantized(128, ActivationLayout(4, True))  # cuBLAS's padded layout: the quantization kernel
+    padded = empty_block_fp8_activation(bs, hq * d, dtype, ActivationLayout(4, True), torch.device(device))
+    with pytest.raises(ValueError, match="row-major buffers of \\[4, 1024\\].*codes \\(4, 1024\\)"):
+        run(padded)  # a layout the kernels cannot write is refused by name, never written wrongly

@@ -38,7 +38,7 @@ import triton
 import triton.language as tl
 
 from sglang.srt.layers.pdl import pdl_available, pdl_prologue
-from sglang.srt.layers.quantization.block_fp8_activation import ROW_MAJOR, BlockFp8Activation
+from sglang.srt.layers.quantization.block_fp8_activation import ROW_MAJOR, ActivationLayout, BlockFp8Activation
 from sglang.srt.layers.quantization.fp8 import FP8_BLOCK
 from sglang.srt.layers.quantization.fp8_tile import quantize_tile_rows, rounds_fp8_by_hand
 from sglang.srt.layers.triton_loops import use_while_loops
@@ -470,7 +470,10 @@ def decode_attention_fwd(
     if quantized is not None and not (
         writes_quantized(dv, quantized.layout) and quantized.q.shape == (bs, hq * dv) and quantized.rows == bs
     ):
-        raise ValueError(f"decode attention writes quantized output for 128-wide value heads, row-major, got {dv}")
+        raise ValueError(
+            "decode attention writes its output quantized only for 128-wide value heads into row-major buffers of "
+            f"[{bs}, {hq * dv}]: got value heads of {dv}, {quantized.layout}, codes {tuple(quantized.q.shape)}"
+        )
     qout, qscale = (quantized.q, quantized.scale) if quantized is not None else (o, o)  # dummies unless quantizing
     quantize = {
         "QUANTIZE": quantized is not None,
@@ -573,7 +576,7 @@ def decode_attention_fwd(
     )
 
 
-def writes_quantized(dv: int, layout) -> bool:
+def writes_quantized(dv: int, layout: ActivationLayout) -> bool:
     """Whether decode_attention_fwd can write its output quantized for a block-fp8 o_proj taking ``layout``: each
     value head exactly one 128-column group, scales row-major with no padding rows (the skinny kernel's and the
     triton GEMM's layout; cuBLAS's, at larger batches, goes through the quantization kernel)."""
