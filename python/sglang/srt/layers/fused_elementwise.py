@@ -34,12 +34,9 @@ def _rmsnorm_kernel(
     qs_ptr,
     n_cols,
     n_rows,
-    heads,
-    sx0,
-    sx1,
+    sx,
     sres,
-    so0,
-    so1,
+    so,
     sq,
     sqs_row,
     sqs_group,
@@ -51,28 +48,25 @@ def _rmsnorm_kernel(
     PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
-    # Row r is (r // heads, r % heads): 2-D inputs use heads=1; per-head norms (Qwen3's q/k norm)
-    # run on strided [T, H, D] views of the fused qkv output without a copy.
     row = tl.program_id(0)
-    r0, r1 = row // heads, row % heads
     cols = tl.arange(0, BLOCK)
     # Rows past n_rows: QUANTIZE's padding rows (zero codes, the smallest scale), nothing else read or written.
     mask = (cols < n_cols) & (row < n_rows)
-    x = tl.load(x_ptr + r0 * sx0 + r1 * sx1 + cols, mask=mask, other=0.0)
+    x = tl.load(x_ptr + row * sx + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
-        x = x.to(tl.float32) + tl.load(res_ptr + r0 * sres + cols, mask=mask, other=0.0).to(tl.float32)
+        x = x.to(tl.float32) + tl.load(res_ptr + row * sres + cols, mask=mask, other=0.0).to(tl.float32)
         x = x.to(res_ptr.dtype.element_ty)  # the reference rounds the sum to the activation dtype
-        tl.store(res_ptr + r0 * sres + cols, x, mask=mask)
+        tl.store(res_ptr + row * sres + cols, x, mask=mask)
     xf = x.to(tl.float32)
     var = tl.sum(xf * xf, axis=0) / n_cols
     normed = (xf * tl.rsqrt(var + eps)).to(x_ptr.dtype.element_ty)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0)
     out = w.to(tl.float32) * normed.to(tl.float32)
-    if QUANTIZE:  # (2-D x) the row as the block-fp8 projection after the norm takes it, not written in x's dtype
+    if QUANTIZE:  # the row as the block-fp8 projection after the norm takes it, not written in x's dtype
         v = out.to(x_ptr.dtype.element_ty).to(tl.float32)  # the output the quantization kernel would read
         store_quantized_groups(v, 0, n_cols, q_ptr + row * sq, qs_ptr + row * sqs_row, sqs_group, BLOCK, ROUND_BY_HAND)
     else:
-        tl.store(out_ptr + r0 * so0 + r1 * so1 + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+        tl.store(out_ptr + row * so + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def rmsnorm(
@@ -83,41 +77,36 @@ def rmsnorm(
     out: torch.Tensor | None = None,
     quantize: ActivationLayout | None = None,
 ) -> torch.Tensor | BlockFp8Activation:
-    """norm over the last dim of x ([T, D], or [T, H, D] normed per head; strided rows are fine).
+    """norm over the last dim of x [T, D] (strided rows are fine).
     With `residual` ([T, D]): residual += x in place and the result is norm(residual). `out` may be
-    x itself (in place); by default a new contiguous tensor. `quantize` (2-D x): the result handed to the block-fp8
+    x itself (in place); by default a new contiguous tensor. `quantize`: the result handed to the block-fp8
     projection after the norm, quantized per token and 128-column group in that layout (the same bits as the norm's
     output through ``fp8_block_kernels.quantize_groups``), instead of written in x's dtype."""
-    if x.dim() == 2:
-        x3 = x.unsqueeze(1)
-    else:
-        x3 = x
-    n_tok, heads, n_cols = x3.shape
-    if quantize is not None and (heads != 1 or out is not None):
-        raise ValueError("rmsnorm quantizes the rows of a 2-D x into buffers of its own (no per-head norm, no out)")
+    if x.dim() != 2:
+        raise ValueError(f"rmsnorm normalizes the rows of a 2-D x, got shape {tuple(x.shape)}")
+    n_tok, n_cols = x.shape
+    if quantize is not None and out is not None:
+        raise ValueError("rmsnorm quantizes into buffers of its own (no out)")
     out = torch.empty_like(x) if out is None and quantize is None else out
-    o3 = x3 if out is None else out.unsqueeze(1) if out.dim() == 2 else out  # x3: a dummy, never written
+    o = x if out is None else out  # x: a dummy, never written
     quantized = None if quantize is None else empty_block_fp8_activation(n_tok, n_cols, x.dtype, quantize, x.device)
-    q, qs = (quantized.q, quantized.scale) if quantized is not None else (x3, x3)  # dummies unless quantizing
-    res = residual if residual is not None else x3[:, 0]
+    q, qs = (quantized.q, quantized.scale) if quantized is not None else (x, x)  # dummies unless quantizing
+    res = residual if residual is not None else x
     pdl = pdl_available(x)
-    programs = n_tok * heads if quantized is None else q.shape[0]  # padding rows too
+    programs = n_tok if quantized is None else q.shape[0]  # padding rows too
     if programs:
         _rmsnorm_kernel[(programs,)](
-            x3,
+            x,
             res,
-            o3,
+            o,
             weight,
             q,
             qs,
             n_cols,
-            n_tok * heads,
-            heads,
-            x3.stride(0),
-            x3.stride(1),
+            n_tok,
+            x.stride(0),
             res.stride(0),
-            o3.stride(0),
-            o3.stride(1),
+            o.stride(0),
             q.stride(0),
             *(qs.stride() if quantized is not None else (0, 0)),
             eps,
@@ -156,6 +145,9 @@ def _rotary_kernel(
     v_row,
     vw_ptr,
     v_eps,
+    qw_ptr,
+    kw_ptr,
+    qk_eps,
     HEAD_DIM: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
@@ -165,12 +157,15 @@ def _rotary_kernel(
     BLOCK_V: tl.constexpr,
     NORM_V: tl.constexpr,
     INTERLEAVED: tl.constexpr,
+    QK_NORM: tl.constexpr,
     PDL: tl.constexpr,
 ):
     # INTERLEAVED (DeepSeek): the pairs (x_2i, x_2i+1) rotate, and the result is laid out de-interleaved, as
     # rotary_embedding.rotate_pairs writes it (each head's whole row is rotated: no partial rotary).
     # HALF: half the rotating width (rotary_dim / 2; head_dim / 2 unless partial rotary); the features from
-    # 2 * HALF to HEAD_DIM pass through (in place: only the pool copy of K needs them written).
+    # 2 * HALF to HEAD_DIM pass through (in place: only the pool copy of K needs them written, or their norm).
+    # QK_NORM (Qwen3, GLM-4.5): each head's row is RMS-normed first (q by qw, k by kw), rounded as
+    # _rmsnorm_kernel rounds it, and the normed row rotates: one kernel where the per-head norms were two more.
     pdl_prologue(PDL)
     token = tl.program_id(0)
     pos = tl.load(pos_ptr + token)
@@ -195,6 +190,28 @@ def _rotary_kernel(
         else:
             x1 = tl.load(base + offs, mask=mask, other=0.0).to(tl.float32)
             x2 = tl.load(base + offs + HALF, mask=mask, other=0.0).to(tl.float32)
+        # Partial rotary: the unrotated tail of each head, read where it is normed or goes to the pool (K).
+        if BLOCK_PASS > 0 and (QK_NORM or (STORE_KV and which == 1)):
+            p = 2 * HALF + tl.arange(0, BLOCK_PASS)
+            pmask = (heads < n)[:, None] & (p < HEAD_DIM)[None, :]
+            tail_offs = token * stride + heads[:, None] * stride_h + p[None, :]
+            tail = tl.load(base + tail_offs, mask=pmask, other=0.0)
+        if QK_NORM:
+            dt = base.dtype.element_ty
+            w_ptr = qw_ptr if which == 0 else kw_ptr
+            squares = tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)
+            if BLOCK_PASS > 0:
+                tail_f = tail.to(tl.float32)
+                squares += tl.sum(tail_f * tail_f, axis=1)
+            inv_rms = tl.rsqrt(squares / HEAD_DIM + qk_eps)[:, None]
+            w1 = tl.load(w_ptr + d, mask=in_half, other=0.0).to(tl.float32)[None, :]
+            w2 = tl.load(w_ptr + HALF + d, mask=in_half, other=0.0).to(tl.float32)[None, :]
+            x1 = (w1 * (x1 * inv_rms).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            x2 = (w2 * (x2 * inv_rms).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            if BLOCK_PASS > 0:  # the tail does not rotate: its normed value is written back in place
+                wt = tl.load(w_ptr + p, mask=p < HEAD_DIM, other=0.0).to(tl.float32)[None, :]
+                tail = (wt * (tail_f * inv_rms).to(dt).to(tl.float32)).to(dt)
+                tl.store(base + tail_offs, tail, mask=pmask)
         y1 = (x1 * cos - x2 * sin).to(base.dtype.element_ty)
         y2 = (x2 * cos + x1 * sin).to(base.dtype.element_ty)
         tl.store(base + offs, y1, mask=mask)
@@ -204,9 +221,6 @@ def _rotary_kernel(
             tl.store(k_buf + row, y1, mask=mask)
             tl.store(k_buf + row + HALF, y2, mask=mask)
             if BLOCK_PASS > 0:  # partial rotary: K's unrotated tail goes to the pool too
-                p = 2 * HALF + tl.arange(0, BLOCK_PASS)
-                pmask = (heads < n)[:, None] & (p < HEAD_DIM)[None, :]
-                tail = tl.load(base + token * stride + heads[:, None] * stride_h + p[None, :], mask=pmask)
                 tl.store(k_buf + slot * stride_kb + heads[:, None] * HEAD_DIM + p[None, :], tail, mask=pmask)
     if STORE_KV:
         offs_v = tl.arange(0, BLOCK_V)
@@ -231,6 +245,7 @@ def apply_rotary_inplace(
     kv_store=None,
     rotary_dim: Optional[int] = None,
     interleaved: bool = False,
+    qk_norm=None,
 ) -> None:
     """Rotate-half rotary on q [T, Hq*D] and k [T, Hkv*D] (rows may be strided views of qkv), on the first
     ``rotary_dim`` features of each head (all by default; partial rotary leaves the rest as they are). q and k may
@@ -242,7 +257,10 @@ def apply_rotary_inplace(
     With ``kv_store`` (a FusedSetKVBufferArg) the same kernel also writes the rotated K rows and
     ``kv_store.value``'s V rows into the pool buffers at ``kv_store.cache_loc``: a decode layer then
     runs one kernel where rotary, a V copy and the KV store were three. With ``kv_store.value_norm`` each V row
-    is RMS-normed first (in place too): MLA's latent, its kv_a_layernorm one kernel fewer."""
+    is RMS-normed first (in place too): MLA's latent, its kv_a_layernorm one kernel fewer.
+
+    With ``qk_norm`` (a rotary_embedding.QKNorm) each head of q and k is RMS-normed first, in place (Qwen3's and
+    GLM-4.5's per-head norms: two kernels fewer a layer); not with ``interleaved``."""
     n_tokens = q.shape[0]
     if n_tokens == 0:
         return
@@ -258,6 +276,9 @@ def apply_rotary_inplace(
         stride_v, stride_kb, stride_vb, v_row = v.stride(0), k_buf.stride(0), v_buf.stride(0), v.shape[1]
     norm = kv_store.value_norm if kv_store is not None else None
     v_weight, v_eps = norm if norm is not None else (q, 0.0)
+    if qk_norm is not None and interleaved:
+        raise ValueError("the per-head q/k norm is fused with rotate-half rotary only, not interleaved pairs")
+    q_weight, k_weight, qk_eps = (qk_norm.q_weight, qk_norm.k_weight, qk_norm.eps) if qk_norm else (q, q, 0.0)
     pdl = pdl_available(q)
     _rotary_kernel[(n_tokens,)](
         q,
@@ -282,6 +303,9 @@ def apply_rotary_inplace(
         v_row,
         v_weight,
         v_eps,
+        q_weight,
+        k_weight,
+        qk_eps,
         HEAD_DIM=head_dim,
         HALF=rot // 2,
         BLOCK_HALF=triton.next_power_of_2(rot // 2),
@@ -291,6 +315,7 @@ def apply_rotary_inplace(
         BLOCK_V=triton.next_power_of_2(v_row),
         NORM_V=norm is not None,
         INTERLEAVED=interleaved,
+        QK_NORM=qk_norm is not None,
         PDL=pdl,
         launch_pdl=pdl,
         num_warps=4,

@@ -47,15 +47,6 @@ class RMSNorm(nn.Module):
         normed = self._norm(x) if quantize is None else quantize_activation(self._norm(x), quantize)
         return normed if residual is None else (normed, residual)
 
-    def forward_heads_inplace(self, x: torch.Tensor) -> torch.Tensor:
-        """Per-head norm of x [T, H, D] (a strided view of qkv is fine), in place on the GPU."""
-        if x.is_cuda:
-            from sglang.srt.layers.fused_elementwise import rmsnorm
-
-            return rmsnorm(x, self.weight, self.variance_epsilon, out=x)
-        x.copy_(self._norm(x))
-        return x
-
 
 class GemmaRMSNorm(nn.Module):
     """Gemma's RMSNorm: the checkpoint stores w and the scale is (1 + w); the whole product is taken in fp32 and

@@ -75,6 +75,16 @@ class FusedSetKVBufferArg:
     value_norm: Optional[Tuple[torch.Tensor, float]] = None
 
 
+@dataclass(frozen=True)
+class QKNorm:
+    """A per-head RMSNorm of q and k before rotary (Qwen3, GLM-4.5 with use_qk_norm): on the GPU the rotary kernel
+    applies it, one kernel where three were."""
+
+    q_weight: torch.Tensor  # [head_dim]
+    k_weight: torch.Tensor  # [head_dim]
+    eps: float
+
+
 class RotaryEmbedding(nn.Module):
     def __init__(
         self,
@@ -111,10 +121,12 @@ class RotaryEmbedding(nn.Module):
         q: torch.Tensor,
         k: torch.Tensor,
         fused_set_kv_buffer_arg: Optional[FusedSetKVBufferArg] = None,
+        qk_norm: Optional[QKNorm] = None,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """q: [T, Hq * D], k: [T, Hkv * D] (or [T, H, D] views, e.g. the rope part of each head); returns rotated
         q, k (on the GPU rotated in place, one kernel for both, interleaved pairs too).
-        With ``fused_set_kv_buffer_arg`` the rotated K and the given V are also written to the pool."""
+        With ``fused_set_kv_buffer_arg`` the rotated K and the given V are also written to the pool; with
+        ``qk_norm`` each head of q and k is RMS-normed (in place) before it rotates."""
         if q.is_cuda:
             from sglang.srt.layers.fused_elementwise import apply_rotary_inplace
 
@@ -128,8 +140,13 @@ class RotaryEmbedding(nn.Module):
                 kv_store=fused_set_kv_buffer_arg,
                 rotary_dim=self.rotary_dim,
                 interleaved=self.interleaved,
+                qk_norm=qk_norm,
             )
             return q, k
+        if qk_norm is not None:  # per head, in place on the (possibly strided) views, as the GPU kernel does
+            for x, weight in ((q, qk_norm.q_weight), (k, qk_norm.k_weight)):
+                heads = x.view(x.shape[0], -1, self.head_dim)
+                heads.copy_(rms_normed(heads, weight, qk_norm.eps))
         q, k = self._forward_torch(positions, q, k)
         if fused_set_kv_buffer_arg is not None:
             arg = fused_set_kv_buffer_arg

@@ -21,7 +21,7 @@ from sglang.srt.layers.linear import (
 from sglang.srt.layers.logits_processor import LogitsProcessor, LogitsProcessorOutput
 from sglang.srt.layers.quantization.block_fp8_activation import Activation
 from sglang.srt.layers.radix_attention import RadixAttention
-from sglang.srt.layers.rotary_embedding import get_rope
+from sglang.srt.layers.rotary_embedding import QKNorm, get_rope
 from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from sglang.srt.model_loader.weight_loading import load_stacked_weights
 from sglang.srt.models.utils import create_fused_set_kv_buffer_arg
@@ -116,12 +116,11 @@ class LlamaAttention(nn.Module):
         (``RowParallelLinear.forward_add_norm``)."""
         qkv = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        if self.qk_norm:  # per head, in place on the strided views of qkv
-            self.q_norm.forward_heads_inplace(q.view(q.shape[0], -1, self.head_dim))
-            self.k_norm.forward_heads_inplace(k.view(k.shape[0], -1, self.head_dim))
-        # On the GPU rotary also stores K/V in the pool (one kernel): attention then skips the store.
+        # Rotary norms each head of q and k first where the family does (in place on the strided views of qkv) and
+        # on the GPU also stores K/V in the pool: one kernel; attention then skips the store.
+        qk_norm = QKNorm(self.q_norm.weight, self.k_norm.weight, self.q_norm.variance_epsilon) if self.qk_norm else None
         kv_store = create_fused_set_kv_buffer_arg(k, v, self.attn, forward_batch)
-        q, k = self.rotary_emb(positions, q, k, fused_set_kv_buffer_arg=kv_store)
+        q, k = self.rotary_emb(positions, q, k, fused_set_kv_buffer_arg=kv_store, qk_norm=qk_norm)
         quantize = self.o_proj.input_quantization(q)  # a block-fp8 o_proj takes the output quantized
         if kv_store is not None:
             return self.attn(q, k, v, forward_batch, save_kv_cache=False, quantize=quantize)
