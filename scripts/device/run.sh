@@ -63,6 +63,8 @@
 #   tune-attention      decode_roofline/: tune_decode_attention.py --focused
 #   tune-moe            decode_roofline/: tune_fused_moe.py (the fused MoE's tile configs at decode sizes, V2-Lite bf16
 #                       and V3 FP8 experts, batch 1-64; which config default_config should take; not run yet)
+#   router-logits       decode_roofline/: bench_router_logits.py (the MoE router's fp32 logits by token count: the kernel
+#                       vs torch's cast and cuBLAS's fp32 GEMM, V2-Lite and V3 shapes, 1-64 tokens; ~30 s)
 #   kv-dtype            decode_roofline/: bench_kv_cache_dtype.py (bf16 / fp8 KV cache, decode attention alone)
 #   fp8-gemms           fp8_linear/: bench_fp8_gemms.py
 #   fp8-block-gemms     fp8_linear/: bench_fp8_block_gemms.py (Qwen3-8B projections: bf16 vs the engine's block-fp8
@@ -98,7 +100,7 @@ set -o pipefail
 
 STAGES="gpu-tests gpu-tests-2 gpu-files kt-cpu-tests kv-sizing kv-sizing-1 kv-sizing-2 kv-sizing-tp2 kv-sizing-mla
 roofline roofline-fp8 roofline-fp8-native roofline-mla mla-prefill mla-decode
-profile-decode profile-decode-mla profile-decode-fp8-native tune-gemm tune-gemm-mla tune-gemm-stacked tune-gemm-fp8-block tune-gemm-fp8-block-v3 tune-attention tune-moe kv-dtype fp8-gemms fp8-block-gemms kt-decode kt-decode-check
+profile-decode profile-decode-mla profile-decode-fp8-native tune-gemm tune-gemm-mla tune-gemm-stacked tune-gemm-fp8-block tune-gemm-fp8-block-v3 tune-attention tune-moe router-logits kv-dtype fp8-gemms fp8-block-gemms kt-decode kt-decode-check
 kt-decode-int4-fp8 kt-decode-deepseek kt-doorbell kt-prefill kt-elastic serving serving-overlap serving-paths
 serving-fp8 serving-fp8-native serving-fp8-written serving-kv-fp8 prefill-decode swa-pool kv-sizing-swa
 constrained-itl precision"
@@ -176,6 +178,7 @@ run_stage() {
       cp python/sglang/srt/layers/decode_gemm/configs/*.json $o/ ;;
     tune-moe) python3 benchmark/decode_roofline/tune_fused_moe.py --out $o ;;
     tune-attention) python3 benchmark/decode_roofline/tune_decode_attention.py --focused --out $o ;;
+    router-logits) python3 benchmark/decode_roofline/bench_router_logits.py --out $o ;;
     kv-dtype) python3 benchmark/decode_roofline/bench_kv_cache_dtype.py --out $o ;;
     fp8-gemms) python3 benchmark/fp8_linear/bench_fp8_gemms.py --out $o ;;
     fp8-block-gemms) python3 benchmark/fp8_linear/bench_fp8_block_gemms.py --out $o ;;

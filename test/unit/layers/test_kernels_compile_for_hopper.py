@@ -368,7 +368,7 @@ def _cases():
             rg._router_logits_kernel,
             dict(X="bf16", W="fp32", Out="fp32"),
             set(),
-            dict(BLOCK_E=rg.GEMV_EXPERTS, BLOCK_T=1, BLOCK_K=512, GEMV=True, WHILE_LOOPS=False, PDL=True),
+            dict(BLOCK_E=rg.GEMV_EXPERTS, BLOCK_K=rg.GEMV_BLOCK_K, WHILE_LOOPS=False, PDL=True),
         ),
         (
             "grouped top-k (DeepSeek-V3's noaux_tc)",

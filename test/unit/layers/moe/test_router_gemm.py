@@ -1,7 +1,6 @@
 """layers/moe/router_gemm.py: the router's fp32 logits in one kernel equal torch's F.linear(x.float(), weight) to
-fp32 rounding, in both forms (a program per token up to GEMV_MAX_TOKENS, token tiles past it), for bf16 and fp32
-activations, ragged expert and K counts, and strided activation rows; the CPU path and prefill-sized batches are
-torch's (cuBLAS's) GEMM."""
+fp32 rounding (a program per expert block and token), for bf16 and fp32 activations, ragged expert and K counts, and
+strided activation rows; the CPU path and batches past KERNEL_MAX_TOKENS are torch's (cuBLAS's) GEMM."""
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -12,19 +11,13 @@ import torch
 import torch.nn.functional as F
 
 from sglang.srt.layers.moe import router_gemm
-from sglang.srt.layers.moe.router_gemm import (
-    GEMV_MAX_TOKENS,
-    KERNEL_MAX_TOKENS,
-    TILE_TOKENS,
-    router_logits,
-    router_logits_triton,
-)
+from sglang.srt.layers.moe.router_gemm import KERNEL_MAX_TOKENS, router_logits, router_logits_triton
 from sglang.test.gpu_utils import REQUIRES_GPU_REASON, triton_test_devices
 
 
 @pytest.mark.parametrize("device", triton_test_devices())
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("tokens", [1, GEMV_MAX_TOKENS, GEMV_MAX_TOKENS + 1, TILE_TOKENS + 3])
+@pytest.mark.parametrize("tokens", [1, 3, KERNEL_MAX_TOKENS])
 @pytest.mark.parametrize("experts,hidden", [(64, 2048), (20, 200)])  # V2-Lite's router; nothing a power of two
 def test_kernel_matches_torch(device, dtype, tokens, experts, hidden):
     gen = torch.Generator().manual_seed(tokens * 1000 + experts)
@@ -56,9 +49,8 @@ def test_cpu_tensors_take_torch(monkeypatch):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=REQUIRES_GPU_REASON)
-def test_prefill_sized_batches_take_cublas(monkeypatch):
-    """Past KERNEL_MAX_TOKENS (a prefill chunk) the router is torch's cast and cuBLAS's fp32 GEMM; at decode sizes
-    the kernel."""
+def test_batches_past_the_kernels_take_cublas(monkeypatch):
+    """Past KERNEL_MAX_TOKENS the router is torch's cast and cuBLAS's fp32 GEMM; up to it the kernel."""
     calls = []
     real = router_gemm.router_logits_triton
     monkeypatch.setattr(router_gemm, "router_logits_triton", lambda *a: calls.append(a[0].shape[0]) or real(*a))

@@ -7,13 +7,13 @@ DeepSeek-V2-Lite profile, ``benchmark/decode_roofline/profile_deepseek_v2_lite.m
 1). Here one kernel reads the activations in their own dtype and sums exact fp32 products (``ieee`` dots, no
 TF32), like cuBLAS's fp32 GEMM, in another order: logits agree to fp32 rounding.
 
-Two forms, by token count (a host int: a captured graph keeps its form):
-- few tokens (``<= GEMV_MAX_TOKENS``): a program per (expert block, token), an fp32 multiply-and-sum over K;
-  each token reads the weight again, from L2 after the first;
-- more: a program per (expert block, token block), tile dots; the weight is read once per token block.
-Past decode sizes (``KERNEL_MAX_TOKENS``) the launches no longer matter and the arithmetic does: a prefill chunk
-takes torch's cast and cuBLAS's fp32 GEMM, whose large tiles the 16 x 16 FMA tiles here do not match (DeepSeek-V3's
-router over an 8k-token chunk is 30 GFLOP a layer).
+A program per (expert block, token): an fp32 multiply-and-sum over K; each token reads the weight again, from L2
+after the first. Up to ``KERNEL_MAX_TOKENS`` tokens (a host int: a captured graph keeps its path); past it torch's
+cast and cuBLAS's fp32 GEMM (``benchmark/decode_roofline/bench_router_logits.py`` times both by token count). A
+tiled form for more tokens (a program per 16 experts x 16 tokens, tile dots over K, up to 512 tokens) was dropped:
+with it and the other launch cuts of c09b426, DeepSeek-V2-Lite's decode step went 3.575 -> 3.485 ms at batch 1 but
+13.647 -> 14.284 ms at batch 64 (H100, 2026-12-05, `run.sh before:roofline-mla roofline-mla`), and it is the one
+change whose cost grows with the batch (at 64 tokens V2-Lite's router is 16 programs of 32 dependent K steps).
 """
 
 from __future__ import annotations
@@ -26,14 +26,10 @@ import triton.language as tl
 from sglang.srt.layers.pdl import pdl_available, pdl_prologue
 from sglang.srt.layers.triton_loops import use_while_loops
 
-# Up to this many tokens each one is its own program (GEMV form); past it, tiles of TILE_TOKENS tokens.
-GEMV_MAX_TOKENS = 4
-KERNEL_MAX_TOKENS = 512  # the largest decode graph SGLang's tiers capture (cuda_graph_max_bs); past it, torch
-GEMV_EXPERTS = 8  # experts per GEMV program: V2-Lite's 64 in 8 programs a token, DeepSeek-V3's 256 in 32
+# Up to this many tokens the kernel (a decode step's few tokens); past it, torch.
+KERNEL_MAX_TOKENS = 4
+GEMV_EXPERTS = 8  # experts per program: V2-Lite's 64 in 8 programs a token, DeepSeek-V3's 256 in 32
 GEMV_BLOCK_K = 512
-TILE_EXPERTS = 16  # tl.dot's smallest tile edge
-TILE_TOKENS = 16
-TILE_BLOCK_K = 64
 
 
 @triton.jit
@@ -41,51 +37,33 @@ def _router_logits_kernel(
     X,
     W,
     Out,
-    num_tokens,
     num_experts,
     K,
     stride_x,
     stride_w,
     stride_o,
     BLOCK_E: tl.constexpr,
-    BLOCK_T: tl.constexpr,
     BLOCK_K: tl.constexpr,
-    GEMV: tl.constexpr,
     WHILE_LOOPS: tl.constexpr,
     PDL: tl.constexpr,
 ):
     pdl_prologue(PDL)
+    # one token: acc[e] = sum_k w[e, k] * x[k]
     offs_e = tl.program_id(0) * BLOCK_E + tl.arange(0, BLOCK_E)
     e_ok = offs_e < num_experts
     offs_k = tl.arange(0, BLOCK_K)
     w_rows = W + offs_e[:, None].to(tl.int64) * stride_w
-    if GEMV:  # one token: acc[e] = sum_k w[e, k] * x[k]
-        t = tl.program_id(1)
-        acc = tl.zeros((BLOCK_E,), dtype=tl.float32)
-        k0 = 0
-        if WHILE_LOOPS:  # the interpreter: see triton_loops.use_while_loops
-            while k0 < K:
-                acc += _gemv_step(X, w_rows, t, stride_x, k0, offs_k, e_ok, K)
-                k0 += BLOCK_K
-        else:
-            for k0 in range(0, K, BLOCK_K):
-                acc += _gemv_step(X, w_rows, t, stride_x, k0, offs_k, e_ok, K)
-        tl.store(Out + t * stride_o + offs_e, acc, mask=e_ok)
-    else:  # a [experts, tokens] tile, as the skinny decode GEMM lays it out (decode_gemm/kernel.py)
-        offs_t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
-        t_ok = offs_t < num_tokens
-        x_rows = X + offs_t[:, None].to(tl.int64) * stride_x
-        acc = tl.zeros((BLOCK_E, BLOCK_T), dtype=tl.float32)
-        k0 = 0
-        if WHILE_LOOPS:
-            while k0 < K:
-                acc = _tile_step(acc, x_rows, w_rows, k0, offs_k, e_ok, t_ok, K)
-                k0 += BLOCK_K
-        else:
-            for k0 in range(0, K, BLOCK_K):
-                acc = _tile_step(acc, x_rows, w_rows, k0, offs_k, e_ok, t_ok, K)
-        out = Out + offs_t[None, :].to(tl.int64) * stride_o + offs_e[:, None]
-        tl.store(out, acc, mask=e_ok[:, None] & t_ok[None, :])
+    t = tl.program_id(1)
+    acc = tl.zeros((BLOCK_E,), dtype=tl.float32)
+    k0 = 0
+    if WHILE_LOOPS:  # the interpreter: see triton_loops.use_while_loops
+        while k0 < K:
+            acc += _gemv_step(X, w_rows, t, stride_x, k0, offs_k, e_ok, K)
+            k0 += BLOCK_K
+    else:
+        for k0 in range(0, K, BLOCK_K):
+            acc += _gemv_step(X, w_rows, t, stride_x, k0, offs_k, e_ok, K)
+    tl.store(Out + t * stride_o + offs_e, acc, mask=e_ok)
 
 
 @triton.jit
@@ -94,14 +72,6 @@ def _gemv_step(X, w_rows, t, stride_x, k0, offs_k, e_ok, K):
     x = tl.load(X + t * stride_x + k0 + offs_k, mask=k_ok, other=0.0).to(tl.float32)
     w = tl.load(w_rows + (k0 + offs_k)[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
     return tl.sum(w * x[None, :], axis=1)
-
-
-@triton.jit
-def _tile_step(acc, x_rows, w_rows, k0, offs_k, e_ok, t_ok, K):
-    k_ok = k0 + offs_k < K
-    x = tl.load(x_rows + (k0 + offs_k)[None, :], mask=t_ok[:, None] & k_ok[None, :], other=0.0).to(tl.float32)
-    w = tl.load(w_rows + (k0 + offs_k)[None, :], mask=e_ok[:, None] & k_ok[None, :], other=0.0)
-    return tl.dot(w, tl.trans(x), acc, input_precision="ieee")
 
 
 def router_logits_triton(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -113,24 +83,19 @@ def router_logits_triton(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     out = torch.empty((num_tokens, num_experts), dtype=torch.float32, device=x.device)
     if num_tokens == 0:
         return out
-    gemv = num_tokens <= GEMV_MAX_TOKENS
-    block_e = GEMV_EXPERTS if gemv else TILE_EXPERTS
-    grid = (triton.cdiv(num_experts, block_e), num_tokens if gemv else triton.cdiv(num_tokens, TILE_TOKENS))
+    grid = (triton.cdiv(num_experts, GEMV_EXPERTS), num_tokens)
     pdl = pdl_available(x)
     _router_logits_kernel[grid](
         x,
         weight,
         out,
-        num_tokens,
         num_experts,
         k,
         x.stride(0),
         weight.stride(0),
         out.stride(0),
-        BLOCK_E=block_e,
-        BLOCK_T=1 if gemv else TILE_TOKENS,
-        BLOCK_K=GEMV_BLOCK_K if gemv else TILE_BLOCK_K,
-        GEMV=gemv,
+        BLOCK_E=GEMV_EXPERTS,
+        BLOCK_K=GEMV_BLOCK_K,
         WHILE_LOOPS=use_while_loops(x),
         PDL=pdl,
         launch_pdl=pdl,
