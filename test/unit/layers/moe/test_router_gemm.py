@@ -1,6 +1,7 @@
 """layers/moe/router_gemm.py: the router's fp32 logits in one kernel equal torch's F.linear(x.float(), weight) to
 fp32 rounding (a program per expert block and token), for bf16 and fp32 activations, ragged expert and K counts, and
-strided activation rows; the CPU path and batches past KERNEL_MAX_TOKENS are torch's (cuBLAS's) GEMM."""
+strided activation rows; the CPU path, batches past KERNEL_MAX_TOKENS and router weights past
+KERNEL_MAX_WEIGHT_BYTES (DeepSeek-V3's) are torch's (cuBLAS's) GEMM."""
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -11,13 +12,18 @@ import torch
 import torch.nn.functional as F
 
 from sglang.srt.layers.moe import router_gemm
-from sglang.srt.layers.moe.router_gemm import KERNEL_MAX_TOKENS, router_logits, router_logits_triton
+from sglang.srt.layers.moe.router_gemm import (
+    KERNEL_MAX_TOKENS,
+    KERNEL_MAX_WEIGHT_BYTES,
+    router_logits,
+    router_logits_triton,
+)
 from sglang.test.gpu_utils import REQUIRES_GPU_REASON, triton_test_devices
 
 
 @pytest.mark.parametrize("device", triton_test_devices())
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
-@pytest.mark.parametrize("tokens", [1, 3, KERNEL_MAX_TOKENS])
+@pytest.mark.parametrize("tokens", [1, 5, KERNEL_MAX_TOKENS])
 @pytest.mark.parametrize("experts,hidden", [(64, 2048), (20, 200)])  # V2-Lite's router; nothing a power of two
 def test_kernel_matches_torch(device, dtype, tokens, experts, hidden):
     gen = torch.Generator().manual_seed(tokens * 1000 + experts)
@@ -50,12 +56,15 @@ def test_cpu_tensors_take_torch(monkeypatch):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason=REQUIRES_GPU_REASON)
 def test_batches_past_the_kernels_take_cublas(monkeypatch):
-    """Past KERNEL_MAX_TOKENS the router is torch's cast and cuBLAS's fp32 GEMM; up to it the kernel."""
+    """Past KERNEL_MAX_TOKENS, or with a router weight past KERNEL_MAX_WEIGHT_BYTES (DeepSeek-V3's 256 x 7168), the
+    router is torch's cast and cuBLAS's fp32 GEMM; V2-Lite's (64 x 2048) up to that many tokens takes the kernel."""
     calls = []
     real = router_gemm.router_logits_triton
-    monkeypatch.setattr(router_gemm, "router_logits_triton", lambda *a: calls.append(a[0].shape[0]) or real(*a))
-    w = torch.randn(8, 64, device="cuda")
-    for tokens in (1, KERNEL_MAX_TOKENS, KERNEL_MAX_TOKENS + 1):
-        x = torch.randn(tokens, 64, device="cuda", dtype=torch.bfloat16)
-        torch.testing.assert_close(router_logits(x, w), F.linear(x.float(), w), rtol=1e-5, atol=1e-4)
-    assert calls == [1, KERNEL_MAX_TOKENS]
+    monkeypatch.setattr(router_gemm, "router_logits_triton", lambda *a: calls.append(a[1].shape) or real(*a))
+    small, large = torch.randn(64, 2048, device="cuda"), torch.randn(256, 7168, device="cuda")
+    assert small.numel() * 4 <= KERNEL_MAX_WEIGHT_BYTES < large.numel() * 4
+    for w in (small, large):
+        for tokens in (1, KERNEL_MAX_TOKENS, KERNEL_MAX_TOKENS + 1):
+            x = torch.randn(tokens, w.shape[1], device="cuda", dtype=torch.bfloat16)
+            torch.testing.assert_close(router_logits(x, w), F.linear(x.float(), w), rtol=1e-5, atol=1e-3)
+    assert calls == [small.shape, small.shape]

@@ -8,12 +8,19 @@ DeepSeek-V2-Lite profile, ``benchmark/decode_roofline/profile_deepseek_v2_lite.m
 TF32), like cuBLAS's fp32 GEMM, in another order: logits agree to fp32 rounding.
 
 A program per (expert block, token): an fp32 multiply-and-sum over K; each token reads the weight again, from L2
-after the first. Up to ``KERNEL_MAX_TOKENS`` tokens (a host int: a captured graph keeps its path); past it torch's
-cast and cuBLAS's fp32 GEMM (``benchmark/decode_roofline/bench_router_logits.py`` times both by token count). A
-tiled form for more tokens (a program per 16 experts x 16 tokens, tile dots over K, up to 512 tokens) was dropped:
-with it and the other launch cuts of c09b426, DeepSeek-V2-Lite's decode step went 3.575 -> 3.485 ms at batch 1 but
-13.647 -> 14.284 ms at batch 64 (H100, 2026-12-05, `run.sh before:roofline-mla roofline-mla`), and it is the one
-change whose cost grows with the batch (at 64 tokens V2-Lite's router is 16 programs of 32 dependent K steps).
+after the first. Where it runs is measured (``benchmark/decode_roofline/bench_router_logits.py``, H100,
+2026-12-05, ``results_router_logits_h100.md``: each step's routers after their norms in one CUDA graph): for
+DeepSeek-V2-Lite's router (64 x 2048, 0.5 MiB) the kernel takes 0.48-0.49x torch's time at 2-16 tokens, 0.66x at
+32 and 1.03x at 64; for DeepSeek-V3's (256 x 7168, 7 MiB) 2.42x at one token and more at every count (32 programs
+a token, each streaming 229 KB, leave most SMs idle). So the kernel takes up to ``KERNEL_MAX_TOKENS`` tokens of a
+router weight up to ``KERNEL_MAX_WEIGHT_BYTES``; everything else takes torch's cast and cuBLAS's fp32 GEMM. The
+token count is a host int: a captured graph keeps its path.
+
+A tiled form for more tokens (a program per 16 experts x 16 tokens, tile dots over K, up to 512 tokens) was dropped:
+with it V2-Lite's decode step at batch 64 took 14.284 ms against 13.642 ms for the tree before the launch cuts of
+c09b426 and 13.491 ms without it (H100, 2026-12-05, ``run.sh before:roofline-mla roofline-mla``;
+``benchmark/decode_roofline/results_deepseek_v2_lite_h100.md``): at 64 tokens it is 16 programs of 32 dependent K
+steps.
 """
 
 from __future__ import annotations
@@ -26,8 +33,9 @@ import triton.language as tl
 from sglang.srt.layers.pdl import pdl_available, pdl_prologue
 from sglang.srt.layers.triton_loops import use_while_loops
 
-# Up to this many tokens the kernel (a decode step's few tokens); past it, torch.
-KERNEL_MAX_TOKENS = 4
+# The kernel's domain (measured, above): decode batches up to 32 tokens, router weights up to 1 MiB (V2-Lite's 0.5).
+KERNEL_MAX_TOKENS = 32
+KERNEL_MAX_WEIGHT_BYTES = 1 << 20
 GEMV_EXPERTS = 8  # experts per program: V2-Lite's 64 in 8 programs a token, DeepSeek-V3's 256 in 32
 GEMV_BLOCK_K = 512
 
@@ -105,8 +113,9 @@ def router_logits_triton(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """fp32 logits of x [T, K] under an fp32 router weight [E, K]: the kernel on CUDA at decode sizes, torch
-    elsewhere."""
-    if x.is_cuda and x.dim() == 2 and x.stride(1) == 1 and x.shape[0] <= KERNEL_MAX_TOKENS:
+    """fp32 logits of x [T, K] under an fp32 router weight [E, K]: the kernel on CUDA where it was measured faster
+    (up to KERNEL_MAX_TOKENS tokens of a weight up to KERNEL_MAX_WEIGHT_BYTES), torch elsewhere."""
+    small_weight = weight.numel() * weight.element_size() <= KERNEL_MAX_WEIGHT_BYTES
+    if x.is_cuda and x.dim() == 2 and x.stride(1) == 1 and x.shape[0] <= KERNEL_MAX_TOKENS and small_weight:
         return router_logits_triton(x, weight)
     return F.linear(x.float(), weight)
