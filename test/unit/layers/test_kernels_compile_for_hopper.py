@@ -368,7 +368,14 @@ def _cases():
             rg._router_logits_kernel,
             dict(X="bf16", W="fp32", Out="fp32"),
             set(),
-            dict(BLOCK_E=rg.GEMV_EXPERTS, BLOCK_K=rg.GEMV_BLOCK_K, WHILE_LOOPS=False, PDL=True),
+            dict(BLOCK_E=rg.DEFAULT_TILE.experts, BLOCK_K=rg.DEFAULT_TILE.block_k, WHILE_LOOPS=False, PDL=True),
+        ),
+        (
+            "router logits, the first tile (bench_router_logits.py's comparison)",
+            rg._router_logits_kernel,
+            dict(X="bf16", W="fp32", Out="fp32"),
+            set(),
+            dict(BLOCK_E=8, BLOCK_K=512, WHILE_LOOPS=False, PDL=True),
         ),
         (
             "grouped top-k (DeepSeek-V3's noaux_tc)",

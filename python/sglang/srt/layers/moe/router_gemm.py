@@ -8,13 +8,16 @@ DeepSeek-V2-Lite profile, ``benchmark/decode_roofline/profile_deepseek_v2_lite.m
 TF32), like cuBLAS's fp32 GEMM, in another order: logits agree to fp32 rounding.
 
 A program per (expert block, token): an fp32 multiply-and-sum over K; each token reads the weight again, from L2
-after the first. Where it runs is measured (``benchmark/decode_roofline/bench_router_logits.py``, H100,
-2026-12-05, ``results_router_logits_h100.md``: each step's routers after their norms in one CUDA graph): for
-DeepSeek-V2-Lite's router (64 x 2048, 0.5 MiB) the kernel takes 0.48-0.49x torch's time at 2-16 tokens, 0.66x at
-32 and 1.03x at 64; for DeepSeek-V3's (256 x 7168, 7 MiB) 2.42x at one token and more at every count (32 programs
-a token, each streaming 229 KB, leave most SMs idle). So the kernel takes up to ``KERNEL_MAX_TOKENS`` tokens of a
-router weight up to ``KERNEL_MAX_WEIGHT_BYTES``; everything else takes torch's cast and cuBLAS's fp32 GEMM. The
-token count is a host int: a captured graph keeps its path.
+after the first. Where it runs, and its tile, are measured (``benchmark/decode_roofline/bench_router_logits.py``,
+H100, 2026-12-05, ``results_router_logits_h100.md``: each step's routers after their norms in one CUDA graph). With
+one expert a program and 2,048 columns a step it takes, against torch's cast and cuBLAS's fp32 GEMM, for
+DeepSeek-V2-Lite's router (64 x 2048, 0.5 MiB) 0.37x the time at one token (norms included) and 0.61x at 64; for
+DeepSeek-V3's (256 x 7168, 7 MiB) 0.71x at one token, 0.39-0.48x at 2-8 and 0.79x at 16, but 1.68x at 32 and 2.98x at
+64, where every token re-reading the weight from L2 (tokens x 7 MiB) costs more than cuBLAS's one read. The first
+tile (8 experts, 512 columns: 32 programs a token for V3, most SMs idle) took 2.4x torch's time for V3 at one
+token. So the kernel takes up to ``KERNEL_MAX_TOKENS`` tokens while tokens x weight bytes stay within
+``KERNEL_MAX_L2_BYTES`` (V2-Lite to 64 tokens, V3 to 18; GLM-4.5's 128 x 5120 router, between the two, to 51);
+everything else takes torch. The token count is a host int: a captured graph keeps its path.
 
 A tiled form for more tokens (a program per 16 experts x 16 tokens, tile dots over K, up to 512 tokens) was dropped:
 with it V2-Lite's decode step at batch 64 took 14.284 ms against 13.642 ms for the tree before the launch cuts of
@@ -25,6 +28,8 @@ steps.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -33,11 +38,21 @@ import triton.language as tl
 from sglang.srt.layers.pdl import pdl_available, pdl_prologue
 from sglang.srt.layers.triton_loops import use_while_loops
 
-# The kernel's domain (measured, above): decode batches up to 32 tokens, router weights up to 1 MiB (V2-Lite's 0.5).
-KERNEL_MAX_TOKENS = 32
-KERNEL_MAX_WEIGHT_BYTES = 1 << 20
-GEMV_EXPERTS = 8  # experts per program: V2-Lite's 64 in 8 programs a token, DeepSeek-V3's 256 in 32
-GEMV_BLOCK_K = 512
+# The kernel's domain (measured, above): up to 64 tokens, and tokens x router weight bytes (the weight re-read from L2
+# by every token) up to 128 MiB.
+KERNEL_MAX_TOKENS = 64
+KERNEL_MAX_L2_BYTES = 128 << 20
+
+
+@dataclass(frozen=True)
+class RouterTile:
+    """A program's share of one token's logits: ``experts`` rows of the weight, read ``block_k`` columns a step."""
+
+    experts: int
+    block_k: int
+
+
+DEFAULT_TILE = RouterTile(experts=1, block_k=2048)  # measured against (8, 512), (4, 1024), (2, 1024): above
 
 
 @triton.jit
@@ -82,7 +97,7 @@ def _gemv_step(X, w_rows, t, stride_x, k0, offs_k, e_ok, K):
     return tl.sum(w * x[None, :], axis=1)
 
 
-def router_logits_triton(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def router_logits_triton(x: torch.Tensor, weight: torch.Tensor, tile: RouterTile = DEFAULT_TILE) -> torch.Tensor:
     """x [T, K] (rows K-contiguous, any float dtype), weight [E, K] fp32 contiguous -> fp32 logits [T, E]."""
     num_tokens, k = x.shape
     num_experts = weight.shape[0]
@@ -91,7 +106,7 @@ def router_logits_triton(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     out = torch.empty((num_tokens, num_experts), dtype=torch.float32, device=x.device)
     if num_tokens == 0:
         return out
-    grid = (triton.cdiv(num_experts, GEMV_EXPERTS), num_tokens)
+    grid = (triton.cdiv(num_experts, tile.experts), num_tokens)
     pdl = pdl_available(x)
     _router_logits_kernel[grid](
         x,
@@ -102,8 +117,8 @@ def router_logits_triton(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         x.stride(0),
         weight.stride(0),
         out.stride(0),
-        BLOCK_E=GEMV_EXPERTS,
-        BLOCK_K=GEMV_BLOCK_K,
+        BLOCK_E=tile.experts,
+        BLOCK_K=tile.block_k,
         WHILE_LOOPS=use_while_loops(x),
         PDL=pdl,
         launch_pdl=pdl,
@@ -114,8 +129,9 @@ def router_logits_triton(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 def router_logits(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """fp32 logits of x [T, K] under an fp32 router weight [E, K]: the kernel on CUDA where it was measured faster
-    (up to KERNEL_MAX_TOKENS tokens of a weight up to KERNEL_MAX_WEIGHT_BYTES), torch elsewhere."""
-    small_weight = weight.numel() * weight.element_size() <= KERNEL_MAX_WEIGHT_BYTES
-    if x.is_cuda and x.dim() == 2 and x.stride(1) == 1 and x.shape[0] <= KERNEL_MAX_TOKENS and small_weight:
+    (up to KERNEL_MAX_TOKENS tokens, tokens x weight bytes up to KERNEL_MAX_L2_BYTES), torch elsewhere."""
+    tokens = x.shape[0]
+    rereads_fit = tokens * weight.numel() * weight.element_size() <= KERNEL_MAX_L2_BYTES
+    if x.is_cuda and x.dim() == 2 and x.stride(1) == 1 and tokens <= KERNEL_MAX_TOKENS and rereads_fit:
         return router_logits_triton(x, weight)
     return F.linear(x.float(), weight)
