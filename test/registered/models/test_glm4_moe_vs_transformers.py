@@ -7,7 +7,9 @@ identical for prompts of 1, 7 and 23 tokens:
 - qk-norm and attention bias off, two shared experts, two leading dense layers, n_group 2 / topk_group 1, and a
   multi-token-prediction layer in the checkpoint (num_nextn_predict_layers 1), skipped at load with its log line;
 - KT hybrid experts (BF16 on the CPU kernels, 3 of 8 experts on the model's device, the full-GPU prefill slot from
-  16 tokens), the shared expert on the model's device.
+  16 tokens), the shared expert on the model's device;
+- the GPU's rotary kernel in the triton interpreter on CPU tensors (the per-head q/k norm and partial rotary in one
+  kernel), through the scheduler.
 """
 
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -130,3 +132,29 @@ def test_kt_hybrid_experts_match_transformers(tmp_path_factory):
     engine = model.kt_state.cpu_engine
     assert len(engine.layers) == moe_layers and engine.stats().pairs > 0
     assert slot.loaded_layer_id is not None  # the long prompt streamed its layers through the slot
+
+
+def test_rotary_kernel_with_the_qk_norm_in_the_interpreter_gives_the_same_tokens(tmp_path_factory, monkeypatch):
+    """The GPU's rotary kernel, here in the triton interpreter on CPU tensors: each head of q and k RMS-normed, then
+    its first half rotated (partial rotary 0.5), the unrotated half normed in place: transformers' tokens, and every
+    layer call took the kernel with the norm."""
+    import pytest
+
+    from sglang.srt.layers import fused_elementwise, rotary_embedding
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("triton kernels on CPU tensors need TRITON_INTERPRET=1")
+    d, hf, prompts, ref, _ = _build("qk_norm", tmp_path_factory)
+    monkeypatch.setattr(rotary_embedding, "runs_kernel", lambda q: True)
+    calls = []
+    real = fused_elementwise.apply_rotary_inplace
+
+    def counted(*args, **kwargs):
+        calls.append(kwargs.get("qk_norm") is not None)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fused_elementwise, "apply_rotary_inplace", counted)
+    sched = make_scheduler(model_path=d, skip_tokenizer_init=True, max_total_tokens=2048, log_level="warning")
+    outs = run_scheduler(sched, prompts, greedy_params(NEW_TOKENS))
+    assert [o.output_ids for o in outs] == ref
+    assert calls and all(calls)

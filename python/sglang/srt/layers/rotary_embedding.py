@@ -57,6 +57,12 @@ def compute_inv_freq(
     return ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
 
 
+def runs_kernel(q: torch.Tensor) -> bool:
+    """Rotary runs its triton kernel on CUDA tensors (the CPU takes the torch path, transformers' bits; tests
+    patch this to run the kernel in the triton interpreter on CPU tensors)."""
+    return q.is_cuda
+
+
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -127,7 +133,7 @@ class RotaryEmbedding(nn.Module):
         q, k (on the GPU rotated in place, one kernel for both, interleaved pairs too).
         With ``fused_set_kv_buffer_arg`` the rotated K and the given V are also written to the pool; with
         ``qk_norm`` each head of q and k is RMS-normed (in place) before it rotates."""
-        if q.is_cuda:
+        if runs_kernel(q):
             from sglang.srt.layers.fused_elementwise import apply_rotary_inplace
 
             apply_rotary_inplace(
