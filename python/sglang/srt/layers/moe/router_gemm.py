@@ -20,8 +20,8 @@ token. So the kernel takes up to ``KERNEL_MAX_TOKENS`` tokens while tokens x wei
 everything else takes torch. The token count is a host int: a captured graph keeps its path.
 
 A tiled form for more tokens (a program per 16 experts x 16 tokens, tile dots over K, up to 512 tokens) was dropped:
-with it V2-Lite's decode step at batch 64 took 14.284 ms against 13.642 ms for the tree before the launch cuts of
-c09b426 and 13.491 ms without it (H100, 2026-12-05, ``run.sh before:roofline-mla roofline-mla``;
+with it V2-Lite's decode step at batch 64 took 14.284 ms against 13.647 ms for the tree before the launch cuts of
+c09b426, without it 13.491 against 13.642 (H100, 2026-12-05, two calls, ``run.sh before:roofline-mla roofline-mla``;
 ``benchmark/decode_roofline/results_deepseek_v2_lite_h100.md``): at 64 tokens it is 16 programs of 32 dependent K
 steps.
 """
