@@ -17,7 +17,8 @@ DeepSeek-V3's (256 x 7168, 7 MiB) 0.71x at one token, 0.39-0.48x at 2-8 and 0.79
 tile (8 experts, 512 columns: 32 programs a token for V3, most SMs idle) took 2.4x torch's time for V3 at one
 token. So the kernel takes up to ``KERNEL_MAX_TOKENS`` tokens while tokens x weight bytes stay within
 ``KERNEL_MAX_L2_BYTES`` (V2-Lite to 64 tokens, V3 to 18; GLM-4.5-Air's 128 x 4096 router to 64 and GLM-4.5's
-160 x 5120 to 40, not measured: between the two); everything else takes torch. The token count is a host int: a captured graph keeps its path.
+160 x 5120 to 40, not measured: between the two); everything else takes torch. The token count is a host int: a
+captured graph keeps its path.
 
 A tiled form for more tokens (a program per 16 experts x 16 tokens, tile dots over K, up to 512 tokens) was dropped:
 with it V2-Lite's decode step at batch 64 took 14.284 ms against 13.647 ms for the tree before the launch cuts of
