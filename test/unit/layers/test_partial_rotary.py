@@ -1,7 +1,8 @@
 """Partial rotary (GLM-4.5's partial_rotary_factor): only each head's first rotary_dim values rotate. The torch path
 equals transformers' own apply_rotary_pos_emb with its Glm4MoeRotaryEmbedding tables; the triton kernel (GPU, or
 the interpreter on the CPU) equals the torch path, with the fused K/V store writing the whole head (rotated part
-and pass-through part) to the pool."""
+and pass-through part) to the pool; with the per-head q/k RMSNorm (Qwen3's, GLM-4.5's) inside the same kernel, for
+whole and partial rotary."""
 
 from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
 
@@ -92,3 +93,53 @@ def test_kernel_equals_torch_path(device, store):
         untouched = torch.ones(12, dtype=torch.bool)
         untouched[loc.cpu()] = False
         assert (k_buf[untouched.to(device)] == 0).all() and (v_buf[untouched.to(device)] == 0).all()
+
+
+@pytest.mark.parametrize("device", triton_test_devices())
+@pytest.mark.parametrize("factor", [1.0, 0.5], ids=["full-rotary", "partial-rotary"])
+@pytest.mark.parametrize("store", [False, True], ids=["rotate", "rotate+store"])
+def test_rotary_with_the_per_head_qk_norm(device, factor, store):
+    """Qwen3's / GLM-4.5's per-head q/k RMSNorm inside the rotary kernel, in place on the strided views of qkv: equal
+    to the norm (rms_normed, in the activation dtype) then rotary, for whole and partial rotary (the unrotated tail
+    normed too), with and without the K/V store; V and the rest of qkv untouched."""
+    from sglang.srt.layers.layernorm import rms_normed
+    from sglang.srt.layers.rotary_embedding import QKNorm
+
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    hq, hk, d = HQ, HK, HEAD_DIM
+    config = _config(factor)
+    with torch.device(device):
+        rope = RotaryEmbedding(config, d, 64, dtype)
+    g = torch.Generator().manual_seed(7)
+    qkv = (4 * torch.randn(5, (hq + 2 * hk) * d, generator=g)).to(device, dtype)  # rms far from 1: the norm acts
+    norm = QKNorm(
+        (1 + torch.randn(d, generator=g)).to(device, dtype), torch.rand(d, generator=g).to(device, dtype), 1e-6
+    )
+    q, k, v = qkv[:, : hq * d], qkv[:, hq * d : (hq + hk) * d], qkv[:, (hq + hk) * d :]
+    original_q = q.float().cpu().clone()
+    pos = torch.tensor([3, 0, 17, 63, 8], device=device)
+    loc = torch.tensor([9, 2, 11, 4, 6], device=device)
+    normed_q = rms_normed(q.reshape(5, hq, d), norm.q_weight, norm.eps).reshape(5, -1)
+    normed_k = rms_normed(k.reshape(5, hk, d), norm.k_weight, norm.eps).reshape(5, -1)
+    reference = RotaryEmbedding(config, d, 64, torch.float32)
+    want_q, want_k = reference(pos.cpu(), normed_q.float().cpu(), normed_k.float().cpu())
+    want_v = v.float().cpu().clone()
+    k_buf = torch.zeros(12, hk, d, dtype=dtype, device=device)
+    v_buf = torch.zeros_like(k_buf)
+    arg = FusedSetKVBufferArg(value=v, k_buffer=k_buf, v_buffer=v_buf, cache_loc=loc) if store else None
+    kernel_qkv = qkv.clone()
+    kq, kk = kernel_qkv[:, : hq * d], kernel_qkv[:, hq * d : (hq + hk) * d]
+    fe.apply_rotary_inplace(
+        pos, kq, kk, rope.cos_cache, rope.sin_cache, d, kv_store=arg, rotary_dim=rope.rotary_dim, qk_norm=norm
+    )
+    torch.testing.assert_close(kq.float().cpu(), want_q, **_tol(dtype))
+    torch.testing.assert_close(kk.float().cpu(), want_k, **_tol(dtype))
+    assert torch.equal(kernel_qkv[:, (hq + hk) * d :], v)
+    if store:
+        torch.testing.assert_close(k_buf[loc].float().cpu().view(5, -1), want_k, **_tol(dtype))
+        assert torch.equal(v_buf[loc].float().cpu().view(5, -1), want_v)
+    # The layer's path (RotaryEmbedding.forward; torch on the CPU) gives the same rows.
+    got_q, got_k = rope(pos, q, k, qk_norm=norm)
+    torch.testing.assert_close(got_q.float().cpu(), want_q, **_tol(dtype))
+    torch.testing.assert_close(got_k.float().cpu(), want_k, **_tol(dtype))
+    assert not torch.allclose(normed_q.float().cpu(), original_q, atol=0.5)  # the norm is not the identity here
