@@ -63,6 +63,11 @@
 #   tune-attention      decode_roofline/: tune_decode_attention.py --focused
 #   tune-moe            decode_roofline/: tune_fused_moe.py (the fused MoE's tile configs at decode sizes, V2-Lite bf16
 #                       and V3 FP8 experts, batch 1-64; which config default_config should take; not run yet)
+#   weight-prefetch     decode_roofline/: bench_weight_prefetch.py (the decode step by the skinny GEMM's L2 prefetch
+#                       budget, Qwen3-8B native block-fp8, batches 1/8/64/256, two rounds; ~1 min; other
+#                       arguments in PREFETCH_ARGS, e.g. "--budgets-mib 0 4 8 --batches 1 8 --rounds 3")
+#   weight-prefetch-mla the same on DeepSeek-V2-Lite in bf16, batches 1 and 64 (after tune-gemm-mla on a device
+#                       whose table lacks its shapes)
 #   router-logits       decode_roofline/: bench_router_logits.py (the MoE router's fp32 logits by token count: the kernel
 #                       vs torch's cast and cuBLAS's fp32 GEMM, V2-Lite and V3 shapes, 1-64 tokens; ~30 s)
 #   kv-dtype            decode_roofline/: bench_kv_cache_dtype.py (bf16 / fp8 KV cache, decode attention alone)
@@ -100,7 +105,7 @@ set -o pipefail
 
 STAGES="gpu-tests gpu-tests-2 gpu-files kt-cpu-tests kv-sizing kv-sizing-1 kv-sizing-2 kv-sizing-tp2 kv-sizing-mla
 roofline roofline-fp8 roofline-fp8-native roofline-mla mla-prefill mla-decode
-profile-decode profile-decode-mla profile-decode-fp8-native tune-gemm tune-gemm-mla tune-gemm-stacked tune-gemm-fp8-block tune-gemm-fp8-block-v3 tune-attention tune-moe router-logits kv-dtype fp8-gemms fp8-block-gemms kt-decode kt-decode-check
+profile-decode profile-decode-mla profile-decode-fp8-native tune-gemm tune-gemm-mla tune-gemm-stacked tune-gemm-fp8-block tune-gemm-fp8-block-v3 tune-attention tune-moe weight-prefetch weight-prefetch-mla router-logits kv-dtype fp8-gemms fp8-block-gemms kt-decode kt-decode-check
 kt-decode-int4-fp8 kt-decode-deepseek kt-doorbell kt-prefill kt-elastic serving serving-overlap serving-paths
 serving-fp8 serving-fp8-native serving-fp8-written serving-kv-fp8 prefill-decode swa-pool kv-sizing-swa
 constrained-itl precision"
@@ -143,6 +148,10 @@ run_stage() {
     roofline-fp8-native)
       python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --shape ${FP8_MODEL:-Qwen3-8B} \
         --checkpoint-fp8 --contexts 1024 --out $o ;;
+    weight-prefetch) python3 benchmark/decode_roofline/bench_weight_prefetch.py $PREFETCH_ARGS --out $o ;;
+    weight-prefetch-mla)
+      python3 benchmark/decode_roofline/bench_weight_prefetch.py --shape DeepSeek-V2-Lite --batches 1 64 \
+        --budgets-mib 0 16 32 1024 --out $o ;;
     roofline-mla) python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --shape DeepSeek-V2-Lite --out $o ;;
     mla-prefill) python3 benchmark/mla/bench_mla_prefill.py --out $o ;;
     mla-decode) python3 benchmark/mla/bench_mla_decode.py --out $o ;;

@@ -49,7 +49,8 @@ ARCHS = {
 
 # The dense model's block-fp8 projections (N x K) with the skinny kernel's block-scaled tiles for decode batches up
 # to 8 (every decode step here): one split and several (K = 384 in three 128-column splits), so decode runs the
-# kernel the tuned H200 table gives Qwen3-8B's and DeepSeek-V3's shapes rather than cuBLAS's block-scaled GEMM.
+# kernel the tuned H200 table gives Qwen3-8B's and DeepSeek-V3's shapes rather than cuBLAS's block-scaled GEMM,
+# launched with PDL as the tuned tables' small-batch entries are (its L2 prefetch before the wait included).
 SKINNY_BLOCK_TILES = {
     (512, 256): {"block_m": 16, "block_n": 64, "block_k": 128, "num_warps": 4, "num_stages": 2, "split_k": 1},
     (256, 256): {"block_m": 16, "block_n": 32, "block_k": 128, "num_warps": 4, "num_stages": 2, "split_k": 2},
@@ -66,7 +67,9 @@ def write_skinny_block_table(config_dir: str) -> None:
     from sglang.srt.layers.decode_gemm.table import device_table_path, load_device_table, plan_for_shape, shape_key
 
     device = torch.cuda.get_device_name(0)
-    shapes = {shape_key(n, k, block_fp8=True): {"8": tiles} for (n, k), tiles in SKINNY_BLOCK_TILES.items()}
+    shapes = {
+        shape_key(n, k, block_fp8=True): {"8": dict(tiles, pdl=True)} for (n, k), tiles in SKINNY_BLOCK_TILES.items()
+    }
     with open(device_table_path(device, config_dir), "w") as f:
         json.dump({"device": device, "models": ["tiny dense block-fp8"], "shapes": shapes}, f)
     plans = load_device_table(device, config_dir)  # what the model runner attaches: every projection is covered

@@ -166,6 +166,7 @@ def _cases():
                 IMPRECISE_ACC=128,
                 WHILE_LOOPS=False,
                 USE_PDL=True,
+                PREFETCH=True,
             ),
         ),
         (
@@ -185,6 +186,7 @@ def _cases():
                 IMPRECISE_ACC=None,
                 WHILE_LOOPS=False,
                 USE_PDL=True,
+                PREFETCH=True,
             ),
         ),
         (

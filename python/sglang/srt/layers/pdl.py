@@ -9,7 +9,8 @@ starts only after the one before has drained (a few microseconds per kernel, ~10
 
 Our triton kernels on the decode path release at their top and, when launched with PDL, wait right after
 (``pdl_prologue``). The skinny decode GEMM does better: its weights are never written during a forward, so
-it streams its first weight tile before it waits (``decode_gemm/kernel.py``). A kernel launched without
+it streams its first weight tile, and has L2 fetch the front of its weight rows, before it waits
+(``decode_gemm/kernel.py``). A kernel launched without
 PDL (torch's, cuBLAS's) waits for the whole kernel before it, as always.
 """
 

@@ -16,7 +16,8 @@ import torch.nn.functional as F
 
 from sglang.srt.layers import decode_gemm
 from sglang.srt.layers.decode_gemm import CUBLAS_ONLY, GemmConfig, GemmPlan, parse_table, plan_for_shape
-from sglang.srt.layers.decode_gemm.kernel import skinny_linear
+from sglang.srt.layers.decode_gemm import kernel as gemm_kernel
+from sglang.srt.layers.decode_gemm.kernel import prefetch_columns, skinny_linear
 from sglang.srt.layers.decode_gemm.table import CONFIG_DIR, device_table_path, load_device_table
 from sglang.srt.layers.quantization.block_fp8_activation import ROW_MAJOR
 from sglang.test.gpu_utils import REQUIRES_GPU_REASON, triton_test_devices
@@ -536,6 +537,54 @@ def test_skinny_linear_in_a_cuda_graph_waits_for_the_kernel_before(pdl):
         expected_x = rmsnorm(src, norm_weight, 1e-6)
         assert torch.equal(captured, skinny_linear(expected_x, w, None, cfg))  # fixed-order sums: bitwise
         _check(captured, _reference(expected_x, w, None), torch.bfloat16)
+
+
+def test_prefetch_columns_share_the_budget_and_keep_16_byte_units(monkeypatch):
+    """Without PDL nothing is prefetched; a weight within the budget is prefetched whole (each program its K range),
+    a larger one the same fraction of every range, cut to 16 columns; a row whose start or length is not a multiple
+    of 16 bytes is not prefetched."""
+    monkeypatch.setattr(gemm_kernel, "L2_PREFETCH_BYTES", 1024 * 1024)
+    small = torch.empty(256, 1024, dtype=torch.float8_e4m3fn)  # 256 KiB: whole
+    big = torch.empty(4096, 1024, dtype=torch.bfloat16)  # 8 MiB: 1/8 of each range
+    assert prefetch_columns(small, 512, use_pdl=False) == 0
+    assert prefetch_columns(small, 512, use_pdl=True) == 512
+    assert prefetch_columns(big, 1024, use_pdl=True) == 128
+    assert prefetch_columns(big, 200, use_pdl=True) == 16  # 25 columns, cut to a multiple of 16
+    odd_rows = torch.empty(64, 1000, dtype=torch.bfloat16)[:, :999]  # 1998-byte rows
+    assert prefetch_columns(odd_rows, 999, use_pdl=True) == 0
+    monkeypatch.setattr(gemm_kernel, "L2_PREFETCH_BYTES", 0)
+    assert prefetch_columns(small, 512, use_pdl=True) == 0
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason=REQUIRES_GPU_REASON)
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("block_fp8", [False, True])
+def test_l2_prefetch_changes_no_bit_of_the_product(monkeypatch, split_k, block_fp8):
+    """With PDL the GEMM asks L2 for its weight rows before it waits (a hint, never a load): the product is the same
+    bits with the whole weight prefetched, a part of it (the last split's range cut at K) and none."""
+    from sglang.srt.layers.quantization.fp8_block_kernels import quantize_groups
+
+    g = torch.Generator().manual_seed(split_k)
+    k = 1408 if block_fp8 else 1000  # the last split's range runs past K
+    x = torch.randn(4, k, generator=g).to("cuda", torch.bfloat16)
+    w = (torch.randn(384, k, generator=g) / 32).to("cuda", torch.bfloat16)
+    cfg = GemmConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=3, split_k=split_k, pdl=True)
+    if block_fp8:
+        qx, x_scale = quantize_groups(x)
+        qw = w.to(torch.float8_e4m3fn)
+        w_scale = torch.rand(3, 11, generator=g).to("cuda") + 0.5
+        run = lambda: skinny_linear(qx, qw, None, cfg, block_scales=(x_scale, w_scale, torch.bfloat16))  # noqa: E731
+        weight = qw
+    else:
+        run = lambda: skinny_linear(x, w, None, cfg)  # noqa: E731
+        weight = w
+    outs = []
+    for budget in (0, weight.numel() * weight.element_size() // 3, 1 << 30):
+        monkeypatch.setattr(gemm_kernel, "L2_PREFETCH_BYTES", budget)
+        assert (prefetch_columns(weight, cfg.k_split(k)[1], True) > 0) == (budget > 0)
+        outs.append(run())
+    torch.cuda.synchronize()
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 
 def _shipped_entries() -> list:

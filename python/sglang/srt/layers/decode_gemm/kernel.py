@@ -5,10 +5,11 @@ it, so the step is bound by how fast the weights stream from HBM. cuBLAS picks t
 shapes: measured on the H200 it spends 1.28x (qkv) and 1.58x (o_proj) of the weight-read floor at batch 1
 (``benchmark/decode_roofline/gemms/``). Here each program owns a narrow slice of output columns
 (``BLOCK_N``, as small as 16, so even a 4096-wide projection has hundreds of programs in flight) and
-walks K in ``BLOCK_K`` steps with several loads in flight (``num_stages``). When N is too narrow to fill
-the GPU with wide tiles, ``SPLIT_K`` programs share one column slice; each writes fp32 partial sums to a
-workspace and a second kernel adds them in a fixed order (no atomics: the result does not depend on
-timing, so greedy outputs repeat exactly). Where the decoder's residual add and RMSNorm come next (o_proj and
+walks K in ``BLOCK_K`` steps with several loads in flight (``num_stages``). Launched with PDL while the kernel
+before it runs, it streams its first tile and asks L2 for the front of its weight rows (``L2_PREFETCH_BYTES``)
+before it waits for x. When N is too narrow to fill the GPU with wide tiles, ``SPLIT_K`` programs share one
+column slice; each writes fp32 partial sums to a workspace and a second kernel adds them in a fixed order (no
+atomics: the result does not depend on timing, so greedy outputs repeat exactly). Where the decoder's residual add and RMSNorm come next (o_proj and
 down_proj), that kernel does them too, one program per row (``add_norm``), in place of the norm's own kernel, and
 for a block-fp8 projection after the norm it writes the norm quantized for it (``quantize``).
 
@@ -42,6 +43,13 @@ from sglang.srt.layers.quantization.fp8 import FP8_BLOCK as BLOCK_SCALE_EDGE
 from sglang.srt.layers.quantization.fp8_tile import rounds_fp8_by_hand, store_quantized_groups
 from sglang.srt.layers.triton_loops import use_while_loops
 
+# How much of a projection's weight the GEMM asks L2 for while it waits for the kernel before it (PDL), at most: the
+# front of every program's K range, the same fraction of each. Set by bench_weight_prefetch.py (Qwen3-8B native
+# block-fp8 on an H100, results_weight_prefetch_h100.md): 8 MiB took the batch-1 step from 3.968 to 3.851 ms (-2.9%),
+# batch 8 -2.3%, batch 64 unchanged; more lost again (32 MiB +5%, the whole weight +21%: the prefetches then compete
+# with the kernels still running for HBM and L2). About what HBM delivers in one kernel's launch and ramp-up.
+L2_PREFETCH_BYTES = 8 * 1024**2
+
 
 @triton.jit(do_not_specialize=["M", "k_tiles"])
 def _skinny_gemm_kernel(
@@ -62,6 +70,7 @@ def _skinny_gemm_kernel(
     stride_split,
     stride_xs,
     stride_ws,
+    prefetch_k,
     HAS_BIAS: tl.constexpr,
     SCALED: tl.constexpr,
     BLOCK_SCALED: tl.constexpr,
@@ -73,6 +82,7 @@ def _skinny_gemm_kernel(
     IMPRECISE_ACC: tl.constexpr,
     WHILE_LOOPS: tl.constexpr,
     USE_PDL: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
     release_dependents(USE_PDL)
     pid_n = tl.program_id(0)
@@ -94,6 +104,10 @@ def _skinny_gemm_kernel(
     acc_up = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)  # GATED only (else never touched)
     first = 0
     if USE_PDL:  # launched while the kernel before runs: stream a weight tile, then wait for x (pdl.py)
+        if PREFETCH:  # and ask L2 for the first prefetch_k columns of this program's rows meanwhile
+            _prefetch_rows_to_l2(W, offs_n, N, stride_wn, k_start, K, prefetch_k)
+            if GATED:
+                _prefetch_rows_to_l2(W + N * stride_wn, offs_n, N, stride_wn, k_start, K, prefetch_k)
         w_mask = n_mask[:, None] & (k_start + offs_k < K)[None, :]
         w = tl.load(w_ptrs, mask=w_mask, other=0.0)
         if GATED:
@@ -159,6 +173,28 @@ def _skinny_gemm_kernel(
         acc = acc / (1.0 + tl.exp(-acc)) * acc_up
     out_ptrs = Out + pid_k * stride_split + offs_m[None, :] * stride_om + offs_n[:, None]
     tl.store(out_ptrs, acc.to(Out.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
+
+
+@triton.jit
+def _prefetch_rows_to_l2(W, offs_n, N, stride_wn, k_start, K, prefetch_k):
+    """One bulk L2 prefetch per weight row of the program (Hopper's ``cp.async.bulk.prefetch``, a hint: nothing is
+    loaded into registers and nothing waits for it) of columns [k_start, k_start + prefetch_k), cut at K. Rows past N
+    repeat the last row (a prefetch outside the tensor is never issued). The caller keeps every row's start and
+    length a multiple of 16 bytes (``prefetch_columns``)."""
+    elem_bytes: tl.constexpr = W.dtype.element_ty.primitive_bitwidth // 8
+    columns = tl.minimum(prefetch_k, K - k_start)
+    if columns > 0:
+        rows = tl.minimum(offs_n, N - 1).to(tl.int64)
+        ptrs = W + rows * stride_wn + k_start
+        nbytes = tl.full(offs_n.shape, 0, tl.int32) + columns * elem_bytes
+        tl.inline_asm_elementwise(
+            "cp.async.bulk.prefetch.L2.global [$1], $2;\n\tmov.u32 $0, 0;",
+            "=r,l,r",
+            [ptrs, nbytes],
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
 
 
 @triton.jit
@@ -259,6 +295,18 @@ def _sum_splits_kernel(
         tl.store(Out + m * stride_om + offs, acc.to(Out.dtype.element_ty), mask=mask)
 
 
+def prefetch_columns(weight: torch.Tensor, k_per_split: int, use_pdl: bool) -> int:
+    """Columns of each program's K range whose weight rows the GEMM prefetches into L2 before it waits (a multiple
+    of 16, so every bulk prefetch spans whole 16-byte units): 0 without PDL or where a row's start or length is not
+    16-byte aligned, else the share of ``L2_PREFETCH_BYTES`` in the whole weight."""
+    elem = weight.element_size()
+    rows, k = weight.shape
+    if not use_pdl or weight.data_ptr() % 16 or (weight.stride(0) * elem) % 16 or (k * elem) % 16:
+        return 0
+    fraction = min(1.0, L2_PREFETCH_BYTES / (rows * k * elem))
+    return int(k_per_split * fraction) // 16 * 16
+
+
 def skinny_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -323,6 +371,7 @@ def skinny_linear(
     pdl = pdl_available(x)  # the split-K sum below launches with PDL whatever the config says
     use_pdl = config.pdl and pdl
     target = out if split_k == 1 else torch.empty(split_k, m, n, device=x.device, dtype=torch.float32)
+    prefetch_k = prefetch_columns(weight, k_per_split, use_pdl)
     _skinny_gemm_kernel[grid](
         x,
         weight,
@@ -341,6 +390,7 @@ def skinny_linear(
         target.stride(0) if split_k > 1 else 0,
         block_scales[0].stride(0) if block_scales is not None else 0,
         block_scales[1].stride(0) if block_scales is not None else 0,
+        prefetch_k,
         HAS_BIAS=fused_bias,
         SCALED=scales is not None and block_scales is None,
         BLOCK_SCALED=block_scales is not None,
@@ -355,6 +405,7 @@ def skinny_linear(
         IMPRECISE_ACC=min(128, config.block_k) if scales is not None else None,
         WHILE_LOOPS=use_while_loops(x),
         USE_PDL=use_pdl,
+        PREFETCH=prefetch_k > 0,
         launch_pdl=use_pdl,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
