@@ -45,9 +45,10 @@ from sglang.srt.layers.triton_loops import use_while_loops
 
 # How much of a projection's weight the GEMM asks L2 for while it waits for the kernel before it (PDL), at most: the
 # front of every program's K range, the same fraction of each. Set by bench_weight_prefetch.py (Qwen3-8B native
-# block-fp8 on an H100, results_weight_prefetch_h100.md): 8 MiB took the batch-1 step from 3.968 to 3.851 ms (-2.9%),
-# batch 8 -2.3%, batch 64 unchanged; more lost again (32 MiB +5%, the whole weight +21%: the prefetches then compete
-# with the kernels still running for HBM and L2). About what HBM delivers in one kernel's launch and ramp-up.
+# block-fp8, results_weight_prefetch.md): on an H100 8 MiB took the batch-1 step from 3.968 to 3.851 ms (-2.9%),
+# batch 8 -2.3%, batch 64 unchanged (on an H200 -0.6% at batch 1, also its best); more lost again (32 MiB +5%, the
+# whole weight +21%: the prefetches then compete with the kernels still running for HBM and L2). About what HBM
+# delivers in one kernel's launch and ramp-up.
 L2_PREFETCH_BYTES = 8 * 1024**2
 
 
