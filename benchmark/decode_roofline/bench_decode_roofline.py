@@ -21,7 +21,7 @@ MLPs, norms, routers, lm_head), the embedding rows of the batch's tokens, the ro
 (one 576-value row per token and layer). The batch's tokens are random and its KV rows random, so requests route
 apart as real ones do. (The Llama rows keep the committed accounting: every parameter, the embedding table too.)
 
-Another dense shape (--shape Qwen3-8B) is counted by terms too: the fp8 weights, their scales, the other parameters
+Another dense shape (--shape Qwen3-8B, Gemma-2-9B, Gemma-3-27B) is counted by terms too: the fp8 weights, their scales, the other parameters
 (norms, lm_head, any bf16 linear), the embedding rows of the batch's tokens, and the KV rows. With --checkpoint-fp8
 its config carries a native block-fp8 checkpoint's quantization_config (quant_method fp8, weight_block_size
 [128, 128]): --load-format dummy fills the layers in that format (e4m3 weights, weight_scale_inv per 128x128
@@ -405,9 +405,9 @@ def parse_args():
     parser.add_argument(
         "--shape",
         default="Llama-3.1-8B",
-        choices=["Llama-3.1-8B", "Qwen3-8B", *MOE_SHAPES],
-        help="DeepSeek-V2-Lite: the MoE floor by terms (batches 1 and 64, context 1k); Qwen3-8B: a dense floor by "
-        "terms",
+        choices=["Llama-3.1-8B", "Qwen3-8B", "Gemma-2-9B", "Gemma-3-27B", *MOE_SHAPES],
+        help="DeepSeek-V2-Lite: the MoE floor by terms (batches 1 and 64, context 1k); the others but Llama-3.1-8B: a "
+        "dense floor by terms",
     )
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
     parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 8192])
@@ -425,6 +425,8 @@ def dense_config_dir(args) -> str:
     from sglang.test.fp8_checkpoints import quantization_config
 
     overrides = dict(DRY_OVERRIDES) if args.dry_run else {}
+    if args.dry_run and args.shape.startswith("Gemma"):  # a sliding-window layer and a full one, a window that fits
+        overrides.update(layer_types=["sliding_attention", "full_attention"], sliding_window=64)
     if args.checkpoint_fp8:
         overrides["quantization_config"] = quantization_config("block")
     return shape_config_dir(args.shape, **overrides)
@@ -498,7 +500,10 @@ def main() -> None:
         return
     config_dir = dense_config_dir(args)
     hf = {} if args.skip_hf else hf_decode_step_ms(config_dir, [1, 64], 1024)
-    runner_args = dict(device="cpu", max_total_tokens=4096) if args.dry_run else {}
+    # The graphs up to the largest batch measured (capturing past it costs minutes on the deep shapes).
+    runner_args = (
+        dict(device="cpu", max_total_tokens=4096) if args.dry_run else dict(cuda_graph_max_bs=max(args.batches))
+    )
     mr = our_runner(config_dir, args.quantization, **runner_args)
     if args.decode_config:
         apply_decode_config(mr, json.loads(args.decode_config))

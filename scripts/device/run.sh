@@ -40,6 +40,9 @@
 #                       checkpoint, dummy weights in its format), batches 1/8/64/256 at context 1k vs the floor of the
 #                       bytes read (fp8 weights, scales, other parameters, embedding rows, KV); ~1.5 min; another
 #                       shape with FP8_MODEL=NAME (a shape of scripts/make_model_configs.py, e.g. Llama-3.1-8B)
+#   roofline-gemma      decode_roofline/: bench_decode_roofline.py --shape Gemma-3-27B (Gemma-2-9B with GEMMA_MODEL),
+#                       batches 1 / 8 / 64 at context 1k, bf16, vs the floor of the bytes read (tied lm_head: the
+#                       whole embedding table)
 #   roofline-mla        decode_roofline/: bench_decode_roofline.py --shape DeepSeek-V2-Lite (batch 1 and 64, the
 #                       floor's terms: whole parameters, embedding rows, experts touched, latent KV)
 #   mla-prefill         mla/: bench_mla_prefill.py (extend absorbed vs decompressed; the threshold)
@@ -104,7 +107,7 @@
 set -o pipefail
 
 STAGES="gpu-tests gpu-tests-2 gpu-files kt-cpu-tests kv-sizing kv-sizing-1 kv-sizing-2 kv-sizing-tp2 kv-sizing-mla
-roofline roofline-fp8 roofline-fp8-native roofline-mla mla-prefill mla-decode
+roofline roofline-fp8 roofline-fp8-native roofline-gemma roofline-mla mla-prefill mla-decode
 profile-decode profile-decode-mla profile-decode-fp8-native tune-gemm tune-gemm-mla tune-gemm-stacked tune-gemm-fp8-block tune-gemm-fp8-block-v3 tune-attention tune-moe weight-prefetch weight-prefetch-mla router-logits kv-dtype fp8-gemms fp8-block-gemms kt-decode kt-decode-check
 kt-decode-int4-fp8 kt-decode-deepseek kt-doorbell kt-prefill kt-elastic serving serving-overlap serving-paths
 serving-fp8 serving-fp8-native serving-fp8-written serving-kv-fp8 prefill-decode swa-pool kv-sizing-swa
@@ -152,6 +155,9 @@ run_stage() {
     weight-prefetch-mla)
       python3 benchmark/decode_roofline/bench_weight_prefetch.py --shape DeepSeek-V2-Lite --batches 1 64 \
         --budgets-mib 0 16 32 1024 --out $o ;;
+    roofline-gemma)
+      python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --shape ${GEMMA_MODEL:-Gemma-3-27B} \
+        --contexts 1024 --batches 1 8 64 --out $o ;;
     roofline-mla) python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --shape DeepSeek-V2-Lite --out $o ;;
     mla-prefill) python3 benchmark/mla/bench_mla_prefill.py --out $o ;;
     mla-decode) python3 benchmark/mla/bench_mla_decode.py --out $o ;;

@@ -40,6 +40,38 @@ def test_rmsnorm_with_and_without_residual(device):
     torch.testing.assert_close(got, want, **_tol(dtype))
 
 
+@pytest.mark.parametrize("device", DEVICES)
+def test_gemma_rmsnorm_and_its_sandwich_equal_the_torch_ops(device):
+    """Gemma's (1 + w) RMSNorm, rounded once, as one kernel: alone, and as the sandwich between two blocks (the
+    residual stream += post_norm(block output) in place, the result next_norm(stream)), against the torch ops the
+    CPU runs (transformers' bits); a Llama-rounded norm of the same rows differs, so the rounding is checked."""
+    from sglang.srt.layers.layernorm import GemmaRMSNorm, gemma_rms_normed, rms_normed, sandwich_norms
+
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    g = torch.Generator().manual_seed(3)
+    post, following = GemmaRMSNorm(160, eps=1e-6), GemmaRMSNorm(160, eps=1e-5)
+    for norm in (post, following):
+        norm.weight.data = torch.randn(160, generator=g)
+        norm.to(device, dtype)
+    x = (3 * torch.randn(6, 160, generator=g)).to(device, dtype)
+    res = torch.randn(6, 160, generator=g).to(device, dtype)
+    want = gemma_rms_normed(x, following.weight, 1e-5)
+    torch.testing.assert_close(fe.gemma_rmsnorm(x, following.weight, 1e-5), want, **_tol(dtype))
+    torch.testing.assert_close(following(x), want, **_tol(dtype))
+    want_res = res + gemma_rms_normed(x, post.weight, 1e-6)
+    want_out = gemma_rms_normed(want_res, following.weight, 1e-5)
+    res_copy = res.clone()
+    got = fe.gemma_rmsnorm(x, following.weight, 1e-5, sandwich=(res_copy, post.weight, 1e-6))
+    torch.testing.assert_close(res_copy, want_res, **_tol(dtype))
+    torch.testing.assert_close(got, want_out, **_tol(dtype))
+    got_out, got_res = sandwich_norms(x, res.clone(), post, following)  # the layer's entry point, either device
+    torch.testing.assert_close(got_res, want_res, **_tol(dtype))
+    torch.testing.assert_close(got_out, want_out, **_tol(dtype))
+    assert not torch.allclose(want.float(), rms_normed(x, following.weight, 1e-5).float(), atol=0.1)
+    with pytest.raises(ValueError, match="residual stream"):
+        fe.gemma_rmsnorm(x, following.weight, 1e-5, sandwich=(res[:3], post.weight, 1e-6))
+
+
 def test_rotary_refuses_the_qk_norm_with_interleaved_pairs():
     from sglang.srt.layers.rotary_embedding import QKNorm
 

@@ -98,12 +98,16 @@ def test_kernel_equals_torch_path(device, store):
 @pytest.mark.parametrize("device", triton_test_devices())
 @pytest.mark.parametrize("factor", [1.0, 0.5], ids=["full-rotary", "partial-rotary"])
 @pytest.mark.parametrize("store", [False, True], ids=["rotate", "rotate+store"])
-def test_rotary_with_the_per_head_qk_norm(device, factor, store):
-    """Qwen3's / GLM-4.5's per-head q/k RMSNorm inside the rotary kernel, in place on the strided views of qkv: equal
-    to the norm (rms_normed, in the activation dtype) then rotary, for whole and partial rotary (the unrotated tail
-    normed too), with and without the K/V store; V and the rest of qkv untouched."""
-    from sglang.srt.layers.layernorm import rms_normed
+@pytest.mark.parametrize("unit_offset", [False, True], ids=["llama-norm", "gemma-norm"])
+def test_rotary_with_the_per_head_qk_norm(device, factor, store, unit_offset):
+    """Qwen3's / GLM-4.5's per-head q/k RMSNorm (and Gemma 3's, whose scale is (1 + w) and rounds once) inside the
+    rotary kernel, in place on the strided views of qkv: equal to the norm (in the activation dtype) then rotary, for
+    whole and partial rotary (the unrotated tail normed too), with and without the K/V store; V and the rest of qkv
+    untouched."""
+    from sglang.srt.layers.layernorm import gemma_rms_normed, rms_normed
     from sglang.srt.layers.rotary_embedding import QKNorm
+
+    rms_normed = gemma_rms_normed if unit_offset else rms_normed  # noqa: F811  (the family's norm, reference side)
 
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     hq, hk, d = HQ, HK, HEAD_DIM
@@ -113,7 +117,10 @@ def test_rotary_with_the_per_head_qk_norm(device, factor, store):
     g = torch.Generator().manual_seed(7)
     qkv = (4 * torch.randn(5, (hq + 2 * hk) * d, generator=g)).to(device, dtype)  # rms far from 1: the norm acts
     norm = QKNorm(
-        (1 + torch.randn(d, generator=g)).to(device, dtype), torch.rand(d, generator=g).to(device, dtype), 1e-6
+        (1 + torch.randn(d, generator=g)).to(device, dtype),
+        torch.rand(d, generator=g).to(device, dtype),
+        1e-6,
+        unit_offset=unit_offset,
     )
     q, k, v = qkv[:, : hq * d], qkv[:, hq * d : (hq + hk) * d], qkv[:, (hq + hk) * d :]
     original_q = q.float().cpu().clone()

@@ -122,6 +122,15 @@ def rmsnorm(
 
 
 @triton.jit
+def _scale_normed(normed, w, dt: tl.constexpr, UNIT_OFFSET: tl.constexpr):
+    """A normalised fp32 row times its norm weight, rounded to dt as the family's RMSNorm rounds (returned in fp32):
+    Llama's rounds the normalised value first, then the product; Gemma's takes (1 + w) times it in fp32, one rounding."""
+    if UNIT_OFFSET:
+        return (normed * (1.0 + w)).to(dt).to(tl.float32)
+    return (w * normed.to(dt).to(tl.float32)).to(dt).to(tl.float32)
+
+
+@triton.jit
 def _rotary_kernel(
     q_ptr,
     k_ptr,
@@ -158,6 +167,7 @@ def _rotary_kernel(
     NORM_V: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     QK_NORM: tl.constexpr,
+    QK_UNIT_OFFSET: tl.constexpr,
     PDL: tl.constexpr,
 ):
     # INTERLEAVED (DeepSeek): the pairs (x_2i, x_2i+1) rotate, and the result is laid out de-interleaved, as
@@ -166,6 +176,7 @@ def _rotary_kernel(
     # 2 * HALF to HEAD_DIM pass through (in place: only the pool copy of K needs them written, or their norm).
     # QK_NORM (Qwen3, GLM-4.5): each head's row is RMS-normed first (q by qw, k by kw), rounded as
     # _rmsnorm_kernel rounds it, and the normed row rotates: one kernel where the per-head norms were two more.
+    # QK_UNIT_OFFSET (Gemma 3): the scale is (1 + w) and the fp32 product is rounded once, as _gemma_rmsnorm_kernel.
     pdl_prologue(PDL)
     token = tl.program_id(0)
     pos = tl.load(pos_ptr + token)
@@ -206,11 +217,11 @@ def _rotary_kernel(
             inv_rms = tl.rsqrt(squares / HEAD_DIM + qk_eps)[:, None]
             w1 = tl.load(w_ptr + d, mask=in_half, other=0.0).to(tl.float32)[None, :]
             w2 = tl.load(w_ptr + HALF + d, mask=in_half, other=0.0).to(tl.float32)[None, :]
-            x1 = (w1 * (x1 * inv_rms).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-            x2 = (w2 * (x2 * inv_rms).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+            x1 = _scale_normed(x1 * inv_rms, w1, dt, QK_UNIT_OFFSET)
+            x2 = _scale_normed(x2 * inv_rms, w2, dt, QK_UNIT_OFFSET)
             if BLOCK_PASS > 0:  # the tail does not rotate: its normed value is written back in place
                 wt = tl.load(w_ptr + p, mask=p < HEAD_DIM, other=0.0).to(tl.float32)[None, :]
-                tail = (wt * (tail_f * inv_rms).to(dt).to(tl.float32)).to(dt)
+                tail = _scale_normed(tail_f * inv_rms, wt, dt, QK_UNIT_OFFSET).to(dt)
                 tl.store(base + tail_offs, tail, mask=pmask)
         y1 = (x1 * cos - x2 * sin).to(base.dtype.element_ty)
         y2 = (x2 * cos + x1 * sin).to(base.dtype.element_ty)
@@ -316,6 +327,7 @@ def apply_rotary_inplace(
         NORM_V=norm is not None,
         INTERLEAVED=interleaved,
         QK_NORM=qk_norm is not None,
+        QK_UNIT_OFFSET=qk_norm is not None and qk_norm.unit_offset,
         PDL=pdl,
         launch_pdl=pdl,
         num_warps=4,
@@ -331,6 +343,88 @@ def _heads_and_stride(x: torch.Tensor, head_dim: int) -> tuple[int, int]:
     if x.stride(1) != 1:
         raise ValueError("rotary wants contiguous rows")
     return x.shape[1] // head_dim, head_dim
+
+
+@triton.jit
+def _gemma_rmsnorm_kernel(
+    x_ptr,
+    res_ptr,
+    out_ptr,
+    post_w_ptr,
+    w_ptr,
+    n_cols,
+    sx,
+    sres,
+    so,
+    post_eps,
+    eps,
+    SANDWICH: tl.constexpr,
+    BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
+):
+    # Gemma's RMSNorm: the scale is (1 + w) and the whole product stays in fp32, rounded once (Llama's kernel above
+    # rounds the normalised value before scaling). SANDWICH: x is a block's output; its post-norm joins the residual
+    # stream (rounded as torch's add of the two), and the stream's next norm is the result.
+    pdl_prologue(PDL)
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    mask = cols < n_cols
+    xf = tl.load(x_ptr + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
+    if SANDWICH:
+        post_w = tl.load(post_w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        post = xf * tl.rsqrt(tl.sum(xf * xf, axis=0) / n_cols + post_eps) * (1.0 + post_w)
+        post = post.to(res_ptr.dtype.element_ty).to(tl.float32)
+        h = (tl.load(res_ptr + row * sres + cols, mask=mask, other=0.0).to(tl.float32) + post).to(
+            res_ptr.dtype.element_ty
+        )
+        tl.store(res_ptr + row * sres + cols, h, mask=mask)
+        xf = h.to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    out = xf * tl.rsqrt(tl.sum(xf * xf, axis=0) / n_cols + eps) * (1.0 + w)
+    tl.store(out_ptr + row * so + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def gemma_rmsnorm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    sandwich: tuple[torch.Tensor, torch.Tensor, float] | None = None,
+) -> torch.Tensor:
+    """Gemma's RMSNorm of the rows of x [T, D] (``layernorm.gemma_rms_normed``), one kernel, into a new tensor.
+
+    ``sandwich`` = (residual [T, D], post-norm weight, its eps): x is a block's output (attention's, the MLP's); the
+    residual stream gets its post-norm added in place, and the result is this norm of the updated stream: Gemma 2/3's
+    ``residual + post_norm(x)`` then the next norm, one kernel where torch runs about twenty."""
+    if x.dim() != 2:
+        raise ValueError(f"gemma_rmsnorm normalizes the rows of a 2-D x, got shape {tuple(x.shape)}")
+    n_tok, n_cols = x.shape
+    out = torch.empty(n_tok, n_cols, dtype=x.dtype, device=x.device)
+    res, post_weight, post_eps = sandwich if sandwich is not None else (x, weight, 0.0)  # dummies unless SANDWICH
+    if sandwich is not None and (res.shape != x.shape or res.stride(1) != 1):
+        raise ValueError(f"the residual stream must be [T, D] rows like x {tuple(x.shape)}, got {tuple(res.shape)}")
+    if x.stride(1) != 1:
+        raise ValueError("gemma_rmsnorm wants contiguous rows")
+    pdl = pdl_available(x)
+    if n_tok:
+        _gemma_rmsnorm_kernel[(n_tok,)](
+            x,
+            res,
+            out,
+            post_weight,
+            weight,
+            n_cols,
+            x.stride(0),
+            res.stride(0),
+            out.stride(0),
+            post_eps,
+            eps,
+            SANDWICH=sandwich is not None,
+            BLOCK=triton.next_power_of_2(n_cols),
+            PDL=pdl,
+            launch_pdl=pdl,
+            num_warps=4 if n_cols <= 1024 else 8,
+        )
+    return out
 
 
 @triton.jit

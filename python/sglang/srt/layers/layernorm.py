@@ -18,6 +18,14 @@ def rms_normed(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tenso
     return weight * x32.to(x.dtype)
 
 
+def gemma_rms_normed(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """Gemma's RMSNorm in torch, as transformers' Gemma2/Gemma3 RMSNorm: the checkpoint stores w and the scale is
+    (1 + w); the whole product is taken in fp32 and rounded once (Llama rounds the normalised value first)."""
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return (x32 * (1.0 + weight.float())).to(x.dtype)
+
+
 class RMSNorm(nn.Module):
     def __init__(self, hidden_size: int, eps: float = 1e-6, params_dtype: Optional[torch.dtype] = None) -> None:
         super().__init__()
@@ -49,9 +57,7 @@ class RMSNorm(nn.Module):
 
 
 class GemmaRMSNorm(nn.Module):
-    """Gemma's RMSNorm: the checkpoint stores w and the scale is (1 + w); the whole product is taken in fp32 and
-    rounded once (Llama rounds the normalised value before scaling), as transformers' Gemma2/Gemma3 RMSNorm.
-    Plain torch on every device: the fused GPU kernel rounds where Llama does."""
+    """Gemma's RMSNorm (``gemma_rms_normed``): torch on the CPU (transformers' bits), one kernel on the GPU."""
 
     def __init__(self, hidden_size: int, eps: float = 1e-6, params_dtype: Optional[torch.dtype] = None) -> None:
         super().__init__()
@@ -59,7 +65,24 @@ class GemmaRMSNorm(nn.Module):
         self.variance_epsilon = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """The norm over the last dim (any leading shape: [T, H] hidden states, [T, heads, D] per-head q/k)."""
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
-        return (x32 * (1.0 + self.weight.float())).to(x.dtype)
+        """The norm over the last dim (any leading shape on the CPU; on the GPU [T, D] rows take the kernel)."""
+        if x.is_cuda and x.dim() == 2 and x.stride(1) == 1:
+            from sglang.srt.layers.fused_elementwise import gemma_rmsnorm
+
+            return gemma_rmsnorm(x, self.weight, self.variance_epsilon)
+        return gemma_rms_normed(x, self.weight, self.variance_epsilon)
+
+
+def sandwich_norms(
+    block_out: torch.Tensor, residual: torch.Tensor, post_norm: GemmaRMSNorm, next_norm: GemmaRMSNorm
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Gemma 2/3 between two blocks: the stream gets the block's output post-normed (``residual + post_norm(x)``)
+    and the next block reads ``next_norm`` of it. Returns (that input, the stream); on the GPU one kernel, the stream
+    updated in place (the decoder loop's temporary), on the CPU torch's ops, transformers' bits."""
+    if block_out.is_cuda and block_out.dim() == 2 and block_out.stride(1) == 1:
+        from sglang.srt.layers.fused_elementwise import gemma_rmsnorm
+
+        sandwich = (residual, post_norm.weight, post_norm.variance_epsilon)
+        return gemma_rmsnorm(block_out, next_norm.weight, next_norm.variance_epsilon, sandwich=sandwich), residual
+    residual = residual + post_norm(block_out)
+    return next_norm(residual), residual

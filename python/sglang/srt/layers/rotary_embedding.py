@@ -19,7 +19,7 @@ from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from sglang.srt.configs.rope import rope_parameters as _rope_parameters
-from sglang.srt.layers.layernorm import rms_normed
+from sglang.srt.layers.layernorm import gemma_rms_normed, rms_normed
 
 
 def rotary_dim(config: PretrainedConfig, head_dim: int) -> int:
@@ -83,12 +83,17 @@ class FusedSetKVBufferArg:
 
 @dataclass(frozen=True)
 class QKNorm:
-    """A per-head RMSNorm of q and k before rotary (Qwen3, GLM-4.5 with use_qk_norm): on the GPU the rotary kernel
-    applies it, one kernel where three were."""
+    """A per-head RMSNorm of q and k before rotary (Qwen3, GLM-4.5 with use_qk_norm, Gemma 3): on the GPU the rotary
+    kernel applies it, one kernel where three (Gemma's: about twenty) were."""
 
     q_weight: torch.Tensor  # [head_dim]
     k_weight: torch.Tensor  # [head_dim]
     eps: float
+    unit_offset: bool = False  # Gemma's RMSNorm: the scale is (1 + w), the fp32 product rounded once
+
+    def normed(self, heads: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        """The norm of each row of ``heads`` [..., head_dim] in torch, rounded as the family's RMSNorm."""
+        return (gemma_rms_normed if self.unit_offset else rms_normed)(heads, weight, self.eps)
 
 
 class RotaryEmbedding(nn.Module):
@@ -152,7 +157,7 @@ class RotaryEmbedding(nn.Module):
         if qk_norm is not None:  # per head, in place on the (possibly strided) views, as the GPU kernel does
             for x, weight in ((q, qk_norm.q_weight), (k, qk_norm.k_weight)):
                 heads = x.view(x.shape[0], -1, self.head_dim)
-                heads.copy_(rms_normed(heads, weight, qk_norm.eps))
+                heads.copy_(qk_norm.normed(heads, weight))
         q, k = self._forward_torch(positions, q, k)
         if fused_set_kv_buffer_arg is not None:
             arg = fused_set_kv_buffer_arg

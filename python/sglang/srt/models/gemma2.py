@@ -7,7 +7,7 @@ start-up what this file does not run."""
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 from torch import nn
@@ -16,11 +16,11 @@ from transformers import PretrainedConfig
 from sglang.srt.configs.model_config import attention_head_dim, total_num_kv_heads
 from sglang.srt.configs.sliding_window import layer_sliding_window
 from sglang.srt.layers.activation import gelu_tanh_and_mul
-from sglang.srt.layers.layernorm import GemmaRMSNorm
+from sglang.srt.layers.layernorm import GemmaRMSNorm, sandwich_norms
 from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.layers.radix_attention import RadixAttention
-from sglang.srt.layers.rotary_embedding import RotaryEmbedding, get_rope
+from sglang.srt.layers.rotary_embedding import QKNorm, RotaryEmbedding, get_rope
 from sglang.srt.layers.vocab_parallel_embedding import VocabParallelEmbedding
 from sglang.srt.models.llama import LlamaForCausalLM
 from sglang.srt.models.utils import create_fused_set_kv_buffer_arg
@@ -106,13 +106,15 @@ class Gemma2Attention(nn.Module):
     def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch) -> torch.Tensor:
         qkv = self.qkv_proj(hidden_states)
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        if self.qk_norm:  # per head; new tensors, which rotary then rotates in place on the GPU
-            n = q.shape[0]
-            q = self.q_norm(q.view(n, -1, self.head_dim)).view(n, -1)
-            k = self.k_norm(k.view(n, -1, self.head_dim)).view(n, -1)
-        # On the GPU rotary also stores K/V in the pool (one kernel): attention then skips the store.
+        # Rotary norms each head of q and k first where the family does (Gemma 3, in place on the views of qkv) and on
+        # the GPU also stores K/V in the pool: one kernel; attention then skips the store.
+        qk_norm = (
+            QKNorm(self.q_norm.weight, self.k_norm.weight, self.q_norm.variance_epsilon, unit_offset=True)
+            if self.qk_norm
+            else None
+        )
         kv_store = create_fused_set_kv_buffer_arg(k, v, self.attn, forward_batch)
-        q, k = self.rotary_emb(positions, q, k, fused_set_kv_buffer_arg=kv_store)
+        q, k = self.rotary_emb(positions, q, k, fused_set_kv_buffer_arg=kv_store, qk_norm=qk_norm)
         if kv_store is not None:
             out = self.attn(q, k, v, forward_batch, save_kv_cache=False)
         else:
@@ -143,12 +145,23 @@ class Gemma2DecoderLayer(nn.Module):
         self.pre_feedforward_layernorm = norm()
         self.post_feedforward_layernorm = norm()
 
-    def forward(self, positions: torch.Tensor, hidden_states: torch.Tensor, forward_batch) -> torch.Tensor:
-        """The residual stream after this layer: each block's output is normed before it joins the stream."""
-        attention = self.self_attn(positions, self.input_layernorm(hidden_states), forward_batch)
-        hidden_states = hidden_states + self.post_attention_layernorm(attention)
-        mlp = self.mlp(self.pre_feedforward_layernorm(hidden_states))
-        return hidden_states + self.post_feedforward_layernorm(mlp)
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        residual: torch.Tensor,
+        forward_batch,
+        next_norm: GemmaRMSNorm,
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``hidden_states``: this layer's input norm of the residual stream ``residual`` (the layer before applied
+        it as its ``next_norm``). Each block's output is post-normed before it joins the stream; returns
+        (next_norm(stream), stream) after this layer, ``next_norm`` the next layer's input norm or the model's final
+        one. Each post-norm, its add and the norm after it are one kernel on the GPU (``sandwich_norms``)."""
+        attention = self.self_attn(positions, hidden_states, forward_batch)
+        mlp_input, residual = sandwich_norms(
+            attention, residual, self.post_attention_layernorm, self.pre_feedforward_layernorm
+        )
+        return sandwich_norms(self.mlp(mlp_input), residual, self.post_feedforward_layernorm, next_norm)
 
 
 class Gemma2Model(nn.Module):
@@ -171,10 +184,12 @@ class Gemma2Model(nn.Module):
         self.norm = GemmaRMSNorm(config.hidden_size, eps=config.rms_norm_eps, params_dtype=dtype)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, forward_batch) -> torch.Tensor:
-        hidden_states = self.embed_tokens(input_ids) * self.embed_scale
-        for layer in self.layers:
-            hidden_states = layer(positions, hidden_states, forward_batch)
-        return self.norm(hidden_states)
+        residual = self.embed_tokens(input_ids) * self.embed_scale  # the residual stream (a temporary of this loop)
+        hidden_states = self.layers[0].input_layernorm(residual)
+        next_norms = [layer.input_layernorm for layer in self.layers[1:]] + [self.norm]
+        for layer, next_norm in zip(self.layers, next_norms):
+            hidden_states, residual = layer(positions, hidden_states, residual, forward_batch, next_norm)
+        return hidden_states  # the final norm of the stream (the last layer's next_norm)
 
 
 class Gemma2ForCausalLM(LlamaForCausalLM):
