@@ -41,8 +41,8 @@
 #                       bytes read (fp8 weights, scales, other parameters, embedding rows, KV); ~1.5 min; another
 #                       shape with FP8_MODEL=NAME (a shape of scripts/make_model_configs.py, e.g. Llama-3.1-8B)
 #   roofline-gemma      decode_roofline/: bench_decode_roofline.py --shape Gemma-3-27B (Gemma-2-9B with GEMMA_MODEL),
-#                       batches 1 / 8 / 64 at context 1k, bf16, vs the floor of the bytes read (tied lm_head: the
-#                       whole embedding table)
+#                       batches 1 / 8 / 64 (or GEMMA_BATCHES) at context 1k, bf16, vs the floor of the bytes read
+#                       (tied lm_head: the whole embedding table)
 #   roofline-mla        decode_roofline/: bench_decode_roofline.py --shape DeepSeek-V2-Lite (batch 1 and 64, the
 #                       floor's terms: whole parameters, embedding rows, experts touched, latent KV)
 #   mla-prefill         mla/: bench_mla_prefill.py (extend absorbed vs decompressed; the threshold)
@@ -157,7 +157,7 @@ run_stage() {
         --budgets-mib 0 16 32 1024 --out $o ;;
     roofline-gemma)
       python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --shape ${GEMMA_MODEL:-Gemma-3-27B} \
-        --contexts 1024 --batches 1 8 64 --out $o ;;
+        --contexts 1024 --batches ${GEMMA_BATCHES:-1 8 64} --out $o ;;
     roofline-mla) python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --shape DeepSeek-V2-Lite --out $o ;;
     mla-prefill) python3 benchmark/mla/bench_mla_prefill.py --out $o ;;
     mla-decode) python3 benchmark/mla/bench_mla_decode.py --out $o ;;
