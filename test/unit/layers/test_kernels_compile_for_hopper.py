@@ -16,6 +16,21 @@ import sys
 import pytest
 
 FP8 = "fp8e4nv"
+# The rotary kernel's pointers with the q/k norm's weights and the KV store, all bf16 (GLM-4.5's and Gemma 3's cases).
+ROTARY_QK_NORM_POINTERS = dict(
+    q_ptr="bf16",
+    k_ptr="bf16",
+    cos_ptr="bf16",
+    sin_ptr="bf16",
+    pos_ptr="i64",
+    v_ptr="bf16",
+    k_buf="bf16",
+    v_buf="bf16",
+    loc_ptr="i64",
+    vw_ptr="bf16",
+    qw_ptr="bf16",
+    kw_ptr="bf16",
+)
 
 
 def _cases():
@@ -239,20 +254,7 @@ def _cases():
         (
             "rotary with the per-head q/k norm, partial rotary and the KV store (GLM-4.5)",
             fe._rotary_kernel,
-            dict(
-                q_ptr="bf16",
-                k_ptr="bf16",
-                cos_ptr="bf16",
-                sin_ptr="bf16",
-                pos_ptr="i64",
-                v_ptr="bf16",
-                k_buf="bf16",
-                v_buf="bf16",
-                loc_ptr="i64",
-                vw_ptr="bf16",
-                qw_ptr="bf16",
-                kw_ptr="bf16",
-            ),
+            ROTARY_QK_NORM_POINTERS,
             {"v_eps", "qk_eps"},
             dict(
                 HEAD_DIM=128,
@@ -272,20 +274,7 @@ def _cases():
         (
             "rotary with Gemma 3's (1 + w) per-head q/k norm and the KV store",
             fe._rotary_kernel,
-            dict(
-                q_ptr="bf16",
-                k_ptr="bf16",
-                cos_ptr="bf16",
-                sin_ptr="bf16",
-                pos_ptr="i64",
-                v_ptr="bf16",
-                k_buf="bf16",
-                v_buf="bf16",
-                loc_ptr="i64",
-                vw_ptr="bf16",
-                qw_ptr="bf16",
-                kw_ptr="bf16",
-            ),
+            ROTARY_QK_NORM_POINTERS,
             {"v_eps", "qk_eps"},
             dict(
                 HEAD_DIM=128,
