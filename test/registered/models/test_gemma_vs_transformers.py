@@ -5,11 +5,12 @@ rope (Gemma 3). Greedy tokens identical to transformers, output and prompt logpr
 capped logits, also with chunked prefill cutting the window, with cached prefixes longer than the window, and with the
 sliding layers in a window pool too small to keep every request's window (the hybrid SWA pool under pressure). The
 same weights without the attention cap or the window give other greedy tokens in transformers, and without the
-final cap other logprobs, so each is matched."""
+final cap other logprobs, so each is matched. The GPU's norm and rotary kernels, run in the triton interpreter through
+the same scheduler, give the same tokens."""
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=5, suite="per-commit-cpu")
+register_cpu_ci(est_time=50, suite="per-commit-cpu")
 
 import random
 
@@ -122,3 +123,38 @@ def test_each_feature_changes_the_reference(tiny, feature):
         assert (hf_log_softmax(plain, ids) - hf_log_softmax(hf, ids)).abs().max() > 100 * TOL
         return
     assert hf_greedy(plain, prompts(), NEW_TOKENS) != ref, f"{feature} changes no answer: this test proves nothing"
+
+
+def test_gpu_kernels_in_the_interpreter_give_the_same_tokens(tiny, monkeypatch):
+    """The GPU's path through the decoder, here in the triton interpreter on CPU tensors: each (1 + w) norm one
+    kernel, each block's post-norm with its residual add and the next norm one kernel (the stream updated in place),
+    Gemma 3's q/k norms inside the rotary kernel: transformers' greedy tokens, and every such call took its kernel."""
+    import os
+
+    from sglang.srt.layers import fused_elementwise, kernel_dispatch
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("triton kernels on CPU tensors need TRITON_INTERPRET=1")
+    family, d, hf, ref, _ = tiny
+    monkeypatch.setattr(kernel_dispatch, "runs_kernel", lambda t: True)
+    norms, rotary = [], []
+    real_norm, real_rotary = fused_elementwise.gemma_rmsnorm, fused_elementwise.apply_rotary_inplace
+
+    def counted_norm(*args, **kwargs):
+        norms.append(kwargs.get("sandwich") is not None)
+        return real_norm(*args, **kwargs)
+
+    def counted_rotary(*args, **kwargs):
+        qk_norm = kwargs.get("qk_norm")
+        rotary.append(qk_norm is not None and qk_norm.unit_offset)
+        return real_rotary(*args, **kwargs)
+
+    monkeypatch.setattr(fused_elementwise, "gemma_rmsnorm", counted_norm)
+    monkeypatch.setattr(fused_elementwise, "apply_rotary_inplace", counted_rotary)
+    sched = make_scheduler(reuse_model=False, model_path=d, skip_tokenizer_init=True, max_total_tokens=1024)
+    outs = run_scheduler(sched, prompts(), greedy_params(NEW_TOKENS))
+    assert [o.output_ids for o in outs] == ref, family
+    layers = hf.config.num_hidden_layers
+    forwards = norms.count(False)  # one plain norm a forward (the first layer's input), the rest are sandwiches
+    assert forwards > 0 and norms.count(True) == 2 * layers * forwards
+    assert len(rotary) == layers * forwards and all(rotary) == (family == "gemma3") and any(rotary) == all(rotary)

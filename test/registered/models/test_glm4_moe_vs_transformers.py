@@ -140,12 +140,12 @@ def test_rotary_kernel_with_the_qk_norm_in_the_interpreter_gives_the_same_tokens
     layer call took the kernel with the norm."""
     import pytest
 
-    from sglang.srt.layers import fused_elementwise, rotary_embedding
+    from sglang.srt.layers import fused_elementwise, kernel_dispatch
 
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("triton kernels on CPU tensors need TRITON_INTERPRET=1")
     d, hf, prompts, ref, _ = _build("qk_norm", tmp_path_factory)
-    monkeypatch.setattr(rotary_embedding, "runs_kernel", lambda q: True)
+    monkeypatch.setattr(kernel_dispatch, "runs_kernel", lambda t: True)
     calls = []
     real = fused_elementwise.apply_rotary_inplace
 

@@ -7,6 +7,7 @@ from typing import Optional, Tuple, Union
 import torch
 from torch import nn
 
+from sglang.srt.layers import kernel_dispatch
 from sglang.srt.layers.quantization.block_fp8_activation import Activation, ActivationLayout
 from sglang.srt.layers.quantization.fp8_block_linear import quantize_activation
 
@@ -66,7 +67,7 @@ class GemmaRMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """The norm over the last dim (any leading shape on the CPU; on the GPU [T, D] rows take the kernel)."""
-        if x.is_cuda and x.dim() == 2 and x.stride(1) == 1:
+        if kernel_dispatch.runs_kernel(x) and x.dim() == 2 and x.stride(1) == 1:
             from sglang.srt.layers.fused_elementwise import gemma_rmsnorm
 
             return gemma_rmsnorm(x, self.weight, self.variance_epsilon)
@@ -79,7 +80,7 @@ def sandwich_norms(
     """Gemma 2/3 between two blocks: the stream gets the block's output post-normed (``residual + post_norm(x)``)
     and the next block reads ``next_norm`` of it. Returns (that input, the stream); on the GPU one kernel, the stream
     updated in place (the decoder loop's temporary), on the CPU torch's ops, transformers' bits."""
-    if block_out.is_cuda and block_out.dim() == 2 and block_out.stride(1) == 1:
+    if kernel_dispatch.runs_kernel(block_out) and block_out.dim() == 2 and block_out.stride(1) == 1:
         from sglang.srt.layers.fused_elementwise import gemma_rmsnorm
 
         sandwich = (residual, post_norm.weight, post_norm.variance_epsilon)

@@ -19,6 +19,7 @@ from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from sglang.srt.configs.rope import rope_parameters as _rope_parameters
+from sglang.srt.layers import kernel_dispatch
 from sglang.srt.layers.layernorm import gemma_rms_normed, rms_normed
 
 
@@ -55,12 +56,6 @@ def compute_inv_freq(
     if layer_type is not None:
         return ROPE_INIT_FUNCTIONS[rope_type](config, "cpu", layer_type=layer_type)
     return ROPE_INIT_FUNCTIONS[rope_type](config, "cpu")
-
-
-def runs_kernel(q: torch.Tensor) -> bool:
-    """Rotary runs its triton kernel on CUDA tensors (the CPU takes the torch path, transformers' bits; tests
-    patch this to run the kernel in the triton interpreter on CPU tensors)."""
-    return q.is_cuda
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -138,7 +133,7 @@ class RotaryEmbedding(nn.Module):
         q, k (on the GPU rotated in place, one kernel for both, interleaved pairs too).
         With ``fused_set_kv_buffer_arg`` the rotated K and the given V are also written to the pool; with
         ``qk_norm`` each head of q and k is RMS-normed (in place) before it rotates."""
-        if runs_kernel(q):
+        if kernel_dispatch.runs_kernel(q):
             from sglang.srt.layers.fused_elementwise import apply_rotary_inplace
 
             apply_rotary_inplace(
