@@ -394,7 +394,7 @@ def gemma_rmsnorm(
 
     ``sandwich`` = (residual [T, D], post-norm weight, its eps): x is a block's output (attention's, the MLP's); the
     residual stream gets its post-norm added in place, and the result is this norm of the updated stream: Gemma 2/3's
-    ``residual + post_norm(x)`` then the next norm, one kernel where torch runs about twenty."""
+    ``residual + post_norm(x)`` then the next norm, one kernel where torch runs twenty-one (ten a norm, one add)."""
     if x.dim() != 2:
         raise ValueError(f"gemma_rmsnorm normalizes the rows of a 2-D x, got shape {tuple(x.shape)}")
     n_tok, n_cols = x.shape

@@ -79,7 +79,7 @@ class FusedSetKVBufferArg:
 @dataclass(frozen=True)
 class QKNorm:
     """A per-head RMSNorm of q and k before rotary (Qwen3, GLM-4.5 with use_qk_norm, Gemma 3): on the GPU the rotary
-    kernel applies it, one kernel where three (Gemma's: about twenty) were."""
+    kernel applies it, one kernel where three were (Gemma's two norms in torch: twenty-one)."""
 
     q_weight: torch.Tensor  # [head_dim]
     k_weight: torch.Tensor  # [head_dim]

@@ -9,9 +9,10 @@ walks K in ``BLOCK_K`` steps with several loads in flight (``num_stages``). Laun
 before it runs, it streams its first tile and asks L2 for the front of its weight rows (``L2_PREFETCH_BYTES``)
 before it waits for x. When N is too narrow to fill the GPU with wide tiles, ``SPLIT_K`` programs share one
 column slice; each writes fp32 partial sums to a workspace and a second kernel adds them in a fixed order (no
-atomics: the result does not depend on timing, so greedy outputs repeat exactly). Where the decoder's residual add and RMSNorm come next (o_proj and
-down_proj), that kernel does them too, one program per row (``add_norm``), in place of the norm's own kernel, and
-for a block-fp8 projection after the norm it writes the norm quantized for it (``quantize``).
+atomics: the result does not depend on timing, so greedy outputs repeat exactly). Where the decoder's residual add
+and RMSNorm come next (o_proj and down_proj), that kernel does them too, one program per row (``add_norm``), in place
+of the norm's own kernel, and for a block-fp8 projection after the norm it writes the norm quantized for it
+(``quantize``).
 
 With fp8 operands (``--quantization fp8``: e4m3 weights with one scale per output row, activations with
 one scale per row of x, ``quantization/fp8_linear.py``) the tiles go to the tensor cores as fp8 (Hopper's
