@@ -53,6 +53,21 @@ def _cases():
     from sglang.srt.mem_cache import kv_store_kernel as ks
     from sglang.srt.mem_cache import latent_store as ls
 
+    # GLM-4.5's rotary: the per-head q/k norm, partial rotary (half of each 128-wide head), the KV store
+    glm_rotary = dict(
+        HEAD_DIM=128,
+        HALF=32,
+        BLOCK_HALF=32,
+        BLOCK_PASS=64,
+        BLOCK_H=32,
+        STORE_KV=True,
+        BLOCK_V=1024,
+        NORM_V=False,
+        INTERLEAVED=False,
+        QK_NORM=True,
+        QK_UNIT_OFFSET=False,
+        PDL=True,
+    )
     cases = []
     for q in (False, True):
         qp, qs = (FP8, "fp32") if q else ("bf16", "bf16")  # dummies (x's dtype) where nothing is quantized
@@ -256,40 +271,14 @@ def _cases():
             fe._rotary_kernel,
             ROTARY_QK_NORM_POINTERS,
             {"v_eps", "qk_eps"},
-            dict(
-                HEAD_DIM=128,
-                HALF=32,
-                BLOCK_HALF=32,
-                BLOCK_PASS=64,
-                BLOCK_H=32,
-                STORE_KV=True,
-                BLOCK_V=1024,
-                NORM_V=False,
-                INTERLEAVED=False,
-                QK_NORM=True,
-                QK_UNIT_OFFSET=False,
-                PDL=True,
-            ),
+            glm_rotary,
         ),
         (
             "rotary with Gemma 3's (1 + w) per-head q/k norm and the KV store",
             fe._rotary_kernel,
             ROTARY_QK_NORM_POINTERS,
             {"v_eps", "qk_eps"},
-            dict(
-                HEAD_DIM=128,
-                HALF=64,
-                BLOCK_HALF=64,
-                BLOCK_PASS=0,
-                BLOCK_H=32,
-                STORE_KV=True,
-                BLOCK_V=1024,
-                NORM_V=False,
-                INTERLEAVED=False,
-                QK_NORM=True,
-                QK_UNIT_OFFSET=True,
-                PDL=True,
-            ),
+            dict(glm_rotary, HALF=64, BLOCK_HALF=64, BLOCK_PASS=0, QK_UNIT_OFFSET=True),  # whole heads rotate
         ),
         (
             "Gemma's RMSNorm, the sandwich between two blocks",
