@@ -15,13 +15,14 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.srt.layers.kernel_dispatch import in_interpreter
 from sglang.srt.layers.pdl import pdl_available, pdl_prologue
 from sglang.srt.layers.quantization.block_fp8_activation import (
     ActivationLayout,
     BlockFp8Activation,
     empty_block_fp8_activation,
 )
-from sglang.srt.layers.quantization.fp8_tile import rounds_fp8_by_hand, store_quantized_groups
+from sglang.srt.layers.quantization.fp8_tile import store_quantized_groups
 
 
 @triton.jit
@@ -113,7 +114,7 @@ def rmsnorm(
             HAS_RESIDUAL=residual is not None,
             BLOCK=max(triton.next_power_of_2(n_cols), 128 if quantized is not None else 1),
             QUANTIZE=quantized is not None,
-            ROUND_BY_HAND=rounds_fp8_by_hand(x),
+            ROUND_BY_HAND=in_interpreter(x),
             PDL=pdl,
             launch_pdl=pdl,
             num_warps=4 if n_cols <= 1024 else 8,
@@ -488,7 +489,7 @@ def silu_and_mul(x: torch.Tensor, quantize: ActivationLayout | None = None) -> t
             *(qs.stride() if quantized is not None else (0, 0)),
             BLOCK=block,
             QUANTIZE=quantized is not None,
-            ROUND_BY_HAND=rounds_fp8_by_hand(x),
+            ROUND_BY_HAND=in_interpreter(x),
             PDL=pdl,
             launch_pdl=pdl,
             num_warps=4,

@@ -34,6 +34,7 @@ import triton
 import triton.language as tl
 
 from sglang.srt.layers.decode_gemm.table import GemmConfig, add_norm_refusal
+from sglang.srt.layers.kernel_dispatch import in_interpreter
 from sglang.srt.layers.pdl import pdl_available, pdl_prologue, release_dependents, wait_for_prerequisites
 from sglang.srt.layers.quantization.block_fp8_activation import (
     ActivationLayout,
@@ -41,8 +42,7 @@ from sglang.srt.layers.quantization.block_fp8_activation import (
     empty_block_fp8_activation,
 )
 from sglang.srt.layers.quantization.fp8 import FP8_BLOCK as BLOCK_SCALE_EDGE
-from sglang.srt.layers.quantization.fp8_tile import rounds_fp8_by_hand, store_quantized_groups
-from sglang.srt.layers.triton_loops import use_while_loops
+from sglang.srt.layers.quantization.fp8_tile import store_quantized_groups
 
 # How much of a projection's weight the GEMM asks L2 for while it waits for the kernel before it (PDL), at most: the
 # front of every program's K range, the same fraction of each. Set by bench_weight_prefetch.py (Qwen3-8B native
@@ -132,7 +132,7 @@ def _skinny_gemm_kernel(
         x_ptrs += BLOCK_K
         first = 1
     # Every split walks k_tiles tiles; only the last split's tail is masked off.
-    if WHILE_LOOPS:  # the interpreter (CPU tests): see triton_loops.use_while_loops
+    if WHILE_LOOPS:  # the interpreter (CPU tests): see kernel_dispatch
         i = 0
         while i < k_tiles:
             k_mask = k_start + i * BLOCK_K + offs_k < K
@@ -405,7 +405,7 @@ def skinny_linear(
         # Moving the sum to fp32 every 128 products keeps it as exact as _scaled_mm's (DeepSeek-V3's
         # interval); bf16 dots accumulate in fp32 already.
         IMPRECISE_ACC=min(128, config.block_k) if scales is not None else None,
-        WHILE_LOOPS=use_while_loops(x),
+        WHILE_LOOPS=in_interpreter(x),
         USE_PDL=use_pdl,
         PREFETCH=prefetch_k > 0,
         launch_pdl=use_pdl,
@@ -442,7 +442,7 @@ def skinny_linear(
             ADD_NORM=add_norm is not None,
             HAS_ADDEND=addend is not None,
             QUANTIZE=quantized is not None,
-            ROUND_BY_HAND=rounds_fp8_by_hand(x),
+            ROUND_BY_HAND=in_interpreter(x),
             PDL=pdl,
             launch_pdl=pdl,
             num_warps=(4 if n <= 1024 else 8) if add_norm is not None else 4,

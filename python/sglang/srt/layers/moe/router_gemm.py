@@ -36,8 +36,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from sglang.srt.layers.kernel_dispatch import in_interpreter
 from sglang.srt.layers.pdl import pdl_available, pdl_prologue
-from sglang.srt.layers.triton_loops import use_while_loops
 
 # The kernel's domain (measured, above): up to 64 tokens, and tokens x router weight bytes (the weight re-read from L2
 # by every token) up to 128 MiB.
@@ -80,7 +80,7 @@ def _router_logits_kernel(
     t = tl.program_id(1)
     acc = tl.zeros((BLOCK_E,), dtype=tl.float32)
     k0 = 0
-    if WHILE_LOOPS:  # the interpreter: see triton_loops.use_while_loops
+    if WHILE_LOOPS:  # the interpreter: see kernel_dispatch
         while k0 < K:
             acc += _gemv_step(X, w_rows, t, stride_x, k0, offs_k, e_ok, K)
             k0 += BLOCK_K
@@ -120,7 +120,7 @@ def router_logits_triton(x: torch.Tensor, weight: torch.Tensor, tile: RouterTile
         out.stride(0),
         BLOCK_E=tile.experts,
         BLOCK_K=tile.block_k,
-        WHILE_LOOPS=use_while_loops(x),
+        WHILE_LOOPS=in_interpreter(x),
         PDL=pdl,
         launch_pdl=pdl,
         num_warps=4,

@@ -6,9 +6,10 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.srt.layers.kernel_dispatch import in_interpreter
 from sglang.srt.layers.pdl import pdl_available, pdl_prologue
 from sglang.srt.layers.quantization.fp8 import FP8_DTYPE
-from sglang.srt.layers.quantization.fp8_tile import quantize_tile_rows, rounds_fp8_by_hand
+from sglang.srt.layers.quantization.fp8_tile import quantize_tile_rows
 
 
 @triton.jit
@@ -48,7 +49,7 @@ def quantize_activations(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             x.stride(0),
             q.stride(0),
             BLOCK=triton.next_power_of_2(cols),
-            ROUND_BY_HAND=rounds_fp8_by_hand(x),
+            ROUND_BY_HAND=in_interpreter(x),
             PDL=pdl,
             launch_pdl=pdl,
             num_warps=4 if cols <= 4096 else 8,

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from sglang.srt.layers.decode_gemm import CUBLAS_ONLY, GemmPlan
+from sglang.srt.layers.kernel_dispatch import in_interpreter
 from sglang.srt.layers.pdl import pdl_available, pdl_prologue
 from sglang.srt.layers.quantization.block_fp8_activation import (
     ROW_MAJOR,
@@ -20,8 +21,7 @@ from sglang.srt.layers.quantization.block_fp8_activation import (
     empty_block_fp8_activation,
 )
 from sglang.srt.layers.quantization.fp8 import FP8_BLOCK as GROUP
-from sglang.srt.layers.quantization.fp8_tile import rounds_fp8_by_hand, store_quantized_groups
-from sglang.srt.layers.triton_loops import use_while_loops
+from sglang.srt.layers.quantization.fp8_tile import store_quantized_groups
 
 _GROUP_C: tl.constexpr = tl.constexpr(GROUP)  # a global a kernel may read
 
@@ -83,7 +83,7 @@ def quantize_groups(
             q.stride(0),
             *scale.stride(),
             BLOCK=per_program * GROUP,
-            ROUND_BY_HAND=rounds_fp8_by_hand(x),
+            ROUND_BY_HAND=in_interpreter(x),
             PDL=pdl,
             launch_pdl=pdl,
         )
@@ -257,7 +257,7 @@ def _block_fp8_gemm_kernel(
     b_rows = b_ptr + offs_n[None, :].to(tl.int64) * stride_bn
     b_scale_row = b_scale_ptr + ((pid_n * BLOCK_N) // BLOCK_K) * stride_bsn
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if WHILE_LOOPS:  # the interpreter (see triton_loops.use_while_loops)
+    if WHILE_LOOPS:  # the interpreter (see kernel_dispatch)
         kb = 0
         while kb < tl.cdiv(K, BLOCK_K):
             acc = _block_step(
@@ -352,7 +352,7 @@ def block_fp8_gemm(
         BLOCK_N=block_n,
         BLOCK_K=GROUP,
         GROUP_M=8,
-        WHILE_LOOPS=use_while_loops(qx),
+        WHILE_LOOPS=in_interpreter(qx),
         **extra,
     )
     return out

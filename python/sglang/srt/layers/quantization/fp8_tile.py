@@ -14,7 +14,6 @@ has nothing left to round; the GPU converts directly (``cvt.rn.satfinite``).
 
 from __future__ import annotations
 
-import torch
 import triton
 import triton.language as tl
 
@@ -30,11 +29,6 @@ _E4M3_SUBNORMAL_STEP: tl.constexpr = tl.constexpr(2.0**-9)  # subnormals are who
 _DROPPED_HALF_MINUS_ONE: tl.constexpr = tl.constexpr((1 << 19) - 1)
 _KEPT_BITS_MASK: tl.constexpr = tl.constexpr(-(1 << 20))
 _SIGN_BIT: tl.constexpr = tl.constexpr(-(1 << 31))
-
-
-def rounds_fp8_by_hand(t: torch.Tensor) -> bool:
-    """True where the kernel working on ``t`` runs in the interpreter (``t`` is not on a CUDA device)."""
-    return not t.is_cuda
 
 
 @triton.jit

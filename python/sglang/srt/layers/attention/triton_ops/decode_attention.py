@@ -37,11 +37,11 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.srt.layers.kernel_dispatch import in_interpreter
 from sglang.srt.layers.pdl import pdl_available, pdl_prologue
 from sglang.srt.layers.quantization.block_fp8_activation import ROW_MAJOR, ActivationLayout, BlockFp8Activation
 from sglang.srt.layers.quantization.fp8 import FP8_BLOCK
-from sglang.srt.layers.quantization.fp8_tile import quantize_tile_rows, rounds_fp8_by_hand
-from sglang.srt.layers.triton_loops import use_while_loops
+from sglang.srt.layers.quantization.fp8_tile import quantize_tile_rows
 from sglang.srt.mem_cache.memory_pool import FP8_KV_DTYPES
 
 
@@ -235,7 +235,7 @@ def _decode_grouped_stage1(
         m_i = tl.full([BLOCK_H], -1e30, dtype=tl.float32)  # finite: no (-inf) - (-inf)
         l_i = tl.zeros([BLOCK_H], dtype=tl.float32)
         acc = tl.zeros([BLOCK_H, BLOCK_DV], dtype=tl.float32)
-        if WHILE_LOOPS:  # interpreter: see triton_loops.use_while_loops
+        if WHILE_LOOPS:  # interpreter: see kernel_dispatch
             n0 = start
             while n0 < end:
                 mask_n = n0 + offs_n < end
@@ -477,7 +477,7 @@ def decode_attention_fwd(
     qout, qscale = (quantized.q, quantized.scale) if quantized is not None else (o, o)  # dummies unless quantizing
     quantize = {
         "QUANTIZE": quantized is not None,
-        "ROUND_BY_HAND": rounds_fp8_by_hand(q),
+        "ROUND_BY_HAND": in_interpreter(q),
     }
     if bs == 0:
         return
@@ -532,7 +532,7 @@ def decode_attention_fwd(
         BLOCK_H=BLOCK_H,
         SPLIT_ALIGN=config.block_n,
         USE_CAP=logit_cap > 0,
-        WHILE_LOOPS=use_while_loops(q),
+        WHILE_LOOPS=in_interpreter(q),
         PDL=pdl,
         DOT_DTYPE=_TL_DTYPES[dot_dtype(q.dtype, k_buffer.dtype, config.fp8_dots_in_fp16)],
         KV_HEADS_ADJACENT=config.kv_heads_adjacent,

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from sglang.srt.layers.attention.triton_ops.decode_attention import _attend_kv_block
-from sglang.srt.layers.triton_loops import use_while_loops
+from sglang.srt.layers.kernel_dispatch import in_interpreter
 
 
 @triton.jit
@@ -113,7 +113,7 @@ def _extend_fwd_kernel(
 
         # A cache with the checkpoint's KV scales holds k / k_scale and v / v_scale: the prefix's scores take
         # sm_scale x k_scale and its probabilities x V take v_scale; the new tokens' K/V are as computed.
-        # Loop bodies are written once per loop form (see triton_loops.use_while_loops):
+        # Loop bodies are written once per loop form (see kernel_dispatch):
         # 1) the cached prefix through the slot indirection, every valid column visible;
         # 2) the new tokens straight from k_extend / v_extend, causally masked.
         if WHILE_LOOPS:
@@ -354,7 +354,7 @@ def extend_attention_fwd(
         BLOCK_N=block_n,
         IS_CAUSAL=bool(is_causal),
         USE_CAP=logit_cap > 0,
-        WHILE_LOOPS=use_while_loops(q_extend),
+        WHILE_LOOPS=in_interpreter(q_extend),
         USE_WINDOW=sliding_window > 0,
         V_SCALED=v_scale is not None,
         **extra,

@@ -15,7 +15,7 @@ import torch
 import triton
 import triton.language as tl
 
-from sglang.srt.layers.triton_loops import use_while_loops
+from sglang.srt.layers.kernel_dispatch import in_interpreter
 
 
 @triton.jit
@@ -40,7 +40,7 @@ def _fill_kv_indices_kernel(
     n = tl.load(Kv_Indptr + b + 1) - start
     offs = tl.arange(0, BLOCK)
     src = Req_To_Token + req * stride_req
-    if WHILE_LOOPS:  # interpreter: see triton_loops.use_while_loops
+    if WHILE_LOOPS:  # interpreter: see kernel_dispatch
         i = 0
         while i < n:
             mask = i + offs < n
@@ -87,5 +87,5 @@ def fill_kv_indices_triton(
         int(block_n),
         BLOCK=512,
         WITH_SPLITS=with_splits,
-        WHILE_LOOPS=use_while_loops(out),
+        WHILE_LOOPS=in_interpreter(out),
     )

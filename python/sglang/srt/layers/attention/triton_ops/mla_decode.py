@@ -34,8 +34,8 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.srt.layers.kernel_dispatch import in_interpreter
 from sglang.srt.layers.pdl import pdl_available, pdl_prologue
-from sglang.srt.layers.triton_loops import use_while_loops
 
 
 @dataclass(frozen=True)
@@ -195,7 +195,7 @@ def _mla_decode_stage1(
             mask=head_ok[:, None] & rope_ok[None, :],
             other=0.0,
         )
-        if WHILE_LOOPS:  # the interpreter: see triton_loops.use_while_loops
+        if WHILE_LOOPS:  # the interpreter: see kernel_dispatch
             n0 = start
             while n0 < end:
                 acc, m_i, l_i = _attend_rows(
@@ -363,7 +363,7 @@ def mla_decode_fwd(
         BLOCK_H=config.block_h,
         BLOCK_N=config.block_n,
         DIRECT=direct,
-        WHILE_LOOPS=use_while_loops(q_latent),
+        WHILE_LOOPS=in_interpreter(q_latent),
         PDL=pdl,
         **extra,
     )
