@@ -8,8 +8,8 @@ identical for prompts of 1, 7 and 23 tokens:
   multi-token-prediction layer in the checkpoint (num_nextn_predict_layers 1), skipped at load with its log line;
 - KT hybrid experts (BF16 on the CPU kernels, 3 of 8 experts on the model's device, the full-GPU prefill slot from
   16 tokens), the shared expert on the model's device;
-- the GPU's rotary kernel in the triton interpreter on CPU tensors (the per-head q/k norm and partial rotary in one
-  kernel), through the scheduler.
+- the GPU's elementwise kernels in the triton interpreter on CPU tensors (the RMSNorms, SiLU-and-mul, and rotary with
+  the per-head q/k norm and partial rotary in one kernel), through the scheduler.
 """
 
 from sglang.test.ci.ci_register import register_cpu_ci
@@ -135,9 +135,10 @@ def test_kt_hybrid_experts_match_transformers(tmp_path_factory):
 
 
 def test_rotary_kernel_with_the_qk_norm_in_the_interpreter_gives_the_same_tokens(tmp_path_factory, monkeypatch):
-    """The GPU's rotary kernel, here in the triton interpreter on CPU tensors: each head of q and k RMS-normed, then
-    its first half rotated (partial rotary 0.5), the unrotated half normed in place: transformers' tokens, and every
-    layer call took the kernel with the norm."""
+    """The GPU's elementwise kernels (kernel_dispatch.runs_kernel), here in the triton interpreter on CPU tensors:
+    the RMSNorms and SiLU-and-mul, and rotary with each head of q and k RMS-normed, then its first half rotated
+    (partial rotary 0.5), the unrotated half normed in place: transformers' tokens, and every layer's rotary call took
+    the kernel with the norm."""
     import pytest
 
     from sglang.srt.layers import fused_elementwise, kernel_dispatch

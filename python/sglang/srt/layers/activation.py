@@ -8,6 +8,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from sglang.srt.layers import kernel_dispatch
 from sglang.srt.layers.quantization.block_fp8_activation import Activation, ActivationLayout
 from sglang.srt.layers.quantization.fp8_block_linear import quantize_activation
 
@@ -17,7 +18,7 @@ def silu_and_mul(x: torch.Tensor, quantize: Optional[ActivationLayout] = None) -
     gate_up projection can instead apply it inside its GEMM (``MergedColumnParallelLinear.silu_and_mul``).
     ``quantize`` (2-D x): the result handed to the block-fp8 projection after it, quantized in that layout (on the GPU
     by the same kernel, as it writes the result)."""
-    if x.is_cuda and x.dim() == 2:
+    if kernel_dispatch.runs_kernel(x) and x.dim() == 2:
         from sglang.srt.layers import fused_elementwise
 
         return fused_elementwise.silu_and_mul(x, quantize)

@@ -1,7 +1,7 @@
 """Where the project's triton kernels run, and in what form.
 
-The decoder's elementwise steps (Gemma's norms, rotary with its q/k norms and KV store) take their kernels on CUDA
-tensors (``runs_kernel``); the CPU takes the torch path, transformers' bits. Tests patch ``runs_kernel`` to run those
+The decoder's elementwise steps (the RMSNorms, Llama's and Gemma's, SiLU-and-mul, rotary with its q/k norms and KV
+store) take their kernels on CUDA tensors (``runs_kernel``); the CPU takes the torch path, transformers' bits. Tests patch ``runs_kernel`` to run those
 kernels in the triton interpreter on CPU tensors, through a whole model (callers read it as
 ``kernel_dispatch.runs_kernel``, so the patch reaches them).
 

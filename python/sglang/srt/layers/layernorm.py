@@ -45,7 +45,7 @@ class RMSNorm(nn.Module):
         over `x` (both are temporaries of the decoder loop). ``quantize`` (2-D x): the norm is handed to the
         block-fp8 projection that reads it, quantized in that layout (on the GPU by the same kernel, in place of
         writing it over x)."""
-        if x.is_cuda:
+        if kernel_dispatch.runs_kernel(x):
             from sglang.srt.layers.fused_elementwise import rmsnorm
 
             out = x if residual is not None and quantize is None else None
