@@ -182,7 +182,7 @@ def _cases():
         (
             "skinny GEMM on block-fp8 operands",
             dk._skinny_gemm_kernel,
-            dict(X=FP8, W=FP8, Bias="bf16", XScale="fp32", WScale="fp32", Out="fp32", Final="bf16", Counters="i32"),
+            dict(X=FP8, W=FP8, Bias="bf16", XScale="fp32", WScale="fp32", Out="fp32"),
             set(),
             dict(
                 HAS_BIAS=False,
@@ -197,40 +197,12 @@ def _cases():
                 WHILE_LOOPS=False,
                 USE_PDL=True,
                 PREFETCH=True,
-                FIX_UP=False,
-                SPLIT_K=1,
-            ),
-        ),
-        (
-            "skinny GEMM, bf16, split-K fix-up with a bias",
-            dk._skinny_gemm_kernel,
-            dict(
-                X="bf16", W="bf16", Bias="bf16", XScale="bf16", WScale="bf16", Out="fp32", Final="bf16", Counters="i32"
-            ),
-            set(),
-            dict(
-                HAS_BIAS=True,
-                SCALED=False,
-                BLOCK_SCALED=False,
-                GATED=False,
-                BLOCK_M=16,
-                BLOCK_N=64,
-                BLOCK_K=256,
-                DOT_PRECISION="tf32",
-                IMPRECISE_ACC=None,
-                WHILE_LOOPS=False,
-                USE_PDL=True,
-                PREFETCH=True,
-                FIX_UP=True,
-                SPLIT_K=4,
             ),
         ),
         (
             "skinny GEMM, bf16, SiLU-and-mul epilogue",
             dk._skinny_gemm_kernel,
-            dict(
-                X="bf16", W="bf16", Bias="bf16", XScale="bf16", WScale="bf16", Out="bf16", Final="bf16", Counters="i32"
-            ),
+            dict(X="bf16", W="bf16", Bias="bf16", XScale="bf16", WScale="bf16", Out="bf16"),
             set(),
             dict(
                 HAS_BIAS=True,
@@ -245,8 +217,6 @@ def _cases():
                 WHILE_LOOPS=False,
                 USE_PDL=True,
                 PREFETCH=True,
-                FIX_UP=False,
-                SPLIT_K=1,
             ),
         ),
         (

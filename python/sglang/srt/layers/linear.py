@@ -88,9 +88,6 @@ class LinearBase(nn.Module):
             self.register_parameter("bias", None)
         # Which GEMM serves each batch size; cuBLAS until `attach_gemm_plans` finds a tuned entry.
         self.gemm_plan: GemmPlan = CUBLAS_ONLY
-        # The skinny kernel's split-K fix-up counters (int32 zeros, one tensor shared by the model's layers), set by
-        # `attach_gemm_plans` where the plan splits K; None: a split-K launch sums its partials in a second kernel.
-        self.split_k_counters: Optional[torch.Tensor] = None
 
     @property
     def is_fp8(self) -> bool:
@@ -169,12 +166,11 @@ class LinearBase(nn.Module):
     def matmul(self, x: Activation, bias: Optional[torch.Tensor]) -> torch.Tensor:
         """x @ weight^T (+ bias) through the GEMM this layer's plan picks for x's row count (x handed over
         quantized only to a block-fp8 layer, in the layout ``input_quantization`` gave)."""
-        counters = self.split_k_counters
         if self.is_block_fp8:
-            return fp8_block_linear(x, self.weight, self.weight_scale_inv, bias, self.gemm_plan, counters)
+            return fp8_block_linear(x, self.weight, self.weight_scale_inv, bias, self.gemm_plan)
         if self.is_fp8:
-            return fp8_linear(x, self.weight, self.weight_scale, bias, self.gemm_plan, counters)
-        return linear(x, self.weight, bias, self.gemm_plan, counters)
+            return fp8_linear(x, self.weight, self.weight_scale, bias, self.gemm_plan)
+        return linear(x, self.weight, bias, self.gemm_plan)
 
 
 def _copy_checked(dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -523,11 +519,8 @@ def store_weights_column_major(model: nn.Module) -> int:
 
 def attach_gemm_plans(model: nn.Module, plans: Mapping[str, GemmPlan]) -> int:
     """Give every linear layer its shape's plan from a tuned table (``decode_gemm.load_device_table``), and a
-    gate/up pair its SiLU-and-mul plan too; the layers whose plan splits K share one tensor of split-K fix-up
-    counters, as many as the largest such launch has output tiles (the layers run one after another: a launch leaves
-    its counters zero). Returns how many layers use the skinny kernel at some batch size."""
+    gate/up pair its SiLU-and-mul plan too; returns how many layers use the skinny kernel at some batch size."""
     attached = 0
-    splitting: list[LinearBase] = []
     for module in model.modules():
         if not isinstance(module, LinearBase):
             continue
@@ -538,11 +531,4 @@ def attach_gemm_plans(model: nn.Module, plans: Mapping[str, GemmPlan]) -> int:
             module.silu_plan = plan_for_shape(plans, *module.weight.shape, fp8=module.is_fp8, silu_and_mul=True)
             uses_skinny = uses_skinny or module.silu_plan.uses_skinny_kernel
         attached += uses_skinny
-        if module.gemm_plan.split_k_counter_slots(module.weight.shape[0]):
-            splitting.append(module)
-    if splitting:
-        slots = max(module.gemm_plan.split_k_counter_slots(module.weight.shape[0]) for module in splitting)
-        counters = torch.zeros(slots, dtype=torch.int32, device=splitting[0].weight.device)
-        for module in splitting:
-            module.split_k_counters = counters
     return attached

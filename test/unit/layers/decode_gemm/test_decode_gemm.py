@@ -388,9 +388,7 @@ def test_skinny_linear_rejects_a_non_contiguous_weight():
 def test_linear_uses_the_plan_per_batch_size_and_falls_back_to_f_linear(device, monkeypatch):
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
     calls = []
-    monkeypatch.setattr(
-        decode_gemm.kernel, "skinny_linear", lambda *a, **kw: calls.append(a[0].shape[0]) or F.linear(*a[:3])
-    )
+    monkeypatch.setattr(decode_gemm.kernel, "skinny_linear", lambda *a: calls.append(a[0].shape[0]) or F.linear(*a[:3]))
     plan = GemmPlan(((4, GemmConfig(**CFG)), (16, None), (32, GemmConfig(**CFG, split_k=2))))
     w = torch.randn(24, 64, device=device, dtype=dtype)
     for rows in (1, 4, 5, 16, 17, 32, 33):
@@ -587,121 +585,6 @@ def test_l2_prefetch_changes_no_bit_of_the_product(monkeypatch, split_k, block_f
         outs.append(run())
     torch.cuda.synchronize()
     assert all(torch.equal(outs[0], o) for o in outs[1:])
-
-
-def _fix_up_case(device: str, block_fp8: bool, m: int, with_bias: bool, seed: int):
-    """(operands, kwargs) of a split-K product whose last K split is ragged: bf16 (fp32 on the CPU) or block-fp8."""
-    from sglang.srt.layers.quantization.fp8_block_linear import quantize_groups_reference
-
-    out_dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    g = torch.Generator().manual_seed(seed)
-    n, k = 200, 1480 if block_fp8 else 200  # 11.6 scale blocks: 2, 3 and 4 splits, the last one ragged
-    x = torch.randn(m, k, generator=g)
-    b = torch.randn(n, generator=g).to(device, out_dtype) if with_bias else None
-    if not block_fp8:
-        return (x.to(device, out_dtype), torch.randn(n, k, generator=g).to(device, out_dtype), b), {}
-    qx, sx = quantize_groups_reference(x.to(device))
-    qw = (torch.randn(n, k, generator=g) * 100).clamp(-448, 448).to(torch.float8_e4m3fn).to(device)
-    sw = (torch.rand(2, 12, generator=g) + 0.5).to(device) / 100
-    return (qx, qw, b), {"block_scales": (sx, sw, out_dtype)}
-
-
-@pytest.mark.parametrize("device", DEVICES)
-@pytest.mark.parametrize("block_fp8", [False, True], ids=["dense", "block-fp8"])
-@pytest.mark.parametrize("m,split_k", [(1, 2), (5, 3), (17, 4)])
-@pytest.mark.parametrize("with_bias", [False, True])
-def test_split_k_fix_up_in_the_gemm_gives_the_sum_kernels_bits(device, block_fp8, m, split_k, with_bias, monkeypatch):
-    """With split-K counters the tile's last program adds the partials (and the bias) where the sum kernel did: the
-    same bits, every counter back to zero after the launch (the next one starts from zero), and on the GPU the same
-    bits on every one of 20 launches (the programs finish in a different order each time). Counters past the grid's
-    tiles are never touched. New float tensors start as NaN, so a sum that read a partial before it was written (or a
-    workspace the launch before left) could not pass."""
-    empty = torch.empty
-
-    def nan_empty(*args, **kwargs):
-        t = empty(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() and t.element_size() > 1 else t
-
-    monkeypatch.setattr(torch, "empty", nan_empty)
-    (x, w, b), kwargs = _fix_up_case(device, block_fp8, m, with_bias, 70 + m + split_k)
-    block_n, block_k = (64, 128) if block_fp8 else (16, 32)
-    config = GemmConfig(block_m=16, block_n=block_n, block_k=block_k, num_warps=4, num_stages=2, split_k=split_k)
-    assert config.k_split(x.shape[1])[0] == split_k
-    tiles = -(-200 // block_n) * -(-m // 16)
-    counters = torch.zeros(tiles + 3, dtype=torch.int32, device=device)
-    counters[tiles:] = 7
-    summed = skinny_linear(x, w, b, config, **kwargs)
-    for _ in range(20 if device == "cuda" else 1):
-        fixed = skinny_linear(x, w, b, config, split_k_counters=counters, **kwargs)
-        assert torch.equal(fixed, summed)
-        assert counters[:tiles].eq(0).all() and counters[tiles:].eq(7).all()
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_split_k_fix_up_needs_a_counter_per_tile(device, monkeypatch):
-    """Too few counters (or not int32) is refused before launch; an add-norm launch keeps its sum kernel, which the
-    counters do not change (the fix-up is for plain sums)."""
-    dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    x, w = torch.randn(5, 64).to(device, dtype), torch.randn(48, 64).to(device, dtype)
-    config = GemmConfig(**CFG, split_k=2)
-    with pytest.raises(ValueError, match="3 int32 counters needed"):
-        skinny_linear(x, w, None, config, split_k_counters=torch.zeros(2, dtype=torch.int32, device=device))
-    with pytest.raises(ValueError, match="int32 counters needed"):
-        skinny_linear(x, w, None, config, split_k_counters=torch.zeros(3, dtype=torch.int64, device=device))
-    launched = []
-    monkeypatch.setattr(gemm_kernel, "_sum_splits_kernel", _recording(launched))
-    residual, norm_weight = torch.randn(5, 48).to(device, dtype), torch.rand(48).to(device, dtype)
-    counters = torch.zeros(2, dtype=torch.int32, device=device)
-    skinny_linear(x, w, None, config, add_norm=(residual, norm_weight, 1e-6), split_k_counters=counters)
-    assert launched == ["sum"]
-
-
-def _recording(launched: list):
-    class _Launcher:
-        def __getitem__(self, grid):
-            return lambda *args, **kwargs: launched.append("sum")
-
-    return _Launcher()
-
-
-def test_split_k_counter_slots_cover_the_largest_split_launch():
-    """A plan's counters: output tiles of its largest split-K entry (at that entry's top batch); none without one."""
-    split = GemmConfig(block_m=16, block_n=64, block_k=128, num_warps=4, num_stages=2, split_k=4)
-    plan = GemmPlan(((1, split), (8, GemmConfig(**CFG)), (32, GemmConfig(**{**CFG, "block_m": 16}, split_k=2))))
-    assert plan.split_k_counter_slots(200) == max(-(-200 // 64) * 1, -(-200 // 16) * 2)
-    assert GemmPlan(((8, GemmConfig(**CFG)), (64, None))).split_k_counter_slots(4096) == 0
-    assert CUBLAS_ONLY.split_k_counter_slots(4096) == 0
-
-
-def test_attach_gemm_plans_shares_one_counter_tensor_among_splitting_layers():
-    """Layers whose plans split K get one zeroed int32 tensor, as long as the largest of their launches needs; the
-    others keep None (their launches have nothing to fix up)."""
-    from sglang.srt.layers.linear import ReplicatedLinear, attach_gemm_plans
-
-    model = torch.nn.Sequential(ReplicatedLinear(64, 24), ReplicatedLinear(24, 64), ReplicatedLinear(64, 200))
-    split = {**CFG, "split_k": 2}
-    plans = parse_table({"shapes": {"24x64": {"8": split}, "64x24": {"8": CFG}, "200x64": {"32": split}}})
-    assert attach_gemm_plans(model, plans) == 3
-    counters = model[0].split_k_counters
-    assert counters is model[2].split_k_counters and model[1].split_k_counters is None
-    assert counters.dtype == torch.int32 and counters.numel() == -(-200 // 16) * 2 and counters.eq(0).all()
-
-
-@pytest.mark.parametrize("device", DEVICES)
-def test_a_layer_with_counters_runs_no_sum_kernel(device, monkeypatch):
-    """A split-K layer given counters by attach_gemm_plans launches the GEMM alone (its product as F.linear's)."""
-    from sglang.srt.layers.linear import ReplicatedLinear, attach_gemm_plans
-
-    dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    layer = ReplicatedLinear(64, 48, bias=True).to(device, dtype)
-    layer.weight.data.normal_()
-    layer.bias.data.normal_()
-    attach_gemm_plans(layer, parse_table({"shapes": {"48x64": {"8": {**CFG, "split_k": 2}}}}))
-    launched = []
-    monkeypatch.setattr(gemm_kernel, "_sum_splits_kernel", _recording(launched))
-    x = torch.randn(5, 64).to(device, dtype)
-    _check(layer(x), _reference(x, layer.weight, layer.bias), dtype)
-    assert launched == [] and layer.split_k_counters.eq(0).all()
 
 
 def _shipped_entries() -> list:

@@ -54,22 +54,15 @@ def add_norm_config(
     return config
 
 
-def linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: Optional[torch.Tensor],
-    plan: GemmPlan,
-    split_k_counters: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """``F.linear`` unless the plan has a skinny-kernel config for this many rows (``split_k_counters``: see
-    ``kernel.skinny_linear``)."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], plan: GemmPlan) -> torch.Tensor:
+    """``F.linear`` unless the plan has a skinny-kernel config for this many rows."""
     config = skinny_config(x, plan)
     if config is None:
         return F.linear(x, weight, bias)
     # Imported here: triton is only installed with the GPU extras, and only a CUDA model gets a plan.
     from sglang.srt.layers.decode_gemm import kernel
 
-    return kernel.skinny_linear(x, weight, bias, config, split_k_counters=split_k_counters)
+    return kernel.skinny_linear(x, weight, bias, config)
 
 
 def linear_add_rmsnorm(

@@ -8,9 +8,8 @@ shapes: measured on the H200 it spends 1.28x (qkv) and 1.58x (o_proj) of the wei
 walks K in ``BLOCK_K`` steps with several loads in flight (``num_stages``). Launched with PDL while the kernel
 before it runs, it streams its first tile and asks L2 for the front of its weight rows (``L2_PREFETCH_BYTES``)
 before it waits for x. When N is too narrow to fill the GPU with wide tiles, ``SPLIT_K`` programs share one
-column slice; each writes fp32 partial sums to a workspace, and the partials are added in a fixed order (the result
-does not depend on timing, so greedy outputs repeat exactly): by the tile's last program to finish, which a counter
-per output tile names (``split_k_counters``: no kernel after the GEMM), or by a second kernel. Where the decoder's residual add
+column slice; each writes fp32 partial sums to a workspace and a second kernel adds them in a fixed order (no
+atomics: the result does not depend on timing, so greedy outputs repeat exactly). Where the decoder's residual add
 and RMSNorm come next (o_proj and down_proj), that kernel does them too, one program per row (``add_norm``), in place
 of the norm's own kernel, and for a block-fp8 projection after the norm it writes the norm quantized for it
 (``quantize``).
@@ -62,8 +61,6 @@ def _skinny_gemm_kernel(
     XScale,
     WScale,
     Out,
-    Final,
-    Counters,
     M,
     N,
     K,
@@ -75,7 +72,6 @@ def _skinny_gemm_kernel(
     stride_split,
     stride_xs,
     stride_ws,
-    stride_fm,
     prefetch_k,
     HAS_BIAS: tl.constexpr,
     SCALED: tl.constexpr,
@@ -89,10 +85,7 @@ def _skinny_gemm_kernel(
     WHILE_LOOPS: tl.constexpr,
     USE_PDL: tl.constexpr,
     PREFETCH: tl.constexpr,
-    FIX_UP: tl.constexpr,
-    SPLIT_K: tl.constexpr,
 ):
-    # FIX_UP: Out holds the SPLIT_K partial sums and the tile's last program adds them (and the bias) into Final.
     release_dependents(USE_PDL)
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -174,44 +167,14 @@ def _skinny_gemm_kernel(
         if GATED:
             up_scale = tl.load(WScale + N + offs_n, mask=n_mask, other=0.0)
             acc_up = acc_up * up_scale[:, None] * x_scale[None, :]
-    if HAS_BIAS and not FIX_UP:
+    if HAS_BIAS:
         acc += tl.load(Bias + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
         if GATED:
             acc_up += tl.load(Bias + N + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
     if GATED:  # SiLU-and-mul on the fp32 sums: silu(gate) * up
         acc = acc / (1.0 + tl.exp(-acc)) * acc_up
-    out_mask = n_mask[:, None] & m_mask[None, :]
     out_ptrs = Out + pid_k * stride_split + offs_m[None, :] * stride_om + offs_n[:, None]
-    tl.store(out_ptrs, acc.to(Out.dtype.element_ty), mask=out_mask)
-    if FIX_UP:
-        _sum_splits_if_last(
-            Out, Final, Bias, Counters + pid_m * tl.num_programs(0) + pid_n, offs_n, offs_m, n_mask, out_mask, stride_split,
-            stride_om, stride_fm, SPLIT_K, HAS_BIAS, BLOCK_N, BLOCK_M,
-        )  # fmt: skip
-
-
-@triton.jit
-def _sum_splits_if_last(
-    Partials, Final, Bias, Counter, offs_n, offs_m, n_mask, mask, stride_split, stride_pm, stride_fm,
-    SPLIT_K: tl.constexpr, HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
-):  # fmt: skip
-    """The serial split-K fix-up: each of a tile's SPLIT_K programs counts itself in after its partial sums are
-    stored; the last to arrive adds the tile's partials in split order (the sum kernel's order and rounding: the same
-    bits), adds the bias, stores the tile and sets the count back to zero for the next launch (the GEMMs using one
-    counter never overlap: each waits for the kernel before it to finish before it counts). The barrier puts every
-    thread's stores before the one thread's release (CUTLASS's semaphore does the same); the acquire and the loads
-    through L2 (``.cg``: an SM's L1 is not kept coherent) see the other programs' partials."""
-    tl.debug_barrier()
-    arrived = tl.atomic_add(Counter, 1, sem="acq_rel", scope="gpu")
-    if arrived == SPLIT_K - 1:
-        total = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
-        tile = offs_m[None, :] * stride_pm + offs_n[:, None]
-        for s in tl.static_range(SPLIT_K):
-            total += tl.load(Partials + s * stride_split + tile, mask=mask, other=0.0, cache_modifier=".cg")
-        if HAS_BIAS:
-            total += tl.load(Bias + offs_n, mask=n_mask, other=0.0).to(tl.float32)[:, None]
-        tl.store(Final + offs_m[None, :] * stride_fm + offs_n[:, None], total.to(Final.dtype.element_ty), mask=mask)
-        tl.atomic_xchg(Counter, 0, sem="relaxed", scope="gpu")
+    tl.store(out_ptrs, acc.to(Out.dtype.element_ty), mask=n_mask[:, None] & m_mask[None, :])
 
 
 @triton.jit
@@ -357,7 +320,6 @@ def skinny_linear(
     block_scales: Optional[tuple[torch.Tensor, torch.Tensor, torch.dtype]] = None,
     addend: Optional[torch.Tensor] = None,
     quantize: Optional[ActivationLayout] = None,
-    split_k_counters: Optional[torch.Tensor] = None,
 ) -> torch.Tensor | BlockFp8Activation:
     """``F.linear(x, weight, bias)`` for a 2-D ``x`` whose rows and ``weight``'s rows are K-contiguous.
 
@@ -379,10 +341,7 @@ def skinny_linear(
     partials are scaled as they are summed, so the sum kernel adds them as it adds unscaled ones.
     ``quantize`` (with ``add_norm`` only): the sum kernel hands the norm's output to a block-fp8 projection after it,
     quantized per token and 128-column group in that layout (``BlockFp8Activation``; the same bits as the norm's
-    output through ``fp8_block_kernels.quantize_groups``) instead of writing it in the out dtype.
-    ``split_k_counters``: int32 zeros on x's device, at least one per output tile (``GemmPlan.split_k_counter_slots``),
-    left zero again by every launch. Where the config splits K and no add_norm follows, the tile's last program adds
-    the partial sums (no sum kernel after the GEMM); the same bits either way."""
+    output through ``fp8_block_kernels.quantize_groups``) instead of writing it in the out dtype."""
     if block_scales is not None:
         if scales is not None or silu_and_mul or config.block_k != BLOCK_SCALE_EDGE:
             raise ValueError(
@@ -410,13 +369,7 @@ def skinny_linear(
     if m == 0:
         return out if quantized is None else quantized
     grid = (triton.cdiv(n, config.block_n), triton.cdiv(m, config.block_m), split_k)
-    fix_up = split_k > 1 and add_norm is None and split_k_counters is not None
-    if fix_up and (split_k_counters.numel() < grid[0] * grid[1] or split_k_counters.dtype != torch.int32):
-        raise ValueError(
-            f"split_k_counters: {grid[0] * grid[1]} int32 counters needed for a [{m}, {n}] output with {config}, got "
-            f"{split_k_counters.numel()} {split_k_counters.dtype}"
-        )
-    fused_bias = bias is not None and (split_k == 1 or fix_up)
+    fused_bias = bias is not None and split_k == 1
     pdl = pdl_available(x)  # the split-K sum below launches with PDL whatever the config says
     use_pdl = config.pdl and pdl
     target = out if split_k == 1 else torch.empty(split_k, m, n, device=x.device, dtype=torch.float32)
@@ -428,8 +381,6 @@ def skinny_linear(
         out if scales is None else scales[0],  # dummies unless SCALED, likewise
         out if scales is None else scales[1],
         target,
-        out,
-        split_k_counters if fix_up else out,  # a dummy unless FIX_UP
         m,
         n,
         k,
@@ -441,7 +392,6 @@ def skinny_linear(
         target.stride(0) if split_k > 1 else 0,
         block_scales[0].stride(0) if block_scales is not None else 0,
         block_scales[1].stride(0) if block_scales is not None else 0,
-        out.stride(0),
         prefetch_k,
         HAS_BIAS=fused_bias,
         SCALED=scales is not None and block_scales is None,
@@ -458,13 +408,11 @@ def skinny_linear(
         WHILE_LOOPS=in_interpreter(x),
         USE_PDL=use_pdl,
         PREFETCH=prefetch_k > 0,
-        FIX_UP=fix_up,
-        SPLIT_K=split_k if fix_up else 1,
         launch_pdl=use_pdl,
         num_warps=config.num_warps,
         num_stages=config.num_stages,
     )
-    if split_k > 1 and not fix_up:
+    if split_k > 1:
         # add_norm: a program per row, as wide as the norm kernel's (and as many warps: the same reduction)
         block = triton.next_power_of_2(n) if add_norm is not None else 1024
         if quantized is not None:  # whole 128-column groups a program

@@ -108,18 +108,6 @@ class GemmPlan:
     def uses_skinny_kernel(self) -> bool:
         return any(config is not None for _, config in self.by_batch)
 
-    def split_k_counter_slots(self, n: int) -> int:
-        """The output tiles of this plan's largest split-K launch for an N-wide output (at its entry's largest batch):
-        how many counters the skinny kernel's split-K fix-up needs for this shape (``kernel.skinny_linear``)."""
-        return max(
-            (
-                math.ceil(n / config.block_n) * math.ceil(max_batch / config.block_m)
-                for max_batch, config in self.by_batch
-                if config is not None and config.split_k > 1
-            ),
-            default=0,
-        )
-
 
 CUBLAS_ONLY = GemmPlan()
 

@@ -170,7 +170,6 @@ def block_fp8_linear_gpu(
     weight_scale: torch.Tensor,
     bias: torch.Tensor | None,
     plan: GemmPlan = CUBLAS_ONLY,
-    split_k_counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``fp8_block_linear``'s CUDA branch for a 2-D x with contiguous rows (or handed over quantized, in
     ``input_layout``'s layout): the activation quantization, then the skinny decode kernel where ``plan`` (the
@@ -182,8 +181,7 @@ def block_fp8_linear_gpu(
     if config is not None:
         from sglang.srt.layers.decode_gemm.kernel import skinny_linear
 
-        scales = (qa.scale, weight_scale, qa.dtype)
-        return skinny_linear(qa.q, qweight, bias, config, block_scales=scales, split_k_counters=split_k_counters)
+        return skinny_linear(qa.q, qweight, bias, config, block_scales=(qa.scale, weight_scale, qa.dtype))
     if qa.layout == CUBLAS_LAYOUT:
         return cublas_block_fp8_gemm(qa, qweight, weight_scale, bias)
     return block_fp8_gemm(qa.q, qa.scale, qweight, weight_scale, bias, qa.dtype)

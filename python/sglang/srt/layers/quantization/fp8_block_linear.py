@@ -84,12 +84,10 @@ def fp8_block_linear(
     weight_scale_inv: torch.Tensor,
     bias: torch.Tensor | None,
     plan: GemmPlan = CUBLAS_ONLY,
-    split_k_counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``F.linear(x, dequantized weight, bias)`` in x's dtype with x quantized per token and 128-column group (or
     handed over quantized: a ``BlockFp8Activation`` in the layout the GPU's branch for its rows takes).
-    Leading dims of x are flattened and restored. plan: the weight shape's tuned decode choices (GPU only);
-    split_k_counters: the skinny kernel's (``decode_gemm.kernel.skinny_linear``)."""
+    Leading dims of x are flattened and restored. plan: the weight shape's tuned decode choices (GPU only)."""
     if isinstance(x, BlockFp8Activation):
         if not x.q.is_cuda:
             q, scale = x.q[: x.rows], x.scale[: x.rows]
@@ -97,7 +95,7 @@ def fp8_block_linear(
             return (out if bias is None else out + bias.float()).to(x.dtype)
         from sglang.srt.layers.quantization.fp8_block_kernels import block_fp8_linear_gpu
 
-        return block_fp8_linear_gpu(x, qweight, weight_scale_inv, bias, plan, split_k_counters)
+        return block_fp8_linear_gpu(x, qweight, weight_scale_inv, bias, plan)
     lead = x.shape[:-1]
     x2 = x.reshape(-1, x.shape[-1])
     if x2.stride(-1) != 1:
@@ -110,7 +108,7 @@ def fp8_block_linear(
         # Imported here: triton is only installed with the GPU extras.
         from sglang.srt.layers.quantization.fp8_block_kernels import block_fp8_linear_gpu
 
-        out = block_fp8_linear_gpu(x2, qweight, weight_scale_inv, bias, plan, split_k_counters)
+        out = block_fp8_linear_gpu(x2, qweight, weight_scale_inv, bias, plan)
     return out.view(*lead, qweight.shape[0])
 
 

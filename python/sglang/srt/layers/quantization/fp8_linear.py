@@ -35,13 +35,11 @@ def fp8_linear(
     weight_scale: torch.Tensor,
     bias: torch.Tensor | None,
     plan: GemmPlan = CUBLAS_ONLY,
-    split_k_counters: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``F.linear(x, qweight * weight_scale, bias)`` in x's dtype, x quantized per token.
 
     qweight: [N, K] float8_e4m3fn, row-major (its transpose is the column-major operand _scaled_mm needs);
-    weight_scale: [N, 1] fp32; plan: the shape's tuned choices (skinny kernel or _scaled_mm per row count);
-    split_k_counters: the skinny kernel's (``decode_gemm.kernel.skinny_linear``).
+    weight_scale: [N, 1] fp32; plan: the shape's tuned choices (skinny kernel or _scaled_mm per row count).
     Leading dims of x are flattened and restored.
     """
     lead = x.shape[:-1]
@@ -61,8 +59,7 @@ def fp8_linear(
     if config is not None:
         from sglang.srt.layers.decode_gemm.kernel import skinny_linear
 
-        scales = (x_scale, weight_scale, x.dtype)
-        out = skinny_linear(qx, qweight, bias, config, scales=scales, split_k_counters=split_k_counters)
+        out = skinny_linear(qx, qweight, bias, config, scales=(x_scale, weight_scale, x.dtype))
     else:
         out = torch._scaled_mm(
             qx, qweight.t(), scale_a=x_scale, scale_b=weight_scale.view(1, -1), bias=bias, out_dtype=x.dtype
