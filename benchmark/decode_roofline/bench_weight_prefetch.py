@@ -1,11 +1,8 @@
-"""The decode step by how much of a projection's weight is prefetched into L2 ahead of its GEMM: ``--knob gemm``, what
-the skinny GEMM prefetches of its own weight while it waits for the kernel before it (``decode_gemm/kernel.py``'s
-``L2_PREFETCH_BYTES``; 0 = none, the GEMM streams one tile first); ``--knob attention``, what a kernel launched
-before attention prefetches of o_proj's weight (``decode_gemm.ATTENTION_PREFETCH_BYTES``, at batches up to
-``--attention-max-rows``; 0 = none).
+"""The decode step by how much of each projection's weight the skinny GEMM prefetches into L2 while it waits for the
+kernel before it (``decode_gemm/kernel.py``'s ``L2_PREFETCH_BYTES``; 0 = none, the GEMM streams one tile first).
 
-    python benchmark/decode_roofline/bench_weight_prefetch.py [--knob gemm] [--shape Qwen3-8B]
-        [--budgets-mib 0 8 16 32 64 1024] [--batches 1 8 64 256] [--rounds 2] [--attention-max-rows 256] [--out DIR]
+    python benchmark/decode_roofline/bench_weight_prefetch.py [--shape Qwen3-8B] [--budgets-mib 0 8 16 32 64 1024]
+        [--batches 1 8 64 256] [--rounds 2] [--out DIR]
 
 A dense shape runs as a native block-fp8 checkpoint (dummy weights in its format, as ``bench_decode_roofline.py
 --checkpoint-fp8``); ``--shape DeepSeek-V2-Lite`` in bf16 (its dense projections take the skinny GEMM only where
@@ -27,8 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import bench_decode_roofline as roofline  # noqa: E402
 
-from sglang.srt.layers import decode_gemm  # noqa: E402  (roofline put python/ on the path)
-from sglang.srt.layers.decode_gemm import kernel as gemm_kernel  # noqa: E402
+from sglang.srt.layers.decode_gemm import kernel as gemm_kernel  # noqa: E402  (roofline put python/ on the path)
 from sglang.srt.model_executor.cuda_graph_runner import CudaGraphRunner  # noqa: E402
 from sglang.test.bench_utils import write_results  # noqa: E402
 from sglang.test.fp8_checkpoints import quantization_config  # noqa: E402
@@ -46,20 +42,12 @@ def runner(shape: str, batches: list):
     return roofline.our_runner(config_dir, cuda_graph_bs=tuple(batches)), moe
 
 
-def set_budget(knob: str, mib: int) -> None:
-    """The knob's budget, read at each launch (so at capture)."""
-    if knob == "gemm":
-        gemm_kernel.L2_PREFETCH_BYTES = mib * MIB
-    else:
-        decode_gemm.ATTENTION_PREFETCH_BYTES = mib * MIB
-
-
-def sweep(mr, knob: str, budgets: list, batches: list, rounds: int, moe: bool) -> dict:
+def sweep(mr, budgets: list, batches: list, rounds: int, moe: bool) -> dict:
     """{(budget MiB, batch): fastest step ms over the rounds}, the graphs captured again for each budget."""
     best: dict = {}
     for _ in range(rounds):
         for mib in budgets:
-            set_budget(knob, mib)
+            gemm_kernel.L2_PREFETCH_BYTES = mib * MIB  # read at each launch, so at capture
             mr.cuda_graph_runner = None
             torch.cuda.empty_cache()
             mr.cuda_graph_runner = CudaGraphRunner(mr)
@@ -71,22 +59,18 @@ def sweep(mr, knob: str, budgets: list, batches: list, rounds: int, moe: bool) -
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--knob", choices=["gemm", "attention"], default="gemm")
     parser.add_argument("--shape", default="Qwen3-8B")
     parser.add_argument("--budgets-mib", type=int, nargs="+", default=[0, 8, 16, 32, 64, 1024])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--attention-max-rows", type=int, default=256, help="--knob attention: up to these rows")
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     if not torch.cuda.is_available():
         sys.exit("bench_weight_prefetch.py needs a CUDA GPU")
-    shipped = gemm_kernel.L2_PREFETCH_BYTES if args.knob == "gemm" else decode_gemm.ATTENTION_PREFETCH_BYTES
-    if args.knob == "attention":
-        decode_gemm.ATTENTION_PREFETCH_MAX_ROWS = args.attention_max_rows
+    shipped = gemm_kernel.L2_PREFETCH_BYTES
     bw = roofline.copy_bandwidth()
     mr, moe = runner(args.shape, args.batches)
-    best = sweep(mr, args.knob, args.budgets_mib, args.batches, args.rounds, moe)
+    best = sweep(mr, args.budgets_mib, args.batches, args.rounds, moe)
     floors = (
         {}
         if moe
@@ -104,7 +88,7 @@ def main() -> None:
     base = args.budgets_mib[0]
     head = (
         f"{args.shape} decode step (context {CONTEXT}, {'bf16' if moe else 'native block-fp8 checkpoint'}, dummy "
-        f"weights) by L2 prefetch budget ({args.knob}), {device}, copy bandwidth {bw / 1e9:.1f} GB/s; fastest of {args.rounds} "
+        f"weights) by L2 prefetch budget, {device}, copy bandwidth {bw / 1e9:.1f} GB/s; fastest of {args.rounds} "
         f"rounds; the engine ships {shipped // MIB} MiB\n\n"
         "| batch | HBM floor ms | "
         + " | ".join(f"{mib} MiB ms (x {base} MiB{', x floor' if floors else ''})" for mib in args.budgets_mib)
@@ -126,14 +110,7 @@ def main() -> None:
     )
     print(table)
     if args.out:
-        result = dict(
-            device=device,
-            knob=args.knob,
-            shape=args.shape,
-            context=CONTEXT,
-            rounds=args.rounds,
-            shipped_mib=shipped // MIB,
-        )
+        result = dict(device=device, shape=args.shape, context=CONTEXT, rounds=args.rounds, shipped_mib=shipped // MIB)
         write_results(args.out, dict(result, copy_bandwidth_GBps=round(bw / 1e9, 1), rows=rows), table)
 
 

@@ -200,13 +200,6 @@ def _cases():
             ),
         ),
         (
-            "a weight's rows into L2 before attention",
-            dk._l2_prefetch_kernel,
-            dict(W=FP8),
-            set(),
-            dict(BLOCK_N=128),
-        ),
-        (
             "skinny GEMM, bf16, SiLU-and-mul epilogue",
             dk._skinny_gemm_kernel,
             dict(X="bf16", W="bf16", Bias="bf16", XScale="bf16", WScale="bf16", Out="bf16"),

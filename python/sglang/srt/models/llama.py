@@ -10,7 +10,6 @@ from transformers import PretrainedConfig
 
 from sglang.srt.configs.model_config import attention_head_dim, total_num_kv_heads
 from sglang.srt.configs.sliding_window import layer_sliding_window
-from sglang.srt.layers.decode_gemm import prefetch_during_attention
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import (
     LinearBase,
@@ -123,7 +122,6 @@ class LlamaAttention(nn.Module):
         kv_store = create_fused_set_kv_buffer_arg(k, v, self.attn, forward_batch)
         q, k = self.rotary_emb(positions, q, k, fused_set_kv_buffer_arg=kv_store, qk_norm=qk_norm)
         quantize = self.o_proj.input_quantization(q)  # a block-fp8 o_proj takes the output quantized
-        prefetch_during_attention(self.o_proj.weight, q.shape[0])
         if kv_store is not None:
             return self.attn(q, k, v, forward_batch, save_kv_cache=False, quantize=quantize)
         return self.attn(q, k, v.contiguous(), forward_batch, quantize=quantize)

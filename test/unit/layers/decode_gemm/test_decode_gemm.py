@@ -587,56 +587,6 @@ def test_l2_prefetch_changes_no_bit_of_the_product(monkeypatch, split_k, block_f
     assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 
-def test_prefetch_during_attention_only_on_the_gpu_and_up_to_its_rows(monkeypatch):
-    """The prefetch of o_proj's weight before attention runs for CUDA weights at up to ATTENTION_PREFETCH_MAX_ROWS
-    tokens, with ATTENTION_PREFETCH_BYTES; nothing on the CPU, past those rows or with a zero budget."""
-    asked = []
-    monkeypatch.setattr(gemm_kernel, "prefetch_weight_into_l2", lambda w, budget: asked.append((w.shape[0], budget)))
-    limit, budget = decode_gemm.ATTENTION_PREFETCH_MAX_ROWS, decode_gemm.ATTENTION_PREFETCH_BYTES
-    decode_gemm.prefetch_during_attention(torch.empty(64, 32), 1)
-    assert asked == []
-    if torch.cuda.is_available():
-        w = torch.empty(64, 32, device="cuda")
-        for rows in (1, limit, limit + 1):
-            decode_gemm.prefetch_during_attention(w, rows)
-        assert asked == [(64, budget), (64, budget)]
-        monkeypatch.setattr(decode_gemm, "ATTENTION_PREFETCH_BYTES", 0)
-        decode_gemm.prefetch_during_attention(w, 1)
-        assert len(asked) == 2
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason=REQUIRES_GPU_REASON)
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
-def test_a_weight_prefetched_into_l2_in_a_graph_leaves_the_product_as_it_was(dtype):
-    """The prefetch kernel (PDL, between the kernel that writes x and the GEMM) in a CUDA graph: the GEMM after it
-    reads this replay's x and computes what it computes without the prefetch, bit for bit."""
-    from sglang.srt.layers.fused_elementwise import rmsnorm
-
-    src = torch.randn(4, 4096, device="cuda", dtype=torch.bfloat16)
-    norm_weight = torch.rand(4096, device="cuda", dtype=torch.bfloat16) + 0.5
-    x = torch.empty_like(src)
-    w = (torch.randn(4096, 4096, device="cuda") / 64).to(dtype)
-    other = torch.randn(1024, 4096, device="cuda", dtype=torch.bfloat16)  # prefetched, never read
-    cfg = GemmConfig(block_m=16, block_n=32, block_k=256, num_warps=4, num_stages=3, split_k=2, pdl=True)
-    w_bf16 = w.to(torch.bfloat16)
-
-    def step():
-        rmsnorm(src, norm_weight, 1e-6, out=x)
-        gemm_kernel.prefetch_weight_into_l2(w, 64 * 1024**2)
-        gemm_kernel.prefetch_weight_into_l2(other, 1024**2)
-        return skinny_linear(x, w_bf16, None, cfg)
-
-    step()  # compile outside the capture
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
-    for seed in range(3):
-        src.copy_(torch.randn(src.shape, generator=torch.Generator().manual_seed(seed)).to(src))
-        graph.replay()
-        torch.cuda.synchronize()
-        assert torch.equal(captured, skinny_linear(rmsnorm(src, norm_weight, 1e-6), w_bf16, None, cfg))
-
-
 def _shipped_entries() -> list:
     """Every skinny config of every shipped device table (``configs/*.json``), with the weight shape and batch
     size it was tuned for."""

@@ -18,8 +18,6 @@ from sglang.srt.layers.decode_gemm.table import (
 )
 
 __all__ = [
-    "ATTENTION_PREFETCH_BYTES",
-    "ATTENTION_PREFETCH_MAX_ROWS",
     "CUBLAS_ONLY",
     "GemmConfig",
     "GemmPlan",
@@ -30,15 +28,8 @@ __all__ = [
     "load_device_table",
     "parse_table",
     "plan_for_shape",
-    "prefetch_during_attention",
     "skinny_config",
 ]
-
-# How much of o_proj's weight L2 is asked for while attention runs, and up to how many rows (tokens) of a decode
-# step: at small batches attention reads little KV and leaves HBM idle. Set by bench_weight_prefetch.py --knob
-# attention.
-ATTENTION_PREFETCH_BYTES = 16 * 1024**2
-ATTENTION_PREFETCH_MAX_ROWS = 8
 
 
 def skinny_config(x: torch.Tensor, plan: GemmPlan) -> Optional[GemmConfig]:
@@ -72,16 +63,6 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], 
     from sglang.srt.layers.decode_gemm import kernel
 
     return kernel.skinny_linear(x, weight, bias, config)
-
-
-def prefetch_during_attention(weight: torch.Tensor, rows: int) -> None:
-    """Before attention at ``rows`` tokens: have L2 fetch the front of the projection after it (o_proj) while
-    attention runs, where the step is small enough (``ATTENTION_PREFETCH_MAX_ROWS``); nothing on the CPU."""
-    if not weight.is_cuda or rows > ATTENTION_PREFETCH_MAX_ROWS or ATTENTION_PREFETCH_BYTES == 0:
-        return
-    from sglang.srt.layers.decode_gemm import kernel
-
-    kernel.prefetch_weight_into_l2(weight, ATTENTION_PREFETCH_BYTES)
 
 
 def linear_add_rmsnorm(

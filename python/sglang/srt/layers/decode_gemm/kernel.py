@@ -297,39 +297,16 @@ def _sum_splits_kernel(
         tl.store(Out + m * stride_om + offs, acc.to(Out.dtype.element_ty), mask=mask)
 
 
-def prefetch_columns(weight: torch.Tensor, k_per_split: int, use_pdl: bool, budget: Optional[int] = None) -> int:
+def prefetch_columns(weight: torch.Tensor, k_per_split: int, use_pdl: bool) -> int:
     """Columns of each program's K range whose weight rows the GEMM prefetches into L2 before it waits (a multiple
     of 16, so every bulk prefetch spans whole 16-byte units): 0 without PDL or where a row's start or length is not
-    16-byte aligned, else the share of ``budget`` bytes (default ``L2_PREFETCH_BYTES``) in the whole weight."""
+    16-byte aligned, else the share of ``L2_PREFETCH_BYTES`` in the whole weight."""
     elem = weight.element_size()
     rows, k = weight.shape
     if not use_pdl or weight.data_ptr() % 16 or (weight.stride(0) * elem) % 16 or (k * elem) % 16:
         return 0
-    fraction = min(1.0, (L2_PREFETCH_BYTES if budget is None else budget) / (rows * k * elem))
+    fraction = min(1.0, L2_PREFETCH_BYTES / (rows * k * elem))
     return int(k_per_split * fraction) // 16 * 16
-
-
-@triton.jit
-def _l2_prefetch_kernel(W, N, K, stride_wn, columns, BLOCK_N: tl.constexpr):
-    """Has L2 fetch the first ``columns`` of each of BLOCK_N weight rows a program, then waits for the kernel before
-    (launched with PDL: it runs beside that kernel, and the kernel after it waits for both)."""
-    release_dependents(True)
-    _prefetch_rows_to_l2(W, tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N), N, stride_wn, 0, K, columns)
-    wait_for_prerequisites(True)
-
-
-def prefetch_weight_into_l2(weight: torch.Tensor, budget: int) -> None:
-    """Ask L2 for the front of every row of a 2-D ``weight`` (``budget`` bytes at most), in a kernel of its own
-    launched with PDL, for a GEMM that reads it a few kernels later. Nothing where PDL (Hopper's bulk prefetch) is
-    not available or the rows are not 16-byte aligned."""
-    columns = prefetch_columns(weight, weight.shape[1], pdl_available(weight), budget)
-    if columns == 0:
-        return
-    block_n = 128
-    _l2_prefetch_kernel[(triton.cdiv(weight.shape[0], block_n),)](
-        weight, weight.shape[0], weight.shape[1], weight.stride(0), columns, BLOCK_N=block_n, launch_pdl=True,
-        num_warps=4,
-    )  # fmt: skip
 
 
 def skinny_linear(
