@@ -6,12 +6,15 @@
     python test/run_suite.py --suite per-commit-cuda    # the GPU machine
     python test/run_suite.py --suite per-commit-2-gpu   # the two-GPU machine (nvidia-h200-x2)
     python test/run_suite.py --suite unit-cpu -- -x -k sampler   # after `--`: extra pytest arguments
+    python test/run_suite.py --suite per-commit-cuda --shard 2/7    # the second of 7 parts (one device call each)
 
 The markers are read from the source text (files are not imported), so a file is in a suite exactly
 when it says so. The CPU files register for `per-commit-cpu`; where they live splits them into the two
 CPU suites. Each suite is one pytest run that prints its 15 slowest tests (process-cpu's with two pytest-xdist
 workers taking whole files); `per-commit-cpu` runs both (`--parallel`: at the same time, each one's output printed
-when it ends) and fails if either fails.
+when it ends) and fails if either fails. `--shard K/N` runs the K-th of N parts of a suite, its files dealt longest
+first (by their est_time) to the part with the least time so far: the GPU suite's files are estimated at ~3,600 s,
+and one device call runs 600 s at most.
 """
 
 from __future__ import annotations
@@ -116,6 +119,29 @@ def plan(suite: str) -> Optional[List[Registration]]:
     return chosen
 
 
+def parse_shard(text: str) -> tuple[int, int]:
+    """`K/N` -> (K, N) with 1 <= K <= N (argparse's type for --shard: a bad value is a usage error naming it)."""
+    try:
+        index, count = (int(part) for part in text.split("/"))
+    except ValueError:
+        index = count = 0
+    if not 1 <= index <= count:
+        raise argparse.ArgumentTypeError(f"--shard wants K/N with 1 <= K <= N, got {text!r}")
+    return index, count
+
+
+def shard(chosen: List[Registration], index: int, count: int) -> List[Registration]:
+    """Part `index` (1-based) of `count`: the files dealt longest first (est_time) to the part with the least
+    estimated time so far (ties: the lower part), in the suite's order. Every file lands in exactly one part."""
+    loads = [0.0] * count
+    part_of = {}
+    for reg in sorted(chosen, key=lambda r: -r.est_time):  # a stable sort: equal estimates keep the suite's order
+        lightest = loads.index(min(loads))
+        part_of[reg.path] = lightest
+        loads[lightest] += reg.est_time
+    return [reg for reg in chosen if part_of[reg.path] == index - 1]
+
+
 def workers(suite: str) -> int:
     return CPU_PARTS[suite].workers if suite in CPU_PARTS else 1
 
@@ -158,10 +184,18 @@ def first_failure(rcs: Dict[str, int]) -> int:
     return next((rc for rc in rcs.values() if rc != 0), 0)
 
 
-def run_one(suite: str, durations: int, extra: List[str]) -> int:
+def run_one(suite: str, durations: int, extra: List[str], part: Optional[tuple[int, int]] = None) -> int:
     chosen = plan(suite)
     if chosen is None:
         return 2
+    if part is not None:
+        chosen = shard(chosen, *part)
+        print(f"Shard {part[0]}/{part[1]}: {len(chosen)} file(s), estimated {sum(r.est_time for r in chosen):.0f} s")
+        for r in chosen:
+            print(f"  run   {r.path.relative_to(ROOT)}")
+        if not chosen:
+            print(f"Shard {part[0]}/{part[1]}: no file (more parts than files)")
+            return 0
     start = time.monotonic()
     n = workers(suite)
     rc = subprocess.call(pytest_command(chosen, durations, extra, n), cwd=ROOT.parent, env=suite_env(suite, n))
@@ -204,10 +238,15 @@ def main() -> int:
     parser.add_argument("--suite", default=CPU_SUITE)
     parser.add_argument("--durations", type=int, default=15, help="print this many slowest tests (pytest)")
     parser.add_argument("--parallel", action="store_true", help="per-commit-cpu: run its two parts at once")
+    parser.add_argument(
+        "--shard", type=parse_shard, help="K/N: the K-th of N parts of a suite other than per-commit-cpu"
+    )
     parser.add_argument("pytest_args", nargs="*", help="extra arguments passed to pytest (after --)")
     args = parser.parse_args()
     if args.suite != CPU_SUITE:
-        return run_one(args.suite, args.durations, args.pytest_args)
+        return run_one(args.suite, args.durations, args.pytest_args, args.shard)
+    if args.shard is not None:
+        parser.error(f"--shard: {CPU_SUITE} runs its two parts whole (shard unit-cpu or process-cpu instead)")
     start, parts = time.monotonic(), list(CPU_PARTS)
     if args.parallel:
         rcs = run_parallel(parts, args.durations, args.pytest_args)

@@ -19,7 +19,8 @@
 #   bash scripts/device/run.sh before:kv-sizing-1 kv-sizing-1     then, in a second call, ...-2 (10 minutes a call)
 #
 # Stages (the folder under benchmark/ whose README cites each):
-#   gpu-tests           python3 test/run_suite.py --suite per-commit-cuda [$SUITE_ARGS, passed to pytest]
+#   gpu-tests           python3 test/run_suite.py --suite per-commit-cuda [$SUITE_ARGS: its flags, then -- and pytest's];
+#                       one call holds a seventh of the suite: SUITE_ARGS="--shard K/7" (run_suite.py's estimates)
 #   gpu-tests-2         the same, --suite per-commit-2-gpu (nvidia-h200-x2)
 #   gpu-files           python3 -m pytest on chosen GPU test files only: GPU_FILES="test/... test/..."
 #   kt-cpu-tests        the CPU expert kernel's tests on the GPU machine's host (AMX, 16 cores)

@@ -92,3 +92,32 @@ def test_xdist_keeps_each_file_on_one_worker(run_suite, tmp_path):
     assert all(len(w) == 1 for w in workers.values()), workers
     assert workers["test_s1"] == workers["test_s2"], workers
     assert len({w for _, w in runs}) == 2  # both workers did take files
+
+
+def test_shards_deal_every_file_once_and_balance_the_estimates(run_suite):
+    """--shard K/N: each file in exactly one part, the longest dealt first to the lightest part, the suite's order
+    kept inside a part; the parts' estimates within the longest file of each other."""
+    Reg = run_suite.Registration
+    chosen = [
+        Reg(Path(f"f{i}.py"), "per-commit-cuda", est) for i, est in enumerate([420, 80, 120, 90, 30, 240, 60, 10])
+    ]
+    parts = [run_suite.shard(chosen, k, 3) for k in (1, 2, 3)]
+    assert sorted(r.path for part in parts for r in part) == sorted(r.path for r in chosen)
+    assert parts[0] == [chosen[0]]  # 420 alone: every other file went to the two lighter parts
+    for part in parts:
+        assert part == [r for r in chosen if r in part]
+    loads = [sum(r.est_time for r in part) for part in parts]
+    assert max(loads) - min(loads) <= 420 and sum(loads) == 1050
+    nine = [run_suite.shard(chosen, k, 9) for k in range(1, 10)]  # more parts than files: one each, one empty
+    assert sorted(len(part) for part in nine) == [0] + [1] * 8
+
+
+def test_a_bad_shard_is_a_usage_error_naming_the_flag(run_suite):
+    assert run_suite.parse_shard("2/7") == (2, 7)
+    for bad in ("0/3", "4/3", "2", "a/b", "1/2/3"):
+        with pytest.raises(run_suite.argparse.ArgumentTypeError, match="--shard wants K/N"):
+            run_suite.parse_shard(bad)
+    done = subprocess.run(
+        [sys.executable, str(RUN_SUITE), "--suite", "per-commit-cpu", "--shard", "1/2"], capture_output=True, text=True
+    )
+    assert done.returncode == 2 and "--shard" in done.stderr and "unit-cpu" in done.stderr
