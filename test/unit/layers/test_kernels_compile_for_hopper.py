@@ -41,6 +41,7 @@ def _cases():
     from sglang.srt.layers import fused_elementwise as fe
     from sglang.srt.layers.attention.triton_ops import decode_attention as da
     from sglang.srt.layers.attention.triton_ops import extend_attention as ea
+    from sglang.srt.layers.attention.triton_ops import head_matmul as hm
     from sglang.srt.layers.attention.triton_ops import kv_indices as ki
     from sglang.srt.layers.attention.triton_ops import mla_decode as md
     from sglang.srt.layers.decode_gemm import kernel as dk
@@ -198,6 +199,13 @@ def _cases():
                 USE_PDL=True,
                 PREFETCH=True,
             ),
+        ),
+        (
+            "MLA's W_UK / W_UV per head (DeepSeek's 128 x 512)",
+            hm._head_matmul_kernel,
+            dict(X="bf16", W="bf16", Y="bf16"),
+            set(),
+            dict(K=128, N=512, BLOCK_T=16, BLOCK_N=64, BLOCK_K=128, DOT_PRECISION="tf32", PDL=True),
         ),
         (
             "skinny GEMM, bf16, SiLU-and-mul epilogue",

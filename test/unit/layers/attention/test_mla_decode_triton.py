@@ -190,12 +190,17 @@ def test_split_count_fills_whole_waves_and_stays_bounded():
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_both_extend_forms_match_the_torch_path(device):
+@pytest.mark.parametrize("head_matmul", [True, False], ids=["head-matmul", "bmm"])
+def test_both_extend_forms_match_the_torch_path(device, head_matmul, monkeypatch):
     """An extend batch (requests with and without a cached prefix) through mla_triton's absorbed form (the latent
-    kernel over each new token's causal slot list) and its decompressed form (kv_b_proj, then the extend kernel):
-    both equal mla_torch.decompressed_attention per request."""
+    kernel over each new token's causal slot list; W_UK and W_UV in head_matmul's kernel at these 15 tokens, or on
+    torch.bmm past HEAD_MATMUL_MAX_TOKENS) and its decompressed form (kv_b_proj, then the extend kernel): both equal
+    mla_torch.decompressed_attention per request."""
+    from sglang.srt.layers.attention import mla_triton
     from sglang.srt.layers.attention.mla_torch import decompressed_attention
     from sglang.srt.layers.attention.mla_triton import absorbed_attention, decompressed_extend, token_row_lists
+
+    monkeypatch.setattr(mla_triton, "HEAD_MATMUL_MAX_TOKENS", 64 if head_matmul else 0)
 
     dtype, tol = (torch.float32, 1e-4) if device == "cpu" else (torch.bfloat16, 3e-2)
     gen = torch.Generator().manual_seed(5)

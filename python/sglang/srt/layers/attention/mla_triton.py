@@ -20,6 +20,7 @@ from typing import Sequence
 import torch
 
 from sglang.srt.layers.attention.triton_ops import extend_attention_fwd
+from sglang.srt.layers.attention.triton_ops.head_matmul import HEAD_MATMUL_MAX_TOKENS, head_matmul
 from sglang.srt.layers.attention.triton_ops.kv_indices import fill_kv_indices_triton
 from sglang.srt.layers.attention.triton_ops.mla_decode import mla_decode_fwd
 
@@ -72,14 +73,20 @@ def absorbed_attention(
     """One query row per token over its slot list (kv_indices[kv_indptr[t]:kv_indptr[t+1]] of `cache`
     [slots, 1, kv_lora + rope]): q_nope [T, H, nope], q_rope [T, H, rope] -> [T, H, v] (contiguous).
 
-    Both projections are batched over heads ([H, T, .] operands), so every intermediate is laid out as the next
-    op reads it: no copy kernels between them (an einsum's [T, H, v] result would need one before the reshape).
+    Both projections are batched over heads, so every intermediate is laid out as the next op reads it: no copy
+    kernels between them (an einsum's [T, H, v] result would need one before the reshape). Up to
+    HEAD_MATMUL_MAX_TOKENS tokens (decode) they run in head_matmul's kernel, launched with PDL like the attention
+    kernels between them; above, on torch.bmm ([H, T, .] operands).
     """
     tokens, heads = q_nope.shape[:2]
-    q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk)  # [H, T, kv_lora]: W_UK absorbed into the query
+    out = torch.empty((tokens, heads, w_uv.shape[1]), dtype=q_nope.dtype, device=q_nope.device)
+    if tokens <= HEAD_MATMUL_MAX_TOKENS:
+        q_latent = head_matmul(q_nope, w_uk)  # [T, H, kv_lora]: W_UK absorbed into the query
+        context = mla_decode_fwd(q_latent, q_rope, cache, kv_indptr, kv_indices, scaling)  # [T, H, kv_lora]
+        return head_matmul(context, w_uv.transpose(1, 2), out=out)
+    q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk)  # [H, T, kv_lora]
     context = torch.empty_like(q_latent)  # [H, T, kv_lora], written by the kernel as [T, H, kv_lora]
     mla_decode_fwd(q_latent.transpose(0, 1), q_rope, cache, kv_indptr, kv_indices, scaling, out=context.transpose(0, 1))
-    out = torch.empty((tokens, heads, w_uv.shape[1]), dtype=q_nope.dtype, device=q_nope.device)
     torch.bmm(context, w_uv.transpose(1, 2), out=out.transpose(0, 1))  # [H, T, v] into the [T, H, v] buffer
     return out
 
