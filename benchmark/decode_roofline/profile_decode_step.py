@@ -2,13 +2,16 @@
 one GPU): kernel time by kernel vs the graph step.
 
     python benchmark/decode_roofline/profile_decode_step.py [--shape DeepSeek-V2-Lite] [--batches 1 64] [--context 1024]
+        [--no-pdl]
 
 For each batch size it times the CUDA-graph step (as bench_decode_roofline.py does) and profiles the same
 graph replays with torch.profiler (CUPTI reports the kernels inside a graph one by one): the sum of kernel
 times is what the GPU computes; the difference to the step time is idle time between kernels (launch gaps,
 ramp-up and tails). `--eager` profiles the step without graphs instead. Prints the top kernels by total
 time. With programmatic dependent launch (``srt/layers/pdl.py``) a kernel's reported duration includes the
-time it waited for the one before, so kernel times overlap and their sum can exceed the step. The launch
+time it waited for the one before, so kernel times overlap and their sum can exceed the step; ``--no-pdl`` launches
+every kernel without it (as on a GPU before Hopper), so each kernel's time is its own and the ranking says where
+the step goes (the step itself then runs slower by what PDL saves). The launch
 floor line: a CUDA graph of as many launches of an empty one-program kernel (with PDL, as the step's triton
 kernels) as the step has, replayed: what the launches alone cost, whatever the kernels compute. A diagnostic,
 not a results benchmark (writes nothing).
@@ -32,6 +35,7 @@ sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 
 from bench_decode_roofline import apply_decode_config, decode_step_ms, dense_config_dir, our_runner  # noqa: E402
 
+from sglang.srt.layers import pdl as pdl_module  # noqa: E402
 from sglang.srt.layers.pdl import pdl_available, pdl_prologue  # noqa: E402
 from sglang.test.bench_utils import cuda_graph_ms  # noqa: E402
 from sglang.test.gpu_utils import shape_config_dir  # noqa: E402
@@ -91,7 +95,10 @@ def main() -> None:
     )
     parser.add_argument("--shape", default="Llama-3.1-8B", choices=["Llama-3.1-8B", "DeepSeek-V2-Lite", "Qwen3-8B"])
     parser.add_argument("--checkpoint-fp8", action="store_true", help="a dense shape as a native block-fp8 checkpoint")
+    parser.add_argument("--no-pdl", action="store_true", help="launch every kernel without PDL: times that add up")
     args = parser.parse_args()
+    if args.no_pdl:  # pdl_available asks this per device; every launch reads it, before the graphs are captured
+        pdl_module._device_supports_pdl = lambda device_index: False
     args.dry_run = False
     dense = args.shape != "DeepSeek-V2-Lite"
     mr = our_runner(dense_config_dir(args) if dense else shape_config_dir(args.shape))
@@ -101,7 +108,8 @@ def main() -> None:
         graph_ms, _ = decode_step_ms(mr, bs, args.context)
         kernel_ms, rows = kernel_breakdown(mr, bs, args.context, args.eager)
         print(
-            f"\n{args.shape}, batch {bs}, context {args.context}: graph step {graph_ms:.3f} ms; kernels {kernel_ms:.3f} ms "
+            f"\n{args.shape}{' (PDL off)' if args.no_pdl else ''}, batch {bs}, context {args.context}: graph step "
+            f"{graph_ms:.3f} ms; kernels {kernel_ms:.3f} ms "
             f"({sum(r[2] for r in rows):.0f} launches); idle between kernels ~{graph_ms - kernel_ms:.3f} ms"
         )
         launches = round(sum(r[2] for r in rows))

@@ -53,6 +53,7 @@
 #   profile-decode-mla  decode_roofline/: the same on the DeepSeek-V2-Lite shape, batch 1 and 64
 #   profile-decode-fp8-native  decode_roofline/: the same on a Qwen3-8B-shaped native block-fp8 checkpoint, batch 1
 #                       and 256
+#                       (each profile stage takes $PROFILE_ARGS too, e.g. "--no-pdl": kernel times that add up)
 #   tune-gemm           decode_roofline/: tune_decode_gemms.py bf16, --silu, --fp8, --fp8 --silu (in that order:
 #                       --silu compares with the table's gate_up plan); the table lands in the package's configs/
 #                       on the device and in the stage's folder
@@ -162,12 +163,13 @@ run_stage() {
     roofline-mla) python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --shape DeepSeek-V2-Lite --out $o ;;
     mla-prefill) python3 benchmark/mla/bench_mla_prefill.py --out $o ;;
     mla-decode) python3 benchmark/mla/bench_mla_decode.py --out $o ;;
-    profile-decode) python3 benchmark/decode_roofline/profile_decode_step.py --batches 1 64 256 --top 12 ;;
+    profile-decode) python3 benchmark/decode_roofline/profile_decode_step.py --batches 1 64 256 --top 12 $PROFILE_ARGS ;;
     profile-decode-mla)
-      python3 benchmark/decode_roofline/profile_decode_step.py --shape DeepSeek-V2-Lite --batches 1 64 --top 30 ;;
+      python3 benchmark/decode_roofline/profile_decode_step.py --shape DeepSeek-V2-Lite --batches 1 64 --top 30 \
+        $PROFILE_ARGS ;;
     profile-decode-fp8-native)
       python3 benchmark/decode_roofline/profile_decode_step.py --shape Qwen3-8B --checkpoint-fp8 --batches 1 256 \
-        --top 25 ;;
+        --top 25 $PROFILE_ARGS ;;
     tune-gemm-mla)  # DeepSeek-V2-Lite's projections in bf16, then its gate/up pairs with SiLU-and-mul
       python3 benchmark/decode_roofline/tune_decode_gemms.py --model DeepSeek-V2-Lite --out $o/gemm_tuning_mla &&
         python3 benchmark/decode_roofline/tune_decode_gemms.py --model DeepSeek-V2-Lite --silu --out $o/gemm_tuning_mla_silu &&
