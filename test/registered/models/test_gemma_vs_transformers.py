@@ -128,7 +128,8 @@ def test_each_feature_changes_the_reference(tiny, feature):
 def test_gpu_kernels_in_the_interpreter_give_the_same_tokens(tiny, monkeypatch):
     """The GPU's path through the decoder, here in the triton interpreter on CPU tensors: each (1 + w) norm one
     kernel, each block's post-norm with its residual add and the next norm one kernel (the stream updated in place),
-    Gemma 3's q/k norms inside the rotary kernel: transformers' greedy tokens, and every such call took its kernel."""
+    Gemma 3's q/k norms inside the rotary kernel, the GeGLU one kernel: transformers' greedy tokens, and every such
+    call took its kernel."""
     import os
 
     from sglang.srt.layers import fused_elementwise, kernel_dispatch
@@ -137,8 +138,9 @@ def test_gpu_kernels_in_the_interpreter_give_the_same_tokens(tiny, monkeypatch):
         pytest.skip("triton kernels on CPU tensors need TRITON_INTERPRET=1")
     family, d, hf, ref, _ = tiny
     monkeypatch.setattr(kernel_dispatch, "runs_kernel", lambda t: True)
-    norms, rotary = [], []
+    norms, rotary, geglu = [], [], []
     real_norm, real_rotary = fused_elementwise.gemma_rmsnorm, fused_elementwise.apply_rotary_inplace
+    real_geglu = fused_elementwise.gelu_tanh_and_mul
 
     def counted_norm(*args, **kwargs):
         norms.append(kwargs.get("sandwich") is not None)
@@ -151,6 +153,7 @@ def test_gpu_kernels_in_the_interpreter_give_the_same_tokens(tiny, monkeypatch):
 
     monkeypatch.setattr(fused_elementwise, "gemma_rmsnorm", counted_norm)
     monkeypatch.setattr(fused_elementwise, "apply_rotary_inplace", counted_rotary)
+    monkeypatch.setattr(fused_elementwise, "gelu_tanh_and_mul", lambda x: geglu.append(x.shape[0]) or real_geglu(x))
     sched = make_scheduler(reuse_model=False, model_path=d, skip_tokenizer_init=True, max_total_tokens=1024)
     outs = run_scheduler(sched, prompts(), greedy_params(NEW_TOKENS))
     assert [o.output_ids for o in outs] == ref, family
@@ -158,3 +161,4 @@ def test_gpu_kernels_in_the_interpreter_give_the_same_tokens(tiny, monkeypatch):
     forwards = norms.count(False)  # one plain norm a forward (the first layer's input), the rest are sandwiches
     assert forwards > 0 and norms.count(True) == 2 * layers * forwards
     assert len(rotary) == layers * forwards and all(rotary) == (family == "gemma3") and any(rotary) == all(rotary)
+    assert len(geglu) == layers * forwards

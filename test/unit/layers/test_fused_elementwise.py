@@ -1,4 +1,4 @@
-"""The fused triton RMSNorm / rotary / SiLU-and-mul kernels equal the torch layers they replace on the GPU
+"""The fused triton RMSNorm / rotary / SiLU-and-mul / GELU(tanh)-and-mul kernels equal the torch layers they replace on the GPU
 (CPU: through the triton interpreter)."""
 
 from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
@@ -161,6 +161,28 @@ def test_silu_and_mul(device):
     x = torch.randn(6, 2 * 80, generator=torch.Generator().manual_seed(3)).to(device, dtype)
     want = torch.nn.functional.silu(x[:, :80].float()) * x[:, 80:].float()
     torch.testing.assert_close(fe.silu_and_mul(x).float(), want, **_tol(dtype))
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("d", [80, 2048 + 384])  # one program a row; two, the second ragged
+def test_gelu_tanh_and_mul_is_torchs_two_ops(device, d):
+    """Gemma's GeGLU in one kernel against F.gelu(gate, approximate="tanh") * up in the same dtype: torch's rounding
+    points (the gelu, then the product), values past the tanh's saturation included. Both lose the same ~1e-7 to the
+    cancellation in 1 + tanh for negative gates, where the tanh (triton_math's, not libdevice's) may differ in its
+    last bit: fp32 within 1e-5, bf16 within one unit in the last place (or 1e-5) and nearly all bits equal."""
+    import torch.nn.functional as F
+
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    x = (torch.randn(6, 2 * d, generator=torch.Generator().manual_seed(d)) * 4).to(device, dtype)
+    x[0, :4] = torch.tensor([0.0, -30.0, 30.0, 1e-3])  # gate: zero, saturated both ways, tiny
+    want = F.gelu(x[:, :d], approximate="tanh") * x[:, d:]
+    got = fe.gelu_tanh_and_mul(x)
+    assert got.dtype == dtype and got.shape == (6, d)
+    if dtype == torch.float32:
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    else:
+        torch.testing.assert_close(got.float(), want.float(), rtol=2.0**-7, atol=1e-5)
+        assert (got == want).float().mean().item() > 0.98
 
 
 @pytest.mark.parametrize("device", DEVICES)

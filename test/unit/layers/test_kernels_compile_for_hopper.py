@@ -201,6 +201,13 @@ def _cases():
             ),
         ),
         (
+            "Gemma's GeGLU",
+            fe._gelu_tanh_and_mul_kernel,
+            dict(x_ptr="bf16", out_ptr="bf16"),
+            set(),
+            dict(BLOCK=2048, PDL=True),
+        ),
+        (
             "MLA's W_UK / W_UV per head (DeepSeek's 128 x 512)",
             hm._head_matmul_kernel,
             dict(X="bf16", W="bf16", Y="bf16"),

@@ -29,6 +29,10 @@ def silu_and_mul(x: torch.Tensor, quantize: Optional[ActivationLayout] = None) -
 
 def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
     """gelu(x[..., :d], tanh approximation) * x[..., d:]: Gemma's GeGLU (`hidden_activation` gelu_pytorch_tanh, which
-    transformers computes with torch's own tanh-approximated gelu, as here)."""
+    transformers computes with torch's own tanh-approximated gelu, as here; one triton kernel for 2-D CUDA x)."""
+    if kernel_dispatch.runs_kernel(x) and x.dim() == 2:
+        from sglang.srt.layers import fused_elementwise
+
+        return fused_elementwise.gelu_tanh_and_mul(x)
     d = x.shape[-1] // 2
     return F.gelu(x[..., :d], approximate="tanh") * x[..., d:]

@@ -23,6 +23,7 @@ from sglang.srt.layers.quantization.block_fp8_activation import (
     empty_block_fp8_activation,
 )
 from sglang.srt.layers.quantization.fp8_tile import store_quantized_groups
+from sglang.srt.layers.triton_math import tanh
 
 
 @triton.jit
@@ -495,3 +496,39 @@ def silu_and_mul(x: torch.Tensor, quantize: ActivationLayout | None = None) -> t
             num_warps=4,
         )
     return out if quantized is None else quantized
+
+
+# torch's tanh-approximated gelu: 0.5 x (1 + tanh(sqrt(2 / pi) (x + 0.044715 x^3))), its kernel's constants
+# (constexprs: the GPU compiler takes no plain Python global inside a kernel)
+GELU_TANH_BETA = tl.constexpr(0.7978845608028654)  # sqrt(2 / pi)
+GELU_TANH_KAPPA = tl.constexpr(0.044715)
+
+
+@triton.jit
+def _gelu_tanh_and_mul_kernel(x_ptr, out_ptr, d, stride_x, stride_out, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    pdl_prologue(PDL)
+    row = tl.program_id(0)
+    cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    mask = cols < d
+    gate = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0).to(tl.float32)
+    up = tl.load(x_ptr + row * stride_x + d + cols, mask=mask, other=0.0).to(tl.float32)
+    dt = out_ptr.dtype.element_ty
+    # In fp32 in torch's order, the gelu rounded to the activation dtype, then the product: F.gelu(gate) * up.
+    inner = GELU_TANH_BETA * (gate + GELU_TANH_KAPPA * (gate * gate * gate))
+    gelu = (0.5 * gate * (1.0 + tanh(inner))).to(dt).to(tl.float32)
+    tl.store(out_ptr + row * stride_out + cols, (gelu * up).to(dt), mask=mask)
+
+
+def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """gelu_tanh(gate) * up of x = [gate | up] ([T, 2d] -> [T, d]) in one kernel (Gemma's GeGLU; torch ran two), rounded
+    where torch's two ops round; its tanh is triton_math's, not libdevice's, so a value may differ in the last bit."""
+    n_rows, two_d = x.shape
+    d = two_d // 2
+    out = torch.empty((n_rows, d), dtype=x.dtype, device=x.device)
+    if n_rows:
+        block = min(triton.next_power_of_2(d), 2048)
+        pdl = pdl_available(x)
+        _gelu_tanh_and_mul_kernel[(n_rows, triton.cdiv(d, block))](
+            x, out, d, x.stride(0), out.stride(0), BLOCK=block, PDL=pdl, launch_pdl=pdl, num_warps=4
+        )
+    return out

@@ -42,6 +42,7 @@ from sglang.srt.layers.pdl import pdl_available, pdl_prologue
 from sglang.srt.layers.quantization.block_fp8_activation import ROW_MAJOR, ActivationLayout, BlockFp8Activation
 from sglang.srt.layers.quantization.fp8 import FP8_BLOCK
 from sglang.srt.layers.quantization.fp8_tile import quantize_tile_rows
+from sglang.srt.layers.triton_math import tanh
 from sglang.srt.mem_cache.memory_pool import FP8_KV_DTYPES
 
 
@@ -62,12 +63,6 @@ def _store_heads(
         tl.store(
             Out + b * stride_ob + heads[:, None] * stride_oh + offs_dv[None, :], out.to(Out.dtype.element_ty), mask=mask
         )
-
-
-@triton.jit
-def _tanh(x):
-    # 1 - 2 / (exp(2x) + 1): saturates cleanly to +-1 (exp overflow -> inf -> 1).
-    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
 
 
 @triton.jit
@@ -120,7 +115,7 @@ def _attend_kv_block(
     )
     qk = tl.dot(q, k.to(q.dtype)) * sm_scale
     if USE_CAP:
-        qk = logit_cap * _tanh(qk / logit_cap)
+        qk = logit_cap * tanh(qk / logit_cap)
     qk = tl.where(mask_qk, qk * 1.4426950408889634, float("-inf"))
     m_new = tl.maximum(m_i, tl.max(qk, 1))
     alpha = tl.exp2(m_i - m_new)
