@@ -69,6 +69,21 @@ def _cases():
         QK_UNIT_OFFSET=False,
         PDL=True,
     )
+    # The skinny decode GEMM on a block-fp8 projection (a Qwen3-8B decode step's, with PDL and the L2 prefetch)
+    skinny_block_fp8 = dict(
+        HAS_BIAS=False,
+        SCALED=False,
+        BLOCK_SCALED=True,
+        GATED=False,
+        BLOCK_M=16,
+        BLOCK_N=64,
+        BLOCK_K=128,
+        DOT_PRECISION="tf32",
+        IMPRECISE_ACC=128,
+        WHILE_LOOPS=False,
+        USE_PDL=True,
+        PREFETCH=True,
+    )
     cases = []
     for q in (False, True):
         qp, qs = (FP8, "fp32") if q else ("bf16", "bf16")  # dummies (x's dtype) where nothing is quantized
@@ -185,20 +200,7 @@ def _cases():
             dk._skinny_gemm_kernel,
             dict(X=FP8, W=FP8, Bias="bf16", XScale="fp32", WScale="fp32", Out="fp32"),
             set(),
-            dict(
-                HAS_BIAS=False,
-                SCALED=False,
-                BLOCK_SCALED=True,
-                GATED=False,
-                BLOCK_M=16,
-                BLOCK_N=64,
-                BLOCK_K=128,
-                DOT_PRECISION="tf32",
-                IMPRECISE_ACC=128,
-                WHILE_LOOPS=False,
-                USE_PDL=True,
-                PREFETCH=True,
-            ),
+            skinny_block_fp8,
         ),
         (
             "Gemma's GeGLU",
@@ -219,20 +221,7 @@ def _cases():
             dk._skinny_gemm_kernel,
             dict(X="bf16", W="bf16", Bias="bf16", XScale="bf16", WScale="bf16", Out="bf16"),
             set(),
-            dict(
-                HAS_BIAS=True,
-                SCALED=False,
-                BLOCK_SCALED=False,
-                GATED=True,
-                BLOCK_M=16,
-                BLOCK_N=32,
-                BLOCK_K=128,
-                DOT_PRECISION="tf32",
-                IMPRECISE_ACC=None,
-                WHILE_LOOPS=False,
-                USE_PDL=True,
-                PREFETCH=True,
-            ),
+            dict(skinny_block_fp8, HAS_BIAS=True, BLOCK_SCALED=False, GATED=True, BLOCK_N=32, IMPRECISE_ACC=None),
         ),
         (
             "triton block-scaled fp8 GEMM",
@@ -266,19 +255,16 @@ def _cases():
                 kw_ptr="bf16",
             ),
             {"v_eps", "qk_eps"},
+            # DeepSeek's 64-wide rope part rotating as interleaved pairs, the 512-wide latent normed and stored
             dict(
+                glm_rotary,
                 HEAD_DIM=64,
-                HALF=32,
-                BLOCK_HALF=32,
                 BLOCK_PASS=0,
                 BLOCK_H=16,
-                STORE_KV=True,
                 BLOCK_V=512,
                 NORM_V=True,
                 INTERLEAVED=True,
                 QK_NORM=False,
-                QK_UNIT_OFFSET=False,
-                PDL=True,
             ),
         ),
         (
