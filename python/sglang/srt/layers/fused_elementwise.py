@@ -27,6 +27,15 @@ from sglang.srt.layers.triton_math import tanh
 
 
 @triton.jit
+def _scale_normed(normed, w, dt: tl.constexpr, UNIT_OFFSET: tl.constexpr):
+    """A normalised fp32 row times its norm weight, rounded to dt as the family's RMSNorm rounds (returned in fp32):
+    Llama's rounds the normalised value first, then the product; Gemma's takes (1 + w) times it in fp32, one rounding."""
+    if UNIT_OFFSET:
+        return (normed * (1.0 + w)).to(dt).to(tl.float32)
+    return (w * normed.to(dt).to(tl.float32)).to(dt).to(tl.float32)
+
+
+@triton.jit
 def _rmsnorm_kernel(
     x_ptr,
     res_ptr,
@@ -61,12 +70,12 @@ def _rmsnorm_kernel(
         tl.store(res_ptr + row * sres + cols, x, mask=mask)
     xf = x.to(tl.float32)
     var = tl.sum(xf * xf, axis=0) / n_cols
-    normed = (xf * tl.rsqrt(var + eps)).to(x_ptr.dtype.element_ty)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0)
-    out = w.to(tl.float32) * normed.to(tl.float32)
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    out = _scale_normed(xf * tl.rsqrt(var + eps), w, x_ptr.dtype.element_ty, False)
     if QUANTIZE:  # the row as the block-fp8 projection after the norm takes it, not written in x's dtype
-        v = out.to(x_ptr.dtype.element_ty).to(tl.float32)  # the output the quantization kernel would read
-        store_quantized_groups(v, 0, n_cols, q_ptr + row * sq, qs_ptr + row * sqs_row, sqs_group, BLOCK, ROUND_BY_HAND)
+        store_quantized_groups(
+            out, 0, n_cols, q_ptr + row * sq, qs_ptr + row * sqs_row, sqs_group, BLOCK, ROUND_BY_HAND
+        )
     else:
         tl.store(out_ptr + row * so + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -121,15 +130,6 @@ def rmsnorm(
             num_warps=4 if n_cols <= 1024 else 8,
         )
     return out if quantized is None else quantized
-
-
-@triton.jit
-def _scale_normed(normed, w, dt: tl.constexpr, UNIT_OFFSET: tl.constexpr):
-    """A normalised fp32 row times its norm weight, rounded to dt as the family's RMSNorm rounds (returned in fp32):
-    Llama's rounds the normalised value first, then the product; Gemma's takes (1 + w) times it in fp32, one rounding."""
-    if UNIT_OFFSET:
-        return (normed * (1.0 + w)).to(dt).to(tl.float32)
-    return (w * normed.to(dt).to(tl.float32)).to(dt).to(tl.float32)
 
 
 @triton.jit
@@ -371,18 +371,18 @@ def _gemma_rmsnorm_kernel(
     row = tl.program_id(0)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
+    dt = x_ptr.dtype.element_ty  # the norms' outputs are in x's dtype (as torch's norm returns them)
     xf = tl.load(x_ptr + row * sx + cols, mask=mask, other=0.0).to(tl.float32)
     if SANDWICH:
         post_w = tl.load(post_w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-        post = xf * tl.rsqrt(tl.sum(xf * xf, axis=0) / n_cols + post_eps) * (1.0 + post_w)
-        post = post.to(res_ptr.dtype.element_ty).to(tl.float32)
+        post = _scale_normed(xf * tl.rsqrt(tl.sum(xf * xf, axis=0) / n_cols + post_eps), post_w, dt, True)
         h = (tl.load(res_ptr + row * sres + cols, mask=mask, other=0.0).to(tl.float32) + post).to(
             res_ptr.dtype.element_ty
         )
         tl.store(res_ptr + row * sres + cols, h, mask=mask)
         xf = h.to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    out = xf * tl.rsqrt(tl.sum(xf * xf, axis=0) / n_cols + eps) * (1.0 + w)
+    out = _scale_normed(xf * tl.rsqrt(tl.sum(xf * xf, axis=0) / n_cols + eps), w, dt, True)
     tl.store(out_ptr + row * so + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
