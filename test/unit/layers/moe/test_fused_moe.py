@@ -16,6 +16,8 @@ from sglang.srt.layers.moe.fused_moe_native import fused_moe_native
 from sglang.srt.layers.moe.fused_moe_triton import (
     MoEKernelConfig,
     fused_experts_triton,
+    invoke_moe_gemm,
+    moe_align_block_size,
     moe_align_block_size_torch,
     moe_align_block_size_triton,
     moe_sum,
@@ -223,6 +225,7 @@ TRITON_CASES = [
     ("BF16", 7, 0, None),
     ("FP8", 33, 3, MoEKernelConfig(16, 32, 64)),
     ("INT8", 1, 0, None),
+    ("FP8", 1, 1, None),  # one token (no alignment), all its experts elsewhere
     ("INT4", 17, 2, None),
     ("INT4_G32", 9, 0, MoEKernelConfig(16, 64, 64)),
     ("MXFP4", 12, 1, MoEKernelConfig(16, 64, 32)),
@@ -259,6 +262,39 @@ def test_triton_matches_native(
     for t in range(num_tokens):
         if bool((ids[t] < 0).all()):
             assert bool((out[t] == 0).all())
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+@pytest.mark.parametrize("name", ["BF16", "FP8"])
+def test_one_token_gemms_skip_the_alignment_with_the_same_bits(device: str, name: str) -> None:
+    """One token's slots as GEMM tiles of their own (the batch-1 path, no align kernel) write every routed slot's
+    row with the bits the aligned routing gives it (each tile holds the one real row either way), in both GEMMs;
+    a slot computed elsewhere (-1) gets no row written."""
+    num_experts, hidden, inter, top_k = 6, 160, 128, 3
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    method = _method(name)
+    layer = _loaded_layer(method, *_random_experts(num_experts, hidden, inter, seed=21), dtype, device)
+    w13, w2 = method.gemm_weights(layer)
+    x = torch.randn(1, hidden, generator=torch.Generator().manual_seed(22)).to(device, dtype)
+    weights, ids = _routing(1, num_experts, top_k, seed=23)
+    ids[0, 1] = -1
+    weights, ids = weights.to(device), ids.to(device)
+    config = MoEKernelConfig(16, 64, 64)
+    aligned = moe_align_block_size(ids, config.block_m, num_experts)
+    slot_weights = weights.reshape(-1).float()
+    caches = []
+    for routing in (ids.reshape(-1), aligned):
+        cache1 = torch.full((top_k, w13.n), 7.0, dtype=dtype, device=device)
+        invoke_moe_gemm(x, w13, cache1, routing, top_k, top_k, None, config)
+        cache2 = torch.full((top_k, w2.n), 7.0, dtype=dtype, device=device)
+        invoke_moe_gemm(cache1, w2, cache2, routing, top_k, 1, slot_weights, config, a_gated=True)
+        caches.append((cache1, cache2))
+    (one1, one2), (al1, al2) = caches
+    routed = ids.reshape(-1) >= 0
+    assert torch.equal(one1[routed], al1[routed]) and torch.equal(one2[routed], al2[routed])
+    assert bool((one1[~routed] == 7).all()) and bool((one2[~routed] == 7).all())
+    out = fused_experts_triton(x, w13, w2, weights, ids, config)
+    assert torch.equal(out, moe_sum(al2, ids))
 
 
 @pytest.mark.parametrize("device", DEVICES)

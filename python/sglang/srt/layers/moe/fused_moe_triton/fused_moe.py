@@ -8,6 +8,7 @@ Flow for x [T, H] routed to k experts each ("slots" s = t * k + j), four launche
      with act[s] = silu(cache1[s, :I]) * cache1[s, I:] computed as GEMM 2 loads its A tiles
   4. out[t] = sum_j cache2[t * k + j] over the routed (id >= 0) slots only: one kernel, so cache2
      needs no zero-fill and the sum no separate cast
+One token (T = 1) skips step 1: its k slots name k different experts, so each slot is a GEMM tile of its own.
 Quantized weights are decoded tile by tile inside the GEMM (never to a full-precision copy of the
 layer), so a layer's GPU memory is exactly its parameters plus these per-call activations.
 """
@@ -80,6 +81,7 @@ def _moe_gemm_kernel(
     GROUP_K: tl.constexpr,
     SCALE_K_PER_TILE: tl.constexpr,  # GROUP_K is a multiple of BLOCK_K: one scale per column per tile
     DOT_PRECISION: tl.constexpr,
+    ONE_TOKEN: tl.constexpr,  # no aligned routing: expert_ids_ptr is the token's top-k ids, tile m is slot m alone
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_prologue(PDL)  # the routing (sorted ids, expert ids) is the kernel before's output: nothing to prefetch
@@ -87,13 +89,19 @@ def _moe_gemm_kernel(
     num_pid_n = tl.cdiv(N, BLOCK_N)
     pid_m = pid // num_pid_n
     pid_n = pid % num_pid_n
-    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
-        return
-    expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
-
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    slots = tl.load(sorted_ids_ptr + offs_m)
-    slot_mask = slots < num_slots
+    if ONE_TOKEN:
+        expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+        if expert < 0:  # a slot computed elsewhere (KT's CPU experts)
+            return
+        rows_in_tile = tl.arange(0, BLOCK_M)
+        slots = pid_m + rows_in_tile
+        slot_mask = rows_in_tile == 0
+    else:
+        if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+            return
+        expert = tl.load(expert_ids_ptr + pid_m).to(tl.int64)
+        slots = tl.load(sorted_ids_ptr + pid_m * BLOCK_M + tl.arange(0, BLOCK_M))
+        slot_mask = slots < num_slots
     a_rows = (slots // A_ROW_DIV).to(tl.int64)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
@@ -165,7 +173,7 @@ def invoke_moe_gemm(
     a: torch.Tensor,
     w: MoEGemmWeight,
     out: torch.Tensor,
-    routing: AlignedRouting,
+    routing: AlignedRouting | torch.Tensor,
     num_slots: int,
     a_row_div: int,
     topk_weights: Optional[torch.Tensor],
@@ -173,15 +181,22 @@ def invoke_moe_gemm(
     a_gated: bool = False,
 ) -> None:
     """out[s] = (topk_weights[s] *) a[s // a_row_div] @ w[expert(s)].T for every routed slot s; with
-    `a_gated`, a is [gate | up] rows (2 * w.k wide) and the GEMM multiplies silu(gate) * up."""
+    `a_gated`, a is [gate | up] rows (2 * w.k wide) and the GEMM multiplies silu(gate) * up. `routing`: the
+    slots aligned by expert (moe_align.py), or one token's top-k ids [k] (its slots name k different experts:
+    each slot is a tile of its own, nothing to sort)."""
     n, k = w.n, w.k
     scale, s_e, s_n, s_k = _scale_strides(w)
     per_tile = w.group_k > 0 and w.group_k % config.block_k == 0
-    grid = (routing.expert_ids.numel() * triton.cdiv(n, config.block_n),)
+    one_token = isinstance(routing, torch.Tensor)
+    if one_token:
+        tiles, ids = num_slots, (routing, routing, routing)  # the top-k ids; the other two are never read
+    else:
+        tiles, ids = routing.expert_ids.numel(), (routing.sorted_slot_ids, routing.expert_ids, routing.num_padded)
+    grid = (tiles * triton.cdiv(n, config.block_n),)
     pdl = pdl_available(a)
     _moe_gemm_kernel[grid](
         a, w.weight, scale, out, topk_weights if topk_weights is not None else a,
-        routing.sorted_slot_ids, routing.expert_ids, routing.num_padded,
+        ids[0], ids[1], ids[2],
         num_slots,
         a.stride(0), a.stride(1),
         w.weight.stride(0), w.weight.stride(1), w.weight.stride(2),
@@ -197,6 +212,7 @@ def invoke_moe_gemm(
         GROUP_K=max(w.group_k, 1),
         SCALE_K_PER_TILE=per_tile,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
+        ONE_TOKEN=one_token,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, PDL=pdl,
         num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl,
     )  # fmt: skip
@@ -212,7 +228,12 @@ def _fused_experts_chunk(
 ) -> torch.Tensor:
     num_tokens, top_k = topk_ids.shape
     num_slots = num_tokens * top_k
-    routing = moe_align_block_size(topk_ids, config.block_m, w13.weight.shape[0])
+    # One token (the batch-1 decode step): its k slots are k different experts, one tile each as aligned
+    # routing would make them, so the align kernel is skipped (its launch is a step of the chain at every layer).
+    if num_tokens == 1:
+        routing = topk_ids.reshape(-1).contiguous()
+    else:
+        routing = moe_align_block_size(topk_ids, config.block_m, w13.weight.shape[0])
     cache1 = torch.empty((num_slots, w13.n), dtype=x.dtype, device=x.device)
     invoke_moe_gemm(x, w13, cache1, routing, num_slots, top_k, None, config)
     # Rows of skipped (-1) slots are garbage in both caches, but no GEMM tile and no sum reads them.
