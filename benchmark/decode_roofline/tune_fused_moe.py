@@ -7,7 +7,7 @@ The question comes from the DeepSeek-V2-Lite decode step (README: 3.05x its HBM 
 item is the two expert GEMMs: 1.343 ms a step for 52 launches at ~2 TB/s, half the copy bandwidth, on the untuned
 ``default_config``. For each shape (the routed experts of one GPU: DeepSeek-V2-Lite in bf16, DeepSeek-V3 with the
 native checkpoint's block-FP8 experts) and batch of decode tokens it times ``fused_experts_triton`` (align, both
-GEMMs, sum) as one CUDA graph over enough layers of distinct weights that the touched experts are several times the
+GEMMs, sum; no align at one token) as one CUDA graph over enough layers of distinct weights that the touched experts are several times the
 L2, with every token routed to top-k distinct random experts, for every (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
 of the grid; each config's output is checked against ``default_config``'s. The floor is the bytes of the experts
 the batch touches (both matrices, scales included) at the measured copy bandwidth. It prints per cell the best
