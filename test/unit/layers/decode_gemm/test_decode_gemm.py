@@ -4,7 +4,7 @@ inside a CUDA graph), and the tuned table's choice per batch size is what its fi
 from sglang.test.ci.ci_register import register_cpu_ci, register_cuda_ci
 
 register_cpu_ci(est_time=20, suite="per-commit-cpu")
-register_cuda_ci(est_time=30, suite="per-commit-cuda")
+register_cuda_ci(est_time=70, suite="per-commit-cuda")
 
 import glob
 import json
