@@ -1,6 +1,7 @@
 """Which tile config should the fused MoE (``srt/layers/moe/fused_moe_triton/fused_moe.py``) run at decode sizes?
 
     python3 benchmark/decode_roofline/tune_fused_moe.py --out DIR        # = scripts/device/run.sh tune-moe
+    python3 benchmark/decode_roofline/tune_fused_moe.py --per-gemm --shapes DeepSeek-V2-Lite --out DIR  # tune-moe-per-gemm
     python benchmark/decode_roofline/tune_fused_moe.py --dry-run          # CPU check (interpreter, tiny shapes)
 
 The question comes from the DeepSeek-V2-Lite decode step (README: 3.05x its HBM floor at batch 1), whose largest
@@ -13,6 +14,11 @@ of the grid; each config's output is checked against ``default_config``'s. The f
 the batch touches (both matrices, scales included) at the measured copy bandwidth. It prints per cell the best
 config, the default's time and both against the floor, then the configs ranked by the geometric mean of their time
 over each cell's best; ``default_config`` takes the winner (per BLOCK_M regime).
+
+``--per-gemm`` times each expert GEMM alone (gate/up, then down with SiLU-and-mul in its loads) for every config of
+a wider grid at one token, where the one config for both leaves V2-Lite at 1.9x the floor: the best config of each
+GEMM against the best single config, each against the floor of its own matrix's touched bytes (upstream SGLang
+tunes the down projection apart too).
 """
 
 from __future__ import annotations
@@ -34,6 +40,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_decode_roofline import copy_bandwidth  # noqa: E402
 
 from sglang.srt.layers.moe.fused_moe_triton import MoEKernelConfig, default_config, fused_experts_triton  # noqa: E402
+from sglang.srt.layers.moe.fused_moe_triton.fused_moe import invoke_moe_gemm  # noqa: E402
+from sglang.srt.layers.moe.fused_moe_triton.moe_align import moe_align_block_size  # noqa: E402
 from sglang.srt.layers.moe.layer import make_moe_layer  # noqa: E402
 from sglang.test.bench_utils import cuda_graph_ms, write_results  # noqa: E402
 
@@ -57,6 +65,14 @@ GRID = dict(
     warps_stages=((4, 3), (4, 4), (8, 4)),
 )
 DRY_GRID = dict(block_m=(16,), block_n=(32, 64), block_k=(64, 128), warps_stages=((4, 3),))
+# --per-gemm: each GEMM alone at one token (or a few), where one config for both may not suit both: the down GEMM
+# of V2-Lite at one token is 6 slots x 16 tiles of 128 columns, 96 programs on 132 SMs.
+PER_GEMM_GRID = dict(
+    block_m=(16,),
+    block_n=(32, 64, 128, 256),
+    block_k=(64, 128, 256),
+    warps_stages=((2, 4), (4, 3), (4, 4), (8, 3)),
+)
 MAX_REL_DIFF = 2e-2  # configs differ by accumulation order only
 
 
@@ -153,6 +169,94 @@ def tune_shape(name: str, shape: tuple, batches: tuple, grid: dict, device: str,
     return rows
 
 
+def gemm_steps(weights: list, x, topk_w, topk_ids, cfg: MoEKernelConfig):
+    """The two expert GEMMs of every layer as two steps, on the routing `fused_experts_triton` makes for `cfg`."""
+    num_tokens, top_k = topk_ids.shape
+    slots = num_tokens * top_k
+    if num_tokens == 1:
+        route = topk_ids.reshape(-1).contiguous()
+    else:
+        route = moe_align_block_size(topk_ids, cfg.block_m, weights[0][0].weight.shape[0])
+    w13, w2 = weights[0]
+    cache1 = torch.empty((slots, w13.n), dtype=x.dtype, device=x.device)
+    cache2 = torch.empty((slots, w2.n), dtype=x.dtype, device=x.device)
+    scores = topk_w.reshape(-1).to(torch.float32).contiguous()
+
+    def up() -> None:
+        for a, _ in weights:
+            invoke_moe_gemm(x, a, cache1, route, slots, top_k, None, cfg)
+
+    def down() -> None:
+        for _, b in weights:
+            invoke_moe_gemm(cache1, b, cache2, route, slots, 1, scores, cfg, a_gated=True)
+
+    return up, down, cache1, cache2
+
+
+def tune_per_gemm(name: str, shape: tuple, batches: tuple, grid: dict, device: str, gbps: float) -> list[dict]:
+    """Each GEMM alone for every config: the best of each against the best single config for both."""
+    experts, hidden, inter, top_k, method = shape
+    first = random_layer(experts, hidden, inter, method, device, 0)
+    one_expert = [w.weight[0].numel() * w.weight.element_size() + (0 if w.scale is None else w.scale[0].numel() * 4)
+                  for w in first]  # fmt: skip
+    layers = 1 if device != "cuda" else max(1, math.ceil(TOUCHED_OVER_L2 * L2_BYTES / (top_k * sum(one_expert))))
+    weights = [first] + [random_layer(experts, hidden, inter, method, device, i) for i in range(1, layers)]
+    rows = []
+    for batch in batches:
+        topk_w, topk_ids = routing(batch, experts, top_k, device, batch)
+        x = (torch.randn(batch, hidden, generator=torch.Generator().manual_seed(batch)) * 0.5).to(
+            device, torch.bfloat16
+        )
+        touched = int(torch.unique(topk_ids).numel())
+        floors = [layers * touched * b / (gbps * 1e9) * 1e3 if gbps else 0.0 for b in one_expert]
+        default = default_config(batch, top_k, experts)
+        up, down, c1, c2 = gemm_steps(weights[:1], x, topk_w, topk_ids, default)
+        up(), down()
+        refs = (c1.float().clone(), c2.float().clone())
+        cells = {}
+        for cfg in [default] + [c for c in configs(grid) if c != default]:
+            try:
+                up, down, c1, c2 = gemm_steps(weights[:1], x, topk_w, topk_ids, cfg)
+                up(), down()
+            except Exception as e:  # a config triton cannot build (shared memory) is skipped, counted
+                cells[label(cfg)] = {"error": f"{type(e).__name__}: {str(e)[:120]}"}
+                continue
+            for ref, got, which in ((refs[0], c1, "up"), (refs[1], c2, "down")):
+                rows_used = topk_ids.reshape(-1) >= 0
+                rel = ((got.float() - ref)[rows_used].abs().max() / ref[rows_used].abs().max().clamp_min(1e-6)).item()
+                if rel > MAX_REL_DIFF:
+                    raise AssertionError(f"{name} batch {batch} {label(cfg)} {which}: {rel:.3g} off the default's")
+            up, down, _, _ = gemm_steps(weights, x, topk_w, topk_ids, cfg)
+            ms = [cuda_graph_ms(up), cuda_graph_ms(down)] if device == "cuda" else [0.0, 0.0]
+            cells[label(cfg)] = {"up_ms": ms[0], "down_ms": ms[1], "ms": ms[0] + ms[1]}
+        timed = {k: v for k, v in cells.items() if "ms" in v}
+        best = {g: min(timed, key=lambda k: timed[k][f"{g}_ms"]) for g in ("up", "down")}
+        joint = min(timed, key=lambda k: timed[k]["ms"])
+        rows.append(dict(shape=name, method=method, batch=batch, layers=layers, floor_up_ms=floors[0],
+                         floor_down_ms=floors[1], default=label(default), best_up=best["up"], best_down=best["down"],
+                         best_joint=joint, cells=cells))  # fmt: skip
+        for g, f in (("up", floors[0]), ("down", floors[1])):
+            top = sorted(timed, key=lambda k: timed[k][f"{g}_ms"])[:5]
+            print(f"{name} ({method}) batch {batch} {g}: default {timed[label(default)][f'{g}_ms']:.3f} ms, floor "
+                  f"{f:.3f} ms ({layers} layers); top " + ", ".join(f"{k} {timed[k][f'{g}_ms']:.3f}" for k in top),
+                  flush=True)  # fmt: skip
+    return rows
+
+
+def per_gemm_table(rows: list[dict]) -> str:
+    out = ["| shape | batch | layers | GEMM | floor ms | default | ms | x floor | best | ms | x floor | best for both | ms |",
+           "| --- | ---: | ---: | --- | ---: | --- | ---: | ---: | --- | ---: | ---: | --- | ---: |"]  # fmt: skip
+    for r in rows:
+        for g in ("up", "down"):
+            f = r[f"floor_{g}_ms"]
+            d, b, j = r["cells"][r["default"]], r["cells"][r[f"best_{g}"]], r["cells"][r["best_joint"]]
+            xf = lambda ms, f=f: f"{ms / f:.2f}" if f else "-"  # noqa: E731
+            out.append(f"| {r['shape']} | {r['batch']} | {r['layers']} | {g} | {f:.3f} | {r['default']} | "
+                       f"{d[f'{g}_ms']:.3f} | {xf(d[f'{g}_ms'])} | {r[f'best_{g}']} | {b[f'{g}_ms']:.3f} | "
+                       f"{xf(b[f'{g}_ms'])} | {r['best_joint']} | {j[f'{g}_ms']:.3f} |")  # fmt: skip
+    return "\n".join(out)
+
+
 def ranking(rows: list[dict], block_m: int) -> list[tuple[str, float]]:
     """Configs of one BLOCK_M ranked by the geometric mean of time over each cell's best (cells where all ran)."""
     names = [k for k in rows[0]["cells"] if k.startswith(f"m{block_m}n")]
@@ -183,16 +287,24 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    ap.add_argument("--batches", nargs="+", type=int, default=list(BATCHES))
+    ap.add_argument("--batches", nargs="+", type=int, default=None)
     ap.add_argument("--out", default=None, help="folder for results.json / results.md")
+    ap.add_argument("--per-gemm", action="store_true", help="time each GEMM alone (default batch: 1)")
     ap.add_argument("--dry-run", action="store_true", help="tiny shapes and grid on the CPU (TRITON_INTERPRET=1)")
     args = ap.parse_args()
     device = "cpu" if args.dry_run else "cuda"
     shapes = DRY_SHAPES if args.dry_run else {k: SHAPES[k] for k in args.shapes}
-    grid = DRY_GRID if args.dry_run else GRID
-    batches = (1, 4) if args.dry_run else tuple(args.batches)
+    grid = DRY_GRID if args.dry_run else PER_GEMM_GRID if args.per_gemm else GRID
+    batches = (1, 4) if args.dry_run else tuple(args.batches or ((1,) if args.per_gemm else BATCHES))
     gbps = 0.0 if args.dry_run else copy_bandwidth() / 1e9
     print(f"copy bandwidth {gbps:.0f} GB/s; {len(configs(grid))} configs" + (" (dry run)" if args.dry_run else ""))
+    if args.per_gemm:
+        rows = [r for name, shape in shapes.items() for r in tune_per_gemm(name, shape, batches, grid, device, gbps)]
+        text = per_gemm_table(rows)
+        print(text)
+        if args.out:
+            write_results(args.out, dict(copy_bandwidth_GBps=gbps, rows=rows), text)
+        return
     rows = [r for name, shape in shapes.items() for r in tune_shape(name, shape, batches, grid, device, gbps)]
     text = table(rows)
     for m in grid["block_m"]:

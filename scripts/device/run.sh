@@ -67,7 +67,8 @@
 #   tune-gemm-fp8-block-v3  the same on DeepSeek-V3's projections (q_a, q_b, kv_a, o, dense and shared-expert MLPs)
 #   tune-attention      decode_roofline/: tune_decode_attention.py --focused
 #   tune-moe            decode_roofline/: tune_fused_moe.py (the fused MoE's tile configs at decode sizes, V2-Lite bf16
-#                       and V3 FP8 experts, batch 1-64; which config default_config should take; not run yet)
+#                       and V3 FP8 experts, batch 1-64; which config default_config should take)
+#   tune-moe-per-gemm   the same, each expert GEMM alone (V2-Lite, batch 1): one config for both, or two
 #   weight-prefetch     decode_roofline/: bench_weight_prefetch.py (the decode step by the skinny GEMM's L2 prefetch
 #                       budget, Qwen3-8B native block-fp8, batches 1/8/64/256, two rounds; ~1 min; other
 #                       arguments in PREFETCH_ARGS, e.g. "--budgets-mib 0 4 8 --batches 1 8 --rounds 3")
@@ -110,7 +111,7 @@ set -o pipefail
 
 STAGES="gpu-tests gpu-tests-2 gpu-files kt-cpu-tests kv-sizing kv-sizing-1 kv-sizing-2 kv-sizing-tp2 kv-sizing-mla
 roofline roofline-fp8 roofline-fp8-native roofline-gemma roofline-mla mla-prefill mla-decode
-profile-decode profile-decode-mla profile-decode-fp8-native tune-gemm tune-gemm-mla tune-gemm-stacked tune-gemm-fp8-block tune-gemm-fp8-block-v3 tune-attention tune-moe weight-prefetch weight-prefetch-mla router-logits kv-dtype fp8-gemms fp8-block-gemms kt-decode kt-decode-check
+profile-decode profile-decode-mla profile-decode-fp8-native tune-gemm tune-gemm-mla tune-gemm-stacked tune-gemm-fp8-block tune-gemm-fp8-block-v3 tune-attention tune-moe tune-moe-per-gemm weight-prefetch weight-prefetch-mla router-logits kv-dtype fp8-gemms fp8-block-gemms kt-decode kt-decode-check
 kt-decode-int4-fp8 kt-decode-deepseek kt-doorbell kt-prefill kt-elastic serving serving-overlap serving-paths
 serving-fp8 serving-fp8-native serving-fp8-written serving-kv-fp8 prefill-decode swa-pool kv-sizing-swa
 constrained-itl precision"
@@ -195,6 +196,7 @@ run_stage() {
       done
       cp python/sglang/srt/layers/decode_gemm/configs/*.json $o/ ;;
     tune-moe) python3 benchmark/decode_roofline/tune_fused_moe.py --out $o ;;
+    tune-moe-per-gemm) python3 benchmark/decode_roofline/tune_fused_moe.py --per-gemm --shapes DeepSeek-V2-Lite --out $o ;;
     tune-attention) python3 benchmark/decode_roofline/tune_decode_attention.py --focused --out $o ;;
     router-logits) python3 benchmark/decode_roofline/bench_router_logits.py --out $o ;;
     kv-dtype) python3 benchmark/decode_roofline/bench_kv_cache_dtype.py --out $o ;;
