@@ -118,7 +118,8 @@ def test_post_capture_sizing_with_latent_buffers(monkeypatch):
 
 def test_v2_lite_shape_decode_graphs_match_eager():
     """DeepSeek-V2-Lite's layers (16 heads, MLA without q_lora, 64 experts top-6, 2 shared), 4 of them, dummy
-    weights: the decode step replayed from its CUDA graph gives the eager step's logits (random latent KV)."""
+    weights: the decode step replayed from its CUDA graph (the shared experts' gate_up a branch on a second stream)
+    gives the eager step's logits (one stream; random latent KV)."""
     from sglang.srt.configs.engine_config import resolve_engine_config
     from sglang.srt.model_executor.model_runner import ModelRunner
     from sglang.srt.server_args import ServerArgs
@@ -136,6 +137,9 @@ def test_v2_lite_shape_decode_graphs_match_eager():
     mr = ModelRunner(resolve_engine_config(args))
     try:
         assert mr.cuda_graph_runner is not None and mr.kv_geometry.cell_size_bytes == 4 * 576 * 2
+        # The MoE layers (all but the first) run their shared experts' gate_up on the model's one second stream.
+        moe = [layer.mlp for layer in mr.model.model.layers[1:]]
+        assert all(m.shared_stream is moe[0].shared_stream is not None for m in moe)
         for bs in (1, 13, 64):
             graph, eager, _, _ = decode_logits_three_ways(mr, bs, ctx=300)
             assert graph.shape == (bs, 102400) and torch.isfinite(graph).all()

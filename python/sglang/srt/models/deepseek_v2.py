@@ -245,12 +245,16 @@ class DeepseekV2MoE(nn.Module):
         kt_state: Optional[KTState] = None,
         routing: Optional[GroupedTopKConfig] = None,
         quantization: Optional[str] = None,
+        shared_stream: Optional[torch.cuda.Stream] = None,
     ) -> None:
         """`kt_state`: the model's KT hybrid state (routed experts split between the model's device and the CPU
         kernels, kt_ep_wrapper.py); the shared experts always stay on the model's device. `routing`: another
         family's routing (GLM-4.5), else the DeepSeek config's own (routing_config). `quantization`: the
-        checkpoint's fp8 linear format (shared experts), block fp8 also keeping the routed experts in FP8."""
+        checkpoint's fp8 linear format (shared experts), block fp8 also keeping the routed experts in FP8.
+        `shared_stream`: the model's second CUDA stream, where a captured decode step runs the shared experts'
+        gate_up beside the routing (None: one stream)."""
         super().__init__()
+        self.shared_stream = shared_stream
         self.routing = routing or routing_config(config)
         self.gate = MoEGate(config.hidden_size, config.n_routed_experts, self.routing.topk_method == "noaux_tc")
         self.experts = build_moe_experts(
@@ -293,11 +297,23 @@ class DeepseekV2MoE(nn.Module):
         """``next_norm(routed + shared experts' output, residual)``, the decoder's only use of the MoE block: the
         shared experts' down_proj adds the routed output, the residual and the norm where its split-K sum kernel
         can (RowParallelLinear.forward_add_norm), with the same bits."""
-        out = self.routed(hidden_states, is_prefill, num_real_tokens)
-        if self.shared_experts is None:
-            return next_norm(out, residual)
         shared = self.shared_experts
-        return shared.down_proj.forward_add_norm(shared.activation(hidden_states), residual, next_norm, addend=out)
+        if shared is None:
+            return next_norm(self.routed(hidden_states, is_prefill, num_real_tokens), residual)
+        if self.shared_stream is None or is_prefill or not torch.cuda.is_current_stream_capturing():
+            out = self.routed(hidden_states, is_prefill, num_real_tokens)
+            act = shared.activation(hidden_states)
+        else:
+            # A decode graph: the routing chain (router, top-k, align: kernels of one or a few programs) leaves most
+            # SMs idle, so the shared experts' gate_up streams its weights beside it, a branch of the graph on the
+            # second stream (eager steps stay on one stream: the fork and join would cost host time there).
+            main = torch.cuda.current_stream()
+            self.shared_stream.wait_stream(main)
+            with torch.cuda.stream(self.shared_stream):
+                act = shared.activation(hidden_states)
+            out = self.routed(hidden_states, is_prefill, num_real_tokens)
+            main.wait_stream(self.shared_stream)
+        return shared.down_proj.forward_add_norm(act, residual, next_norm, addend=out)
 
 
 class DeepseekV2DecoderLayer(LlamaDecoderLayer):
@@ -310,9 +326,12 @@ class DeepseekV2DecoderLayer(LlamaDecoderLayer):
         dtype: torch.dtype,
         quantization: Optional[str],
         kt_state: Optional[KTState] = None,
+        shared_stream: Optional[torch.cuda.Stream] = None,
     ) -> nn.Module:
         if layer_id >= (config.first_k_dense_replace or 0) and config.n_routed_experts:
-            return DeepseekV2MoE(config, layer_id, dtype, kt_state, quantization=quantization)
+            return DeepseekV2MoE(
+                config, layer_id, dtype, kt_state, quantization=quantization, shared_stream=shared_stream
+            )
         return LlamaMLP(config.hidden_size, config.intermediate_size, dtype, quantization=quantization)
 
     def mlp_forward_add_norm(
@@ -353,7 +372,10 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
         if quantization not in (None, *CHECKPOINT_FP8_FORMATS):
             raise ValueError(f"--quantization {quantization}: not supported for {type(self).__name__} (a MoE model)")
         kt_state = KTState(kt) if kt is not None else None  # one per model, handed to every MoE layer
-        super().__init__(config, dtype, max_position, quantization, kt_state=kt_state)
+        # Built on a CUDA device (build_model's default device): one second stream for every MoE layer's shared experts.
+        on_cuda = torch.get_default_device().type == "cuda"
+        shared_stream = torch.cuda.Stream() if on_cuda and config.n_shared_experts else None
+        super().__init__(config, dtype, max_position, quantization, kt_state=kt_state, shared_stream=shared_stream)
         self.kt_state = kt_state
 
     def _without_mtp_layers(self, weights: Iterable[Tuple[str, torch.Tensor]]) -> Iterator[Tuple[str, torch.Tensor]]:

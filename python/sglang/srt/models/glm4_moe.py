@@ -57,13 +57,22 @@ class Glm4MoeDecoderLayer(DeepseekV2DecoderLayer):
         dtype: torch.dtype,
         quantization: Optional[str],
         kt_state: Optional[KTState] = None,
+        shared_stream: Optional[torch.cuda.Stream] = None,
     ) -> nn.Module:
         # A block-fp8 checkpoint on the GPU ("fp8_block"): the shared experts keep it as linear layers, the routed
         # experts in the fused MoE's FP8 layout (with the KT flags --kt-method decides); a leading dense MLP too
         # where its width is block-aligned, else it holds the dequantized weights (block_aligned_format).
         if layer_id >= config.first_k_dense_replace and config.n_routed_experts:
             routing = noaux_tc_routing(config)
-            return DeepseekV2MoE(config, layer_id, dtype, kt_state, routing=routing, quantization=quantization)
+            return DeepseekV2MoE(
+                config,
+                layer_id,
+                dtype,
+                kt_state,
+                routing=routing,
+                quantization=quantization,
+                shared_stream=shared_stream,
+            )
         dense_format = block_aligned_format(quantization, config.intermediate_size)
         return LlamaMLP(config.hidden_size, config.intermediate_size, dtype, quantization=dense_format)
 
