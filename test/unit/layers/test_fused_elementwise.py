@@ -167,9 +167,12 @@ def test_silu_and_mul(device):
 @pytest.mark.parametrize("d", [80, 2048 + 384])  # one program a row; two, the second ragged
 def test_gelu_tanh_and_mul_is_torchs_two_ops(device, d):
     """Gemma's GeGLU in one kernel against F.gelu(gate, approximate="tanh") * up in the same dtype: torch's rounding
-    points (the gelu, then the product), values past the tanh's saturation included. Both lose the same ~1e-7 to the
-    cancellation in 1 + tanh for negative gates, where the tanh (triton_math's, not libdevice's) may differ in its
-    last bit: fp32 within 1e-5, bf16 within one unit in the last place (or 1e-5) and nearly all bits equal."""
+    points (the gelu, then the product), values past the tanh's saturation included. On the GPU (bf16) the kernel's
+    tanh is libdevice's, the CUDA math library's tanhf that torch's kernel calls, and the rest is torch's fp32
+    arithmetic in torch's order, so the bits match torch's nearly everywhere (> 99%; the tolerance still allows one
+    unit in the last place, or 1e-5). The interpreter (fp32) has no libdevice: its tanh is triton_math's formula,
+    which may differ in the last bit, and both lose ~1e-7 to the cancellation in 1 + tanh for negative gates: within
+    1e-5."""
     import torch.nn.functional as F
 
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
@@ -182,7 +185,7 @@ def test_gelu_tanh_and_mul_is_torchs_two_ops(device, d):
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     else:
         torch.testing.assert_close(got.float(), want.float(), rtol=2.0**-7, atol=1e-5)
-        assert (got == want).float().mean().item() > 0.98
+        assert (got == want).float().mean().item() > 0.99
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -521,7 +521,7 @@ def _gelu_tanh_and_mul_kernel(x_ptr, out_ptr, d, stride_x, stride_out, BLOCK: tl
 
 def gelu_tanh_and_mul(x: torch.Tensor) -> torch.Tensor:
     """gelu_tanh(gate) * up of x = [gate | up] ([T, 2d] -> [T, d]) in one kernel (Gemma's GeGLU; torch ran two), rounded
-    where torch's two ops round; its tanh is triton_math's, not libdevice's, so a value may differ in the last bit."""
+    where torch's two ops round, with torch's tanh on the GPU (libdevice's; the interpreter's may differ in the last bit)."""
     n_rows, two_d = x.shape
     d = two_d // 2
     out = torch.empty((n_rows, d), dtype=x.dtype, device=x.device)
