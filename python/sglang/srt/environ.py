@@ -126,6 +126,11 @@ class Envs:
         "Diagnostics: run the HTTP server process (tokenizer manager, API layers, SSE) under cProfile and write "
         "its 40 costliest functions (cumulative and own time) to this file when it stops.",
     )
+    SGLANG_STOP_REGEX_TIMEOUT_MS = EnvFloat(
+        20.0,
+        "Time budget (ms) of one stop_regex check: all of a request's patterns searched once (the scheduler "
+        "does so after every token). A request whose patterns take longer is ended with a 400 error.",
+    )
     # Kernels
     SGLANG_DECODE_GEMM_CONFIG_DIR = EnvStr(
         "",

@@ -10,7 +10,7 @@ from typing import Dict, List, Optional, Sequence
 import zmq
 
 from sglang.srt.managers.io_struct import BatchStrOut, BatchTokenIDOut
-from sglang.srt.sampling.stop_regex import held_back_from, match_start
+from sglang.srt.sampling.stop_regex import StopRegexTimeout, held_back_from, match_start
 from sglang.srt.server_args import ServerArgs
 from sglang.srt.utils.fault_injection import FaultPlan
 from sglang.srt.utils.process import (
@@ -104,6 +104,13 @@ class IncrementalDetokenizer:
                 out.stop_str_max_len[i],
                 out.stop_regexes[i],
             )
+        except StopRegexTimeout as e:
+            # The request's own stop_regex is too costly (holding back text, or trimming the final answer): fail
+            # it as the scheduler does (400, same message). Not holding back instead would stream text the final
+            # answer may cut, and would spend the budget again on every later step.
+            self.states.pop(rid, None)
+            finished[i] = {"type": "abort", "status_code": 400, "source": DETOKENIZER_SOURCE, "message": str(e)}
+            return ""
         except Exception as e:  # noqa: BLE001 - one request's bad data must not take the detokenizer down
             logger.exception("Detokenizing request %s failed; it is aborted", rid)
             self.states.pop(rid, None)

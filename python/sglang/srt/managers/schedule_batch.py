@@ -16,7 +16,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode, ModelWorke
 from sglang.srt.sampling.logprobs import LogprobRequests
 from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
 from sglang.srt.sampling.sampling_params import SamplingParams
-from sglang.srt.sampling.stop_regex import first_match
+from sglang.srt.sampling.stop_regex import StopRegexTimeout, first_match
 
 if TYPE_CHECKING:
     from sglang.srt.constrained.base_backend import RequestGrammar
@@ -167,7 +167,11 @@ class Req:
                 if stop in tail_text:
                     self.finished_reason = FinishReason("stop", matched=stop)
                     return
-            pattern = first_match(params.stop_regexes, tail_text)
+            try:
+                pattern = first_match(params.stop_regexes, tail_text)
+            except StopRegexTimeout as e:  # too costly to match: this request ends with a 400, the others run on
+                self.finished_reason = FinishReason("abort", message=str(e), status_code=400)
+                return
             if pattern is not None:  # reported as upstream reports it: the pattern itself
                 self.finished_reason = FinishReason("stop", matched=pattern)
 
