@@ -90,3 +90,44 @@ def test_extend_then_decode_match_plain_attention():
         v_all = torch.cat([vs[i], new_v[i : i + 1]])
         ref = reference(new_q[i : i + 1], k_all, v_all, 1, layer.scaling)
         assert torch.allclose(out[i : i + 1], ref, atol=1e-5)
+
+
+def test_decode_groups_split_only_a_batch_that_pads_a_lot():
+    from sglang.srt.layers.attention.torch_native_backend import SPLIT_MIN_PADDED_KEYS, decode_groups
+
+    assert decode_groups([5, 9, 7]) == [[0, 1, 2]]  # little padding: one group
+    long = SPLIT_MIN_PADDED_KEYS + 3000
+    assert decode_groups([long] * 8) == [list(range(8))]  # all long, no padding
+    # One long request among many short ones: the short ones no longer pad to it; each class within 2x.
+    lens = [10] * 100 + [long] + [12, 3]
+    groups = decode_groups(lens)
+    assert sorted(i for g in groups for i in g) == list(range(len(lens)))
+    assert [100] in groups and [102] in groups and list(range(100)) + [101] in groups  # 10 and 12: one class
+    for g in groups:
+        assert max(lens[i] for i in g) <= 2 * min(lens[i] for i in g)
+
+
+def test_a_split_decode_batch_matches_plain_attention(monkeypatch):
+    import sglang.srt.layers.attention.torch_native_backend as tnb
+
+    monkeypatch.setattr(tnb, "SPLIT_MIN_PADDED_KEYS", 0)  # split this small batch as a long one would be
+    torch.manual_seed(1)
+    pool, rows, layer, backend = make_env()
+    lens = [3, 30, 4]  # the long one in the middle: the output rows go back to their places
+    free = torch.randperm(63)[: sum(lens)] + 1  # scattered slots, never slot 0
+    slots = list(free.split(lens))
+    ks = [torch.randn(n, HKV, D) for n in lens]
+    vs = [torch.randn(n, HKV, D) for n in lens]
+    for i, s in enumerate(slots):
+        pool.set_kv_buffer(0, s[:-1], ks[i][:-1], vs[i][:-1])
+        rows.req_to_token[i, : len(s)] = s.to(torch.int32)
+    q = torch.randn(3, HQ, D)
+    f = fb(ForwardMode.DECODE, rows, pool, backend, lens, torch.stack([s[-1] for s in slots]))
+    assert len(f.attn_metadata) == 2  # lengths 3 and 4 together, 30 alone
+    new_k = torch.stack([k[-1] for k in ks]).reshape(3, -1)
+    new_v = torch.stack([v[-1] for v in vs]).reshape(3, -1)
+    out = backend.forward(q.reshape(3, -1), new_k, new_v, layer, f)
+    assert not torch.isnan(out).any()
+    for i in range(3):
+        ref = reference(q[i : i + 1], ks[i], vs[i], 1, layer.scaling)
+        assert torch.allclose(out[i : i + 1], ref, atol=1e-5)

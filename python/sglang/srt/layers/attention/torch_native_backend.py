@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -23,12 +23,37 @@ class _SlotTable:
 
 @dataclass
 class _DecodeMetadata:
+    """One group of a decode batch's requests, attended to as one padded batch."""
+
     seq_lens_cpu: List[int]
     seq_lens: torch.Tensor
-    full_table: torch.Tensor  # [bs, max_len] every slot of each request (padded)
+    full_table: torch.Tensor  # [rows, max_len] every slot of each request (padded)
+    rows: Optional[torch.Tensor]  # the group's rows of the batch; None: the whole batch, in order
     # The tables the layers read, made on first use: by the window (0: none) and whether the layer reads the
     # hybrid SWA pool's window pool (its slots mapped).
     tables: Dict[Tuple[int, bool], _SlotTable] = field(default_factory=dict)
+
+
+# A decode batch is split by length only where padding every request to the longest would read this many keys
+# more than the requests have, and more than twice as many: one long request among many short ones (a 3,000-token
+# prompt beside 256 short samples) otherwise made every short one gather and attend over 3,000 keys in every layer.
+SPLIT_MIN_PADDED_KEYS = 16384
+
+
+def decode_groups(seq_lens: Sequence[int]) -> List[List[int]]:
+    """The batch's rows in groups attended to together: all of them, unless padding to the longest costs more than
+    `SPLIT_MIN_PADDED_KEYS` keys and twice the real ones; then by length class (lengths within a power of two), so
+    that no group pads its requests to more than twice their length."""
+    rows = list(range(len(seq_lens)))
+    if not seq_lens:
+        return [rows]
+    real, padded = sum(seq_lens), len(seq_lens) * max(seq_lens)
+    if padded - real <= SPLIT_MIN_PADDED_KEYS or padded <= 2 * real:
+        return [rows]
+    classes: Dict[int, List[int]] = {}
+    for i, n in enumerate(seq_lens):
+        classes.setdefault(max(n - 1, 0).bit_length(), []).append(i)
+    return [classes[c] for c in sorted(classes)]
 
 
 class TorchNativeAttnBackend(AttentionBackend):
@@ -39,9 +64,18 @@ class TorchNativeAttnBackend(AttentionBackend):
         if not forward_batch.forward_mode.is_decode():
             forward_batch.attn_metadata = None
             return
-        max_len = max(forward_batch.seq_lens_cpu) if forward_batch.seq_lens_cpu else 0
-        table = forward_batch.req_to_token_pool.req_to_token[forward_batch.req_pool_indices, :max_len].long()
-        forward_batch.attn_metadata = _DecodeMetadata(list(forward_batch.seq_lens_cpu), forward_batch.seq_lens, table)
+        lens = list(forward_batch.seq_lens_cpu)
+        req_to_token = forward_batch.req_to_token_pool.req_to_token
+        groups = decode_groups(lens)
+        metadata = []
+        for group in groups:
+            rows = None if len(groups) == 1 else torch.tensor(group, device=forward_batch.seq_lens.device)
+            pool_rows, seq_lens = forward_batch.req_pool_indices, forward_batch.seq_lens
+            if rows is not None:
+                pool_rows, seq_lens = pool_rows[rows], seq_lens[rows]
+            table = req_to_token[pool_rows, : max((lens[i] for i in group), default=0)].long()
+            metadata.append(_DecodeMetadata([lens[i] for i in group], seq_lens, table, rows))
+        forward_batch.attn_metadata = metadata
 
     @staticmethod
     def _slot_table(md: _DecodeMetadata, window: int, pool, layer_id: int) -> _SlotTable:
@@ -85,9 +119,18 @@ class TorchNativeAttnBackend(AttentionBackend):
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor:
         if save_kv_cache:
             self._save(layer, forward_batch, k, v)
-        md: _DecodeMetadata = forward_batch.attn_metadata
+        groups: List[_DecodeMetadata] = forward_batch.attn_metadata
         pool = forward_batch.token_to_kv_pool
-        bs, hkv, hq = forward_batch.batch_size, layer.tp_k_head_num, layer.tp_q_head_num
+        if len(groups) == 1:
+            return self._decode_group(q, layer, pool, groups[0])
+        out = q.new_empty(q.shape[0], layer.tp_q_head_num * layer.v_head_dim)
+        for md in groups:
+            out[md.rows] = self._decode_group(q[md.rows], layer, pool, md)
+        return out
+
+    def _decode_group(self, q: torch.Tensor, layer, pool, md: _DecodeMetadata) -> torch.Tensor:
+        """Decode attention of one group's queries q [rows, Hq * D] over their padded slot table."""
+        bs, hkv, hq = q.shape[0], layer.tp_k_head_num, layer.tp_q_head_num
         table = self._slot_table(md, layer.sliding_window_size, pool, layer.layer_id)
         keys = _dequantized(pool.get_key_buffer(layer.layer_id)[table.slots], q.dtype, layer.k_scale)
         values = _dequantized(pool.get_value_buffer(layer.layer_id)[table.slots], q.dtype, layer.v_scale)
