@@ -120,7 +120,7 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", chat(top_logprobs=3), 400, "top_logprobs"),
     ("/v1/chat/completions", chat(logit_bias={"a": 1}), 400, "logit_bias"),
     ("/v1/chat/completions", chat(n=100), 400, "n must be in"),
-    ("/v1/completions", {"prompt": "hi", "max_tokens": -5}, 400, "max_new_tokens"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": -5}, 400, "max_tokens (as sampling parameter max_new_tokens)"),
     ("/v1/completions", {"prompt": "hi", "max_tokens": 10**6}, 400, "context length"),
     ("/v1/completions", {"prompt": "hi", "temperature": "hot"}, 400, "temperature"),
     ("/v1/completions", {"prompt": "hi", "top_p": 1.5}, 400, "top_p"),
@@ -135,7 +135,44 @@ BAD_REQUESTS = [
     ("/v1/chat/completions", {"messages": []}, 400, "messages"),
     ("/v1/chat/completions", {"messages": [{"role": "robot", "content": "x"}]}, 400, "role"),
     ("/v1/chat/completions", chat(LONG_PROMPT), 400, "context length"),
-    ("/v1/chat/completions", chat(max_completion_tokens=-1), 400, "max_new_tokens"),
+    ("/v1/chat/completions", chat(max_completion_tokens=-1), 400, "max_completion_tokens (as sampling parameter"),
+    # Errors name the field the client sent, not the sampling key it becomes (max_new_tokens, min_new_tokens).
+    ("/v1/chat/completions", chat(max_tokens=3, min_tokens=5), 400, "min_tokens (as sampling parameter"),
+    ("/v1/chat/completions", chat(max_tokens=10**6), 400, "max_tokens (1000000) exceeds the context length"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": 10**6}, 400, "max_tokens (1000000) exceeds the context"),
+    ("/v1/responses", {"input": "hi", "max_output_tokens": -4}, 400, "max_output_tokens (as sampling parameter"),
+    # logit_bias keys that are Unicode digits, not token ids ("²": int() refused it, a 500; "١" read as token 1).
+    ("/v1/chat/completions", chat(logit_bias={"²": 1}), 400, "logit_bias"),
+    ("/generate", {"text": "hi", "sampling_params": {"logit_bias": {"١": 1}}}, 400, "logit_bias"),
+    ("/v1/completions", {"prompt": "hi", "logit_bias": {"٣": 1}}, 400, "logit_bias"),
+    # /v1/responses reasoning items whose content / summary is not a list of parts (once a TypeError, a 500).
+    (
+        "/v1/responses",
+        {
+            "input": [{"type": "reasoning", "content": "think"}, {"role": "user", "content": "hi"}],
+            "max_output_tokens": 4,
+        },
+        400,
+        "input.0.content",
+    ),
+    (
+        "/v1/responses",
+        {"input": [{"role": "user", "content": "hi"}, {"type": "reasoning", "summary": "s"}]},
+        400,
+        "input.1.summary",
+    ),
+    (
+        "/v1/responses",
+        {"input": [{"type": "reasoning", "content": {"a": 1}}, {"role": "user", "content": "hi"}]},
+        400,
+        "input.0.content",
+    ),
+    (
+        "/v1/responses",
+        {"input": [{"type": "reasoning", "content": 3}, {"role": "user", "content": "hi"}]},
+        400,
+        "input.0.content",
+    ),
     ("/generate", b'{"text": "' + b"x" * (BODY_LIMIT + 10) + b'"}', 413, "larger than"),
 ]
 

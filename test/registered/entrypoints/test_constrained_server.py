@@ -1,13 +1,15 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=60, suite="per-commit-cpu")
+register_cpu_ci(est_time=90, suite="per-commit-cpu")
 
 # Constrained decoding through the HTTP server (SmolLM2 on CPU, which cannot follow a schema unaided), once per
 # --grammar-backend (xgrammar, llguidance; llguidance refuses the forced tool calls, xgrammar structural tags):
 # /generate json_schema with n > 1 and logprobs; a schema that does not compile is a 400 naming the field
 # while a concurrent request succeeds; the openai client's response_format json_schema (chat) and
 # json_object (completions); text.format json_schema on /v1/responses; tool_choice required and a named
-# function give calls (qwen25 format) whose arguments validate against the tool's parameters.
+# function give calls (qwen25 format) whose arguments validate against the tool's parameters. Logprobs of
+# constrained requests are JSON (masked tokens at -9999.0), streamed or not; a grammar no output can satisfy is
+# a 400 naming the field the client sent (regex, ebnf, json_schema, response_format, a forced tool's parameters).
 
 import json
 from concurrent.futures import ThreadPoolExecutor
@@ -200,3 +202,173 @@ def test_tool_choice_required_and_named_give_valid_calls(client, grammar_backend
     if choice != "required":
         assert calls[0].function.name == "get_time"
     jsonschema.validate(json.loads(calls[0].function.arguments), tools[calls[0].function.name])
+
+
+# ---- Constrained decoding with logprobs: masked tokens' logprobs (-inf) are reported as -9999.0 (vLLM's floor).
+# Once a 500 ("Out of range float values are not JSON compliant") without streaming and "-Infinity" (invalid JSON)
+# in streamed events.
+LOGPROB_FLOOR = -9999.0
+
+
+def strict_json(text) -> object:
+    """JSON as the standard has it: NaN / Infinity / -Infinity are refused (Python's json.loads takes them)."""
+
+    def refuse(name: str):
+        raise ValueError(f"{name} is not JSON")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def sse_payloads(r: requests.Response) -> list:
+    assert r.status_code == 200, r.text
+    lines = [line for line in r.iter_lines() if line]
+    assert lines[-1] == b"data: [DONE]", lines[-3:]
+    return [strict_json(line[len(b"data: ") :]) for line in lines[:-1]]
+
+
+def all_numbers(value) -> list:
+    if isinstance(value, bool):
+        return []
+    if isinstance(value, (int, float)):
+        return [value]
+    if isinstance(value, dict):
+        return [n for v in value.values() for n in all_numbers(v)]
+    if isinstance(value, list):
+        return [n for v in value for n in all_numbers(v)]
+    return []
+
+
+YES_NO = {"max_new_tokens": 4, "regex": "(yes|no)", "temperature": 0}
+
+
+def test_generate_constrained_with_top_and_chosen_logprobs_is_json(base_url):
+    body = dict(text="Answer:", sampling_params=YES_NO, return_logprob=True, top_logprobs_num=5)
+    body["token_ids_logprob"] = [0, 1]  # special tokens: never allowed by the grammar
+    r = requests.post(f"{base_url}/generate", json=body, timeout=TIMEOUT)
+    assert r.status_code == 200, r.text
+    out = strict_json(r.text)
+    assert out["text"] in ("yes", "no"), out["text"]
+    meta = out["meta_info"]
+    tops = [lp for position in meta["output_top_logprobs"] for lp, *_ in position]
+    assert LOGPROB_FLOOR in tops  # the stop token's position: one token allowed, four of the top five masked
+    chosen = [lp for position in meta["output_token_ids_logprobs"] for lp, *_ in position]
+    assert chosen and all(lp == LOGPROB_FLOOR for lp in chosen), chosen
+    assert all(LOGPROB_FLOOR <= lp <= 0 for lp, *_ in meta["output_token_logprobs"])
+    events = sse_payloads(
+        requests.post(f"{base_url}/generate", json=dict(body, stream=True), stream=True, timeout=TIMEOUT)
+    )
+    assert events[-1]["meta_info"]["output_top_logprobs"] == meta["output_top_logprobs"]  # greedy: the same
+
+
+def test_openai_constrained_with_logprobs_is_json(base_url, grammar_backend):
+    url = f"{base_url}/v1"
+    chat = {"messages": [{"role": "user", "content": "Yes or no?"}], "max_tokens": 4, "temperature": 0}
+    chat.update(logprobs=True, top_logprobs=5)
+    bodies = [
+        ("chat/completions", dict(chat, regex="(yes|no)")),
+        (
+            "chat/completions",
+            dict(
+                chat,
+                response_format={"type": "json_schema", "json_schema": {"name": "b", "schema": {"type": "boolean"}}},
+            ),
+        ),
+        ("completions", {"prompt": "Answer:", "max_tokens": 4, "temperature": 0, "regex": "(yes|no)", "logprobs": 5}),
+    ]
+    if grammar_backend == "xgrammar":  # llguidance refuses the forced call's structural tag by name
+        forced = dict(chat, max_tokens=48, tools=[TIME], tool_choice="required", parallel_tool_calls=False)
+        bodies.append(("chat/completions", forced))
+    for path, body in bodies:
+        r = requests.post(f"{url}/{path}", json=body, timeout=TIMEOUT)
+        assert r.status_code == 200, (path, r.text)
+        numbers = all_numbers(strict_json(r.text)["choices"])
+        assert LOGPROB_FLOOR in numbers, (path, r.text[:400])
+        if path == "completions" or "tools" in body:
+            continue  # (streamed below for chat only: the same choices)
+        events = sse_payloads(
+            requests.post(f"{url}/{path}", json=dict(body, stream=True), stream=True, timeout=TIMEOUT)
+        )
+        assert LOGPROB_FLOOR in all_numbers(events), (path, events[:3])
+    events = sse_payloads(
+        requests.post(f"{url}/completions", json=dict(bodies[2][1], stream=True), stream=True, timeout=TIMEOUT)
+    )
+    assert LOGPROB_FLOOR in all_numbers(events)
+
+
+# ---- Grammars no output can satisfy: a 400 naming the field the client sent (once a 500: the sampler took token 0
+# from an all-false mask and the matcher refused it). Refused when they compile where no token may start them (or
+# follow the text they force); a dead end further on finishes the request with a 400 as it is found.
+EMPTY_PATTERN = {"type": "string", "pattern": "[^\\s\\S]"}
+UNSATISFIABLE_ON_GENERATE = [
+    ({"regex": "[^\\s\\S]"}, "regex"),
+    ({"regex": "a[^\\s\\S]"}, "regex"),  # a dead end after "a" (forced)
+    ({"regex": "(a|b)[^\\s\\S]"}, "regex"),  # after a choice: xgrammar finds it while decoding
+    ({"ebnf": "root ::= [^\\x00-\\U0010FFFF]"}, "ebnf"),
+    ({"json_schema": EMPTY_PATTERN}, "json_schema"),
+]
+
+
+def error_message(r: requests.Response, status: int = 400) -> str:
+    assert r.status_code == status, r.text
+    return strict_json(r.text)["error"]["message"]
+
+
+@pytest.mark.parametrize("constraint,field", UNSATISFIABLE_ON_GENERATE, ids=[f for _, f in UNSATISFIABLE_ON_GENERATE])
+def test_an_unsatisfiable_grammar_is_a_400_naming_its_field_while_others_are_served(base_url, constraint, field):
+    params = {"max_new_tokens": 8, **constraint}
+    with ThreadPoolExecutor(2) as pool:
+        normal = pool.submit(
+            generate, base_url, text="Hello", sampling_params={"max_new_tokens": 6, "ignore_eos": True}
+        )
+        refused = pool.submit(generate, base_url, text="Hi", sampling_params=params)
+        normal, refused = normal.result(), refused.result()
+    assert error_message(refused).startswith(f"{field}: "), refused.text
+    assert normal.status_code == 200 and normal.json()["meta_info"]["completion_tokens"] == 6
+    # Streamed: the 400 before any event, or (a dead end found after the first token) an error event naming it.
+    r = requests.post(
+        f"{base_url}/generate",
+        json={"text": "Hi", "sampling_params": params, "stream": True},
+        stream=True,
+        timeout=TIMEOUT,
+    )
+    if r.status_code == 400:
+        assert error_message(r).startswith(f"{field}: ")
+    else:
+        events = sse_payloads(r)
+        assert events[-1]["error"]["code"] == 400 and events[-1]["error"]["message"].startswith(f"{field}: "), events
+
+
+def test_an_unsatisfiable_grammar_names_the_openai_field(base_url, grammar_backend):
+    url = f"{base_url}/v1"
+    chat = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8}
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": EMPTY_PATTERN}}
+    cases = [
+        ("chat/completions", dict(chat, response_format=fmt), "response_format (as sampling parameter json_schema)"),
+        ("chat/completions", dict(chat, regex="[^\\s\\S]"), "regex: "),
+        ("completions", {"prompt": "Hi", "max_tokens": 8, "regex": "a[^\\s\\S]"}, "regex: "),
+        ("completions", {"prompt": "Hi", "max_tokens": 8, "response_format": fmt}, "response_format (as sampling"),
+    ]
+    if grammar_backend == "xgrammar":  # llguidance refuses the forced call's structural tag by name
+        bad_tool = {
+            "type": "function",
+            "function": {
+                "name": "f",
+                "parameters": {"type": "object", "properties": {"a": EMPTY_PATTERN}, "required": ["a"]},
+            },
+        }
+        forced = dict(chat, tools=[TIME, bad_tool], tool_choice={"type": "function", "function": {"name": "f"}})
+        cases.append(("chat/completions", forced, "tools.1.function.parameters (as sampling parameter structural_tag)"))
+    for path, body, named in cases:
+        for stream in (False, True):
+            r = requests.post(f"{url}/{path}", json=dict(body, stream=stream), timeout=TIMEOUT)
+            assert error_message(r).startswith(named), (path, stream, r.text)
+    r = requests.post(
+        f"{url}/responses",
+        json={
+            "input": "Hi",
+            "max_output_tokens": 8,
+            "text": {"format": {"type": "json_schema", "name": "x", "schema": EMPTY_PATTERN}},
+        },
+        timeout=TIMEOUT,
+    )
+    assert error_message(r).startswith("text.format (as sampling parameter json_schema)"), r.text

@@ -18,13 +18,19 @@ try:  # the openai package's own HTTP library (httpx2 from openai 3, httpx befor
 except ImportError:
     import httpx
 
+from sglang.srt.constrained.grammar_key import UNSATISFIABLE
 from sglang.srt.entrypoints.openai.chat_prompt import resolve_tools, template_kwargs, template_messages
 from sglang.srt.entrypoints.openai.field_policy import LABEL_FIELDS, check_extra_fields
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+from sglang.srt.entrypoints.openai.responses_input import responses_error
+from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
 from sglang.srt.entrypoints.openai.utils import (
     build_sampling_params,
     check_sampling_params,
+    name_origin,
     response_format_constraint,
+    token_limit_origin,
+    with_origin,
 )
 from sglang.srt.managers.tokenizer_manager import RequestError
 from sglang.srt.sampling.sampling_params import SamplingParams, SamplingParamsError
@@ -280,3 +286,47 @@ def test_random_chat_request_shapes_are_400s_never_crashes():
             response_format_constraint(req.response_format)
         except (ValidationError, RequestError):
             pass
+
+
+def test_token_limit_errors_name_the_field_the_client_sent():
+    """max_tokens / max_completion_tokens / min_tokens, not the sampling keys they become (max_new_tokens,
+    min_new_tokens), also where a message names a limit further on."""
+    message = refused(check_sampling_params, {"max_new_tokens": -5}, token_limit_origin("max_tokens"))
+    assert message.startswith("max_tokens (as sampling parameter max_new_tokens) must be in"), message
+    origin = token_limit_origin("max_completion_tokens")
+    message = refused(check_sampling_params, {"max_new_tokens": 3, "min_new_tokens": 5}, origin)
+    assert message.startswith("min_tokens (as sampling parameter min_new_tokens) must be in [0, max_completion_tokens]")
+    engine = RequestError("prompt (5 tokens) + max_new_tokens (9000) exceeds the context length of 8192 tokens")
+    assert with_origin(engine, origin).message.startswith("prompt (5 tokens) + max_completion_tokens (9000) exceeds")
+    # The Responses API sends max_output_tokens as the chat request's max_completion_tokens.
+    renamed = responses_error(with_origin(engine, origin)).message
+    assert "max_output_tokens (9000)" in renamed and "max_completion_tokens" not in renamed, renamed
+    head = responses_error(RequestError(name_origin("max_new_tokens must be in [0, 5], got -1", origin))).message
+    assert head.startswith("max_output_tokens (as sampling parameter max_new_tokens) must be"), head
+
+
+def test_an_unsatisfiable_forced_call_names_the_tool_parameters():
+    """A forced call's grammar that no output can satisfy is refused naming the parameters it was built from
+    (the call format's own text always fits); other structural_tag errors keep naming tool_choice."""
+    other = {"type": "function", "function": {"name": "other", "parameters": {"type": "object"}}}
+    dead = RequestError(f"structural_tag: {UNSATISFIABLE}: after the text it forces ('<tool_call>') ...")
+    origin = {"structural_tag": "tool_choice"}
+    cases = [
+        (chat(tools=[TOOL], tool_choice="required"), "tools.0.function.parameters"),
+        (
+            chat(tools=[other, TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}}),
+            "tools.1.function.parameters",
+        ),
+        (chat(tools=[other, TOOL], tool_choice="required"), "tools.*.function.parameters"),
+        (
+            chat(functions=[other["function"], TOOL["function"]], function_call={"name": "get_weather"}),
+            "functions.1.parameters",
+        ),
+    ]
+    for req, field in cases:
+        plan = resolve_tools(req, "qwen25")
+        message = OpenAIServingChat.refusal(dead, origin, plan).message
+        assert message.startswith(f"{field} (as sampling parameter structural_tag): {UNSATISFIABLE}"), message
+        assert OpenAIServingChat.refusal(RequestError("structural_tag: not served"), origin, plan).message.startswith(
+            "tool_choice (as sampling parameter structural_tag)"
+        )

@@ -78,6 +78,12 @@ def test_input_items_become_chat_messages():
         ({"input": "x", "tools": [{"type": "web_search"}]}, "tools.0.type"),
         ({"input": "x", "tools": [{"type": "function", "name": "f", "parameters": {"type": 3}}]}, "tools.0.parameters"),
         ({"input": "x", "text": {"format": {"type": "xml"}}}, "text.format"),
+        # A reasoning item's content / summary that is not a list of parts (once a TypeError: a 500).
+        ({"input": [{"type": "reasoning", "content": "think"}, {"role": "user", "content": "hi"}]}, "input.0.content"),
+        ({"input": [{"role": "user", "content": "hi"}, {"type": "reasoning", "summary": "s"}]}, "input.1.summary"),
+        ({"input": [{"type": "reasoning", "content": {"type": "reasoning_text"}}]}, "input.0.content"),
+        ({"input": [{"type": "reasoning", "content": 3, "summary": []}]}, "input.0.content"),
+        ({"input": [{"type": "reasoning", "content": [], "summary": [{"type": "x"}]}]}, "input.0.summary.0"),
     ],
 )
 def test_bad_input_is_a_400_naming_the_responses_field(body, field):

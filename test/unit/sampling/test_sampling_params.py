@@ -61,6 +61,11 @@ BAD = [
     ({"logit_bias": {"abc": 1.0}}, "logit_bias"),
     ({"logit_bias": {"5": 1000}}, "logit_bias"),
     ({"logit_bias": [1, 2]}, "logit_bias"),
+    # Unicode digits are no token ids: "²".isdigit() (int() refuses it: once a 500), "١" (int() reads 1: once
+    # silently token 1), "٣٤" likewise.
+    ({"logit_bias": {"²": 1}}, "logit_bias"),
+    ({"logit_bias": {"١": 1}}, "logit_bias"),
+    ({"logit_bias": {"٣٤": 1}}, "logit_bias"),
     ({"regex": ""}, "regex"),
     ({"regex": 5}, "regex"),
     ({"json_schema": "{not json"}, "json_schema"),

@@ -3,8 +3,11 @@ loop on a small thread pool behind an LRU cache keyed by (kind, text), and one R
 
 A request waits only for its own grammar, and a repeated constraint costs nothing. A grammar that does not
 compile fails its future with GrammarCompileError naming the field; the scheduler answers that request with
-a 400 and keeps serving the others. Token bitmasks are xgrammar's layout ([bs, ceil(vocab / 32)] int32, a set
-bit allows the token), which llguidance fills too (xgrammar_backend.allocate_bitmask / apply_bitmask).
+a 400 and keeps serving the others. So does a grammar no output can satisfy, found when it compiles where no
+token may start it (or follow the text it forces); a dead end found later, while decoding, finishes its request
+with a 400 too (sampling_batch_info.grammar_bitmask). Token bitmasks are xgrammar's layout
+([bs, ceil(vocab / 32)] int32, a set bit allows the token), which llguidance fills too
+(xgrammar_backend.allocate_bitmask / apply_bitmask).
 """
 
 from __future__ import annotations
@@ -17,11 +20,13 @@ from typing import Any, List, Optional, Protocol, Tuple
 
 import torch
 
-from sglang.srt.constrained.grammar_key import GrammarKey
+from sglang.srt.constrained.grammar_key import UNSATISFIABLE, GrammarKey
 from sglang.srt.constrained.reasoning_gate import ReasoningGate
 
 COMPILE_THREADS = 2
 CACHE_SIZE = 512
+# The unsatisfiable-grammar check follows at most this many forced strings (each one a jump-forward step).
+MAX_FORCED_STEPS = 64
 
 
 class GrammarCompileError(ValueError):
@@ -58,9 +63,13 @@ class RequestGrammar:
         self.gate = ReasoningGate(reasoning_end)
         self.accepted = 0  # tokens the grammar accepted (rollback is bounded by this)
 
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
-        if self.gate.open:  # while the model reasons its row stays all-allowed
-            self.matcher.fill_next_token_bitmask(bitmask, row)
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> bool:
+        """Set `row` to the tokens allowed next. False at a dead end: the grammar is not complete yet allows no
+        token, so no output can satisfy it from here (an all-false row would let the sampler pick token 0)."""
+        if not self.gate.open:  # while the model reasons its row stays all-allowed
+            return True
+        self.matcher.fill_next_token_bitmask(bitmask, row)
+        return bool(bitmask[row].any()) or self.matcher.is_terminated()
 
     def accept_token(self, token: int) -> bool:
         if not self.gate.open:
@@ -114,7 +123,7 @@ class GrammarBackend:
                 self._hits += 1
                 return future
             self._misses += 1
-            future = self.pool.submit(self._compile, key)
+            future = self.pool.submit(self._compile_satisfiable, key)
             self._cache[key] = future
             while len(self._cache) > self.cache_size:
                 self._cache.popitem(last=False)
@@ -132,6 +141,32 @@ class GrammarBackend:
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
+
+    def _compile_satisfiable(self, key: GrammarKey) -> Any:
+        compiled = self._compile(key)
+        self._check_satisfiable(compiled, key)
+        return compiled
+
+    def _check_satisfiable(self, compiled: Any, key: GrammarKey) -> None:
+        """GrammarCompileError naming the field when no output can satisfy the grammar: no token may start it
+        (`[^\\s\\S]`), or none may follow the text it forces (`a[^\\s\\S]`: after "a"). Decoding it would
+        otherwise sample from an all-false mask. A dead end past a choice is found while decoding."""
+        matcher = self._new_matcher(compiled)
+        bitmask = torch.full((1, (self.vocab_size + 31) // 32), -1, dtype=torch.int32)
+        forced = ""
+        for _ in range(MAX_FORCED_STEPS):
+            matcher.fill_next_token_bitmask(bitmask, 0)
+            if not bitmask[0].any() and not matcher.is_terminated():
+                where = f"after the text it forces ({forced[:200]!r})" if forced else "from its start"
+                raise GrammarCompileError(f"{key.kind}: {UNSATISFIABLE}: {where} the grammar allows no token")
+            step = self._accept_forced(matcher)
+            if not step:
+                return
+            forced += step
+
+    def _accept_forced(self, matcher: TokenMatcher) -> str:
+        """Advance `matcher` past the text its grammar forces next, if the backend can tell; that text, or ""."""
+        return ""
 
     def _load_vocabulary(self, tokenizer: Any, vocab_size: int, stop_token_ids: List[int], threads: int) -> None:
         raise NotImplementedError

@@ -10,6 +10,10 @@ from typing import Optional
 GRAMMAR_KINDS = ("json_schema", "regex", "ebnf", "structural_tag")
 # SGLang's json_schema value meaning "any JSON value" (OpenAI's response_format json_object maps to an object).
 ANY_JSON = "$$ANY$$"
+# The words every refusal of an unsatisfiable constraint carries (at compile time, or a dead end while decoding),
+# so the OpenAI layer can tell it from other constraint errors (a forced tool call's then names the tool's
+# parameters, where the dead end is).
+UNSATISFIABLE = "no output can satisfy it"
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,11 @@ class LLGuidanceMatcher:
 
     def fill_next_token_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         llguidance.torch.fill_next_token_bitmask(self.matcher, bitmask, row)
+        if self.matcher.is_error():
+            # Where no output can satisfy the grammar (from its start, or from here on) llguidance allows the stop
+            # token, which would end the request as if it had succeeded. No token is allowed instead: the
+            # unsatisfiable grammar is refused (base_backend._check_satisfiable, grammar_bitmask) with a 400.
+            bitmask[row].zero_()
 
     def accept_token(self, token: int) -> bool:
         ok = self.matcher.consume_token(token)

@@ -48,6 +48,31 @@ class XGrammarBackend(GrammarBackend):
     def _new_matcher(self, compiled: "xgr.CompiledGrammar") -> "xgr.GrammarMatcher":
         return xgr.GrammarMatcher(compiled)
 
+    def _accept_forced(self, matcher: "xgr.GrammarMatcher") -> str:
+        text = matcher.find_jump_forward_string()
+        return text if text and matcher.accept_string(text) else ""
+
+    def _check_satisfiable(self, compiled: "xgr.CompiledGrammar", key: GrammarKey) -> None:
+        super()._check_satisfiable(compiled, key)
+        if key.kind != "structural_tag":
+            return
+        # A tag's JSON allows free whitespace, where the forced text stops (after a forced call's `{`), so a dead
+        # end inside the schema is not seen above. When every output must contain one of some tags' schemas (a
+        # forced tool call: the tool's parameters), those schemas are checked compact: if none can be satisfied,
+        # neither can the tag.
+        refusals = []
+        for schema in _forced_tag_schemas(key.text):
+            try:
+                sub = self.compiler.compile_json_schema(json.dumps(schema), any_whitespace=False)
+                super()._check_satisfiable(sub, key)
+                return
+            except GrammarCompileError as e:
+                refusals.append(e)
+            except Exception:  # noqa: BLE001 - a schema only the tag's compiler reads: nothing to tell
+                return
+        if refusals:
+            raise refusals[0]
+
     def _compile(self, key: GrammarKey) -> "xgr.CompiledGrammar":
         try:
             if key.kind == "json_schema":
@@ -76,3 +101,28 @@ class XGrammarBackend(GrammarBackend):
             ]
             return self.compiler.compile_structural_tag(items, tag["triggers"])
         return self.compiler.compile_structural_tag(text)
+
+
+def _forced_tag_schemas(text: str) -> List[Any]:
+    """The JSON schemas of a structural tag of which every output contains one (a lone tag, or triggered tags
+    of which at least one must come, each with a json_schema content); [] when the tag is of another shape."""
+    try:
+        tag = json.loads(text)
+    except ValueError:
+        return []
+    fmt = tag.get("format") if isinstance(tag, dict) and tag.get("type") == "structural_tag" else None
+    if not isinstance(fmt, dict):
+        return []
+    if fmt.get("type") == "tag":
+        tags = [fmt]
+    elif fmt.get("type") == "triggered_tags" and fmt.get("at_least_one") and isinstance(fmt.get("tags"), list):
+        tags = fmt["tags"]
+    else:
+        return []
+    schemas = []
+    for t in tags:
+        content = t.get("content") if isinstance(t, dict) else None
+        if not isinstance(content, dict) or content.get("type") != "json_schema" or "json_schema" not in content:
+            return []
+        schemas.append(content["json_schema"])
+    return schemas

@@ -49,12 +49,20 @@ def error_response(message: str, status_code: int) -> JSONResponse:
 
 
 # One encoder for every event: json.dumps with any non-default option builds a new encoder per call, a
-# measurable share of a streamed chunk's cost at hundreds of streams.
-_SSE_JSON = json.JSONEncoder(ensure_ascii=False)
+# measurable share of a streamed chunk's cost at hundreds of streams. allow_nan=False: NaN and infinities are no
+# JSON ("-Infinity" breaks every client's parser), refused as Starlette's JSONResponse refuses them.
+_SSE_JSON = json.JSONEncoder(ensure_ascii=False, allow_nan=False)
 
 
 def sse_event(payload: Any) -> bytes:
-    return b"data: " + _SSE_JSON.encode(payload).encode() + b"\n\n"
+    """One event; a payload JSON cannot carry (a NaN or infinite float, a bug) becomes a 500 error event, so a
+    stream never carries invalid JSON and the bug is not silent."""
+    try:
+        text = _SSE_JSON.encode(payload)
+    except ValueError as e:
+        logger.error("A streamed event is not valid JSON (%s); sent as an error event instead", e)
+        text = _SSE_JSON.encode(error_body(f"internal server error: a streamed value is not valid JSON: {e}", 500))
+    return b"data: " + text.encode() + b"\n\n"
 
 
 def describe_validation_errors(errors: List[dict]) -> str:

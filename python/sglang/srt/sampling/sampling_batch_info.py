@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, List, Optional, Sequence
 
 import torch
 
+from sglang.srt.constrained.grammar_key import UNSATISFIABLE
 from sglang.srt.sampling.logprobs import LogprobRequests
 
 if TYPE_CHECKING:
@@ -111,8 +112,13 @@ class SamplingBatchInfo:
 
 def grammar_bitmask(reqs: Sequence["Req"], vocab_size: int) -> torch.Tensor:
     """The allowed next tokens of each row with a grammar (every token for the other rows; a finished request's
-    row too: its token is dropped). Each request's only token in flight must be the one this mask is for."""
+    row too: its token is dropped). Each request's only token in flight must be the one this mask is for.
+
+    A request whose grammar allows no token here (a dead end: no output can satisfy it any more) is finished now
+    with a 400 naming its constraint, as an abort of a running request is: released with this batch's result,
+    its row all-allowed (an all-false row would make the sampler pick token 0 and the matcher refuse it)."""
     from sglang.srt.constrained.xgrammar_backend import allocate_bitmask
+    from sglang.srt.managers.schedule_batch import FinishReason
 
     bitmask = allocate_bitmask(len(reqs), vocab_size)
     for i, r in enumerate(reqs):
@@ -121,5 +127,14 @@ def grammar_bitmask(reqs: Sequence["Req"], vocab_size: int) -> torch.Tensor:
         if r.tokens_in_flight > 1:
             # The scheduler samples after the step before is processed (Scheduler.sample_when_matchers_ready).
             raise RuntimeError(f"request {r.rid}: its grammar needs its last token, which is still in flight")
-        r.grammar.fill_bitmask(bitmask, i)
+        if not r.grammar.fill_bitmask(bitmask, i):
+            bitmask[i] = -1
+            r.finished_reason = FinishReason(
+                "abort",
+                message=(
+                    f"{r.grammar.key.kind}: {UNSATISFIABLE}: after {len(r.output_ids)} generated tokens the grammar "
+                    "allows no next token (a dead end of the constraint)"
+                ),
+                status_code=400,
+            )
     return bitmask

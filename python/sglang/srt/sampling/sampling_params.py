@@ -196,7 +196,10 @@ class SamplingParams:
             raise SamplingParamsError('logit_bias must be an object of {"token id": bias}')
         out: Dict[int, float] = {}
         for key, bias in self.logit_bias.items():
-            tid = int(key) if isinstance(key, str) and key.isdigit() and len(key) <= 12 else key
+            # ASCII digits only: str.isdigit() is true for "²" (which int() refuses) and "١" (Arabic-Indic one,
+            # which int() reads as 1): neither is a token id as OpenAI's API writes them.
+            is_id = isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 12
+            tid = int(key) if is_id else key
             if not _is_int(tid) or (vocab_size is not None and not 0 <= tid < vocab_size):
                 where = "" if vocab_size is None else f" in [0, {vocab_size})"
                 raise SamplingParamsError(f"logit_bias: {key!r} is not a token id{where}")

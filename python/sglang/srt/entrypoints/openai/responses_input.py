@@ -88,6 +88,20 @@ def _text_of(content: Any, where: str) -> str:
     return "".join(texts)
 
 
+def _reasoning_text(item: Dict[str, Any], where: str) -> str:
+    """A reasoning item's text: its content (reasoning_text parts), then its summary (summary_text parts). Each
+    is a list of parts in OpenAI's API; anything else is a 400 naming it (not a TypeError, a 500)."""
+    texts = []
+    for name in ("content", "summary"):
+        parts = item.get(name)
+        if parts is None:
+            continue
+        if not isinstance(parts, list):
+            raise RequestError(f"{where}.{name}: must be a list of text parts, got {type(parts).__name__}")
+        texts.append(_text_of(parts, f"{where}.{name}"))
+    return "".join(texts)
+
+
 def input_messages(items: Union[str, List[Dict[str, Any]]]) -> List[Dict[str, Any]]:
     """Responses input -> chat messages (the shape ChatCompletionRequest takes)."""
     if isinstance(items, str):
@@ -127,8 +141,7 @@ def input_messages(items: Union[str, List[Dict[str, Any]]]) -> List[Dict[str, An
             text = output if isinstance(output, str) else _text_of(output, f"{where}.output")
             messages.append({"role": "tool", "tool_call_id": item.get("call_id"), "content": text})
         elif kind == "reasoning":
-            parts = (item.get("content") or []) + (item.get("summary") or [])
-            reasoning.append(_text_of(parts, f"{where}.content"))
+            reasoning.append(_reasoning_text(item, where))
         else:
             raise RequestError(
                 f"{where}.type: {kind!r} items are not supported (message, function_call, function_call_output, "
@@ -169,9 +182,10 @@ def _response_format(text: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]
 _RENAMES = [
     (re.compile(r"^response_format\.json_schema"), "text.format"),
     (re.compile(r"^response_format"), "text.format"),
-    (re.compile(r"^tools\.(\d+)\.function\."), r"tools.\1."),
+    (re.compile(r"^tools\.(\d+|\*)\.function\."), r"tools.\1."),
     (re.compile(r"^messages\.\d+"), "input"),
     (re.compile(r"^max_new_tokens"), "max_output_tokens"),
+    (re.compile(r"\bmax_completion_tokens\b"), "max_output_tokens"),  # the chat field it is sent as
 ]
 
 

@@ -13,6 +13,7 @@ from typing import Dict, List, Optional, Tuple
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from sglang.srt.constrained.grammar_key import UNSATISFIABLE
 from sglang.srt.entrypoints.http_utils import sse_stream, start_generation
 from sglang.srt.entrypoints.openai.chat_output import ChatDelta, ChatOutputParser, OutputPlan
 from sglang.srt.entrypoints.openai.chat_prompt import (
@@ -42,11 +43,14 @@ from sglang.srt.entrypoints.openai.utils import (
     check_sampling_params,
     entry_text,
     finish_reason,
+    name_origin,
     new_request_id,
     output_logprob_entries,
     refuse_constraints_when_off,
+    renamed_errors,
     response_format_constraint,
     stream_options_usage,
+    token_limit_origin,
     usage_of,
     with_origin,
 )
@@ -125,7 +129,8 @@ class OpenAIServingChat:
     ) -> Tuple[dict, Dict[str, str]]:
         """The sampling parameters, and the request field each constraint key came from (for errors)."""
         params = build_sampling_params(req, max_tokens)
-        origin: Dict[str, str] = {}
+        max_field = "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
+        origin: Dict[str, str] = token_limit_origin(max_field)  # errors name the request's fields
         constraint = response_format_constraint(req.response_format)
         if constraint is not None:
             origin[constraint[0]] = "response_format"
@@ -145,6 +150,14 @@ class OpenAIServingChat:
         refuse_constraints_when_off(params, origin, self.tm.server_args.grammar_backend)
         check_sampling_params(params, origin)
         return params, origin
+
+    @staticmethod
+    def refusal(e: RequestError, origin: Dict[str, str], plan: ToolPlan) -> RequestError:
+        """A refusal from the engine naming the request's field (`origin`). A forced call's grammar that no
+        output can satisfy names the tool parameters it was built from: the call's fixed text always fits."""
+        if plan.forced is not None and e.message.startswith(f"structural_tag: {UNSATISFIABLE}"):
+            return RequestError(name_origin(e.message, {"structural_tag": _forced_parameters(plan)}), e.status_code)
+        return with_origin(e, origin)
 
     def _output_plan(self, req: ChatCompletionRequest, plan: ToolPlan) -> OutputPlan:
         return OutputPlan(
@@ -178,7 +191,7 @@ class OpenAIServingChat:
         try:
             first, agen = await start_generation(self.tm, obj, [rid], raw)
         except RequestError as e:
-            raise with_origin(e, origin) from None
+            raise self.refusal(e, origin, plan) from None
         model = req.model or self.served_model_name
         if not req.stream:
             outs = first if isinstance(first, list) else [first]  # n choices
@@ -191,7 +204,13 @@ class OpenAIServingChat:
                 choice["message"] = {k: v for k, v in choice["message"].items() if v is not None or k == "content"}
             return JSONResponse(body)
         return StreamingResponse(
-            sse_stream(self.tm, [rid], first, agen, *self._stream_events(req, rid, model, plan, output_plan)),
+            sse_stream(
+                self.tm,
+                [rid],
+                first,
+                renamed_errors(agen, lambda e: self.refusal(e, origin, plan)),  # a refusal mid-stream named too
+                *self._stream_events(req, rid, model, plan, output_plan),
+            ),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )
@@ -332,6 +351,17 @@ class OpenAIServingChat:
             ]
 
         return events_for, closing_events
+
+
+def _forced_parameters(plan: ToolPlan) -> str:
+    """The field of the parameters a forced call must follow: the named function's, the only tool's, or (with
+    several tools under "required") every tool's, written with a `*`."""
+    names = [t["function"]["name"] for t in plan.tools or ()]
+    if isinstance(plan.forced, dict) and plan.forced["function"]["name"] in names:
+        index = str(names.index(plan.forced["function"]["name"]))
+    else:
+        index = "0" if len(names) == 1 else "*"
+    return f"{plan.field}.{index}" + (".function" if plan.field == "tools" else "") + ".parameters"
 
 
 def _finish_reason(reason: Optional[str], called: bool, legacy: bool) -> Optional[str]:

@@ -31,8 +31,10 @@ from sglang.srt.entrypoints.openai.utils import (
     output_logprob_entries,
     prompt_logprob_entries,
     refuse_constraints_when_off,
+    renamed_errors,
     response_format_constraint,
     stream_options_usage,
+    token_limit_origin,
     usage_of,
     with_origin,
 )
@@ -75,7 +77,7 @@ class OpenAIServingCompletion:
         is_batch, texts, ids = self._split_prompt(req.prompt)
         prompts: List[Any] = texts if texts is not None else ids
         sampling_params = build_sampling_params(req, req.max_tokens)
-        origin: Dict[str, str] = {}
+        origin: Dict[str, str] = token_limit_origin("max_tokens")  # errors name the request's fields
         constraint = response_format_constraint(req.response_format)
         if constraint is not None:
             add_constraint(sampling_params, *constraint, "response_format", origin)
@@ -117,7 +119,13 @@ class OpenAIServingCompletion:
             )
             return JSONResponse(resp.model_dump())
         return StreamingResponse(
-            sse_stream(self.tm, rids, first, agen, *self._stream_events(req, base_rid, model, echo_prefixes[0])),
+            sse_stream(
+                self.tm,
+                rids,
+                first,
+                renamed_errors(agen, lambda e: with_origin(e, origin)),  # a refusal mid-stream named too
+                *self._stream_events(req, base_rid, model, echo_prefixes[0]),
+            ),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )

@@ -30,7 +30,7 @@ from sglang.srt.entrypoints.openai.responses_input import (
 )
 from sglang.srt.entrypoints.openai.responses_output import ResponseBuilder, ResponseStore, assistant_turn, new_id
 from sglang.srt.entrypoints.openai.serving_chat import OpenAIServingChat
-from sglang.srt.entrypoints.openai.utils import finish_reason, with_origin
+from sglang.srt.entrypoints.openai.utils import finish_reason, renamed_errors
 from sglang.srt.managers.io_struct import GenerateReqInput
 from sglang.srt.managers.tokenizer_manager import RequestError, TokenizerManager
 from sglang.srt.parser.reasoning_parser import requires_reasoning
@@ -79,7 +79,7 @@ class OpenAIServingResponses:
         try:
             first, agen = await start_generation(self.tm, obj, [rid], raw)
         except RequestError as e:  # e.g. a schema that does not compile: named as text.format
-            raise responses_error(with_origin(e, origin)) from None
+            raise responses_error(self.chat.refusal(e, origin, plan)) from None
         response = self._response_head(req, new_id("resp"))
         parser = ChatOutputParser(output_plan)
         conversation = [m.model_dump(exclude_none=True) for m in chat_req.messages]
@@ -122,7 +122,14 @@ class OpenAIServingResponses:
             return numbered(events + builder.take_events())
 
         return StreamingResponse(
-            sse_stream(self.tm, [rid], first, agen, events_for, lambda last: []),
+            sse_stream(
+                self.tm,
+                [rid],
+                first,
+                renamed_errors(agen, lambda e: responses_error(self.chat.refusal(e, origin, plan))),  # mid-stream
+                events_for,
+                lambda last: [],
+            ),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
         )

@@ -4,8 +4,9 @@ usage and token strings."""
 from __future__ import annotations
 
 import json
+import re
 import uuid
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, AsyncGenerator, Callable, Dict, List, Optional, Sequence, Tuple
 
 from sglang.srt.constrained.grammar_key import GRAMMAR_KINDS
 from sglang.srt.entrypoints.openai.protocol import UsageInfo, _SamplingRequest
@@ -48,6 +49,17 @@ def build_sampling_params(req: _SamplingRequest, max_new_tokens: Optional[int]) 
     return {k: v for k, v in params.items() if v is not None}
 
 
+# The token limits: their OpenAI names differ from the sampling keys, which other messages name too
+# ("prompt (N tokens) + max_new_tokens (M) exceeds the context length", "[0, max_new_tokens]").
+TOKEN_LIMIT_KEYS = ("max_new_tokens", "min_new_tokens")
+
+
+def token_limit_origin(max_field: str) -> Dict[str, str]:
+    """`origin` entries for the token limits: max_new_tokens from `max_field` (max_tokens or
+    max_completion_tokens), min_new_tokens from min_tokens."""
+    return {"max_new_tokens": max_field, "min_new_tokens": "min_tokens"}
+
+
 def check_sampling_params(params: Dict[str, Any], origin: Dict[str, str]) -> None:
     """Validate the sampling parameters now, so that an error names the OpenAI field a key came from
     (`origin`: sampling key -> request field, e.g. json_schema -> response_format)."""
@@ -58,16 +70,36 @@ def check_sampling_params(params: Dict[str, Any], origin: Dict[str, str]) -> Non
 
 
 def name_origin(message: str, origin: Dict[str, str]) -> str:
-    """An error about sampling key `key` restated with the request field it came from (`origin`)."""
+    """An error about sampling key `key` restated with the request field it came from (`origin`); a token
+    limit named further on in the message is named as the request named it."""
+    head, rest = "", message
     for key, field in origin.items():
         if message.startswith(f"{key}:") or message.startswith(f"{key} "):
-            return f"{field} (as sampling parameter {key}){message[len(key) :]}"
-    return message
+            head, rest = f"{field} (as sampling parameter {key})", message[len(key) :]
+            break
+    for key in TOKEN_LIMIT_KEYS:
+        if key in origin:
+            rest = re.sub(rf"\b{key}\b", origin[key], rest)
+    return head + rest
 
 
 def with_origin(e: RequestError, origin: Dict[str, str]) -> RequestError:
     """A refusal from the engine (e.g. a grammar that does not compile) naming the request's own field."""
     return RequestError(name_origin(e.message, origin), e.status_code)
+
+
+async def renamed_errors(
+    agen: AsyncGenerator[dict, None], rename: Callable[[RequestError], RequestError]
+) -> AsyncGenerator[dict, None]:
+    """`agen`'s outputs; a refusal that comes after the first output (a constraint's dead end, mid-stream) is
+    restated by `rename` (e.g. with_origin), as a refusal before the first output is."""
+    try:
+        async for out in agen:
+            yield out
+    except RequestError as e:
+        raise rename(e) from None
+    finally:
+        await agen.aclose()
 
 
 def finish_reason(meta: dict) -> Optional[str]:

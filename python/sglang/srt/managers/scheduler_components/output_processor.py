@@ -3,14 +3,15 @@
 OutputProcessor applies one batch's result to its requests and says which of them the result was for;
 the scheduler then moves them between its queues (it owns the running batch). OutputStreamer turns
 requests into the detokenizer's BatchTokenIDOut messages, including requests that finished outside a
-batch (aborts, failed admissions), sent with the next message.
+batch (aborts, failed admissions), sent with the next message. Every logprob leaves the scheduler there,
+floored at LOGPROB_FLOOR (every route, streamed or not, reads these messages).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, List, Optional, Sequence, Tuple
 
 from sglang.srt.managers.io_struct import BatchTokenIDOut, SchedulerStats
 from sglang.srt.managers.schedule_batch import FinishReason
@@ -19,6 +20,25 @@ from sglang.srt.managers.scheduler_components.batch_result import BatchResult, L
 if TYPE_CHECKING:
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.mem_cache.radix_cache import RadixCache
+
+
+# A token the grammar masks (constrained decoding) has logprob -inf, which JSON cannot carry ("-Infinity" is no JSON,
+# and the response encoders refuse it). Logprobs are reported at least this, as vLLM's OpenAI server does
+# (`max(logprob, -9999.0)`): a probability of e^-9999 is 0 in every float type. NaN is kept (a bug to surface).
+LOGPROB_FLOOR = -9999.0
+
+
+def floor_logprob(value: Optional[float]) -> Optional[float]:
+    return LOGPROB_FLOOR if value is not None and value < LOGPROB_FLOOR else value
+
+
+def floor_logprobs(values: Sequence[float]) -> List[float]:
+    return [LOGPROB_FLOOR if v < LOGPROB_FLOOR else v for v in values]
+
+
+def floor_pairs(pairs: Optional[Sequence[Tuple[Optional[float], int]]]) -> Optional[List[Tuple[Optional[float], int]]]:
+    """(logprob, token id) pairs with their logprobs floored; None (nothing predicts that position) kept."""
+    return None if pairs is None else [(floor_logprob(lp), tid) for lp, tid in pairs]
 
 
 @dataclass(frozen=True)
@@ -75,7 +95,9 @@ class OutputStreamer:
             out.prompt_tokens.append(len(req.origin_input_ids))
             out.completion_tokens.append(len(req.output_ids))
             out.cached_tokens.append(req.cached_tokens)
-            out.output_token_logprobs.append(req.output_token_logprobs[start:] if req.return_logprob else [])
+            out.output_token_logprobs.append(
+                floor_logprobs(req.output_token_logprobs[start:]) if req.return_logprob else []
+            )
             out.logprob_extras.append(_logprob_extras(req, start))
             out.skip_special_tokens.append(req.sampling_params.skip_special_tokens)
             out.spaces_between_special_tokens.append(req.sampling_params.spaces_between_special_tokens)
@@ -89,14 +111,14 @@ class OutputStreamer:
 
 def _logprob_extras(req: "Req", start: int) -> Optional[dict]:
     """The new top-k / chosen-id output logprobs since output token `start`, and the prompt logprobs
-    once the whole prompt is scored (sent once)."""
+    once the whole prompt is scored (sent once); every logprob floored (LOGPROB_FLOOR)."""
     if not req.return_logprob:
         return None
     extras: dict = {}
     if req.top_logprobs_num:
-        extras["output_top"] = req.output_top_logprobs[start:]
+        extras["output_top"] = [floor_pairs(p) for p in req.output_top_logprobs[start:]]
     if req.token_ids_logprob:
-        extras["output_ids"] = req.output_token_ids_logprobs[start:]
+        extras["output_ids"] = [floor_pairs(p) for p in req.output_token_ids_logprobs[start:]]
     if (
         req.logprob_start_len is not None
         and not req.input_logprobs_sent
@@ -104,11 +126,11 @@ def _logprob_extras(req: "Req", start: int) -> Optional[dict]:
     ):
         req.input_logprobs_sent = True
         got = req.input_logprobs
-        extras["input_token"] = got.token
+        extras["input_token"] = floor_pairs(got.token)
         if req.top_logprobs_num:
-            extras["input_top"] = got.top
+            extras["input_top"] = [floor_pairs(p) for p in got.top]
         if req.token_ids_logprob:
-            extras["input_ids"] = got.chosen
+            extras["input_ids"] = [floor_pairs(p) for p in got.chosen]
     return extras
 
 
