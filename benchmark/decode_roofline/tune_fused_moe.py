@@ -120,6 +120,13 @@ def routing(batch: int, experts: int, top_k: int, device: str, seed: int):
     return (weights / weights.sum(-1, keepdim=True)).to(device), ids.to(device)
 
 
+def batch_inputs(batch: int, experts: int, top_k: int, hidden: int, device: str):
+    """A batch's routing (top-k distinct random experts a token, their weights) and its bf16 activations."""
+    topk_w, topk_ids = routing(batch, experts, top_k, device, batch)
+    x = (torch.randn(batch, hidden, generator=torch.Generator().manual_seed(batch)) * 0.5).to(device, torch.bfloat16)
+    return topk_w, topk_ids, x
+
+
 def run_layers(weights: list, x, topk_w, topk_ids, cfg: MoEKernelConfig) -> None:
     for w13, w2 in weights:
         fused_experts_triton(x, w13, w2, topk_w, topk_ids, cfg)
@@ -138,10 +145,7 @@ def tune_shape(name: str, shape: tuple, batches: tuple, grid: dict, device: str,
     weights = [first] + [random_layer(experts, hidden, inter, method, device, i) for i in range(1, layers)]
     rows = []
     for batch in batches:
-        topk_w, topk_ids = routing(batch, experts, top_k, device, batch)
-        x = (torch.randn(batch, hidden, generator=torch.Generator().manual_seed(batch)) * 0.5).to(
-            device, torch.bfloat16
-        )
+        topk_w, topk_ids, x = batch_inputs(batch, experts, top_k, hidden, device)
         floor_ms = layers * touched_bytes(*first, topk_ids) / (gbps * 1e9) * 1e3 if gbps else 0.0
         default = default_config(batch, top_k, experts)
         ref = fused_experts_triton(x, *first, topk_w, topk_ids, default).float()
@@ -203,10 +207,7 @@ def tune_per_gemm(name: str, shape: tuple, batches: tuple, grid: dict, device: s
     weights = [first] + [random_layer(experts, hidden, inter, method, device, i) for i in range(1, layers)]
     rows = []
     for batch in batches:
-        topk_w, topk_ids = routing(batch, experts, top_k, device, batch)
-        x = (torch.randn(batch, hidden, generator=torch.Generator().manual_seed(batch)) * 0.5).to(
-            device, torch.bfloat16
-        )
+        topk_w, topk_ids, x = batch_inputs(batch, experts, top_k, hidden, device)
         touched = int(torch.unique(topk_ids).numel())
         floors = [layers * touched * b / (gbps * 1e9) * 1e3 if gbps else 0.0 for b in one_expert]
         default = default_config(batch, top_k, experts)
