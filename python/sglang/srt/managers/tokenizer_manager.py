@@ -4,22 +4,25 @@ Runs in the main process on an asyncio loop (the HTTP server's, or the offline E
 request has a ReqState that the receive loop fills from the detokenizer's BatchStrOut messages.
 
 The loop must stay responsive whatever one request sends: tokenization and chat templates run on
-one worker thread (`run_cpu`), after a size check that needs no tokenizer, so a multi-megabyte prompt
-never freezes other streams or /health. It also watches the engine: a child process that dies is
-seen at once (its process sentinel is a file descriptor on the loop), every request in flight is
-answered 503 with which child died and how, and the scheduler's periodic stats are its heartbeat.
+worker threads (`run_cpu`), after a size check that needs no tokenizer, and a text far over its token
+limit is refused after tokenizing a bounded prefix of it (`refuse_over_limit`), so a multi-megabyte
+prompt neither freezes other streams or /health nor holds a tokenizer thread for seconds. It also
+watches the engine: a child process that dies is seen at once (its process sentinel is a file
+descriptor on the loop), every request in flight is answered 503 with which child died and how, and
+the scheduler's periodic stats are its heartbeat.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, AsyncIterator, Callable, Dict, List, Optional, TypeVar
+from typing import Any, AsyncIterator, Callable, Dict, Iterator, List, Optional, Set, Sized, Tuple, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -49,6 +52,22 @@ NORMALIZATION_SLACK = 4
 CLIENT_GONE_STATUS = 499  # aborts nobody waits for (the client went away)
 REAP_WAIT_S = 1.0
 
+# A text is refused as soon as a prefix of it has too many tokens (refuse_over_limit). The first prefix is
+# (limit + slack) * PREFIX_CHARS_PER_TOKEN characters: generous (text averages 3-5 characters a token), so a text
+# that fits is tokenized once, whole, and a doomed one costs about one context's worth of tokenizer time.
+PREFIX_CHARS_PER_TOKEN = 8
+PREFIX_GROWTH = 4  # denser text (long runs of '=', spaces): prefixes 4x longer each time, 1/3 extra work at most
+# How many more tokens a prefix may have than the whole text has in that stretch (see refuse_over_limit): the most
+# measured with SmolLM2's byte-level BPE was 3, at random cuts in code, CJK, base64, '=' runs and random Unicode.
+BOUNDARY_SLACK_TOKENS = 256
+# /tokenize (and any encode through TokenizerManager.tokenizer) takes texts of up to this many context lengths:
+# counting a document longer than the context is a use, but one text must not hold a tokenizer thread for long.
+TOKENIZE_CONTEXTS = 32
+# Tokenizer threads: a short request is tokenized while a long one is (HF fast tokenizers encode in Rust without
+# the GIL). Measured on 2 cores: a short encode waited 4.4 s behind a 5.2 MB one with 1 thread, 2 ms with 2; a
+# short /tokenize beside a 1 MB one (under its limit) took 1.76 s with 1 thread, 6 ms with 2.
+CPU_WORKERS = 2
+
 
 class RequestError(Exception):
     """A request the server refuses or could not finish; the HTTP layer answers `status_code` with the message."""
@@ -76,6 +95,7 @@ class ReqState:
     output_top: List[list] = field(default_factory=list)
     output_chosen: List[list] = field(default_factory=list)
     prompt: Dict[str, list] = field(default_factory=dict)
+    shown_rid: Optional[str] = None  # the id its output names, when not its scheduler id (a sample of n > 1)
 
     @property
     def log_metrics(self) -> bool:
@@ -88,19 +108,24 @@ def max_token_bytes(tokenizer) -> int:
     return max((len(tok.encode("utf-8", "replace")) for tok in tokenizer.get_vocab()), default=1) or 1
 
 
-def parallel_samples(t: TokenizedGenerateReqInput) -> List[TokenizedGenerateReqInput]:
-    """The n samples of one prompt as n requests (`rid-0` ... `rid-{n-1}`); a seeded prompt gives each
-    sample its own seed (seed + j), so the samples differ and are still reproducible."""
+def parallel_samples(t: TokenizedGenerateReqInput) -> List[Tuple[str, TokenizedGenerateReqInput]]:
+    """The n samples of one prompt as n requests, each with the id its output shows (`rid-0` ... `rid-{n-1}`).
+    Their scheduler ids are random, as upstream's (`regenerate_rid`): a client cannot name, and so collide with,
+    a sample of another request. A seeded prompt gives each sample its own seed (seed + j), so the samples
+    differ and are still reproducible."""
     n = t.sampling_params.n
     if n == 1:
-        return [t]
+        return [(t.rid, t)]
     seed = t.sampling_params.sampling_seed
     return [
-        dataclasses.replace(
-            t,
-            rid=f"{t.rid}-{j}",
-            sampling_params=dataclasses.replace(
-                t.sampling_params, n=1, sampling_seed=None if seed is None else to_int64(seed + j)
+        (
+            f"{t.rid}-{j}",
+            dataclasses.replace(
+                t,
+                rid=uuid.uuid4().hex,
+                sampling_params=dataclasses.replace(
+                    t.sampling_params, n=1, sampling_seed=None if seed is None else to_int64(seed + j)
+                ),
             ),
         )
         for j in range(n)
@@ -108,11 +133,80 @@ def parallel_samples(t: TokenizedGenerateReqInput) -> List[TokenizedGenerateReqI
 
 
 def prefill_only(t: TokenizedGenerateReqInput) -> TokenizedGenerateReqInput:
-    """The prompt's prefill alone (max_new_tokens 0): it leaves the prompt in the radix cache."""
+    """The prompt's prefill alone (max_new_tokens 0, a random id as the samples'): it leaves the prompt in the
+    radix cache."""
     params = dataclasses.replace(t.sampling_params, n=1, max_new_tokens=0, min_new_tokens=0)
     return dataclasses.replace(
-        t, rid=f"{t.rid}-prefill", sampling_params=params, return_logprob=False, stream=False, log_metrics=False
+        t, rid=uuid.uuid4().hex, sampling_params=params, return_logprob=False, stream=False, log_metrics=False
     )
+
+
+def refuse_over_limit(text: str, limit: int, encode: Callable[[str], Sized], too_long: Callable[[int], str]) -> None:
+    """Raise RequestError(too_long(n)) when `text` is known to have n > `limit` tokens from a prefix of it alone.
+
+    Why a prefix's count bounds the whole's from below: the tokenizers we serve (byte-level BPE with a regex
+    pre-tokenizer: GPT-2, Llama 3, Qwen, SmolLM2; SentencePiece BPE/Unigram over '▁'-words) split the text
+    into words and encode each on its own, or never merge across a word start. So the whole's tokens are the
+    prefix's for every word that ends before the cut, plus more: count(whole) >= count(prefix) - (what the cut
+    changed in the prefix's last word). Cutting just before a space makes that last word whole; where there is
+    no space to cut at (CJK, long runs), the cut word has at most a few tokens more in the prefix than its part
+    of the whole has (3 measured), far under BOUNDARY_SLACK_TOKENS. So a text that fits is never refused.
+
+    Cost: prefixes from (limit + slack) * PREFIX_CHARS_PER_TOKEN characters, PREFIX_GROWTH times longer each
+    round while they fit, so a doomed text costs a few limits' worth of tokens whatever its size."""
+    window = (limit + BOUNDARY_SLACK_TOKENS) * PREFIX_CHARS_PER_TOKEN
+    while len(text) > window:
+        space = text.rfind(" ", window - window // 4, window)  # a word boundary near the window's end
+        cut = space if space > 0 and not text[space - 1].isspace() else window
+        at_least = len(encode(text[:cut])) - BOUNDARY_SLACK_TOKENS
+        if at_least > limit:
+            raise RequestError(too_long(at_least))
+        window *= PREFIX_GROWTH
+
+
+class BoundedTokenizer:
+    """`TokenizerManager.tokenizer`: the HF tokenizer (every attribute is its), except that texts far over a
+    token limit are refused after tokenizing a prefix (refuse_over_limit) instead of whole:
+
+    - `encode_prompt`: a prompt (/generate's and /v1/completions' text, the chat endpoints' rendered messages,
+      every message together) must fit the context;
+    - `encode` of any other text: at most TOKENIZE_CONTEXTS context lengths (/tokenize counts documents
+      longer than the context)."""
+
+    def __init__(self, tokenizer: Any, context_len: int) -> None:
+        self.unbounded = tokenizer
+        self.context_len = context_len
+        self.text_limit = TOKENIZE_CONTEXTS * context_len
+
+    def __getattr__(self, name: str) -> Any:  # only for names this class lacks
+        if name == "unbounded":  # not set yet (a copy being built): no endless recursion
+            raise AttributeError(name)
+        return getattr(self.unbounded, name)
+
+    def __len__(self) -> int:
+        return len(self.unbounded)
+
+    def encode_prompt(self, text: str, **kwargs: Any) -> List[int]:
+        refuse_over_limit(
+            text,
+            self.context_len - 1,  # as tokenize_one: a prompt of context_len tokens leaves no room for an output
+            lambda s: self.unbounded.encode(s, **kwargs),
+            lambda n: f"the prompt has at least {n} tokens; this model's context length is {self.context_len}",
+        )
+        return self.unbounded.encode(text, **kwargs)
+
+    def encode(self, text: Any, *args: Any, **kwargs: Any) -> List[int]:
+        if isinstance(text, str):
+            refuse_over_limit(
+                text,
+                self.text_limit,
+                lambda s: self.unbounded.encode(s, *args, **kwargs),
+                lambda n: (
+                    f"the text has at least {n} tokens; this server tokenizes at most {self.text_limit} "
+                    f"({TOKENIZE_CONTEXTS} x the context length) in one text"
+                ),
+            )
+        return self.unbounded.encode(text, *args, **kwargs)
 
 
 class TokenizerManager:
@@ -129,12 +223,13 @@ class TokenizerManager:
         if not server_args.skip_tokenizer_init:
             from sglang.srt.utils.hf_tokenizer import get_tokenizer
 
-            self.tokenizer = (
+            hf = (
                 tokenizer
                 if tokenizer is not None
                 else get_tokenizer(server_args.tokenizer_path, server_args.trust_remote_code)
             )
-            self.max_prompt_bytes = self.context_len * max_token_bytes(self.tokenizer) * NORMALIZATION_SLACK
+            self.max_prompt_bytes = self.context_len * max_token_bytes(hf) * NORMALIZATION_SLACK
+            self.tokenizer = BoundedTokenizer(hf, self.context_len)
         self.port_args = port_args
         self.rid_to_state: Dict[str, ReqState] = {}
         self.stats = SchedulerStats(max_total_num_tokens=scheduler_info["max_total_num_tokens"])
@@ -150,10 +245,16 @@ class TokenizerManager:
         self._draining = False
         self._tasks: List[asyncio.Task] = []
         self._watched_fds: List[int] = []
-        self._children: Dict[str, List[str]] = {}  # a prompt's rid -> the rids of its n > 1 samples
+        self._children: Dict[str, List[str]] = {}  # a prompt's rid -> the rids of its n > 1 samples and warm-up
+        # Ids admitted requests will use but may not have registered yet (_reserve): an n > 1 prompt's own id is
+        # never registered, its samples' only after the warm-up prefill.
+        self._reserved: Set[str] = set()
         self._token_texts: Dict[int, str] = {}  # token id -> its text alone (logprob entries), at most the vocab
-        # One thread: HF fast tokenizers are not safe to call from several threads at once.
-        self._cpu_pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="sglang-tokenize")
+        # HF fast tokenizers may encode from several threads at once: a call changes the Rust tokenizer only when
+        # it asks for other truncation / padding / special-token splitting than the last one (then a concurrent
+        # call fails with "Already borrowed"), and nothing here passes those options. (The loop thread already
+        # decodes while a worker encodes.)
+        self._cpu_pool = ThreadPoolExecutor(max_workers=CPU_WORKERS, thread_name_prefix="sglang-tokenize")
         self.child_processes: List = []
 
     # ------------------------------------------------------------- sockets
@@ -334,7 +435,9 @@ class TokenizerManager:
             if self.tokenizer is None:
                 raise RequestError("this server runs with --skip-tokenizer-init: send `input_ids`, not `text`")
             try:  # its size was checked on the loop already (generate_request), before this thread got it
-                input_ids = self.tokenizer.encode(obj.text)
+                input_ids = self.tokenizer.encode_prompt(obj.text)  # a doomed one is refused after a prefix
+            except RequestError:
+                raise
             except Exception as e:  # noqa: BLE001 - text the tokenizer cannot take is the request's problem
                 raise RequestError(f"text: the tokenizer cannot encode it: {type(e).__name__}: {e}") from None
         else:
@@ -404,12 +507,24 @@ class TokenizerManager:
     def _tokenize_all(self, items: List[GenerateReqInput]) -> List[TokenizedGenerateReqInput]:
         return [self.tokenize_one(it) for it in items]
 
-    def _check_new_rids(self, tokenized: List[TokenizedGenerateReqInput]) -> None:
-        if len({t.rid for t in tokenized}) != len(tokenized):
+    def _check_new_rids(self, rids: List[str]) -> None:
+        """Refuse ids that repeat or that a request in flight holds (registered, or only reserved)."""
+        if len(set(rids)) != len(rids):
             raise RequestError("request ids in a batch must be unique")
-        for t in tokenized:
-            if t.rid in self.rid_to_state:
-                raise RequestError(f"request id {t.rid!r} is already in flight")
+        for rid in rids:
+            if rid in self.rid_to_state or rid in self._reserved:
+                raise RequestError(f"request id {rid!r} is already in flight")
+
+    @contextlib.contextmanager
+    def _reserve(self, rids: List[str]) -> Iterator[None]:
+        """Hold every id a request will use, from its admission (before its first await) to its end, so that no
+        request admitted meanwhile can take one: _send would refuse it then, too late to answer cleanly."""
+        self._check_new_rids(rids)
+        self._reserved.update(rids)
+        try:
+            yield
+        finally:
+            self._reserved.difference_update(rids)
 
     async def generate_request(self, obj: GenerateReqInput) -> AsyncIterator[Any]:
         """Yields output dicts: for a stream every update, else one final dict (a list for a batch)."""
@@ -428,13 +543,13 @@ class TokenizerManager:
         parallel = any(t.sampling_params.n > 1 for t in tokenized)
         if parallel and obj.stream:
             raise RequestError("streaming is supported for one prompt with n = 1; set stream to false for n > 1")
-        samples = [sample for t in tokenized for sample in parallel_samples(t)]
-        self._check_new_rids(samples + [t for t in tokenized if t.sampling_params.n > 1])
         if obj.is_batch or parallel:
-            yield await self._generate_all(tokenized, samples)
+            # Awaited before the yield: the ids are free again when the caller has the outputs.
+            yield await self._generate_all(tokenized)
             return
         (one,) = tokenized
-        state = self._send(one)
+        self._check_new_rids([one.rid])
+        state = self._send(one)  # no await since the check: registered before any other request is admitted
         if not obj.stream:
             yield await self._wait_final(one.rid, state)
             return
@@ -451,27 +566,38 @@ class TokenizerManager:
         finally:
             self._forget(one.rid, state)
 
-    async def _generate_all(
-        self, prompts: List[TokenizedGenerateReqInput], samples: List[TokenizedGenerateReqInput]
-    ) -> List[dict]:
+    async def _generate_all(self, prompts: List[TokenizedGenerateReqInput]) -> List[dict]:
         """Every sample of every prompt, prompt-major (as SGLang orders them). A prompt with n > 1 is
-        prefilled once first, so its samples find it in the radix cache instead of computing it n times."""
-        shared = [t for t in prompts if t.sampling_params.n > 1 and not self.server_args.disable_radix_cache]
-        if shared:
-            warm = [prefill_only(t) for t in shared]
-            await asyncio.gather(*(self._wait_final(w.rid, self._send(w)) for w in warm))
-        parents = {s.rid: t.rid for t in prompts for s in parallel_samples(t) if s.rid != t.rid}
-        for child, parent in parents.items():
-            self._children.setdefault(parent, []).append(child)
-        try:
-            states = [self._send(t) for t in samples]
-            return list(await asyncio.gather(*(self._wait_final(t.rid, st) for t, st in zip(samples, states))))
-        finally:
-            for parent in set(parents.values()):
-                self._children.pop(parent, None)
+        prefilled once first, so its samples find it in the radix cache instead of computing it n times.
+        The prompts' ids and all the internal ones are reserved before the first await."""
+        samples: List[Tuple[str, TokenizedGenerateReqInput]] = []  # (the id its output shows, the request)
+        warm: List[TokenizedGenerateReqInput] = []
+        children: Dict[str, List[str]] = {}
+        for t in prompts:
+            mine = parallel_samples(t)
+            samples += mine
+            if t.sampling_params.n > 1:
+                prefill = [prefill_only(t)] if not self.server_args.disable_radix_cache else []
+                warm += prefill
+                children[t.rid] = [w.rid for w in prefill] + [s.rid for _, s in mine]
+        internal = [rid for kids in children.values() for rid in kids]
+        with self._reserve([t.rid for t in prompts] + internal):
+            self._children.update(children)  # an abort of the prompt's id reaches them, warm-up included
+            try:
+                if warm:
+                    await asyncio.gather(*(self._wait_final(w.rid, self._send(w)) for w in warm))
+                states = [self._send(s, shown) for shown, s in samples]
+                return list(await asyncio.gather(*(self._wait_final(s.rid, st) for (_, s), st in zip(samples, states))))
+            finally:
+                for parent in children:
+                    self._children.pop(parent, None)
 
-    def _send(self, tokenized: TokenizedGenerateReqInput) -> ReqState:
-        state = ReqState(req=tokenized)
+    def _send(self, tokenized: TokenizedGenerateReqInput, shown_rid: Optional[str] = None) -> ReqState:
+        """Register the request's state and send it. An id in flight is refused, never taken over: its owner's
+        outputs would go to this state and the owner would wait forever."""
+        if tokenized.rid in self.rid_to_state:
+            raise RequestError(f"request id {tokenized.rid!r} is already in flight")
+        state = ReqState(req=tokenized, shown_rid=shown_rid if shown_rid != tokenized.rid else None)
         self.rid_to_state[tokenized.rid] = state
         self.send_to_scheduler.send_pyobj(tokenized)
         return state
@@ -529,7 +655,7 @@ class TokenizerManager:
             # Refused by the scheduler (400), out of memory (503), a failed batch (500): an HTTP error.
             raise RequestError(fr.get("message", "request aborted"), fr["status_code"])
         meta = dict(state.meta)
-        meta.update(id=rid, finish_reason=fr, e2e_latency=time.monotonic() - state.created)
+        meta.update(id=state.shown_rid or rid, finish_reason=fr, e2e_latency=time.monotonic() - state.created)
         req = state.req
         if req is not None and req.return_logprob:
             meta.update(self._logprob_meta(state))

@@ -112,7 +112,7 @@ class OpenAIServingChat:
             text = tok.apply_chat_template(messages, tokenize=False, chat_template=self.chat_template, **kwargs)
         except Exception as e:  # noqa: BLE001 - a template error is the request's (or config's) problem, not a crash
             raise RequestError(f"could not apply the chat template: {type(e).__name__}: {e}") from None
-        return tok.encode(text, add_special_tokens=False)
+        return tok.encode_prompt(text, add_special_tokens=False)  # every message together must fit the context
 
     def _check(self, req: ChatCompletionRequest) -> None:
         check_extra_fields(req)
