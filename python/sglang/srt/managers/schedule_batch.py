@@ -127,6 +127,10 @@ class Req:
     def finished(self) -> bool:
         return self.finished_reason is not None
 
+    def abort(self, message: str, status_code: int) -> None:
+        """Finish with an error the client gets as `status_code` (released with the batch's result)."""
+        self.finished_reason = FinishReason("abort", message=message, status_code=status_code)
+
     @property
     def wants_input_logprobs(self) -> bool:
         return self.return_logprob and self.logprob_start_len is not None and not self.input_logprobs_done
@@ -170,7 +174,7 @@ class Req:
             try:
                 pattern = first_match(params.stop_regexes, tail_text)
             except StopRegexTimeout as e:  # too costly to match: this request ends with a 400, the others run on
-                self.finished_reason = FinishReason("abort", message=str(e), status_code=400)
+                self.abort(str(e), 400)
                 return
             if pattern is not None:  # reported as upstream reports it: the pattern itself
                 self.finished_reason = FinishReason("stop", matched=pattern)

@@ -118,7 +118,6 @@ def grammar_bitmask(reqs: Sequence["Req"], vocab_size: int) -> torch.Tensor:
     with a 400 naming its constraint, as an abort of a running request is: released with this batch's result,
     its row all-allowed (an all-false row would make the sampler pick token 0 and the matcher refuse it)."""
     from sglang.srt.constrained.xgrammar_backend import allocate_bitmask
-    from sglang.srt.managers.schedule_batch import FinishReason
 
     bitmask = allocate_bitmask(len(reqs), vocab_size)
     for i, r in enumerate(reqs):
@@ -129,12 +128,9 @@ def grammar_bitmask(reqs: Sequence["Req"], vocab_size: int) -> torch.Tensor:
             raise RuntimeError(f"request {r.rid}: its grammar needs its last token, which is still in flight")
         if not r.grammar.fill_bitmask(bitmask, i):
             bitmask[i] = -1
-            r.finished_reason = FinishReason(
-                "abort",
-                message=(
-                    f"{r.grammar.key.kind}: {UNSATISFIABLE}: after {len(r.output_ids)} generated tokens the grammar "
-                    "allows no next token (a dead end of the constraint)"
-                ),
-                status_code=400,
+            r.abort(
+                f"{r.grammar.key.kind}: {UNSATISFIABLE}: after {len(r.output_ids)} generated tokens the grammar "
+                "allows no next token (a dead end of the constraint)",
+                400,
             )
     return bitmask
