@@ -45,31 +45,27 @@ def layer_ms(lens: list[int], split: bool, repeats: int) -> tuple[float, torch.T
         rows.req_to_token[i, :n] = torch.arange(start, start + n, dtype=torch.int32)
         start += n
     layer = RadixAttention(HQ, D, D**-0.5, HKV, layer_id=0)
-    backend = tnb.TorchNativeAttnBackend(SimpleNamespace(device="cpu"))
-    saved = tnb.SPLIT_MIN_PADDED_KEYS
-    tnb.SPLIT_MIN_PADDED_KEYS = saved if split else 1 << 62
-    try:
-        fb = SimpleNamespace(
-            forward_mode=ForwardMode.DECODE,
-            batch_size=len(lens),
-            req_pool_indices=torch.arange(len(lens)),
-            seq_lens=torch.tensor(lens),
-            seq_lens_cpu=list(lens),
-            out_cache_loc=rows.req_to_token[torch.arange(len(lens)), torch.tensor(lens) - 1].long(),
-            req_to_token_pool=rows,
-            token_to_kv_pool=pool,
-            attn_backend=backend,
-        )
-        backend.init_forward_metadata(fb)
-        q, k, v = (torch.randn(len(lens), h * D, generator=gen) for h in (HQ, HKV, HKV))
-        best, out = float("inf"), None
-        for _ in range(repeats):
-            t = time.perf_counter()
-            out = backend.forward(q, k, v, layer, fb)
-            best = min(best, time.perf_counter() - t)
-        return best * 1e3, out, len(fb.attn_metadata)
-    finally:
-        tnb.SPLIT_MIN_PADDED_KEYS = saved
+    threshold = tnb.SPLIT_MIN_PADDED_KEYS if split else 1 << 62  # never split: one padded batch, as before
+    backend = tnb.TorchNativeAttnBackend(SimpleNamespace(device="cpu"), split_min_padded_keys=threshold)
+    fb = SimpleNamespace(
+        forward_mode=ForwardMode.DECODE,
+        batch_size=len(lens),
+        req_pool_indices=torch.arange(len(lens)),
+        seq_lens=torch.tensor(lens),
+        seq_lens_cpu=list(lens),
+        out_cache_loc=rows.req_to_token[torch.arange(len(lens)), torch.tensor(lens) - 1].long(),
+        req_to_token_pool=rows,
+        token_to_kv_pool=pool,
+        attn_backend=backend,
+    )
+    backend.init_forward_metadata(fb)
+    q, k, v = (torch.randn(len(lens), h * D, generator=gen) for h in (HQ, HKV, HKV))
+    best, out = float("inf"), None
+    for _ in range(repeats):
+        t = time.perf_counter()
+        out = backend.forward(q, k, v, layer, fb)
+        best = min(best, time.perf_counter() - t)
+    return best * 1e3, out, len(fb.attn_metadata)
 
 
 def main() -> None:

@@ -78,7 +78,7 @@ def test_a_dense_prompt_that_fits_is_accepted(base_url):
 
 def test_the_exact_count_decides_near_the_limits(base_url):
     """Texts just under and just over a limit pass the prefix checks; the exact count decides. (Accepting a prompt
-    of exactly context - 1 tokens costs a minute of CPU prefill here: test/unit/managers/test_prompt_size_limits.py
+    of exactly context - 1 tokens costs a minute of CPU prefill here: test/unit/managers/test_tokenizer_manager_prompt_limits.py
     checks it at the tokenizer manager.)"""
     tokenize = lambda s: requests.post(f"{base_url}/tokenize", json={"prompt": s}, timeout=TIMEOUT)  # noqa: E731
     fits = "=" * (64 * (CONTEXT - 1))  # one token a 64 '='

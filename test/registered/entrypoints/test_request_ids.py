@@ -1,7 +1,7 @@
 """Request ids that collide with an n > 1 request's internal ids (its warm-up prefill, its samples) never make a
 request hang: both users get their answers, or the second a 400 naming the id. The two reported repros, against
 the shared SmolLM2 server; every wait is bounded, so a hang fails instead of stalling the suite.
-(test/unit/managers/test_request_ids.py holds every interleaving exactly, with a fake scheduler.)"""
+(test/unit/managers/test_tokenizer_manager_request_ids.py holds every interleaving exactly, with a fake scheduler.)"""
 
 from sglang.test.ci.ci_register import register_cpu_ci
 
@@ -24,6 +24,18 @@ def base_url(smollm2_server):
 
 def generate(base_url: str, **body) -> requests.Response:
     return requests.post(f"{base_url}/generate", json=body, timeout=TIMEOUT)
+
+
+def slow_parallel_request(pool: ThreadPoolExecutor, base_url: str, rid: str, max_new_tokens: int):
+    """An n = 2 request whose warm-up prefill is slow (an uncached 1500-token prompt), sent on `pool`."""
+    assert requests.post(f"{base_url}/flush_cache", timeout=TIMEOUT).status_code == 200
+    return pool.submit(
+        generate,
+        base_url,
+        input_ids=list(range(100, 1600)),
+        rid=rid,
+        sampling_params={"max_new_tokens": max_new_tokens, "n": 2, "temperature": 0},
+    )
 
 
 def test_a_request_named_like_the_warmup_is_not_taken_over(base_url):
@@ -50,15 +62,8 @@ def test_a_request_named_like_a_sample_is_not_taken_over(base_url):
     """Repro B: `job3-0` arrives while `job3` (n = 2) is in its warm-up prefill (slow: an uncached 1500-token
     prompt), and runs on when job3's samples start."""
     job = f"job{uuid.uuid4().hex[:6]}"
-    assert requests.post(f"{base_url}/flush_cache", timeout=TIMEOUT).status_code == 200
     with ThreadPoolExecutor(1) as pool:
-        a = pool.submit(
-            generate,
-            base_url,
-            input_ids=list(range(100, 1600)),
-            rid=job,
-            sampling_params={"max_new_tokens": 8, "n": 2, "temperature": 0},
-        )
+        a = slow_parallel_request(pool, base_url, job, max_new_tokens=8)
         time.sleep(1.0)
         b = generate(
             base_url,
@@ -77,15 +82,8 @@ def test_the_same_id_twice_gets_400_or_waits_its_turn(base_url):
     """The id of an n > 1 request in flight (never registered itself: only reserved) is refused with 400 naming
     it; had the first already finished, the second simply runs. Never a hang."""
     job = f"twice{uuid.uuid4().hex[:6]}"
-    assert requests.post(f"{base_url}/flush_cache", timeout=TIMEOUT).status_code == 200
     with ThreadPoolExecutor(1) as pool:
-        a = pool.submit(
-            generate,
-            base_url,
-            input_ids=list(range(100, 1600)),
-            rid=job,
-            sampling_params={"max_new_tokens": 4, "n": 2},
-        )
+        a = slow_parallel_request(pool, base_url, job, max_new_tokens=4)
         time.sleep(0.5)
         b = generate(base_url, text="Hi", rid=job, sampling_params={"max_new_tokens": 4})
         ra = a.result(timeout=TIMEOUT)

@@ -107,12 +107,10 @@ def test_decode_groups_split_only_a_batch_that_pads_a_lot():
         assert max(lens[i] for i in g) <= 2 * min(lens[i] for i in g)
 
 
-def test_a_split_decode_batch_matches_plain_attention(monkeypatch):
-    import sglang.srt.layers.attention.torch_native_backend as tnb
-
-    monkeypatch.setattr(tnb, "SPLIT_MIN_PADDED_KEYS", 0)  # split this small batch as a long one would be
+def test_a_split_decode_batch_matches_plain_attention():
     torch.manual_seed(1)
     pool, rows, layer, backend = make_env()
+    backend.split_min_padded_keys = 0  # split this small batch as a long one would be
     lens = [3, 30, 4]  # the long one in the middle: the output rows go back to their places
     free = torch.randperm(63)[: sum(lens)] + 1  # scattered slots, never slot 0
     slots = list(free.split(lens))

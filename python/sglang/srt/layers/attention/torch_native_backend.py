@@ -40,15 +40,15 @@ class _DecodeMetadata:
 SPLIT_MIN_PADDED_KEYS = 16384
 
 
-def decode_groups(seq_lens: Sequence[int]) -> List[List[int]]:
+def decode_groups(seq_lens: Sequence[int], min_padded_keys: int = SPLIT_MIN_PADDED_KEYS) -> List[List[int]]:
     """The batch's rows in groups attended to together: all of them, unless padding to the longest costs more than
-    `SPLIT_MIN_PADDED_KEYS` keys and twice the real ones; then by length class (lengths within a power of two), so
+    `min_padded_keys` keys and twice the real ones; then by length class (lengths within a power of two), so
     that no group pads its requests to more than twice their length."""
     rows = list(range(len(seq_lens)))
     if not seq_lens:
         return [rows]
     real, padded = sum(seq_lens), len(seq_lens) * max(seq_lens)
-    if padded - real <= SPLIT_MIN_PADDED_KEYS or padded <= 2 * real:
+    if padded - real <= min_padded_keys or padded <= 2 * real:
         return [rows]
     classes: Dict[int, List[int]] = {}
     for i, n in enumerate(seq_lens):
@@ -57,8 +57,9 @@ def decode_groups(seq_lens: Sequence[int]) -> List[List[int]]:
 
 
 class TorchNativeAttnBackend(AttentionBackend):
-    def __init__(self, model_runner) -> None:
+    def __init__(self, model_runner, split_min_padded_keys: int = SPLIT_MIN_PADDED_KEYS) -> None:
         self.device = model_runner.device
+        self.split_min_padded_keys = split_min_padded_keys  # decode_groups' threshold (the benchmark varies it)
 
     def init_forward_metadata(self, forward_batch) -> None:
         if not forward_batch.forward_mode.is_decode():
@@ -66,7 +67,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             return
         lens = list(forward_batch.seq_lens_cpu)
         req_to_token = forward_batch.req_to_token_pool.req_to_token
-        groups = decode_groups(lens)
+        groups = decode_groups(lens, self.split_min_padded_keys)
         metadata = []
         for group in groups:
             rows = None if len(groups) == 1 else torch.tensor(group, device=forward_batch.seq_lens.device)
