@@ -65,9 +65,9 @@ def kernel_breakdown(mr, bs: int, ctx: int, eager: bool, steps: int = 5) -> tupl
     if eager:
         mr.cuda_graph_runner = None
     try:
-        decode_step_ms(mr, bs, ctx, iters=2)  # warm up
+        decode_step_ms(mr, bs, ctx, iters=2, random_inputs=True)  # warm up
         with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            decode_step_ms(mr, bs, ctx, iters=steps)
+            decode_step_ms(mr, bs, ctx, iters=steps, random_inputs=True)
     finally:
         mr.cuda_graph_runner = graphs
     per_kernel = defaultdict(lambda: [0.0, 0])
@@ -105,7 +105,8 @@ def main() -> None:
     if args.decode_config:
         apply_decode_config(mr, json.loads(args.decode_config))
     for bs in args.batches:
-        graph_ms, _ = decode_step_ms(mr, bs, args.context)
+        # random tokens, as the roofline bench's MoE rows: one token for all would route every request alike
+        graph_ms, _ = decode_step_ms(mr, bs, args.context, random_inputs=True)
         kernel_ms, rows = kernel_breakdown(mr, bs, args.context, args.eager)
         print(
             f"\n{args.shape}{' (PDL off)' if args.no_pdl else ''}, batch {bs}, context {args.context}: graph step "

@@ -6,14 +6,14 @@
 
 The question comes from the DeepSeek-V2-Lite decode step (README: 3.05x its HBM floor at batch 1), whose largest
 item is the two expert GEMMs: 1.343 ms a step for 52 launches at ~2 TB/s, half the copy bandwidth, on the untuned
-``default_config``. For each shape (the routed experts of one GPU: DeepSeek-V2-Lite in bf16, DeepSeek-V3 with the
+``default_configs``. For each shape (the routed experts of one GPU: DeepSeek-V2-Lite in bf16, DeepSeek-V3 with the
 native checkpoint's block-FP8 experts) and batch of decode tokens it times ``fused_experts_triton`` (align, both
 GEMMs, sum; no align at one token) as one CUDA graph over enough layers of distinct weights that the touched experts are several times the
 L2, with every token routed to top-k distinct random experts, for every (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages)
-of the grid; each config's output is checked against ``default_config``'s. The floor is the bytes of the experts
+of the grid; each config's output is checked against the default configs' output. The floor is the bytes of the experts
 the batch touches (both matrices, scales included) at the measured copy bandwidth. It prints per cell the best
 config, the default's time and both against the floor, then the configs ranked by the geometric mean of their time
-over each cell's best; ``default_config`` takes the winner (per BLOCK_M regime).
+over each cell's best; ``default_configs`` takes the winner (per BLOCK_M regime).
 
 ``--per-gemm`` times each expert GEMM alone (gate/up, then down with SiLU-and-mul in its loads) for every config of
 a wider grid at one token, where the one config for both leaves V2-Lite at 1.9x the floor: the best config of each
@@ -39,7 +39,12 @@ if "--dry-run" in sys.argv and not torch.cuda.is_available():
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_decode_roofline import copy_bandwidth  # noqa: E402
 
-from sglang.srt.layers.moe.fused_moe_triton import MoEKernelConfig, default_config, fused_experts_triton  # noqa: E402
+from sglang.srt.layers.moe.fused_moe_triton import (  # noqa: E402
+    MoEGemmConfigs,
+    MoEKernelConfig,
+    default_configs,
+    fused_experts_triton,
+)
 from sglang.srt.layers.moe.fused_moe_triton.fused_moe import invoke_moe_gemm  # noqa: E402
 from sglang.srt.layers.moe.fused_moe_triton.moe_align import moe_align_block_size  # noqa: E402
 from sglang.srt.layers.moe.layer import make_moe_layer  # noqa: E402
@@ -49,6 +54,7 @@ from sglang.test.bench_utils import cuda_graph_ms, write_results  # noqa: E402
 SHAPES = {
     "DeepSeek-V2-Lite": (64, 2048, 1408, 6, "BF16"),
     "DeepSeek-V3": (256, 7168, 2048, 8, "FP8"),
+    "Qwen3-30B-A3B": (128, 2048, 768, 8, "BF16"),
 }
 DRY_SHAPES = {"tiny-bf16": (8, 128, 128, 2, "BF16"), "tiny-fp8": (8, 256, 128, 2, "FP8")}
 BATCHES = (1, 8, 32, 64)
@@ -85,7 +91,9 @@ def configs(grid: dict) -> list[MoEKernelConfig]:
     ]
 
 
-def label(c: MoEKernelConfig) -> str:
+def label(c: MoEKernelConfig | MoEGemmConfigs) -> str:
+    if isinstance(c, MoEGemmConfigs):
+        return label(c.up) if c.up == c.down else f"{label(c.up)}+{label(c.down)}"
     return f"m{c.block_m}n{c.block_n}k{c.block_k}w{c.num_warps}s{c.num_stages}"
 
 
@@ -127,7 +135,7 @@ def batch_inputs(batch: int, experts: int, top_k: int, hidden: int, device: str)
     return topk_w, topk_ids, x
 
 
-def run_layers(weights: list, x, topk_w, topk_ids, cfg: MoEKernelConfig) -> None:
+def run_layers(weights: list, x, topk_w, topk_ids, cfg: MoEGemmConfigs) -> None:
     for w13, w2 in weights:
         fused_experts_triton(x, w13, w2, topk_w, topk_ids, cfg)
 
@@ -147,10 +155,10 @@ def tune_shape(name: str, shape: tuple, batches: tuple, grid: dict, device: str,
     for batch in batches:
         topk_w, topk_ids, x = batch_inputs(batch, experts, top_k, hidden, device)
         floor_ms = layers * touched_bytes(*first, topk_ids) / (gbps * 1e9) * 1e3 if gbps else 0.0
-        default = default_config(batch, top_k, experts)
+        default = default_configs(batch, top_k, experts)
         ref = fused_experts_triton(x, *first, topk_w, topk_ids, default).float()
         cells = {}
-        for cfg in [default] + [c for c in configs(grid) if c != default]:
+        for cfg in [default] + [MoEGemmConfigs.both(c) for c in configs(grid) if MoEGemmConfigs.both(c) != default]:
             try:
                 out = fused_experts_triton(x, *first, topk_w, topk_ids, cfg).float()
             except Exception as e:  # a config triton cannot build (shared memory) is skipped, counted
@@ -210,12 +218,12 @@ def tune_per_gemm(name: str, shape: tuple, batches: tuple, grid: dict, device: s
         topk_w, topk_ids, x = batch_inputs(batch, experts, top_k, hidden, device)
         touched = int(torch.unique(topk_ids).numel())
         floors = [layers * touched * b / (gbps * 1e9) * 1e3 if gbps else 0.0 for b in one_expert]
-        default = default_config(batch, top_k, experts)
-        up, down, c1, c2 = gemm_steps(weights[:1], x, topk_w, topk_ids, default)
+        default = default_configs(batch, top_k, experts)
+        up, down, c1, c2 = gemm_steps(weights[:1], x, topk_w, topk_ids, default.up)
         up(), down()
         refs = (c1.float().clone(), c2.float().clone())
         cells = {}
-        for cfg in [default] + [c for c in configs(grid) if c != default]:
+        for cfg in list(dict.fromkeys([default.up, default.down, *configs(grid)])):
             try:
                 up, down, c1, c2 = gemm_steps(weights[:1], x, topk_w, topk_ids, cfg)
                 up(), down()
@@ -235,11 +243,12 @@ def tune_per_gemm(name: str, shape: tuple, batches: tuple, grid: dict, device: s
         best = {g: min(timed, key=lambda k: timed[k][f"{g}_ms"]) for g in ("up", "down")}
         joint = min(timed, key=lambda k: timed[k]["ms"])
         rows.append(dict(shape=name, method=method, batch=batch, layers=layers, floor_up_ms=floors[0],
-                         floor_down_ms=floors[1], default=label(default), best_up=best["up"], best_down=best["down"],
-                         best_joint=joint, cells=cells))  # fmt: skip
+                         floor_down_ms=floors[1], default_up=label(default.up), default_down=label(default.down),
+                         best_up=best["up"], best_down=best["down"], best_joint=joint, cells=cells))  # fmt: skip
         for g, f in (("up", floors[0]), ("down", floors[1])):
             top = sorted(timed, key=lambda k: timed[k][f"{g}_ms"])[:5]
-            print(f"{name} ({method}) batch {batch} {g}: default {timed[label(default)][f'{g}_ms']:.3f} ms, floor "
+            d = label(getattr(default, g))
+            print(f"{name} ({method}) batch {batch} {g}: default {d} {timed[d][f'{g}_ms']:.3f} ms, floor "
                   f"{f:.3f} ms ({layers} layers); top " + ", ".join(f"{k} {timed[k][f'{g}_ms']:.3f}" for k in top),
                   flush=True)  # fmt: skip
     return rows
@@ -251,9 +260,9 @@ def per_gemm_table(rows: list[dict]) -> str:
     for r in rows:
         for g in ("up", "down"):
             f = r[f"floor_{g}_ms"]
-            d, b, j = r["cells"][r["default"]], r["cells"][r[f"best_{g}"]], r["cells"][r["best_joint"]]
+            d, b, j = r["cells"][r[f"default_{g}"]], r["cells"][r[f"best_{g}"]], r["cells"][r["best_joint"]]
             xf = lambda ms, f=f: f"{ms / f:.2f}" if f else "-"  # noqa: E731
-            out.append(f"| {r['shape']} | {r['batch']} | {r['layers']} | {g} | {f:.3f} | {r['default']} | "
+            out.append(f"| {r['shape']} | {r['batch']} | {r['layers']} | {g} | {f:.3f} | {r[f'default_{g}']} | "
                        f"{d[f'{g}_ms']:.3f} | {xf(d[f'{g}_ms'])} | {r[f'best_{g}']} | {b[f'{g}_ms']:.3f} | "
                        f"{xf(b[f'{g}_ms'])} | {r['best_joint']} | {j[f'{g}_ms']:.3f} |")  # fmt: skip
     return "\n".join(out)

@@ -68,7 +68,7 @@
 #   tune-attention      decode_roofline/: tune_decode_attention.py --focused
 #   tune-moe            decode_roofline/: tune_fused_moe.py (the fused MoE's tile configs at decode sizes, V2-Lite bf16
 #                       and V3 FP8 experts, batch 1-64; which config default_config should take)
-#   tune-moe-per-gemm   the same, each expert GEMM alone (V2-Lite, batch 1): one config for both, or two
+#   tune-moe-per-gemm   the same, each expert GEMM alone at batch 1 (V2-Lite, V3 FP8, Qwen3-30B-A3B; MOE_SHAPES)
 #   weight-prefetch     decode_roofline/: bench_weight_prefetch.py (the decode step by the skinny GEMM's L2 prefetch
 #                       budget, Qwen3-8B native block-fp8, batches 1/8/64/256, two rounds; ~1 min; other
 #                       arguments in PREFETCH_ARGS, e.g. "--budgets-mib 0 4 8 --batches 1 8 --rounds 3")
@@ -196,7 +196,7 @@ run_stage() {
       done
       cp python/sglang/srt/layers/decode_gemm/configs/*.json $o/ ;;
     tune-moe) python3 benchmark/decode_roofline/tune_fused_moe.py --out $o ;;
-    tune-moe-per-gemm) python3 benchmark/decode_roofline/tune_fused_moe.py --per-gemm --shapes DeepSeek-V2-Lite --out $o ;;
+    tune-moe-per-gemm) python3 benchmark/decode_roofline/tune_fused_moe.py --per-gemm --shapes ${MOE_SHAPES:-DeepSeek-V2-Lite DeepSeek-V3 Qwen3-30B-A3B} --out $o ;;
     tune-attention) python3 benchmark/decode_roofline/tune_decode_attention.py --focused --out $o ;;
     router-logits) python3 benchmark/decode_roofline/bench_router_logits.py --out $o ;;
     kv-dtype) python3 benchmark/decode_roofline/bench_kv_cache_dtype.py --out $o ;;

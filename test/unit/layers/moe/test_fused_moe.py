@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from sglang.srt.layers.moe.fused_moe_native import fused_moe_native
 from sglang.srt.layers.moe.fused_moe_triton import (
+    MoEGemmConfigs,
     MoEKernelConfig,
     fused_experts_triton,
     invoke_moe_gemm,
@@ -253,7 +254,7 @@ def test_triton_matches_native(
     weights, ids = weights.to(device), ids.to(device)
 
     w13, w2 = method.gemm_weights(layer)
-    out = fused_experts_triton(x, w13, w2, weights, ids, config)
+    out = fused_experts_triton(x, w13, w2, weights, ids, config and MoEGemmConfigs.both(config))
     ref = method.apply(layer, x, weights, ids, backend="native")
     assert out.shape == x.shape and out.dtype == dtype
     tol = 2e-5 if dtype == torch.float32 else 2e-2
@@ -293,8 +294,20 @@ def test_one_token_gemms_skip_the_alignment_with_the_same_bits(device: str, name
     routed = ids.reshape(-1) >= 0
     assert torch.equal(one1[routed], al1[routed]) and torch.equal(one2[routed], al2[routed])
     assert bool((one1[~routed] == 7).all()) and bool((one2[~routed] == 7).all())
-    out = fused_experts_triton(x, w13, w2, weights, ids, config)
+    out = fused_experts_triton(x, w13, w2, weights, ids, MoEGemmConfigs.both(config))
     assert torch.equal(out, moe_sum(al2, ids))
+
+
+def test_aligned_routing_refuses_two_block_ms() -> None:
+    """Aligned routing pads each expert's run to one BLOCK_M both GEMMs read: two different ones are refused
+    (before any kernel runs); one token has no alignment, so its GEMMs may differ in BLOCK_M."""
+    method = _method("BF16")
+    layer = _loaded_layer(method, *_random_experts(4, 64, 64, seed=31), torch.float32, "cpu")
+    w13, w2 = method.gemm_weights(layer)
+    weights, ids = _routing(3, 4, 2, seed=32)
+    configs = MoEGemmConfigs(MoEKernelConfig(16, 64, 64), MoEKernelConfig(32, 64, 64))
+    with pytest.raises(ValueError, match="one BLOCK_M"):
+        fused_experts_triton(torch.randn(3, 64), w13, w2, weights, ids, configs)
 
 
 @pytest.mark.parametrize("device", DEVICES)

@@ -1,8 +1,9 @@
 """Triton fused-MoE kernels (GPU; run in the triton interpreter on CPU tensors in tests)."""
 
 from sglang.srt.layers.moe.fused_moe_triton.fused_moe import (
+    MoEGemmConfigs,
     MoEKernelConfig,
-    default_config,
+    default_configs,
     fused_experts_triton,
     invoke_moe_gemm,
     moe_sum,
@@ -16,8 +17,9 @@ from sglang.srt.layers.moe.fused_moe_triton.moe_align import (
 
 __all__ = [
     "AlignedRouting",
+    "MoEGemmConfigs",
     "MoEKernelConfig",
-    "default_config",
+    "default_configs",
     "fused_experts_triton",
     "invoke_moe_gemm",
     "moe_align_block_size",

@@ -45,6 +45,19 @@ class MoEKernelConfig:
     num_stages: int = 3
 
 
+@dataclass(frozen=True)
+class MoEGemmConfigs:
+    """The two expert GEMMs' tile configs. Aligned routing pads each expert's run to one BLOCK_M that both GEMMs
+    read, so they may differ in BLOCK_M only on the one-token path (no alignment)."""
+
+    up: MoEKernelConfig  # gate/up: x @ w13[e].T
+    down: MoEKernelConfig  # down: (silu(gate) * up) @ w2[e].T
+
+    @staticmethod
+    def both(config: MoEKernelConfig) -> MoEGemmConfigs:
+        return MoEGemmConfigs(config, config)
+
+
 # Decode (a few slots per expert): the weights are the traffic, so short M tiles. Chosen on the H200 by
 # benchmark/decode_roofline/tune_fused_moe.py over 54 configs (tune_moe/): BLOCK_N 128, BLOCK_K 128, 4 warps,
 # 3 stages won every cell (DeepSeek-V2-Lite bf16 and DeepSeek-V3 block-FP8 experts, 1 to 64 tokens), 1.28-1.42x
@@ -52,14 +65,20 @@ class MoEKernelConfig:
 # slots per expert (V2-Lite at 32 and 64 tokens), where the old rule (2 slots) had switched to it.
 DECODE_CONFIG = MoEKernelConfig(block_m=16, block_n=128, block_k=128, num_warps=4, num_stages=3)
 DECODE_SLOTS_PER_EXPERT = 8  # average routed slots per expert up to which DECODE_CONFIG runs
+# One token's down GEMM, tuned alone (tune_fused_moe.py --per-gemm, tune_moe_per_gemm/): BLOCK_N 256 (half the
+# programs, each computing its slot's SiLU-and-mul over K once per 256 output columns) ran V2-Lite's in 0.059 ms
+# against DECODE_CONFIG's 0.091 (3 layers, H100); the gate/up GEMM keeps DECODE_CONFIG.
+ONE_TOKEN_DOWN_CONFIG = MoEKernelConfig(block_m=16, block_n=256, block_k=128, num_warps=4, num_stages=3)
 # Prefill: bigger M tiles reuse each weight tile over many tokens (untuned).
 PREFILL_CONFIG = MoEKernelConfig(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=3)
 
 
-def default_config(num_tokens: int, top_k: int, num_experts: int) -> MoEKernelConfig:
+def default_configs(num_tokens: int, top_k: int, num_experts: int) -> MoEGemmConfigs:
+    if num_tokens == 1:
+        return MoEGemmConfigs(DECODE_CONFIG, ONE_TOKEN_DOWN_CONFIG)
     if num_tokens * top_k <= DECODE_SLOTS_PER_EXPERT * num_experts:
-        return DECODE_CONFIG
-    return PREFILL_CONFIG
+        return MoEGemmConfigs.both(DECODE_CONFIG)
+    return MoEGemmConfigs.both(PREFILL_CONFIG)
 
 
 @triton.jit
@@ -224,7 +243,7 @@ def _fused_experts_chunk(
     w2: MoEGemmWeight,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
-    config: MoEKernelConfig,
+    configs: MoEGemmConfigs,
 ) -> torch.Tensor:
     num_tokens, top_k = topk_ids.shape
     num_slots = num_tokens * top_k
@@ -232,14 +251,16 @@ def _fused_experts_chunk(
     # routing would make them, so the align kernel is skipped (its launch is a step of the chain at every layer).
     if num_tokens == 1:
         routing = topk_ids.reshape(-1).contiguous()
+    elif configs.up.block_m != configs.down.block_m:
+        raise ValueError(f"aligned routing needs one BLOCK_M for both GEMMs, got {configs}")
     else:
-        routing = moe_align_block_size(topk_ids, config.block_m, w13.weight.shape[0])
+        routing = moe_align_block_size(topk_ids, configs.up.block_m, w13.weight.shape[0])
     cache1 = torch.empty((num_slots, w13.n), dtype=x.dtype, device=x.device)
-    invoke_moe_gemm(x, w13, cache1, routing, num_slots, top_k, None, config)
+    invoke_moe_gemm(x, w13, cache1, routing, num_slots, top_k, None, configs.up)
     # Rows of skipped (-1) slots are garbage in both caches, but no GEMM tile and no sum reads them.
     cache2 = torch.empty((num_slots, w2.n), dtype=x.dtype, device=x.device)
     weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
-    invoke_moe_gemm(cache1, w2, cache2, routing, num_slots, 1, weights, config, a_gated=True)
+    invoke_moe_gemm(cache1, w2, cache2, routing, num_slots, 1, weights, configs.down, a_gated=True)
     return moe_sum(cache2, topk_ids)
 
 
@@ -284,9 +305,10 @@ def fused_experts_triton(
     w2: MoEGemmWeight,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
-    config: Optional[MoEKernelConfig] = None,
+    configs: Optional[MoEGemmConfigs] = None,
 ) -> torch.Tensor:
-    """x [T, H] -> [T, H]. topk_ids entries of -1 contribute nothing (experts computed elsewhere)."""
+    """x [T, H] -> [T, H]. topk_ids entries of -1 contribute nothing (experts computed elsewhere). `configs`:
+    the GEMMs' tiles (default: `default_configs` per chunk)."""
     num_tokens, top_k = topk_ids.shape
     if w13.k != x.shape[1] or w2.n != x.shape[1] or w13.n != 2 * w2.k:
         raise ValueError(f"weight shapes do not match: x {tuple(x.shape)}, w13 [{w13.n}, {w13.k}], w2 [{w2.n}, {w2.k}]")
@@ -296,6 +318,6 @@ def fused_experts_triton(
     outs = []
     for start in range(0, num_tokens, CHUNK_TOKENS):
         end = min(start + CHUNK_TOKENS, num_tokens)
-        cfg = config or default_config(end - start, top_k, w13.weight.shape[0])
+        cfg = configs or default_configs(end - start, top_k, w13.weight.shape[0])
         outs.append(_fused_experts_chunk(x[start:end], w13, w2, topk_weights[start:end], topk_ids[start:end], cfg))
     return outs[0] if len(outs) == 1 else torch.cat(outs)
