@@ -173,6 +173,25 @@ BAD_REQUESTS = [
         400,
         "input.0.content",
     ),
+    # OpenAI's endpoints take each field in its own JSON type, as OpenAI does (pydantic had coerced these).
+    ("/v1/chat/completions", chat(stream="yes"), 400, "stream"),
+    ("/v1/completions", {"prompt": [True]}, 400, "prompt"),
+    ("/v1/completions", {"prompt": "hi", "max_tokens": "5"}, 400, "max_tokens"),
+    ("/v1/responses", {"input": "hi", "stream": 1}, 400, "stream"),
+    # stream_options: only with stream, and no unknown option passes unread
+    ("/v1/chat/completions", chat(stream_options={"include_usage": True}), 400, "stream_options"),
+    (
+        "/v1/completions",
+        {"prompt": "hi", "stream": True, "stream_options": {"include_usge": True}},
+        400,
+        "include_usge",
+    ),
+    ("/v1/responses", {"input": "hi", "stream_options": {"include_obfuscation": False}}, 400, "stream_options"),
+    ("/v1/responses", {"input": "hi", "stream": True, "stream_options": {"x": 1}}, 400, "stream_options.x"),
+    # a text part without its text; Responses' text options this server cannot honour or does not know
+    ("/v1/chat/completions", chat([{"type": "text", "text": None}]), 400, "messages.0.content.0.text"),
+    ("/v1/responses", {"input": "hi", "text": {"verbosity": "low"}}, 400, "text.verbosity"),
+    ("/v1/responses", {"input": "hi", "text": {"formt": {"type": "text"}}}, 400, "text.formt"),
     ("/generate", b'{"text": "' + b"x" * (BODY_LIMIT + 10) + b'"}', 413, "larger than"),
 ]
 
@@ -205,6 +224,23 @@ def test_bad_requests_get_4xx_while_good_requests_complete(base_url):
     assert not problems, "\n".join(problems)
     assert in_flight > 0, "the good requests finished before the bad ones were sent; the test proves nothing"
     assert results == expected
+
+
+def test_openai_defaults_spelt_out_are_accepted(base_url):
+    """What the strict checks above must still take: a number given as an integer, stream_options with a stream
+    (OpenAI's include_obfuscation hint among them), Responses' top_logprobs 0 and text.verbosity "medium" (both
+    OpenAI's defaults)."""
+    r = post(base_url, "/v1/completions", {"prompt": "hi", "max_tokens": 2, "temperature": 0, "top_p": 1})
+    assert r.status_code == 200, r.text
+    body = chat(max_tokens=2, stream=True, stream_options={"include_usage": True, "include_obfuscation": False})
+    r = post(base_url, "/v1/chat/completions", body)
+    assert r.status_code == 200, r.text
+    events = [line for line in r.text.splitlines() if line.startswith("data: {")]
+    assert '"usage": {' in events[-1].replace('":{', '": {'), events[-1]
+    body = {"input": "hi", "max_output_tokens": 2, "top_logprobs": 0, "text": {"verbosity": "medium"}}
+    r = post(base_url, "/v1/responses", body)
+    assert r.status_code == 200, r.text
+    assert r.json()["status"] in ("completed", "incomplete")
 
 
 def test_any_model_name_is_accepted(base_url):

@@ -117,11 +117,11 @@ def create_app(tm: TokenizerManager, server_args: ServerArgs) -> FastAPI:
 
     @app.post("/v1/completions")
     async def v1_completions(raw: Request):
-        return await completions.handle(await parse_body(raw, CompletionRequest), raw)
+        return await completions.handle(await parse_body(raw, CompletionRequest, strict=True), raw)
 
     @app.post("/v1/chat/completions")
     async def v1_chat_completions(raw: Request):
-        return await chat.handle(await parse_body(raw, ChatCompletionRequest), raw)
+        return await chat.handle(await parse_body(raw, ChatCompletionRequest, strict=True), raw)
 
     card = ModelCard(id=model_name, root=server_args.model_path, max_model_len=tm.context_len)
     startup_time = time.time()
@@ -141,7 +141,7 @@ def create_app(tm: TokenizerManager, server_args: ServerArgs) -> FastAPI:
 
     @app.post("/v1/responses")
     async def v1_responses(raw: Request):
-        return await responses.handle(await parse_body(raw, ResponsesRequest), raw)
+        return await responses.handle(await parse_body(raw, ResponsesRequest, strict=True), raw)
 
     @app.get("/v1/responses/{response_id}")
     async def v1_response(response_id: str):

@@ -128,16 +128,18 @@ def decode_json_body(body: bytes) -> dict:
     return data
 
 
-async def parse_body(request: Request, model: Type[M]) -> M:
+async def parse_body(request: Request, model: Type[M], strict: bool = False) -> M:
     """The JSON body as `model`, whatever the Content-Type says (`curl -d` sends a form type);
-    malformed JSON and wrong field types become 400s that name the problem."""
+    malformed JSON and wrong field types become 400s that name the problem. `strict`: every value must have its
+    field's JSON type, as OpenAI's API requires (`"stream": "yes"` or a prompt of `[true]` is a 400, not coerced);
+    an integer still passes where a number is asked for."""
     body = await request.body()
     if len(body) > PARSE_OFF_LOOP_BYTES:
         data = await asyncio.to_thread(decode_json_body, body)
     else:
         data = decode_json_body(body)
     try:
-        return model.model_validate(data)
+        return model.model_validate(data, strict=strict or None)  # None: the model's own config (/generate's is strict)
     except ValidationError as e:
         raise RequestError(describe_validation_errors(e.errors())) from None
 

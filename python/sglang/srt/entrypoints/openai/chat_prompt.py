@@ -55,9 +55,11 @@ def _message_text(msg: ChatMessage, index: int) -> Optional[str]:
     if msg.content is None or isinstance(msg.content, str):
         return msg.content if msg.content is not None else msg.refusal
     texts = []
-    for part in msg.content:
-        if part.type not in ("text", "input_text", "output_text") or part.text is None:
+    for k, part in enumerate(msg.content):
+        if part.type not in ("text", "input_text", "output_text"):
             raise RequestError(f"messages.{index}.content: only text parts are supported, got type {part.type!r}")
+        if part.text is None:
+            raise RequestError(f"messages.{index}.content.{k}.text: a {part.type} part needs its text (a string)")
         texts.append(part.text)
     return "".join(texts)
 

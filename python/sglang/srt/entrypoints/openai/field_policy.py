@@ -61,6 +61,12 @@ def check_extra_fields(req: BaseModel) -> None:
         raise RequestError(f"{name}: unknown field; this server does not know it, so it would have no effect")
 
 
+def check_stream_options(stream: bool, stream_options: object) -> None:
+    """stream_options shape a stream only: with `stream` false they are a 400, as OpenAI (and vLLM) answer."""
+    if stream_options is not None and not stream:
+        raise RequestError("stream_options: only allowed when stream is true")
+
+
 def check_modalities(modalities) -> None:
     if modalities not in (None, [], ["text"]):
         raise RequestError(f"modalities: only text output is supported by this server, got {modalities}")

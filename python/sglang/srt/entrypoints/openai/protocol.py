@@ -15,7 +15,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 
 class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")  # a misspelt option is a 400 naming it
+
     include_usage: bool = False
+    # OpenAI's padding of stream events against length side channels: a transport hint, the answer is the same;
+    # this server adds no padding either way.
+    include_obfuscation: Optional[bool] = None
 
 
 class _SamplingRequest(BaseModel):

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from sglang.srt.entrypoints.http_utils import describe_validation_errors
 from sglang.srt.entrypoints.native_protocol import is_default
+from sglang.srt.entrypoints.openai.field_policy import check_stream_options
 from sglang.srt.entrypoints.openai.protocol import ChatCompletionRequest
 from sglang.srt.managers.tokenizer_manager import RequestError
 
@@ -30,6 +31,12 @@ RESPONSES_UNSUPPORTED = {
     "context_management": "context management",
     "image": "image inputs",
 }
+
+
+class ResponsesStreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    include_obfuscation: Optional[bool] = None  # a transport hint (protocol.StreamOptions): no padding is added
 
 
 class ResponsesRequest(BaseModel):
@@ -51,7 +58,7 @@ class ResponsesRequest(BaseModel):
     metadata: Optional[Dict[str, str]] = None
     reasoning: Optional[Dict[str, Any]] = None
     truncation: Optional[str] = None
-    stream_options: Optional[Dict[str, Any]] = None
+    stream_options: Optional[ResponsesStreamOptions] = None
     # Features this server lacks: accepted at their default, a 400 naming them otherwise.
     background: Optional[Any] = None
     conversation: Optional[Any] = None
@@ -64,9 +71,10 @@ class ResponsesRequest(BaseModel):
 
 
 def check_responses_fields(req: ResponsesRequest) -> None:
+    check_stream_options(req.stream, req.stream_options)
     values = req.model_dump(include=set(RESPONSES_UNSUPPORTED))
     for name, feature in RESPONSES_UNSUPPORTED.items():
-        if not is_default(values[name]):
+        if not is_default(values[name]) and not (name == "top_logprobs" and values[name] == 0):  # 0: none asked
             raise RequestError(f"{name}: {feature} are not supported by this server (send null or omit it)")
     if req.reasoning and any(v is not None for v in req.reasoning.values()):
         raise RequestError("reasoning: reasoning effort / summary control is not supported by this server")
@@ -168,6 +176,11 @@ def _chat_tool_choice(choice: Any) -> Any:
 
 
 def _response_format(text: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    for key, value in (text or {}).items():
+        if key == "verbosity" and value not in (None, "medium"):  # OpenAI's default, the only one we answer with
+            raise RequestError(f"text.verbosity: verbosity control is not supported by this server, got {value!r}")
+        if key not in ("format", "verbosity"):
+            raise RequestError(f"text.{key}: unknown field; this server does not know it, so it would have no effect")
     fmt = (text or {}).get("format")
     if fmt is None:
         return None

@@ -23,7 +23,7 @@ from sglang.srt.entrypoints.openai.chat_prompt import (
     template_kwargs,
     template_messages,
 )
-from sglang.srt.entrypoints.openai.field_policy import check_extra_fields, check_modalities
+from sglang.srt.entrypoints.openai.field_policy import check_extra_fields, check_modalities, check_stream_options
 from sglang.srt.entrypoints.openai.protocol import (
     ChatChoice,
     ChatCompletionChunk,
@@ -116,6 +116,7 @@ class OpenAIServingChat:
 
     def _check(self, req: ChatCompletionRequest) -> None:
         check_extra_fields(req)
+        check_stream_options(req.stream, req.stream_options)
         check_modalities(req.modalities)
         if not req.messages:
             raise RequestError("messages must not be empty")

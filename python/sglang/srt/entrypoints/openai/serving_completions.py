@@ -14,7 +14,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from sglang.srt.entrypoints.http_utils import sse_stream, start_generation
-from sglang.srt.entrypoints.openai.field_policy import check_extra_fields
+from sglang.srt.entrypoints.openai.field_policy import check_extra_fields, check_stream_options
 from sglang.srt.entrypoints.openai.protocol import (
     CompletionChoice,
     CompletionLogProbs,
@@ -65,6 +65,7 @@ class OpenAIServingCompletion:
 
     def _check(self, req: CompletionRequest) -> None:
         check_extra_fields(req)
+        check_stream_options(req.stream, req.stream_options)
         if req.suffix:
             raise RequestError("suffix is not supported by this server")
         if req.best_of not in (None, 1):
