@@ -286,7 +286,7 @@ def test_stream_disconnect_frees_kv(base_url):
     r = post(
         base_url,
         "/generate",
-        {"text": "Tell me a very long story.", "sampling_params": LONG_GEN, "stream": True},
+        {"text": "Tell me a very long story.", "sampling_params": LONG_GEN, "stream": True, "rid": "left-early"},
         stream=True,
     )
     lines = r.iter_lines()  # keep the iterator: dropping it would close the connection already
@@ -294,6 +294,11 @@ def test_stream_disconnect_frees_kv(base_url):
     wait_running(base_url)
     r.close()  # the client goes away mid-stream
     assert_aborted(base_url)
+    # The scheduler confirmed the abort (its final output freed the id): the id serves a new request, which
+    # gets its own answer, not the old one's end.
+    again = post(base_url, "/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 3}, "rid": "left-early"})
+    assert again.status_code == 200, again.text
+    assert again.json()["meta_info"]["finish_reason"]["type"] == "length"
 
 
 def test_non_streaming_disconnect_frees_kv(base_url):

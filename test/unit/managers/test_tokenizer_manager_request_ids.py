@@ -229,3 +229,29 @@ def test_client_gone_during_warmup_aborts_it():
         assert not tm.rid_to_state and not tm._reserved and not tm._children
 
     run_with_engine(test)
+
+
+def test_an_aborted_id_is_refused_until_its_end_arrives():
+    """A client leaves `late` while the scheduler still runs it; `late`'s final output comes after the abort. A new
+    request under the same id before then is refused (it would have received that output and finished as the old
+    one's abort); once the old end has arrived, the id is free and the new request gets its own output."""
+
+    async def test(tm: TokenizerManager, fake: FakeScheduler) -> None:
+        fake.hold = lambda req: req.rid == "late"
+        a = generate(tm, input_ids=PROMPT, rid="late", sampling_params={"max_new_tokens": 5})
+        await until(lambda: fake.held)
+        a.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await a
+        tm.abort_request("late")
+        await until(lambda: fake.aborted == ["late"])
+        with pytest.raises(RequestError, match="'late' is still in flight: aborted") as e:
+            await generate(tm, input_ids=PROMPT, rid="late", sampling_params={"max_new_tokens": 3})
+        assert e.value.status_code == 400
+        fake.hold = lambda req: False
+        fake.release()  # the old request's end (here its 5 tokens) reaches no state and frees the id
+        await until(lambda: not tm._aborting)
+        out = await generate(tm, input_ids=PROMPT, rid="late", sampling_params={"max_new_tokens": 3})
+        assert out["meta_info"]["id"] == "late" and len(out["output_ids"]) == 3
+
+    run_with_engine(test)

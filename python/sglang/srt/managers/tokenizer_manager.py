@@ -249,6 +249,9 @@ class TokenizerManager:
         # Ids admitted requests will use but may not have registered yet (_reserve): an n > 1 prompt's own id is
         # never registered, its samples' only after the warm-up prefill.
         self._reserved: Set[str] = set()
+        # Ids of requests aborted here whose end the scheduler has not sent yet: its final output is still to come
+        # (every abort path ends in one), and a new request under the same id would receive it.
+        self._aborting: Set[str] = set()
         self._token_texts: Dict[int, str] = {}  # token id -> its text alone (logprob entries), at most the vocab
         # HF fast tokenizers may encode from several threads at once: a call changes the Rust tokenizer only when
         # it asks for other truncation / padding / special-token splitting than the last one (then a concurrent
@@ -370,8 +373,10 @@ class TokenizerManager:
         now = time.monotonic()
         for i, rid in enumerate(out.rids):
             state = self.rid_to_state.get(rid)
-            if state is None:
-                continue  # aborted and forgotten
+            if state is None:  # aborted and forgotten; its final output frees the id
+                if out.finished_reasons[i] is not None:
+                    self._aborting.discard(rid)
+                continue
             state.text += out.output_strs[i]
             extras = out.logprob_extras[i]
             if extras:
@@ -514,6 +519,8 @@ class TokenizerManager:
         for rid in rids:
             if rid in self.rid_to_state or rid in self._reserved:
                 raise RequestError(f"request id {rid!r} is already in flight")
+            if rid in self._aborting:
+                raise RequestError(f"request id {rid!r} is still in flight: aborted, its end not yet confirmed")
 
     @contextlib.contextmanager
     def _reserve(self, rids: List[str]) -> Iterator[None]:
@@ -595,7 +602,7 @@ class TokenizerManager:
     def _send(self, tokenized: TokenizedGenerateReqInput, shown_rid: Optional[str] = None) -> ReqState:
         """Register the request's state and send it. An id in flight is refused, never taken over: its owner's
         outputs would go to this state and the owner would wait forever."""
-        if tokenized.rid in self.rid_to_state:
+        if tokenized.rid in self.rid_to_state or tokenized.rid in self._aborting:
             raise RequestError(f"request id {tokenized.rid!r} is already in flight")
         state = ReqState(req=tokenized, shown_rid=shown_rid if shown_rid != tokenized.rid else None)
         self.rid_to_state[tokenized.rid] = state
@@ -635,6 +642,7 @@ class TokenizerManager:
         if self.rid_to_state.get(rid) is state:
             del self.rid_to_state[rid]
             if state.finished_reason is None and self.fatal_error is None and not self._stopped:
+                self._aborting.add(rid)
                 self.send_to_scheduler.send_pyobj(AbortReq(rid, why, CLIENT_GONE_STATUS))
 
     def abort_request(self, rid: str) -> None:
