@@ -53,10 +53,9 @@ class OnlyToken:
     def __init__(self, token: int) -> None:
         self.token = token
 
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> bool:
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
         bitmask[row] = 0
         bitmask[row, self.token // 32] = 1 << (self.token % 32)
-        return True  # some token is allowed (False: a dead end, see grammar_bitmask)
 
 
 def test_grammar_mask_allows_only_its_tokens_and_logprobs_are_masked():

@@ -63,13 +63,15 @@ class RequestGrammar:
         self.gate = ReasoningGate(reasoning_end)
         self.accepted = 0  # tokens the grammar accepted (rollback is bounded by this)
 
-    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> bool:
-        """Set `row` to the tokens allowed next. False at a dead end: the grammar is not complete yet allows no
-        token, so no output can satisfy it from here (an all-false row would let the sampler pick token 0)."""
-        if not self.gate.open:  # while the model reasons its row stays all-allowed
-            return True
-        self.matcher.fill_next_token_bitmask(bitmask, row)
-        return bool(bitmask[row].any()) or self.matcher.is_terminated()
+    def fill_bitmask(self, bitmask: torch.Tensor, row: int) -> None:
+        """Set `row` to the tokens allowed next (while the model reasons, it stays all-allowed)."""
+        if self.gate.open:
+            self.matcher.fill_next_token_bitmask(bitmask, row)
+
+    def at_dead_end(self) -> bool:
+        """For a row `fill_bitmask` left all-false: True if the grammar is not complete, so no output can satisfy it
+        from here (an all-false row would let the sampler pick token 0)."""
+        return not self.matcher.is_terminated()
 
     def accept_token(self, token: int) -> bool:
         if not self.gate.open:
