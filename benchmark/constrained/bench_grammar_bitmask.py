@@ -20,6 +20,7 @@ from sglang.srt.managers.schedule_batch import Req
 from sglang.srt.sampling.sampling_batch_info import grammar_bitmask
 from sglang.srt.sampling.sampling_params import SamplingParams
 from sglang.srt.utils.hf_tokenizer import get_tokenizer
+from sglang.test.bench_utils import write_results
 from sglang.test.runners import SMOLLM2
 
 VOCAB = 49152  # SmolLM2's
@@ -82,11 +83,7 @@ def main() -> None:
     text = "\n".join(lines)
     print(text)
     if args.out_dir:
-        os.makedirs(args.out_dir, exist_ok=True)
-        with open(os.path.join(args.out_dir, "results.json"), "w") as f:
-            json.dump({"rows": rows}, f, indent=1)
-        with open(os.path.join(args.out_dir, "results.md"), "w") as f:
-            f.write(text + "\n")
+        write_results(args.out_dir, {"rows": rows}, text)
 
 
 if __name__ == "__main__":
