@@ -231,6 +231,12 @@ TRITON_CASES = [
     ("INT4_G32", 9, 0, MoEKernelConfig(16, 64, 64)),
     ("MXFP4", 12, 1, MoEKernelConfig(16, 64, 32)),
     ("MXFP4", 40, 0, None),
+    # one token with its experts here, on the default configs (the down GEMM's own, BLOCK_N 256), every layout
+    ("BF16", 1, 0, None),
+    ("FP8", 1, 0, None),
+    ("INT4", 1, 0, None),
+    ("INT4_G32", 1, 0, None),
+    ("MXFP4", 1, 0, None),
 ]
 
 
