@@ -191,6 +191,15 @@ BAD_REQUESTS = [
     # a text part without its text; Responses' text options this server cannot honour or does not know
     ("/v1/chat/completions", chat([{"type": "text", "text": None}]), 400, "messages.0.content.0.text"),
     ("/v1/responses", {"input": "hi", "text": {"verbosity": "low"}}, 400, "text.verbosity"),
+    ("/v1/responses", {"input": "hi", "text": {"verbosity": 5}}, 400, "text.verbosity"),
+    ("/v1/chat/completions", chat(stream=True, stream_options={"include_obfuscation": "yes"}), 400, "include_obfusc"),
+    (
+        "/v1/responses",
+        {"input": "hi", "stream": True, "stream_options": {"include_obfuscation": 1}},
+        400,
+        "include_obf",
+    ),
+    ("/v1/responses", {"input": "hi", "top_logprobs": "none"}, 400, "top_logprobs"),
     ("/v1/responses", {"input": "hi", "text": {"formt": {"type": "text"}}}, 400, "text.formt"),
     ("/generate", b'{"text": "' + b"x" * (BODY_LIMIT + 10) + b'"}', 413, "larger than"),
 ]

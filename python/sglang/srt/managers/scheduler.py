@@ -192,9 +192,7 @@ class Scheduler:
         except Exception as e:  # noqa: BLE001 - the second line of defence behind the tokenizer manager's checks
             logger.exception("Could not admit request %s", recv.rid)
             req = Req(recv.rid, [], SamplingParams(), [], 0)
-            req.finished_reason = FinishReason(
-                "abort", message=f"the scheduler could not admit this request: {type(e).__name__}: {e}", status_code=400
-            )
+            req.abort(f"the scheduler could not admit this request: {type(e).__name__}: {e}", 400)
             self.streamer.stream([req])
 
     def _add_request(self, recv: TokenizedGenerateReqInput) -> None:
@@ -255,19 +253,19 @@ class Scheduler:
             self.streamer.stream(failed)
 
     def _abort_new(self, req: Req, message: str) -> None:
-        req.finished_reason = FinishReason("abort", message=message, status_code=400)
+        req.abort(message, 400)
         self.streamer.stream([req])
 
     def abort_request(self, abort: AbortReq) -> None:
         compiling = self.grammar_queue.remove(abort.rid)
         if compiling is not None:
-            compiling.finished_reason = FinishReason("abort", message=abort.message, status_code=abort.status_code)
+            compiling.abort(abort.message, abort.status_code)
             self.streamer.stream([compiling])
             return
         for req in list(self.waiting_queue):
             if req.rid == abort.rid:
                 self.waiting_queue.remove(req)
-                req.finished_reason = FinishReason("abort", message=abort.message, status_code=abort.status_code)
+                req.abort(abort.message, abort.status_code)
                 if req.req_pool_idx is not None:  # a retracted request may still hold a row
                     self.tree_cache.cache_finished_req(req)
                 self.streamer.stream([req])
@@ -277,7 +275,7 @@ class Scheduler:
         for req in running + in_flight + ([self.chunked_req] if self.chunked_req else []):
             if req.rid == abort.rid and not req.finished():
                 # Released with the next batch result, so its KV is freed exactly once.
-                req.finished_reason = FinishReason("abort", message=abort.message, status_code=abort.status_code)
+                req.abort(abort.message, abort.status_code)
 
     def flush_cache(self) -> bool:
         if self.waiting_queue or self.running_batch or self.chunked_req or self.in_flight or self.grammar_queue:
@@ -429,11 +427,7 @@ class Scheduler:
         while self.decode_room_short(batch):
             if batch.batch_size() == 1:
                 req = batch.reqs[0]
-                req.finished_reason = FinishReason(
-                    "abort",
-                    message=f"KV cache of {self.max_total_num_tokens} tokens cannot hold this request",
-                    status_code=400,
-                )
+                req.abort(f"KV cache of {self.max_total_num_tokens} tokens cannot hold this request", 400)
                 self.release_finished(batch)
                 self.running_batch = None
                 self.streamer.stream([])

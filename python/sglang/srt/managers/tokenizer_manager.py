@@ -512,15 +512,23 @@ class TokenizerManager:
     def _tokenize_all(self, items: List[GenerateReqInput]) -> List[TokenizedGenerateReqInput]:
         return [self.tokenize_one(it) for it in items]
 
+    def _id_in_use(self, rid: str) -> Optional[str]:
+        """Why `rid` cannot be taken now (a request in flight holds it: registered, reserved, or aborted with its
+        end still to come), or None."""
+        if rid in self.rid_to_state or rid in self._reserved:
+            return f"request id {rid!r} is already in flight"
+        if rid in self._aborting:
+            return f"request id {rid!r} is still in flight: aborted, its end not yet confirmed"
+        return None
+
     def _check_new_rids(self, rids: List[str]) -> None:
-        """Refuse ids that repeat or that a request in flight holds (registered, or only reserved)."""
+        """Refuse ids that repeat or that a request in flight holds."""
         if len(set(rids)) != len(rids):
             raise RequestError("request ids in a batch must be unique")
         for rid in rids:
-            if rid in self.rid_to_state or rid in self._reserved:
-                raise RequestError(f"request id {rid!r} is already in flight")
-            if rid in self._aborting:
-                raise RequestError(f"request id {rid!r} is still in flight: aborted, its end not yet confirmed")
+            why = self._id_in_use(rid)
+            if why is not None:
+                raise RequestError(why)
 
     @contextlib.contextmanager
     def _reserve(self, rids: List[str]) -> Iterator[None]:

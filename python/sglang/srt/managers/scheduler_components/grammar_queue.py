@@ -11,8 +11,6 @@ import concurrent.futures
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Optional, Tuple
 
-from sglang.srt.managers.schedule_batch import FinishReason
-
 if TYPE_CHECKING:
     from concurrent.futures import Future
 
@@ -51,7 +49,7 @@ class GrammarQueue:
         """Start compiling `req`'s grammar; False when it cannot have one (req is then finished, 400)."""
         key = req.sampling_params.grammar_key
         if self.backend is None:
-            req.finished_reason = FinishReason("abort", message=f"{key.kind}: {self.why_off}", status_code=400)
+            req.abort(f"{key.kind}: {self.why_off}", 400)
             return False
         future = self.backend.compile_async(key)
         if self.wait_for_compile:
@@ -68,7 +66,7 @@ class GrammarQueue:
                 continue
             req, error = item.req, item.future.exception()
             if error is not None:
-                req.finished_reason = FinishReason("abort", message=str(error), status_code=400)
+                req.abort(str(error), 400)
                 failed.append(req)
             else:
                 end = self.reasoning_end if req.require_reasoning else ()

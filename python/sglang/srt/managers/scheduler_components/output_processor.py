@@ -33,7 +33,7 @@ def floor_logprob(value: Optional[float]) -> Optional[float]:
 
 
 def floor_logprobs(values: Sequence[float]) -> List[float]:
-    return [LOGPROB_FLOOR if v < LOGPROB_FLOOR else v for v in values]
+    return [floor_logprob(v) for v in values]
 
 
 def floor_pairs(pairs: Optional[Sequence[Tuple[Optional[float], int]]]) -> Optional[List[Tuple[Optional[float], int]]]:
