@@ -74,6 +74,8 @@
 #                       arguments in PREFETCH_ARGS, e.g. "--budgets-mib 0 4 8 --batches 1 8 --rounds 3")
 #   weight-prefetch-mla the same on DeepSeek-V2-Lite in bf16, batches 1 and 64 (after tune-gemm-mla on a device
 #                       whose table lacks its shapes)
+#   knockout            decode_roofline/: bench_knockout.py (Qwen3-8B native block-fp8's decode step with attention, the
+#                       rotary, the split-K sums, the SiLU-and-mul, or all four left out; batches 1/8/64/256; ~2 min)
 #   router-logits       decode_roofline/: bench_router_logits.py (the MoE router's fp32 logits by token count: the kernel
 #                       vs torch's cast and cuBLAS's fp32 GEMM, V2-Lite and V3 shapes, 1-64 tokens; ~30 s)
 #   kv-dtype            decode_roofline/: bench_kv_cache_dtype.py (bf16 / fp8 KV cache, decode attention alone)
@@ -111,7 +113,7 @@ set -o pipefail
 
 STAGES="gpu-tests gpu-tests-2 gpu-files kt-cpu-tests kv-sizing kv-sizing-1 kv-sizing-2 kv-sizing-tp2 kv-sizing-mla
 roofline roofline-fp8 roofline-fp8-native roofline-gemma roofline-mla mla-prefill mla-decode
-profile-decode profile-decode-mla profile-decode-fp8-native tune-gemm tune-gemm-mla tune-gemm-stacked tune-gemm-fp8-block tune-gemm-fp8-block-v3 tune-attention tune-moe tune-moe-per-gemm weight-prefetch weight-prefetch-mla router-logits kv-dtype fp8-gemms fp8-block-gemms kt-decode kt-decode-check
+profile-decode profile-decode-mla profile-decode-fp8-native tune-gemm tune-gemm-mla tune-gemm-stacked tune-gemm-fp8-block tune-gemm-fp8-block-v3 tune-attention tune-moe tune-moe-per-gemm weight-prefetch weight-prefetch-mla knockout router-logits kv-dtype fp8-gemms fp8-block-gemms kt-decode kt-decode-check
 kt-decode-int4-fp8 kt-decode-deepseek kt-doorbell kt-prefill kt-elastic serving serving-overlap serving-paths
 serving-fp8 serving-fp8-native serving-fp8-written serving-kv-fp8 prefill-decode swa-pool kv-sizing-swa
 constrained-itl precision"
@@ -198,6 +200,7 @@ run_stage() {
     tune-moe) python3 benchmark/decode_roofline/tune_fused_moe.py --out $o ;;
     tune-moe-per-gemm) python3 benchmark/decode_roofline/tune_fused_moe.py --per-gemm --shapes ${MOE_SHAPES:-DeepSeek-V2-Lite DeepSeek-V3 Qwen3-30B-A3B} --out $o ;;
     tune-attention) python3 benchmark/decode_roofline/tune_decode_attention.py --focused --out $o ;;
+    knockout) python3 benchmark/decode_roofline/bench_knockout.py --out $o ;;
     router-logits) python3 benchmark/decode_roofline/bench_router_logits.py --out $o ;;
     kv-dtype) python3 benchmark/decode_roofline/bench_kv_cache_dtype.py --out $o ;;
     fp8-gemms) python3 benchmark/fp8_linear/bench_fp8_gemms.py --out $o ;;
