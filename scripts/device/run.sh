@@ -75,7 +75,7 @@
 #   weight-prefetch-mla the same on DeepSeek-V2-Lite in bf16, batches 1 and 64 (after tune-gemm-mla on a device
 #                       whose table lacks its shapes)
 #   knockout            decode_roofline/: bench_knockout.py (Qwen3-8B native block-fp8's decode step with attention, the
-#                       rotary, the split-K sums, the SiLU-and-mul, or all four left out; batches 1/8/64/256; ~2 min)
+#                       rotary, the split-K sums, the SiLU-and-mul, or all four left out; batches 1/8/64/256; ~70 s)
 #   router-logits       decode_roofline/: bench_router_logits.py (the MoE router's fp32 logits by token count: the kernel
 #                       vs torch's cast and cuBLAS's fp32 GEMM, V2-Lite and V3 shapes, 1-64 tokens; ~30 s)
 #   kv-dtype            decode_roofline/: bench_kv_cache_dtype.py (bf16 / fp8 KV cache, decode attention alone)
