@@ -512,10 +512,10 @@ class TokenizerManager:
     def _tokenize_all(self, items: List[GenerateReqInput]) -> List[TokenizedGenerateReqInput]:
         return [self.tokenize_one(it) for it in items]
 
-    def _id_in_use(self, rid: str) -> Optional[str]:
+    def _id_in_use(self, rid: str, reserved_here: bool = False) -> Optional[str]:
         """Why `rid` cannot be taken now (a request in flight holds it: registered, reserved, or aborted with its
-        end still to come), or None."""
-        if rid in self.rid_to_state or rid in self._reserved:
+        end still to come), or None. `reserved_here`: the caller holds the reservation (`_send` after `_reserve`)."""
+        if rid in self.rid_to_state or (rid in self._reserved and not reserved_here):
             return f"request id {rid!r} is already in flight"
         if rid in self._aborting:
             return f"request id {rid!r} is still in flight: aborted, its end not yet confirmed"
@@ -610,8 +610,9 @@ class TokenizerManager:
     def _send(self, tokenized: TokenizedGenerateReqInput, shown_rid: Optional[str] = None) -> ReqState:
         """Register the request's state and send it. An id in flight is refused, never taken over: its owner's
         outputs would go to this state and the owner would wait forever."""
-        if tokenized.rid in self.rid_to_state or tokenized.rid in self._aborting:
-            raise RequestError(f"request id {tokenized.rid!r} is already in flight")
+        why = self._id_in_use(tokenized.rid, reserved_here=True)
+        if why is not None:
+            raise RequestError(why)
         state = ReqState(req=tokenized, shown_rid=shown_rid if shown_rid != tokenized.rid else None)
         self.rid_to_state[tokenized.rid] = state
         self.send_to_scheduler.send_pyobj(tokenized)

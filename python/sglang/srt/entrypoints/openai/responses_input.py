@@ -31,6 +31,8 @@ RESPONSES_UNSUPPORTED = {
     "context_management": "context management",
     "image": "image inputs",
 }
+# Values of those fields that ask for nothing beyond is_default's (a count of 0: no alternatives asked for).
+RESPONSES_UNUSED_VALUES = {"top_logprobs": (0,)}
 
 
 class ResponsesStreamOptions(BaseModel):
@@ -74,7 +76,7 @@ def check_responses_fields(req: ResponsesRequest) -> None:
     check_stream_options(req.stream, req.stream_options)
     values = req.model_dump(include=set(RESPONSES_UNSUPPORTED))
     for name, feature in RESPONSES_UNSUPPORTED.items():
-        if not is_default(values[name]) and not (name == "top_logprobs" and values[name] == 0):  # 0: none asked
+        if not is_default(values[name]) and values[name] not in RESPONSES_UNUSED_VALUES.get(name, ()):
             raise RequestError(f"{name}: {feature} are not supported by this server (send null or omit it)")
     if req.reasoning and any(v is not None for v in req.reasoning.values()):
         raise RequestError("reasoning: reasoning effort / summary control is not supported by this server")
