@@ -73,7 +73,9 @@ def tables(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def runner(tables):
-    return _runner(_server_args(quantization="fp8"), tables)
+    mr = _runner(_server_args(quantization="fp8"), tables)
+    yield mr
+    mr.shutdown()
 
 
 def _linears(mr):
