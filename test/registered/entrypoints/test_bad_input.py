@@ -111,11 +111,9 @@ BAD_REQUESTS = [
     ("/generate", {"text": "hi", "sampling_params": {"logit_bias": {"99999999": 1}}}, 400, "logit_bias"),
     ("/generate", {"text": "hi", "sampling_params": {"n": 1.5}}, 400, "n must be"),
     ("/generate", {"text": "hi", "sampling_params": {"n": 1000}}, 400, "n must be in"),
-    ("/generate", {"text": "hi", "stream": True, "sampling_params": {"n": 2}}, 400, "n = 1"),
     ("/generate", {"text": "hi", "sampling_params": {"ebnf": "x"}}, 400, "ebnf"),
     ("/v1/completions", {"prompt": "hi", "logprobs": 10}, 400, "logprobs"),
     ("/v1/completions", {"prompt": "hi", "logit_bias": {"5": 500}}, 400, "logit_bias"),
-    ("/v1/completions", {"prompt": "hi", "n": 2, "stream": True}, 400, "n = 1"),
     ("/v1/chat/completions", chat(logprobs=True, top_logprobs=25), 400, "top_logprobs"),
     ("/v1/chat/completions", chat(top_logprobs=3), 400, "top_logprobs"),
     ("/v1/chat/completions", chat(logit_bias={"a": 1}), 400, "logit_bias"),
@@ -308,6 +306,20 @@ def test_stream_disconnect_frees_kv(base_url):
     again = post(base_url, "/generate", {"text": "Hi", "sampling_params": {"max_new_tokens": 3}, "rid": "left-early"})
     assert again.status_code == 200, again.text
     assert again.json()["meta_info"]["finish_reason"]["type"] == "length"
+
+
+def test_stream_of_several_samples_disconnect_frees_kv(base_url):
+    """A chat stream with n = 3 (its samples interleaved): the client leaves after the first chunk, and all three
+    samples leave the scheduler."""
+    wait_idle(base_url, 30)
+    body = {"messages": [{"role": "user", "content": "Tell me a long story."}], "n": 3, "stream": True}
+    body.update(max_tokens=4000, temperature=0.8, ignore_eos=True)
+    r = post(base_url, "/v1/chat/completions", body, stream=True)
+    lines = r.iter_lines()  # keep the iterator: dropping it would close the connection already
+    assert next(lines).startswith(b"data: ")
+    wait_running(base_url)
+    r.close()
+    assert_aborted(base_url)
 
 
 def test_non_streaming_disconnect_frees_kv(base_url):

@@ -236,8 +236,55 @@ def test_parallel_samples_share_one_prefill(base_url):
     batch = generate(base_url, text=["Hi", "Bye"], sampling_params={"n": 2, "max_new_tokens": 2}).json()
     assert len(batch) == 4  # prompt-major: Hi, Hi, Bye, Bye
     assert batch[0]["meta_info"]["prompt_tokens"] == batch[1]["meta_info"]["prompt_tokens"]
-    r = generate(base_url, text="Hi", stream=True, sampling_params={"n": 2})
-    assert r.status_code == 400 and "n = 1" in r.json()["error"]["message"]
+
+
+def stream_finals(events: List[str], index_of) -> dict:
+    """Each index's last event of a stream (the `[DONE]` end checked and dropped)."""
+    assert events[-1] == "[DONE]"
+    finals = {}
+    for e in events[:-1]:
+        out = json.loads(e)
+        finals[index_of(out)] = out
+    return finals
+
+
+def test_streams_of_several_samples_end_as_without_stream(base_url, client):
+    """A batch or n > 1 streams every sample interleaved, each event naming its place (SGLang's "index", prompt-
+    major; OpenAI's choice index). Seeded, every index's stream adds up to what the same request returns without
+    stream, and the usage chunk counts every choice."""
+    body = {"text": ["Hi", "Bye"], "sampling_params": {"n": 2, "max_new_tokens": 4, "sampling_seed": 7}}
+    whole = generate(base_url, **body).json()
+    r = requests.post(f"{base_url}/generate", json=dict(body, stream=True), stream=True, timeout=TIMEOUT)
+    finals = stream_finals(sse_events(r), lambda out: out["index"])
+    assert [finals[i]["output_ids"] for i in range(4)] == [o["output_ids"] for o in whole]
+    shown = [finals[i]["meta_info"]["id"].split("-", 1)[1] for i in range(4)]  # after the batch's random id
+    assert shown == [o["meta_info"]["id"].split("-", 1)[1] for o in whole] == ["0-0", "0-1", "1-0", "1-1"]
+
+    messages = [{"role": "user", "content": "Name a fruit."}]
+    kw = dict(model="m", messages=messages, n=3, max_tokens=6, seed=11)
+    resp = client.chat.completions.create(**kw)
+    texts, roles, reasons, usage = {}, {}, {}, None
+    for c in client.chat.completions.create(**kw, stream=True, stream_options={"include_usage": True}):
+        usage = c.usage or usage
+        for ch in c.choices:
+            texts[ch.index] = texts.get(ch.index, "") + (ch.delta.content or "")
+            roles.setdefault(ch.index, ch.delta.role)  # each choice's first chunk carries the role
+            reasons[ch.index] = ch.finish_reason or reasons.get(ch.index)
+    assert texts == {ch.index: ch.message.content for ch in resp.choices}
+    assert roles == {0: "assistant", 1: "assistant", 2: "assistant"}
+    assert reasons == {ch.index: ch.finish_reason for ch in resp.choices}
+    assert usage.completion_tokens == resp.usage.completion_tokens and usage.prompt_tokens == resp.usage.prompt_tokens
+
+    kw = dict(model="m", prompt=["The capital of France is", "One, two,"], n=2, max_tokens=5, echo=True, seed=3)
+    resp = client.completions.create(**kw)
+    texts, usage = {}, None
+    for c in client.completions.create(**kw, stream=True, stream_options={"include_usage": True}):
+        usage = c.usage or usage
+        for ch in c.choices:
+            texts[ch.index] = texts.get(ch.index, "") + ch.text
+    assert texts == {ch.index: ch.text for ch in resp.choices}
+    assert texts[1].startswith("The capital of France is") and texts[2].startswith("One, two,")  # per prompt
+    assert (usage.prompt_tokens, usage.completion_tokens) == (resp.usage.prompt_tokens, resp.usage.completion_tokens)
 
 
 def test_health(base_url):

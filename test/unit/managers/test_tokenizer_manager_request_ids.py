@@ -1,6 +1,8 @@
 """Request ids in TokenizerManager: no request can take over another's state. An n > 1 prompt reserves its own id,
 its warm-up prefill's and its samples' before its first await; those internal ids are random (as upstream's
-`regenerate_rid`), so a client can neither name nor collide with them; `_send` refuses an id in flight.
+`regenerate_rid`), so a client can neither name nor collide with them; `_send` refuses an id in flight. A streamed
+batch or n > 1 request yields every sample's outputs as they come, each with its index, and ends (aborting the rest)
+on one sample's error or when its caller leaves.
 
 A fake scheduler (both ZeroMQ ends of the real one) finishes requests at once, or holds those a test names, so
 every interleaving below is exact. Each wait is bounded: a hang fails the test instead of stalling it."""
@@ -65,6 +67,26 @@ class FakeScheduler:
                 logprob_extras=[None],
             )
         )
+
+    def fail(self, which: Callable[[TokenizedGenerateReqInput], bool], message: str) -> None:
+        """End the held requests `which` picks as the scheduler ends a refused one (an abort with a 400)."""
+        for req in [req for req in self.held if which(req)]:
+            self.held.remove(req)
+            self.push.send_pyobj(
+                BatchStrOut(
+                    rids=[req.rid],
+                    output_strs=[""],
+                    output_ids=[[]],
+                    finished_reasons=[{"type": "abort", "status_code": 400, "message": message}],
+                    prompt_tokens=[len(req.input_ids)],
+                    completion_tokens=[0],
+                    cached_tokens=[0],
+                    output_token_logprobs=[[]],
+                    first_token_times=[None],
+                    queue_times=[None],
+                    logprob_extras=[None],
+                )
+            )
 
     def release(self, which: Callable[[TokenizedGenerateReqInput], bool] = lambda req: True) -> None:
         go = [req for req in self.held if which(req)]
@@ -253,5 +275,97 @@ def test_an_aborted_id_is_refused_until_its_end_arrives():
         await until(lambda: not tm._aborting)
         out = await generate(tm, input_ids=PROMPT, rid="late", sampling_params={"max_new_tokens": 3})
         assert out["meta_info"]["id"] == "late" and len(out["output_ids"]) == 3
+
+    run_with_engine(test)
+
+
+def test_batch_stream_yields_each_sample_by_index_as_it_ends():
+    """Two prompts with n = 2, streamed: every output names its sample's place in the prompt-major order and its
+    shown id; they come in the order the samples end, not in index order."""
+
+    async def test(tm: TokenizerManager, fake: FakeScheduler) -> None:
+        fake.hold = lambda req: not is_warmup(req)
+        stream = tm.generate_request(
+            GenerateReqInput(
+                input_ids=[PROMPT, PROMPT[:20]],
+                rid=["p", "q"],
+                stream=True,
+                sampling_params={"max_new_tokens": 3, "n": 2},
+            )
+        )
+        first = asyncio.ensure_future(asyncio.wait_for(stream.__anext__(), WAIT_S))
+        await until(lambda: len(fake.held) == 4)
+        samples = list(fake.held)  # prompt-major: p-0, p-1, q-0, q-1
+        seen = []
+        for k in (3, 0, 2, 1):
+            fake.release(lambda req, rid=samples[k].rid: req.rid == rid)
+            out = await first if not seen else await asyncio.wait_for(stream.__anext__(), WAIT_S)
+            seen.append((out["index"], out["meta_info"]["id"], len(out["output_ids"])))
+        assert seen == [(3, "q-1", 3), (0, "p-0", 3), (2, "q-0", 3), (1, "p-1", 3)]
+        with pytest.raises(StopAsyncIteration):
+            await asyncio.wait_for(stream.__anext__(), WAIT_S)
+        assert not tm.rid_to_state and not tm._reserved and not tm._children and not fake.aborted
+
+    run_with_engine(test)
+
+
+def test_one_samples_error_ends_the_stream_and_aborts_the_rest():
+    async def test(tm: TokenizerManager, fake: FakeScheduler) -> None:
+        fake.hold = lambda req: True
+        stream = tm.generate_request(
+            GenerateReqInput(
+                input_ids=[PROMPT, PROMPT], rid=["a", "b"], stream=True, sampling_params={"max_new_tokens": 2}
+            )
+        )
+        first = asyncio.ensure_future(asyncio.wait_for(stream.__anext__(), WAIT_S))
+        await until(lambda: len(fake.held) == 2)
+        fake.release(lambda req: req.rid == "a")
+        assert (await first)["index"] == 0
+        fake.fail(lambda req: req.rid == "b", "b: refused")
+        with pytest.raises(RequestError, match="b: refused") as e:
+            await asyncio.wait_for(stream.__anext__(), WAIT_S)
+        assert e.value.status_code == 400
+        assert not tm.rid_to_state and not tm._reserved and not fake.aborted  # both had ended
+
+        fake.hold = lambda req: True
+        stream = tm.generate_request(
+            GenerateReqInput(
+                input_ids=[PROMPT] * 3, rid=["x", "y", "z"], stream=True, sampling_params={"max_new_tokens": 2}
+            )
+        )
+        first = asyncio.ensure_future(asyncio.wait_for(stream.__anext__(), WAIT_S))
+        await until(lambda: len(fake.held) == 3)
+        fake.fail(lambda req: req.rid == "y", "y: refused")
+        with pytest.raises(RequestError, match="y: refused"):
+            await first
+        await until(lambda: sorted(fake.aborted) == ["x", "z"])  # the samples still running are not left running
+        assert not tm.rid_to_state and not tm._reserved
+
+    run_with_engine(test)
+
+
+def test_leaving_a_batch_stream_aborts_its_unfinished_samples():
+    """The caller closes the stream after the first output (an HTTP client gone): the samples not finished are
+    aborted and every id is free again."""
+
+    async def test(tm: TokenizerManager, fake: FakeScheduler) -> None:
+        fake.hold = lambda req: not is_warmup(req)
+        stream = tm.generate_request(
+            GenerateReqInput(input_ids=PROMPT, rid="left", stream=True, sampling_params={"max_new_tokens": 4, "n": 3})
+        )
+        first = asyncio.ensure_future(asyncio.wait_for(stream.__anext__(), WAIT_S))
+        await until(lambda: len(fake.held) == 3)
+        samples = [req.rid for req in fake.held]
+        fake.release(lambda req: req.rid == samples[1])
+        out = await first
+        assert out["index"] == 1 and out["meta_info"]["id"] == "left-1"
+        await stream.aclose()
+        await until(lambda: sorted(fake.aborted) == sorted([samples[0], samples[2]]))
+        assert not tm.rid_to_state and not tm._reserved and not tm._children
+        fake.hold = lambda req: False
+        fake.release()  # their ends arrive after the abort and reach no state
+        await until(lambda: not tm._aborting)
+        again = await generate(tm, input_ids=PROMPT, rid="left", sampling_params={"max_new_tokens": 2, "n": 2})
+        assert [o["meta_info"]["id"] for o in again] == ["left-0", "left-1"]
 
     run_with_engine(test)

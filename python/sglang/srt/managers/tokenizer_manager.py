@@ -542,22 +542,24 @@ class TokenizerManager:
             self._reserved.difference_update(rids)
 
     async def generate_request(self, obj: GenerateReqInput) -> AsyncIterator[Any]:
-        """Yields output dicts: for a stream every update, else one final dict (a list for a batch)."""
+        """Yields output dicts: for a stream every update (each with "index" where the request has several samples:
+        a batch, or n > 1), else one final dict (a list for a batch or n > 1)."""
         self.start()
         self._check_alive()
         items = [obj.item(i) for i in range(obj.batch_size())] if obj.is_batch else [obj]
         if not items:
             raise RequestError("the batch is empty")
-        if obj.is_batch and obj.stream:
-            raise RequestError("streaming is supported for single requests only")
         for it in items:  # cheap checks first, on the loop: no tokenizer work for a hopeless request
             if isinstance(it.text, str):
                 self.check_text_size(it.text)
         tokenized = await self.run_cpu(self._tokenize_all, items)  # validate all before sending any
         self._check_alive()  # the engine may have died or started shutting down meanwhile
         parallel = any(t.sampling_params.n > 1 for t in tokenized)
-        if parallel and obj.stream:
-            raise RequestError("streaming is supported for one prompt with n = 1; set stream to false for n > 1")
+        if (obj.is_batch or parallel) and obj.stream:
+            async with contextlib.aclosing(self._stream_all(tokenized)) as outs:  # closed with this generator
+                async for out in outs:
+                    yield out
+            return
         if obj.is_batch or parallel:
             # Awaited before the yield: the ids are free again when the caller has the outputs.
             yield await self._generate_all(tokenized)
@@ -581,10 +583,12 @@ class TokenizerManager:
         finally:
             self._forget(one.rid, state)
 
-    async def _generate_all(self, prompts: List[TokenizedGenerateReqInput]) -> List[dict]:
-        """Every sample of every prompt, prompt-major (as SGLang orders them). A prompt with n > 1 is
-        prefilled once first, so its samples find it in the radix cache instead of computing it n times.
-        The prompts' ids and all the internal ones are reserved before the first await."""
+    @contextlib.asynccontextmanager
+    async def _sent_all(self, prompts: List[TokenizedGenerateReqInput]) -> AsyncIterator[List[Tuple[str, ReqState]]]:
+        """Send every sample of every prompt, prompt-major (as SGLang orders and numbers them); yields each
+        sample's (id, state). A prompt with n > 1 is prefilled once first, so its samples find it in the radix
+        cache instead of computing it n times. The prompts' ids and all the internal ones are reserved before the
+        first await, until the caller is done."""
         samples: List[Tuple[str, TokenizedGenerateReqInput]] = []  # (the id its output shows, the request)
         warm: List[TokenizedGenerateReqInput] = []
         children: Dict[str, List[str]] = {}
@@ -601,11 +605,50 @@ class TokenizerManager:
             try:
                 if warm:
                     await asyncio.gather(*(self._wait_final(w.rid, self._send(w)) for w in warm))
-                states = [self._send(s, shown) for shown, s in samples]
-                return list(await asyncio.gather(*(self._wait_final(s.rid, st) for (_, s), st in zip(samples, states))))
+                yield [(s.rid, self._send(s, shown)) for shown, s in samples]
             finally:
                 for parent in children:
                     self._children.pop(parent, None)
+
+    async def _generate_all(self, prompts: List[TokenizedGenerateReqInput]) -> List[dict]:
+        """Every sample's final output, prompt-major. Awaited before the caller's yield: the ids are free again
+        when the caller has the outputs."""
+        async with self._sent_all(prompts) as sent:
+            waits = [asyncio.ensure_future(self._wait_final(rid, state)) for rid, state in sent]
+            try:
+                return list(await asyncio.gather(*waits))
+            finally:
+                for wait in waits:  # one sample failed: the others are aborted (their waits forget them), not left
+                    wait.cancel()
+
+    async def _stream_all(self, prompts: List[TokenizedGenerateReqInput]) -> AsyncIterator[dict]:
+        """Every sample's updates as they come, each output with "index", the sample's place in the prompt-major
+        order (SGLang's batch streams: prompt i's sample j is i * n + j). One sample's error ends the stream,
+        and leaving early aborts the samples not finished."""
+        async with self._sent_all(prompts) as sent:
+            waits: Dict[asyncio.Future, int] = {}
+            try:
+                for i, (rid, state) in enumerate(sent):
+                    waits[asyncio.ensure_future(self._wait_event(rid, state))] = i
+                while waits:
+                    done, _ = await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                    ready = sorted(waits.pop(task) for task in done)
+                    errors = [task.exception() for task in done]  # each read, so none is logged as never retrieved
+                    error = next((e for e in errors if e is not None), None)
+                    if error is not None:  # a sample's error (a refusal, its timeout) ends the stream
+                        raise error
+                    for i in ready:
+                        rid, state = sent[i]
+                        out = self._make_output(rid, state)
+                        out["index"] = i
+                        if state.finished_reason is None:  # decided before the yield, as for one stream
+                            waits[asyncio.ensure_future(self._wait_event(rid, state))] = i
+                        yield out
+            finally:
+                for wait in waits:
+                    wait.cancel()
+                for rid, state in sent:
+                    self._forget(rid, state)
 
     def _send(self, tokenized: TokenizedGenerateReqInput, shown_rid: Optional[str] = None) -> ReqState:
         """Register the request's state and send it. An id in flight is refused, never taken over: its owner's

@@ -8,7 +8,7 @@ tokens at its position, computed in the same forward.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -263,93 +263,109 @@ class OpenAIServingChat:
         )
 
     def _stream_events(self, req: ChatCompletionRequest, rid: str, model: str, plan: ToolPlan, output_plan: OutputPlan):
-        """Callbacks: the first chunk carries the role, then reasoning / content / tool-call deltas, the last
-        the finish reason. Text a parser still holds back (a marker that may be opening) waits."""
-        sent = {"chars": 0, "tokens": 0, "role": False, "calls": False}
-        parser = ChatOutputParser(output_plan)
-        held_reasoning: List[str] = []  # stream_reasoning false: the reasoning goes out in one piece
+        """Callbacks: a choice's first chunk carries the role, then reasoning / content / tool-call deltas, its last
+        the finish reason. Text a parser still holds back (a marker that may be opening) waits. With n > 1 the
+        choices stream interleaved, each chunk naming its choice, each choice with its own parser; the usage
+        chunk counts them all."""
         # The chunk's fields as the protocol models dump them, built once per stream: validating the models
         # for every token is a large share of a chunk's cost at hundreds of streams.
         head = ChatCompletionChunk(id=f"chatcmpl-{rid}", model=model, choices=[]).model_dump()
         blank_choice = ChatStreamChoice(index=0, delta=DeltaMessage()).model_dump()
+        choices: Dict[int, Callable[[dict], List[dict]]] = {}  # per choice: its events from its outputs
+        finals: Dict[int, dict] = {}  # per choice: its last output (the usage chunk's counts)
 
-        def chunk(delta: DeltaMessage, logprobs: Optional[ChatLogProbs], fr: Optional[str]) -> dict:
+        def chunk(index: int, delta: DeltaMessage, logprobs: Optional[ChatLogProbs], fr: Optional[str]) -> dict:
             choice = dict(
                 blank_choice,
+                index=index,
                 delta=delta.model_dump(exclude_none=True),  # OpenAI omits unset delta fields
                 logprobs=None if logprobs is None else logprobs.model_dump(),
                 finish_reason=fr,
             )
             return dict(head, choices=[choice])
 
-        def call_pieces(items) -> tuple:
-            calls, legacy = [], None
-            for c in items:
-                function = FunctionCallOut(name=c.name, arguments=c.parameters)
-                if plan.legacy:
-                    if c.tool_index == 0:
-                        legacy = (
-                            function
-                            if legacy is None
-                            else FunctionCallOut(
-                                name=legacy.name or c.name, arguments=(legacy.arguments or "") + c.parameters
+        def choice_events(index: int) -> Callable[[dict], List[dict]]:
+            sent = {"chars": 0, "tokens": 0, "role": False, "calls": False}
+            parser = ChatOutputParser(output_plan)
+            held_reasoning: List[str] = []  # stream_reasoning false: the reasoning goes out in one piece
+
+            def call_pieces(items) -> tuple:
+                calls, legacy = [], None
+                for c in items:
+                    function = FunctionCallOut(name=c.name, arguments=c.parameters)
+                    if plan.legacy:
+                        if c.tool_index == 0:
+                            legacy = (
+                                function
+                                if legacy is None
+                                else FunctionCallOut(
+                                    name=legacy.name or c.name, arguments=(legacy.arguments or "") + c.parameters
+                                )
                             )
+                        continue
+                    first = c.name is not None
+                    calls.append(
+                        ToolCallOut(
+                            id=parser.call_id(c.tool_index) if first else None,
+                            index=c.tool_index,
+                            type="function" if first else None,
+                            function=function,
                         )
-                    continue
-                first = c.name is not None
-                calls.append(
-                    ToolCallOut(
-                        id=parser.call_id(c.tool_index) if first else None,
-                        index=c.tool_index,
-                        type="function" if first else None,
-                        function=function,
                     )
+                return calls or None, legacy
+
+            def events_for(out: dict) -> List[dict]:
+                events = []
+                if not sent["role"]:
+                    sent["role"] = True
+                    events.append(chunk(index, DeltaMessage(role="assistant", content=""), None, None))
+                text = out.get("text", "")
+                lp = self._logprobs(out, sent["tokens"]) if req.logprobs else None
+                fr = finish_reason(out["meta_info"])
+                parsed = parser.feed(text[sent["chars"] :]) if len(text) > sent["chars"] else ChatDelta()
+                if fr is not None:
+                    last = parser.finish()
+                    parsed = ChatDelta(
+                        parsed.reasoning + last.reasoning,
+                        parsed.content + last.content,
+                        parsed.tool_calls + last.tool_calls,
+                    )
+                sent["chars"], sent["tokens"] = max(sent["chars"], len(text)), len(out["output_ids"])
+                reasoning = parsed.reasoning
+                if not req.stream_reasoning:
+                    held_reasoning.append(reasoning)
+                    done = fr is not None or parsed.content or parsed.tool_calls
+                    reasoning = "".join(held_reasoning) if done else ""
+                    if done:
+                        held_reasoning.clear()
+                calls, legacy = call_pieces(parsed.tool_calls)
+                sent["calls"] = sent["calls"] or bool(parsed.tool_calls)
+                delta = DeltaMessage(
+                    content=parsed.content or None,
+                    reasoning_content=reasoning or None,
+                    tool_calls=calls,
+                    function_call=legacy,
                 )
-            return calls or None, legacy
+                final = _finish_reason(fr, sent["calls"], plan.legacy) if fr is not None else None
+                if delta.content or reasoning or calls or legacy or fr is not None or (lp and lp.content):
+                    events.append(chunk(index, delta, lp, final))
+                return events
+
+            return events_for
 
         def events_for(out: dict) -> List[dict]:
-            events = []
-            if not sent["role"]:
-                sent["role"] = True
-                events.append(chunk(DeltaMessage(role="assistant", content=""), None, None))
-            text = out.get("text", "")
-            lp = self._logprobs(out, sent["tokens"]) if req.logprobs else None
-            fr = finish_reason(out["meta_info"])
-            parsed = parser.feed(text[sent["chars"] :]) if len(text) > sent["chars"] else ChatDelta()
-            if fr is not None:
-                last = parser.finish()
-                parsed = ChatDelta(
-                    parsed.reasoning + last.reasoning,
-                    parsed.content + last.content,
-                    parsed.tool_calls + last.tool_calls,
-                )
-            sent["chars"], sent["tokens"] = max(sent["chars"], len(text)), len(out["output_ids"])
-            reasoning = parsed.reasoning
-            if not req.stream_reasoning:
-                held_reasoning.append(reasoning)
-                done = fr is not None or parsed.content or parsed.tool_calls
-                reasoning = "".join(held_reasoning) if done else ""
-                if done:
-                    held_reasoning.clear()
-            calls, legacy = call_pieces(parsed.tool_calls)
-            sent["calls"] = sent["calls"] or bool(parsed.tool_calls)
-            delta = DeltaMessage(
-                content=parsed.content or None,
-                reasoning_content=reasoning or None,
-                tool_calls=calls,
-                function_call=legacy,
-            )
-            final = _finish_reason(fr, sent["calls"], plan.legacy) if fr is not None else None
-            if delta.content or reasoning or calls or legacy or fr is not None or (lp and lp.content):
-                events.append(chunk(delta, lp, final))
-            return events
+            index = out.get("index", 0)
+            finals[index] = out
+            if index not in choices:
+                choices[index] = choice_events(index)
+            return choices[index](out)
 
-        def closing_events(last: dict) -> List[dict]:
+        def closing_events(_last: dict) -> List[dict]:
             if not stream_options_usage(req):
                 return []
-            return [
-                ChatCompletionChunk(id=f"chatcmpl-{rid}", model=model, choices=[], usage=usage_of([last])).model_dump()
-            ]
+            outs = [finals[i] for i in sorted(finals)]  # every choice has had an output
+            usage = usage_of(outs, len(outs))  # one prompt, counted once
+            return [ChatCompletionChunk(id=f"chatcmpl-{rid}", model=model, choices=[], usage=usage).model_dump()]
 
         return events_for, closing_events
 

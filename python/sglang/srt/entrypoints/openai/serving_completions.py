@@ -125,7 +125,7 @@ class OpenAIServingCompletion:
                 rids,
                 first,
                 renamed_errors(agen, lambda e: with_origin(e, origin)),  # a refusal mid-stream named too
-                *self._stream_events(req, base_rid, model, echo_prefixes[0]),
+                *self._stream_events(req, base_rid, model, echo_prefixes),
             ),
             media_type="text/event-stream",
             headers={"Cache-Control": "no-cache"},
@@ -164,34 +164,49 @@ class OpenAIServingCompletion:
             tokens=tokens, token_logprobs=[e[0] for e in entries], top_logprobs=top, text_offset=offsets
         )
 
-    def _stream_events(self, req: CompletionRequest, rid: str, model: str, echo: str):
-        """Callbacks that turn cumulative outputs into OpenAI completion chunks (text deltas)."""
-        sent = {"chars": 0, "tokens": 0, "echoed": False}
+    def _stream_events(self, req: CompletionRequest, rid: str, model: str, echo_prefixes: List[str]):
+        """Callbacks that turn cumulative outputs into OpenAI completion chunks (text deltas). Several prompts or
+        n > 1 stream every choice interleaved, each chunk naming its choice's index (prompt-major, as without
+        stream); the usage chunk counts them all."""
+        per_prompt = max(req.n, 1)
+        sent: Dict[int, dict] = {}  # per choice: characters and tokens sent, whether the prompt was echoed
+        finals: Dict[int, dict] = {}  # per choice: its last output (the usage chunk's counts)
         # The chunk's fields as the protocol models dump them, built once per stream: validating two models
         # per token is a large share of a chunk's cost at hundreds of streams.
         head = CompletionResponse(id=f"cmpl-{rid}", model=model, choices=[]).model_dump()
         blank_choice = CompletionChoice(index=0, text="").model_dump()
 
         def events_for(out: dict) -> List[dict]:
+            index = out.get("index", 0)
+            mine = sent.setdefault(index, {"chars": 0, "tokens": 0, "echoed": False})
+            finals[index] = out
+            echo = echo_prefixes[index // per_prompt]
             text = out.get("text", "")
-            delta = text[sent["chars"] :]
-            first = not sent["echoed"]
+            delta = text[mine["chars"] :]
+            first = not mine["echoed"]
             # The first chunk carries the echoed prompt and, with logprobs, the prompt tokens' entries.
-            offset = 0 if first else len(echo) + sent["chars"]
-            lp = self._logprobs(out, req.logprobs, sent["tokens"], offset, echo=first and req.echo)
+            offset = 0 if first else len(echo) + mine["chars"]
+            lp = self._logprobs(out, req.logprobs, mine["tokens"], offset, echo=first and req.echo)
             fr = finish_reason(out["meta_info"])
             if first:
-                delta, sent["echoed"] = echo + delta, True
-            sent["chars"], sent["tokens"] = max(sent["chars"], len(text)), len(out["output_ids"])
+                delta, mine["echoed"] = echo + delta, True
+            mine["chars"], mine["tokens"] = max(mine["chars"], len(text)), len(out["output_ids"])
             if not delta and fr is None and not (lp and lp.tokens):
                 return []
-            choice = dict(blank_choice, text=delta, logprobs=None if lp is None else lp.model_dump(), finish_reason=fr)
+            choice = dict(
+                blank_choice,
+                index=index,
+                text=delta,
+                logprobs=None if lp is None else lp.model_dump(),
+                finish_reason=fr,
+            )
             return [dict(head, choices=[choice])]
 
-        def closing_events(last: dict) -> List[dict]:
+        def closing_events(_last: dict) -> List[dict]:
             if not stream_options_usage(req):
                 return []
-            chunk = CompletionResponse(id=f"cmpl-{rid}", model=model, choices=[], usage=usage_of([last]))
+            outs = [finals[i] for i in sorted(finals)]  # every choice has had an output
+            chunk = CompletionResponse(id=f"cmpl-{rid}", model=model, choices=[], usage=usage_of(outs, per_prompt))
             return [chunk.model_dump()]
 
         return events_for, closing_events
