@@ -204,6 +204,34 @@ def test_tool_choice_required_and_named_give_valid_calls(client, grammar_backend
     jsonschema.validate(json.loads(calls[0].function.arguments), tools[calls[0].function.name])
 
 
+def test_forced_calls_of_several_choices_stream_each_on_its_own(client, grammar_backend):
+    """n = 2 with a forced call, streamed: each choice's tool-call deltas (its own parser) join to the call the same
+    seeded request returns without stream, under its own id, and each choice ends with tool_calls."""
+    kw = dict(model="default", messages=[{"role": "user", "content": "Hi there!"}], max_tokens=64, n=2, seed=5)
+    kw.update(temperature=0.8, tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=False)
+    if grammar_backend == "llguidance":  # a forced call is an xgrammar structural tag: refused by name, streamed too
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(**kw, stream=True)
+        assert "tool_choice" in e.value.message and "llguidance" in e.value.message, e.value.message
+        return
+    whole = client.chat.completions.create(**kw)
+    calls, ids, reasons = {}, {}, {}
+    for c in client.chat.completions.create(**kw, stream=True):
+        for ch in c.choices:
+            reasons[ch.index] = ch.finish_reason or reasons.get(ch.index)
+            for d in ch.delta.tool_calls or ():
+                name, args = calls.get(ch.index, ("", ""))
+                calls[ch.index] = (name + (d.function.name or ""), args + (d.function.arguments or ""))
+                if d.id:
+                    ids.setdefault(ch.index, set()).add(d.id)
+    expected = {
+        ch.index: [(t.function.name, t.function.arguments) for t in ch.message.tool_calls] for ch in whole.choices
+    }
+    assert {i: [call] for i, call in calls.items()} == expected
+    assert reasons == {0: "tool_calls", 1: "tool_calls"}
+    assert all(len(v) == 1 for v in ids.values()) and ids[0] != ids[1]
+
+
 # ---- Constrained decoding with logprobs: masked tokens' logprobs (-inf) are reported as -9999.0 (vLLM's floor).
 # Once a 500 ("Out of range float values are not JSON compliant") without streaming and "-Infinity" (invalid JSON)
 # in streamed events.

@@ -263,15 +263,13 @@ class OpenAIServingChat:
         )
 
     def _stream_events(self, req: ChatCompletionRequest, rid: str, model: str, plan: ToolPlan, output_plan: OutputPlan):
-        """Callbacks: a choice's first chunk carries the role, then reasoning / content / tool-call deltas, its last
-        the finish reason. Text a parser still holds back (a marker that may be opening) waits. With n > 1 the
-        choices stream interleaved, each chunk naming its choice, each choice with its own parser; the usage
-        chunk counts them all."""
+        """Callbacks: each choice's chunks from its cumulative outputs (`_ChoiceStream`; with n > 1 the choices
+        stream interleaved, each chunk naming its choice), then the usage chunk counting every choice."""
         # The chunk's fields as the protocol models dump them, built once per stream: validating the models
         # for every token is a large share of a chunk's cost at hundreds of streams.
         head = ChatCompletionChunk(id=f"chatcmpl-{rid}", model=model, choices=[]).model_dump()
         blank_choice = ChatStreamChoice(index=0, delta=DeltaMessage()).model_dump()
-        choices: Dict[int, Callable[[dict], List[dict]]] = {}  # per choice: its events from its outputs
+        choices: Dict[int, _ChoiceStream] = {}
         finals: Dict[int, dict] = {}  # per choice: its last output (the usage chunk's counts)
 
         def chunk(index: int, delta: DeltaMessage, logprobs: Optional[ChatLogProbs], fr: Optional[str]) -> dict:
@@ -284,81 +282,13 @@ class OpenAIServingChat:
             )
             return dict(head, choices=[choice])
 
-        def choice_events(index: int) -> Callable[[dict], List[dict]]:
-            sent = {"chars": 0, "tokens": 0, "role": False, "calls": False}
-            parser = ChatOutputParser(output_plan)
-            held_reasoning: List[str] = []  # stream_reasoning false: the reasoning goes out in one piece
-
-            def call_pieces(items) -> tuple:
-                calls, legacy = [], None
-                for c in items:
-                    function = FunctionCallOut(name=c.name, arguments=c.parameters)
-                    if plan.legacy:
-                        if c.tool_index == 0:
-                            legacy = (
-                                function
-                                if legacy is None
-                                else FunctionCallOut(
-                                    name=legacy.name or c.name, arguments=(legacy.arguments or "") + c.parameters
-                                )
-                            )
-                        continue
-                    first = c.name is not None
-                    calls.append(
-                        ToolCallOut(
-                            id=parser.call_id(c.tool_index) if first else None,
-                            index=c.tool_index,
-                            type="function" if first else None,
-                            function=function,
-                        )
-                    )
-                return calls or None, legacy
-
-            def events_for(out: dict) -> List[dict]:
-                events = []
-                if not sent["role"]:
-                    sent["role"] = True
-                    events.append(chunk(index, DeltaMessage(role="assistant", content=""), None, None))
-                text = out.get("text", "")
-                lp = self._logprobs(out, sent["tokens"]) if req.logprobs else None
-                fr = finish_reason(out["meta_info"])
-                parsed = parser.feed(text[sent["chars"] :]) if len(text) > sent["chars"] else ChatDelta()
-                if fr is not None:
-                    last = parser.finish()
-                    parsed = ChatDelta(
-                        parsed.reasoning + last.reasoning,
-                        parsed.content + last.content,
-                        parsed.tool_calls + last.tool_calls,
-                    )
-                sent["chars"], sent["tokens"] = max(sent["chars"], len(text)), len(out["output_ids"])
-                reasoning = parsed.reasoning
-                if not req.stream_reasoning:
-                    held_reasoning.append(reasoning)
-                    done = fr is not None or parsed.content or parsed.tool_calls
-                    reasoning = "".join(held_reasoning) if done else ""
-                    if done:
-                        held_reasoning.clear()
-                calls, legacy = call_pieces(parsed.tool_calls)
-                sent["calls"] = sent["calls"] or bool(parsed.tool_calls)
-                delta = DeltaMessage(
-                    content=parsed.content or None,
-                    reasoning_content=reasoning or None,
-                    tool_calls=calls,
-                    function_call=legacy,
-                )
-                final = _finish_reason(fr, sent["calls"], plan.legacy) if fr is not None else None
-                if delta.content or reasoning or calls or legacy or fr is not None or (lp and lp.content):
-                    events.append(chunk(index, delta, lp, final))
-                return events
-
-            return events_for
-
         def events_for(out: dict) -> List[dict]:
             index = out.get("index", 0)
             finals[index] = out
             if index not in choices:
-                choices[index] = choice_events(index)
-            return choices[index](out)
+                logprobs = self._logprobs if req.logprobs else None
+                choices[index] = _ChoiceStream(index, req, plan, ChatOutputParser(output_plan), chunk, logprobs)
+            return choices[index].events(out)
 
         def closing_events(_last: dict) -> List[dict]:
             if not stream_options_usage(req):
@@ -368,6 +298,83 @@ class OpenAIServingChat:
             return [ChatCompletionChunk(id=f"chatcmpl-{rid}", model=model, choices=[], usage=usage).model_dump()]
 
         return events_for, closing_events
+
+
+class _ChoiceStream:
+    """One choice of a chat stream: its first chunk carries the role, then reasoning / content / tool-call deltas,
+    its last the finish reason. Text its parser still holds back (a marker that may be opening) waits."""
+
+    def __init__(
+        self,
+        index: int,
+        req: ChatCompletionRequest,
+        plan: ToolPlan,
+        parser: ChatOutputParser,
+        chunk: Callable[[int, DeltaMessage, Optional[ChatLogProbs], Optional[str]], dict],
+        logprobs: Optional[Callable[[dict, int], ChatLogProbs]],
+    ) -> None:
+        self.index, self.req, self.plan, self.parser = index, req, plan, parser
+        self.chunk, self.logprobs = chunk, logprobs
+        self.chars = self.tokens = 0  # sent so far
+        self.role_sent = self.called = False
+        self.held_reasoning: List[str] = []  # stream_reasoning false: the reasoning goes out in one piece
+
+    def call_pieces(self, items) -> tuple:
+        calls, legacy = [], None
+        for c in items:
+            function = FunctionCallOut(name=c.name, arguments=c.parameters)
+            if self.plan.legacy:
+                if c.tool_index == 0:
+                    legacy = (
+                        function
+                        if legacy is None
+                        else FunctionCallOut(
+                            name=legacy.name or c.name, arguments=(legacy.arguments or "") + c.parameters
+                        )
+                    )
+                continue
+            first = c.name is not None
+            calls.append(
+                ToolCallOut(
+                    id=self.parser.call_id(c.tool_index) if first else None,
+                    index=c.tool_index,
+                    type="function" if first else None,
+                    function=function,
+                )
+            )
+        return calls or None, legacy
+
+    def events(self, out: dict) -> List[dict]:
+        events = []
+        if not self.role_sent:
+            self.role_sent = True
+            events.append(self.chunk(self.index, DeltaMessage(role="assistant", content=""), None, None))
+        text = out.get("text", "")
+        lp = self.logprobs(out, self.tokens) if self.logprobs is not None else None
+        fr = finish_reason(out["meta_info"])
+        parsed = self.parser.feed(text[self.chars :]) if len(text) > self.chars else ChatDelta()
+        if fr is not None:
+            last = self.parser.finish()
+            parsed = ChatDelta(
+                parsed.reasoning + last.reasoning, parsed.content + last.content, parsed.tool_calls + last.tool_calls
+            )
+        self.chars, self.tokens = max(self.chars, len(text)), len(out["output_ids"])
+        reasoning = parsed.reasoning
+        if not self.req.stream_reasoning:
+            self.held_reasoning.append(reasoning)
+            done = fr is not None or parsed.content or parsed.tool_calls
+            reasoning = "".join(self.held_reasoning) if done else ""
+            if done:
+                self.held_reasoning.clear()
+        calls, legacy = self.call_pieces(parsed.tool_calls)
+        self.called = self.called or bool(parsed.tool_calls)
+        delta = DeltaMessage(
+            content=parsed.content or None, reasoning_content=reasoning or None, tool_calls=calls, function_call=legacy
+        )
+        final = _finish_reason(fr, self.called, self.plan.legacy) if fr is not None else None
+        if delta.content or reasoning or calls or legacy or fr is not None or (lp and lp.content):
+            events.append(self.chunk(self.index, delta, lp, final))
+        return events
 
 
 def _forced_parameters(plan: ToolPlan) -> str:
