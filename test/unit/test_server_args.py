@@ -193,6 +193,26 @@ def test_cli_kt_num_gpu_experts_within_the_models_experts(tmp_path, capsys):
         assert prepare_engine_config([*base, "--kt-num-gpu-experts", ok]).kt.num_gpu_experts == int(ok)
 
 
+def test_cli_kt_flags_without_kt_are_refused_by_name(tmp_path, capsys):
+    """--kt-method or --kt-cpuinfer alone would leave every expert on the GPU: refused, naming the flag and the flags
+    that turn KT on. With KT on, the method defaults to AMXINT4, resolved in the flags /server_info shows."""
+    from sglang.test.gpu_utils import shape_config_dir
+
+    qwen = shape_config_dir("Qwen3-30B-A3B", root=str(tmp_path))
+    base = ["--device", "cpu", "--model-path", qwen, "--load-format", "dummy"]
+    for flags in (["--kt-method", "BF16"], ["--kt-cpuinfer", "1"]):
+        with pytest.raises(SystemExit) as e:
+            prepare_engine_config([*base, *flags])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and f"{flags[0]} does nothing while KT is off" in err and "--kt-num-gpu-experts" in err
+    config = prepare_engine_config(base)
+    assert config.kt is None and config.args.kt_method is None
+    config = prepare_engine_config([*base, "--kt-num-gpu-experts", "4", "--kt-cpuinfer", "1"])
+    assert config.kt.method == config.args.kt_method == "AMXINT4" and config.kt.cpu_threads == 1
+    config = prepare_engine_config([*base, "--kt-num-gpu-experts", "4", "--kt-method", "bf16"])
+    assert config.kt.method == config.args.kt_method == "BF16"
+
+
 def test_cli_good_args_parse():
     sa = prepare_engine_config(
         [

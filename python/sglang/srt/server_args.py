@@ -92,7 +92,7 @@ class ServerArgs:
 
     # KTransformers-style hybrid CPU/GPU MoE
     kt_weight_path: Optional[str] = None
-    kt_method: str = "AMXINT4"
+    kt_method: Optional[str] = None  # KT's expert format; None: DEFAULT_KT_METHOD once KT is on
     kt_cpuinfer: Optional[int] = None
     kt_threadpool_count: int = 1
     kt_num_gpu_experts: Optional[int] = None
@@ -181,7 +181,7 @@ class ServerArgs:
             )
         if self.schedule_policy not in ("fcfs", "lpm"):
             raise ServerArgsError(f"--schedule-policy must be fcfs or lpm, got {self.schedule_policy!r}")
-        if self.kt_method.upper() not in KT_METHODS:
+        if self.kt_method is not None and self.kt_method.upper() not in KT_METHODS:
             raise ServerArgsError(f"--kt-method must be one of {', '.join(KT_METHODS)}, got {self.kt_method!r}")
         self._check_kt_cpu_backend()
         if self.node_rank >= self.nnodes:

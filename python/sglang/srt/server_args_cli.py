@@ -15,6 +15,7 @@ KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5
 QUANTIZATIONS = ("fp8",)  # online: a full-precision checkpoint's dense linear layers, quantized while loading
 ATTENTION_BACKENDS = ("torch_native", "triton")
 KT_METHODS = ("BF16", "FP8", "INT8", "INT4", "MXFP4", "AMXINT4", "AMXINT8")
+DEFAULT_KT_METHOD = "AMXINT4"
 # Upstream's names; function_call_parser.py / reasoning_parser.py hold the parsers (a unit test keeps them equal).
 TOOL_CALL_PARSERS = ("qwen25", "llama3", "mistral", "pythonic", "deepseekv3", "glm45", "kimi_k2", "qwen3_coder")
 REASONING_PARSERS = ("qwen3", "deepseek-r1", "glm45", "kimi_k2")
@@ -145,7 +146,13 @@ def add_cli_args(parser: argparse.ArgumentParser, defaults: Mapping[str, Any]) -
 
     g = parser.add_argument_group("ktransformers hybrid MoE")
     g.add_argument("--kt-weight-path", type=str, default=None)
-    g.add_argument("--kt-method", type=str.upper, default=_default("kt_method"), choices=KT_METHODS)
+    g.add_argument(
+        "--kt-method",
+        type=str.upper,
+        default=None,
+        choices=KT_METHODS,
+        help=f"The CPU experts' format (default {DEFAULT_KT_METHOD}).",
+    )
     g.add_argument(
         "--kt-cpuinfer",
         type=int,

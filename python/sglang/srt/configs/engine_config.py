@@ -41,6 +41,7 @@ from sglang.srt.model_executor.pool_configurator import (
 )
 from sglang.srt.model_loader.model_source import resolve_model_source
 from sglang.srt.server_args import DEFAULT_MODEL, ServerArgs, cli_parser, parse_server_args
+from sglang.srt.server_args_cli import DEFAULT_KT_METHOD
 
 logger = logging.getLogger(__name__)
 
@@ -101,13 +102,23 @@ class EngineConfig:
     kt: Optional[KTConfig]
 
 
-def _kt_config(args: ServerArgs, device: DeviceConfig, experts: int, graph_max_bs: int) -> Optional[KTConfig]:
-    """KT is on when --kt-weight-path, --kt-num-gpu-experts or --kt-gpu-prefill-token-threshold is given."""
+def _kt_config(
+    args: ServerArgs, model_path: str, device: DeviceConfig, experts: int, graph_max_bs: int
+) -> Optional[KTConfig]:
+    """KT is on when --kt-weight-path, --kt-num-gpu-experts or --kt-gpu-prefill-token-threshold is given; its other
+    flags alone are refused by name (they would do nothing: every expert would stay on the GPU)."""
     if args.kt_cpuinfer is not None and args.kt_cpuinfer > device.usable_cpus:
         raise ServerArgsError(
             f"--kt-cpuinfer {args.kt_cpuinfer} is more than the {device.usable_cpus} CPUs this process may use"
         )
     if args.kt_weight_path is None and args.kt_num_gpu_experts is None and args.kt_gpu_prefill_token_threshold is None:
+        idle = {"--kt-method": args.kt_method, "--kt-cpuinfer": args.kt_cpuinfer}
+        flag = next((name for name, value in idle.items() if value is not None), None)
+        if flag is not None:
+            raise ServerArgsError(
+                f"{flag} does nothing while KT is off: put experts on the CPU with --kt-num-gpu-experts (how many of "
+                "each layer's stay on the GPU), --kt-weight-path or --kt-gpu-prefill-token-threshold"
+            )
         return None
     if not experts:
         flag = next(
@@ -115,14 +126,14 @@ def _kt_config(args: ServerArgs, device: DeviceConfig, experts: int, graph_max_b
             for name in ("kt_num_gpu_experts", "kt_gpu_prefill_token_threshold", "kt_weight_path")
             if getattr(args, name) is not None
         )
-        raise ServerArgsError(f"{flag}: {args.model_path} is not a MoE model (no routed experts)")
+        raise ServerArgsError(f"{flag}: {model_path} is not a MoE model (no routed experts)")
     if args.kt_num_gpu_experts is not None:
         if args.kt_num_gpu_experts > experts:
             raise ServerArgsError(
                 f"--kt-num-gpu-experts {args.kt_num_gpu_experts} must be in [0, {experts}] (experts per layer)"
             )
     return KTConfig(
-        method=args.kt_method.upper(),
+        method=(args.kt_method or DEFAULT_KT_METHOD).upper(),
         weight_path=args.kt_weight_path,
         # Each tensor-parallel rank runs its own pool: by default they share the CPUs out.
         cpu_threads=args.kt_cpuinfer or max(1, device.usable_cpus // args.tp_size),
@@ -218,8 +229,10 @@ def resolve_engine_config(
                 f"--mem-fraction-static: the default would be {mem_fraction} on a device of "
                 f"{device.memory_mib:.0f} MiB (reserving {reserved:.0f} MiB); give it explicitly"
             )
+    kt = _kt_config(args, model_path, device, num_routed_experts(model.hf_config), graph_max_bs)
     resolved = dataclasses.replace(
         args,
+        kt_method=kt.method if kt is not None else None,
         model_path=model_path,
         tokenizer_path=args.tokenizer_path or model_path,
         served_model_name=args.served_model_name or model_path,
@@ -262,7 +275,7 @@ def resolve_engine_config(
             cuda_graph_bs=args.cuda_graph_bs,
             decode_gemm_config_dir=envs.SGLANG_DECODE_GEMM_CONFIG_DIR.get(),
         ),
-        kt=_kt_config(resolved, device, num_routed_experts(model.hf_config), graph_max_bs),
+        kt=kt,
     )
 
 
