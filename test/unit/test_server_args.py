@@ -35,6 +35,7 @@ BAD_ARGS = [
     (dict(mem_fraction_static=0.0), "--mem-fraction-static"),
     (dict(mem_fraction_static=-0.2), "--mem-fraction-static"),
     (dict(tp_size=0), "--tp-size"),
+    (dict(dp_size=2), "--dp-size"),
     (dict(context_length=-5), "--context-length"),
     (dict(cuda_graph_max_bs=-8), "--cuda-graph-max-bs"),
     (dict(cuda_graph_bs=[1, 0, 4]), "--cuda-graph-bs"),
@@ -144,6 +145,7 @@ CLI_BAD = [
     (["--model-path", "/no/such/model"], "--model-path"),
     (["--port", "0"], "--port"),
     (["--tp-size", "0"], "--tp-size"),
+    (["--dp", "4"], "--dp-size 4"),  # replicas are sglang-router's job here
     (["--max-running-requests", "abc"], "--max-running-requests"),
     (["--kt-method", "LLAMAFILE"], "--kt-method"),  # not a format the CPU expert backend reads
     (["--kt-cpuinfer", "100000"], "--kt-cpuinfer"),

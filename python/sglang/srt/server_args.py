@@ -59,6 +59,8 @@ class ServerArgs:
     port: int = 30000
     api_key: Optional[str] = None
     log_level: str = "info"
+    log_requests: bool = False  # a log line per request received and finished (ids, sizes, parameters; no text)
+    skip_server_warmup: bool = False
 
     # Memory and scheduling
     mem_fraction_static: Optional[float] = None
@@ -80,6 +82,7 @@ class ServerArgs:
     # Runtime
     device: Optional[str] = None
     tp_size: int = 1
+    dp_size: int = 1  # accepted at 1: data parallelism is several servers behind sglang-router here
     pp_size: int = 1
     nnodes: int = 1
     node_rank: int = 0
@@ -116,6 +119,11 @@ class ServerArgs:
 
         positive("page_size", self.page_size)
         positive("tp_size", self.tp_size)
+        if self.dp_size != 1:
+            raise ServerArgsError(
+                f"--dp-size {self.dp_size}: data parallelism is not built in; run {self.dp_size} servers behind "
+                "sglang-router (README: several replicas) and pass 1"
+            )
         positive("pp_size", self.pp_size)
         positive("nnodes", self.nnodes)
         positive("max_total_tokens", self.max_total_tokens)

@@ -92,6 +92,22 @@ def add_cli_args(parser: argparse.ArgumentParser, defaults: Mapping[str, Any]) -
     g.add_argument(
         "--log-level", type=str, default=_default("log_level"), choices=["debug", "info", "warning", "error"]
     )
+    g.add_argument(
+        "--log-requests",
+        action="store_true",
+        help="Log each request when it arrives (id, prompt tokens, sampling parameters) and when it ends (finish "
+        "reason, token counts, latency); never its text.",
+    )
+    g.add_argument(
+        "--skip-server-warmup",
+        action="store_true",
+        help="Announce readiness without the one-token warm-up generation (the first request pays its one-time costs).",
+    )
+    g.add_argument(
+        "--enable-metrics",
+        action="store_true",
+        help="Prometheus metrics at /metrics: always served here; accepted as SGLang's launch lines pass it.",
+    )
 
     g = parser.add_argument_group("memory and scheduling")
     g.add_argument(
@@ -135,6 +151,9 @@ def add_cli_args(parser: argparse.ArgumentParser, defaults: Mapping[str, Any]) -
     g = parser.add_argument_group("runtime")
     g.add_argument("--device", type=str, default=None, choices=["cpu", "cuda"])
     g.add_argument("--tp-size", "--tp", type=int, default=_default("tp_size"))
+    g.add_argument(
+        "--dp-size", "--dp", type=int, default=_default("dp_size"), help="Accepted at 1 (replicas: sglang-router)."
+    )
     g.add_argument("--nnodes", type=int, default=_default("nnodes"))
     g.add_argument("--node-rank", type=int, default=_default("node_rank"))
     g.add_argument("--dist-init-addr", type=str, default=None, help="host:port of rank 0's rendezvous.")

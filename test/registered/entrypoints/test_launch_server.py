@@ -227,3 +227,35 @@ def test_second_sigterm_stops_at_once():
         assert status == 503 and "shutting down" in err["error"]["message"], result
     finally:
         kill_process_tree(proc.pid)
+
+
+def test_sglang_launch_flags_log_requests_skip_warmup_metrics_dp():
+    """Flags SGLang's launch lines carry: --log-requests logs each request's arrival and end (ids, sizes,
+    parameters, never its text), --skip-server-warmup announces readiness with no generation run, --enable-metrics
+    (always served) and --dp 1 are accepted; --dp 2 is refused by name."""
+    result = run_launcher(["--port", "1", "--dp", "2"])
+    assert result.returncode == 2 and "--dp-size 2" in result.stderr and "sglang-router" in result.stderr
+    args = [*SERVER_ARGS, "--log-requests", "--skip-server-warmup", "--enable-metrics", "--dp", "1"]
+    proc = popen_launch_server(args, timeout=STARTUP_BUDGET_S)
+    try:
+        wait_for_log(proc, "fired up and ready to roll", 30)
+
+        def generated() -> int:
+            info = requests.get(f"{proc.base_url}/server_info", timeout=10).json()
+            return info["scheduler_stats"]["generation_tokens_total"]
+
+        time.sleep(1.5)  # the scheduler's stats are sent every 0.5 s
+        assert generated() == 0  # no warm-up generation ran
+        secret = "A prompt the log must not show"
+        body = {"text": secret, "rid": "logged-1", "sampling_params": {"max_new_tokens": 3, "temperature": 0}}
+        assert requests.post(f"{proc.base_url}/generate", json=body, timeout=60).status_code == 200
+        log = wait_for_log(proc, "Finish: rid=logged-1", 10)
+        assert "Receive: rid=logged-1 prompt_tokens=" in log and "'max_new_tokens': 3" in log
+        assert "completion_tokens=3" in log and secret not in log
+        deadline = time.monotonic() + 10
+        while generated() < 3:  # the counter read above is live
+            assert time.monotonic() < deadline, "the scheduler's generated-token count never reached 3"
+            time.sleep(0.25)
+        assert requests.get(f"{proc.base_url}/metrics", timeout=10).status_code == 200
+    finally:
+        kill_process_tree(proc.pid)

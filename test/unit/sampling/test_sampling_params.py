@@ -143,3 +143,12 @@ def test_seeds_wrap_into_int64_and_logit_bias_parses():
     with pytest.raises(SamplingParamsError, match="logit_bias"):
         p.logit_bias = {"12": 1.0}
         p.verify(vocab_size=10)
+
+
+def test_changed_fields_are_what_the_request_set_with_grammars_by_length():
+    """What --log-requests shows: nothing for the defaults (upstream's keys at their defaults included), the values
+    a request set, a grammar as its length (it may be long, or private), no derived field."""
+    assert SamplingParams.from_dict({"n": 1, "stop": None, "temperature": 1.0}).changed_fields() == {}
+    p = SamplingParams.from_dict({"max_new_tokens": 3, "temperature": 0, "stop": "x", "regex": "(yes|no)"})
+    assert p.changed_fields() == {"max_new_tokens": 3, "temperature": 0, "stop": "x", "regex": "<8 chars>"}
+    assert p.stop_strs == ["x"]  # derived from stop, and not shown

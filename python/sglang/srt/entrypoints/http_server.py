@@ -238,19 +238,20 @@ async def _warm_up_and_announce(
         if server.should_exit:
             return
         await asyncio.sleep(0.05)
-    # One short generation first, so the first user request does not pay one-time costs.
-    prompt = {"text": "The capital city of France is"} if tm.tokenizer is not None else {"input_ids": [0, 1, 2]}
-    obj = GenerateReqInput(
-        **prompt,
-        sampling_params={"max_new_tokens": 1, "temperature": 0},
-        rid=f"WARMUP_{uuid.uuid4().hex}",
-        log_metrics=False,
-    )
-    try:
-        await asyncio.wait_for(tm.generate_request(obj).__anext__(), WARMUP_TIMEOUT_S)
-    except Exception as e:  # noqa: BLE001 - any failure here means the server cannot serve
-        request_shutdown(f"the warm-up request failed: {type(e).__name__}: {e}", 1)
-        return
+    if not server_args.skip_server_warmup:
+        # One short generation first, so the first user request does not pay one-time costs.
+        prompt = {"text": "The capital city of France is"} if tm.tokenizer is not None else {"input_ids": [0, 1, 2]}
+        obj = GenerateReqInput(
+            **prompt,
+            sampling_params={"max_new_tokens": 1, "temperature": 0},
+            rid=f"WARMUP_{uuid.uuid4().hex}",
+            log_metrics=False,
+        )
+        try:
+            await asyncio.wait_for(tm.generate_request(obj).__anext__(), WARMUP_TIMEOUT_S)
+        except Exception as e:  # noqa: BLE001 - any failure here means the server cannot serve
+            request_shutdown(f"the warm-up request failed: {type(e).__name__}: {e}", 1)
+            return
     freeze_startup_objects()  # before the first request, as in the scheduler and detokenizer processes
     state.ready = True
     if await asyncio.to_thread(probe_health, local_url(server_args), server_args.api_key):

@@ -403,6 +403,17 @@ class TokenizerManager:
                 "cached_tokens": out.cached_tokens[i],
             }
             fr = state.finished_reason
+            if fr is not None and state.log_metrics and self.server_args.log_requests:
+                logger.info(
+                    "Finish: rid=%s finish_reason=%s prompt_tokens=%d completion_tokens=%d cached_tokens=%d "
+                    "e2e_latency=%.3fs",
+                    state.shown_rid or rid,
+                    fr,
+                    out.prompt_tokens[i],
+                    out.completion_tokens[i],
+                    out.cached_tokens[i],
+                    now - state.created,
+                )
             if fr is not None and state.log_metrics:
                 self.metrics.observe_finished(
                     now - state.created,
@@ -658,6 +669,13 @@ class TokenizerManager:
             raise RequestError(why)
         state = ReqState(req=tokenized, shown_rid=shown_rid if shown_rid != tokenized.rid else None)
         self.rid_to_state[tokenized.rid] = state
+        if self.server_args.log_requests and tokenized.log_metrics:
+            logger.info(
+                "Receive: rid=%s prompt_tokens=%d sampling_params=%s",
+                shown_rid or tokenized.rid,
+                len(tokenized.input_ids),
+                tokenized.sampling_params.changed_fields(),
+            )
         self.send_to_scheduler.send_pyobj(tokenized)
         return state
 

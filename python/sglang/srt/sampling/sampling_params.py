@@ -11,10 +11,10 @@ the scheduler (constrained/xgrammar_backend.py).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Dict, List, Optional, Union
 
-from sglang.srt.constrained.grammar_key import GrammarKey, grammar_key_of, schema_text
+from sglang.srt.constrained.grammar_key import GRAMMAR_KINDS, GrammarKey, grammar_key_of, schema_text
 from sglang.srt.sampling.stop_regex import parse_stop_regex
 
 _MAX_NEW_TOKENS_DEFAULT = 128
@@ -44,6 +44,10 @@ def _is_int(x: Any) -> bool:
 
 def _is_num(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+# Set by verify() from the others, never by a request.
+DERIVED_FIELDS = ("stop_strs", "stop_str_max_len", "stop_regexes", "stop_regex_max_len", "logit_bias_ids")
 
 
 @dataclass
@@ -91,14 +95,24 @@ class SamplingParams:
         for key, feature in UNSUPPORTED_KEYS.items():
             if d.pop(key, None) is not None:
                 raise SamplingParamsError(f"{key}: {feature} is not supported by this server (send null or omit it)")
-        derived = ("stop_strs", "stop_str_max_len", "stop_regexes", "stop_regex_max_len", "logit_bias_ids")
-        known = {f for f in cls.__dataclass_fields__ if f not in derived}
+        known = {f for f in cls.__dataclass_fields__ if f not in DERIVED_FIELDS}
         unknown = sorted(set(d) - known)
         if unknown:
             raise SamplingParamsError(f"unknown sampling parameter(s): {', '.join(unknown)}")
         params = cls(**{k: v for k, v in d.items() if v is not None})
         params.verify()
         return params
+
+    def changed_fields(self) -> Dict[str, Any]:
+        """The parameters set away from their defaults (what --log-requests shows): a grammar by its length only."""
+        changed = {}
+        for f in fields(self):
+            if f.name in DERIVED_FIELDS:
+                continue
+            value = getattr(self, f.name)
+            if value != (f.default_factory() if f.default is MISSING else f.default):
+                changed[f.name] = f"<{len(value)} chars>" if f.name in GRAMMAR_KINDS else value
+        return changed
 
     def verify(self, vocab_size: Optional[int] = None) -> None:
         def need(cond: bool, msg: str) -> None:
