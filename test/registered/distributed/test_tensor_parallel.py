@@ -60,9 +60,13 @@ def test_tp2_matches_tp1(case):
     try:
         tp2 = engine.generate(input_ids=prompts, sampling_params=greedy_params(NEW_TOKENS))
         info = engine.get_server_info()
+        streamed = {}  # the batch streamed: each update names its prompt's index; the last is the whole output
+        for out in engine.generate(input_ids=prompts, sampling_params=greedy_params(NEW_TOKENS), stream=True):
+            streamed[out["index"]] = out["output_ids"]
     finally:
         engine.shutdown()
     assert [r.output_ids for r in tp1] == [o["output_ids"] for o in tp2]
+    assert [streamed[i] for i in range(len(prompts))] == [o["output_ids"] for o in tp2]
     assert len(info["memory_plan"]["per_rank_available_gb"]) == 2
     if case == "qwen3-moe-kt":
         # Each rank reserves its own slice of the full-GPU slot: half of the single-rank layer.
