@@ -102,8 +102,9 @@ def llama_cpp_rope_factors(config) -> np.ndarray:
     return np.array(out, dtype=np.float32)
 
 
-def _write_llama_gguf(hf_dir: str, path: str, quantize_mlp: bool) -> dict:
-    """Write the tiny HF llama in `hf_dir` as llama.cpp's converter would; returns the HF state dict."""
+def _write_llama_gguf(hf_dir: str, path: str, quantize_mlp: bool, extra_metadata=None) -> dict:
+    """Write the tiny HF llama in `hf_dir` as llama.cpp's converter would (its rope scaling as metadata, Llama 3's
+    as rope_freqs.weight); `extra_metadata(writer)` adds more keys. Returns the HF state dict."""
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
@@ -121,8 +122,16 @@ def _write_llama_gguf(hf_dir: str, path: str, quantize_mlp: bool) -> dict:
     w.add_vocab_size(cfg.vocab_size)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
-    if (cfg.rope_parameters or {}).get("rope_type") == "llama3":
+    rope = cfg.rope_parameters or {}
+    if rope.get("rope_type") == "llama3":
         w.add_tensor("rope_freqs.weight", llama_cpp_rope_factors(cfg))
+    elif rope.get("rope_type") in ("linear", "yarn"):  # convert_hf_to_gguf.py's keys
+        w.add_rope_scaling_type(gguf.RopeScalingType(rope["rope_type"]))
+        w.add_rope_scaling_factor(rope["factor"])
+        if rope["rope_type"] == "yarn":
+            w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    if extra_metadata is not None:
+        extra_metadata(w)
     to_gguf = {
         v: k for k, v in {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}.items()
     }
@@ -310,3 +319,93 @@ def test_rotary_tables_are_not_shared_across_frequency_factors(llama31_gguf):
     first = get_rope(plain, 16, 64, torch.float32)
     scaled = get_rope(config, 16, 64, torch.float32)
     assert scaled is not first and not torch.equal(scaled.cos_cache, first.cos_cache)
+
+
+YARN_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}
+
+
+@pytest.fixture(scope="module")
+def yarn_gguf(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("tiny_llama_yarn"))
+    make_tiny_hf_model("llama", d, rope_parameters=YARN_ROPE)
+    path = os.path.join(d, "tiny-yarn-f32.gguf")
+    _write_llama_gguf(d, path, quantize_mlp=False)
+    return d, path
+
+
+@pytest.mark.parametrize(
+    "rope", [{"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}, YARN_ROPE], ids=["linear", "yarn"]
+)
+def test_gguf_rope_scaling_gives_transformers_frequencies(tmp_path, rope):
+    """`{arch}.rope.scaling.*` becomes the config's rope scaling: the same inverse frequencies and attention
+    scaling transformers computes from the HF config it was converted from (before: read as no scaling at all)."""
+    from transformers import AutoConfig
+
+    from sglang.srt.layers.rotary_embedding import compute_inv_freq
+
+    make_tiny_hf_model("llama", str(tmp_path), rope_parameters=rope)
+    path = str(tmp_path / "tiny.gguf")
+    _write_llama_gguf(str(tmp_path), path, quantize_mlp=False)
+    config = config_from_gguf(path)
+    assert config.rope_parameters["rope_type"] == rope["rope_type"]
+    ours, our_scale = compute_inv_freq(config, 16)
+    ref, ref_scale = compute_inv_freq(AutoConfig.from_pretrained(str(tmp_path)), 16)
+    torch.testing.assert_close(ours, ref, rtol=1e-6, atol=0)
+    assert our_scale == pytest.approx(ref_scale)
+    plain, _ = compute_inv_freq(AutoConfig.from_pretrained(str(tmp_path), rope_parameters={"rope_theta": 1e4}), 16)
+    assert not torch.allclose(ours, plain)  # the scaling is not a no-op
+
+
+def test_yarn_gguf_generates_like_transformers(yarn_gguf):
+    """Prompts past the original 64 positions: greedy tokens equal to transformers on the HF directory."""
+    import random
+
+    from sglang.test.runners import greedy_params, hf_greedy, make_scheduler, run_scheduler
+
+    d, path = yarn_gguf
+    rng = random.Random(5)
+    prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in (5, 90, 180)]
+    ref = hf_greedy(d, prompts, 12)
+    sched = make_scheduler(reuse_model=False, model_path=path, skip_tokenizer_init=True, max_total_tokens=2048)
+    assert [o.output_ids for o in run_scheduler(sched, prompts, greedy_params(12))] == ref
+
+
+@pytest.mark.parametrize(
+    "add,key",
+    [
+        (lambda w: w.add_rope_scaling_type(gguf.RopeScalingType.LONGROPE), "llama.rope.scaling.type"),
+        (lambda w: w.add_rope_dimension_count(8), "llama.rope.dimension_count"),  # half of each 16-wide head
+        (lambda w: w.add_sliding_window(32), "llama.attention.sliding_window"),
+        (lambda w: w.add_float32("llama.rope.scaling.yarn_log_multiplier", 0.1), "yarn_log_multiplier"),
+        (lambda w: w.add_float32("llama.rope.scaling.attn_factor", 0.5), "llama.rope.scaling.attn_factor"),
+    ],
+    ids=["longrope", "partial-rotary", "sliding-window", "yarn-log-multiplier", "attn-factor"],
+)
+def test_gguf_metadata_we_would_not_honour_is_refused_by_key(tmp_path, capsys, add, key):
+    """Before any tensor is read; at start-up a CLI error (exit 2) naming --model-path and the key."""
+    from sglang.srt.configs.engine_config import prepare_engine_config
+
+    make_tiny_hf_model("llama", str(tmp_path))
+    path = str(tmp_path / "tiny.gguf")
+    _write_llama_gguf(str(tmp_path), path, quantize_mlp=False, extra_metadata=add)
+    with pytest.raises(ValueError, match=key):
+        config_from_gguf(path)
+    with pytest.raises(SystemExit) as e:
+        prepare_engine_config(["--device", "cpu", "--model-path", path, "--skip-tokenizer-init"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"--model-path {path}: GGUF" in err and key in err
+
+
+def test_gguf_neutral_rope_metadata_passes(tmp_path):
+    """What llama.cpp's converter writes for a plain model (the rotary width of the whole head, scaling none, an
+    attention factor of 1) reads as no scaling."""
+
+    def neutral(w):
+        w.add_rope_dimension_count(16)
+        w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
+        w.add_float32("llama.rope.scaling.attn_factor", 1.0)
+
+    make_tiny_hf_model("llama", str(tmp_path))
+    path = str(tmp_path / "tiny.gguf")
+    _write_llama_gguf(str(tmp_path), path, quantize_mlp=False, extra_metadata=neutral)
+    assert config_from_gguf(path).rope_parameters["rope_type"] == "default"

@@ -147,10 +147,10 @@ def _model_config(args: ServerArgs, model_path: str, device: str) -> ModelConfig
     """The model's facts, its config read once (a missing or unloadable model names --model-path; a config we
     cannot run exactly, e.g. another DeepSeek topk_method, names the field)."""
     source = resolve_model_source(model_path, args.load_format)
-    hf_config = load_hf_config(source)
     try:
+        hf_config = load_hf_config(source)  # a GGUF's metadata we would not honour is a ValueError naming its key
         check_model_supported(hf_config)
-    except UnsupportedModelError as e:
+    except (UnsupportedModelError, ValueError) as e:
         raise ServerArgsError(f"--model-path {model_path}: {e}") from e
     try:
         return ModelConfig.from_hf_config(

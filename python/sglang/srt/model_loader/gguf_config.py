@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Any
+from typing import Any, Callable, Optional
 
 import gguf
 from transformers import PretrainedConfig
@@ -63,10 +63,65 @@ def config_from_gguf(path: str) -> PretrainedConfig:
             moe_intermediate_size=a("expert_feed_forward_length"),
             norm_topk_prob=True,
         )
+    _refuse_unrun_metadata(arch, a, kwargs["head_dim"])
+    rope_scaling = _rope_scaling(arch, a)
+    if rope_scaling is not None:
+        kwargs["rope_scaling"] = rope_scaling
     config = cls(**kwargs)
     config.gguf_architecture = arch
     config.rope_freq_factors = _rope_freq_factors(reader)
     return config
+
+
+def _rope_scaling(arch: str, a: Callable[..., Any]) -> Optional[dict]:
+    """The `{arch}.rope.scaling.*` metadata as transformers' rope_scaling (llama.cpp's converter writes it from the
+    HF config's): linear and yarn, whose llama.cpp defaults (beta_fast 32, beta_slow 1, the attention factor
+    0.1 ln(factor) + 1) are transformers' own. Any other type, or a yarn knob transformers has no equal for, is
+    refused naming its key: the model would load and answer differently."""
+    kind = a("rope.scaling.type")
+    if kind in (None, "none"):
+        return None
+    key = f"{arch}.rope.scaling.type"
+    if kind not in ("linear", "yarn"):
+        raise ValueError(f"GGUF {key} = {kind!r} is not supported (linear, yarn and none are)")
+    factor = a("rope.scaling.factor")
+    if not factor or factor <= 0:
+        raise ValueError(f"GGUF {key} = {kind!r} needs {arch}.rope.scaling.factor > 0, got {factor!r}")
+    scaling = {"rope_type": kind, "factor": float(factor)}
+    if kind == "yarn":
+        original = a("rope.scaling.original_context_length")
+        if not original:
+            raise ValueError(f"GGUF {key} = 'yarn' needs {arch}.rope.scaling.original_context_length")
+        scaling["original_max_position_embeddings"] = int(original)
+        for gguf_key, hf_key in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow")):
+            value = a(f"rope.scaling.{gguf_key}")
+            if value is not None:
+                scaling[hf_key] = float(value)
+    return scaling
+
+
+def _refuse_unrun_metadata(arch: str, a: Callable[..., Any], head_dim: int) -> None:
+    """Metadata that changes what the model computes in ways the config we build would not carry: refused by key,
+    before any tensor is read. llama.cpp's neutral values pass (an attention factor of 1, the default ext factor)."""
+    neutral = {
+        "rope.scaling.attn_factor": (1.0,),
+        "rope.scaling.yarn_attn_factor": (1.0,),
+        "rope.scaling.yarn_ext_factor": (-1.0, 1.0),  # -1: llama.cpp's "the default" (1 under yarn)
+    }
+    for key, allowed in neutral.items():
+        value = a(key)
+        if value is not None and float(value) not in allowed:
+            raise ValueError(f"GGUF {arch}.{key} = {value!r} is not supported (only {allowed[0]!r})")
+    for key in ("rope.scaling.yarn_log_multiplier", "rope.scaling.alpha", "attention.sliding_window"):
+        value = a(key)
+        if value not in (None, 0):
+            raise ValueError(f"GGUF {arch}.{key} = {value!r} is not supported for a {arch} GGUF here")
+    rotary = a("rope.dimension_count")
+    if rotary is not None and rotary != head_dim:
+        raise ValueError(
+            f"GGUF {arch}.rope.dimension_count = {rotary} rotates part of each head ({head_dim} values); "
+            "not supported for a GGUF here"
+        )
 
 
 def _rope_freq_factors(reader: GGUFIndex) -> Any:
