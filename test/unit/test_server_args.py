@@ -146,6 +146,10 @@ CLI_BAD = [
     (["--port", "0"], "--port"),
     (["--tp-size", "0"], "--tp-size"),
     (["--dp", "4"], "--dp-size 4"),  # replicas are sglang-router's job here
+    (["--dp", "abc"], "--dp-size"),
+    (["--log-requests=1"], "--log-requests"),  # switches take no value
+    (["--skip-server-warmup=yes"], "--skip-server-warmup"),
+    (["--enable-metrics=true"], "--enable-metrics"),
     (["--max-running-requests", "abc"], "--max-running-requests"),
     (["--kt-method", "LLAMAFILE"], "--kt-method"),  # not a format the CPU expert backend reads
     (["--kt-cpuinfer", "100000"], "--kt-cpuinfer"),

@@ -102,21 +102,26 @@ def llama_cpp_rope_factors(config) -> np.ndarray:
     return np.array(out, dtype=np.float32)
 
 
-def _write_llama_gguf(hf_dir: str, path: str, quantize_mlp: bool, extra_metadata=None) -> dict:
-    """Write the tiny HF llama in `hf_dir` as llama.cpp's converter would (its rope scaling as metadata, Llama 3's
-    as rope_freqs.weight); `extra_metadata(writer)` adds more keys. Returns the HF state dict."""
+def _write_gguf(hf_dir: str, path: str, quantize_mlp: bool, extra_metadata=None) -> dict:
+    """Write the tiny HF llama, qwen2 or qwen3 in `hf_dir` as llama.cpp's converter would (Q/K rows permuted for
+    llama only, its rope scaling as metadata, Llama 3's as rope_freqs.weight); `extra_metadata(writer)` adds more
+    keys. Returns the HF state dict."""
     from safetensors.torch import load_file
     from transformers import AutoConfig
 
     cfg = AutoConfig.from_pretrained(hf_dir)
     sd = load_file(os.path.join(hf_dir, "model.safetensors"))
-    w = gguf.GGUFWriter(path, "llama")
+    arch = cfg.model_type
+    w = gguf.GGUFWriter(path, arch)
     w.add_block_count(cfg.num_hidden_layers)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_embedding_length(cfg.hidden_size)
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     w.add_rope_freq_base(cfg.rope_parameters["rope_theta"] if getattr(cfg, "rope_parameters", None) else cfg.rope_theta)
     w.add_vocab_size(cfg.vocab_size)
@@ -142,6 +147,8 @@ def _write_llama_gguf(hf_dir: str, path: str, quantize_mlp: bool, extra_metadata
         "self_attn.k_proj": "attn_k",
         "self_attn.v_proj": "attn_v",
         "self_attn.o_proj": "attn_output",
+        "self_attn.q_norm": "attn_q_norm",
+        "self_attn.k_norm": "attn_k_norm",
         "mlp.gate_proj": "ffn_gate",
         "mlp.up_proj": "ffn_up",
         "mlp.down_proj": "ffn_down",
@@ -154,9 +161,9 @@ def _write_llama_gguf(hf_dir: str, path: str, quantize_mlp: bool, extra_metadata
         else:
             _, _, layer, rest = base.split(".", 3)
             gname = f"blk.{layer}.{parts[rest]}.{kind}"
-        if rest_is(name, "q_proj"):
+        if arch == "llama" and rest_is(name, "q_proj"):
             arr = llama_cpp_permute(arr, cfg.num_attention_heads, cfg.num_attention_heads)
-        elif rest_is(name, "k_proj"):
+        elif arch == "llama" and rest_is(name, "k_proj"):
             arr = llama_cpp_permute(arr, cfg.num_attention_heads, cfg.num_key_value_heads)
         if quantize_mlp and "mlp" in name:
             q = gguf.quants.quantize(arr, gguf.GGMLQuantizationType.Q8_0)
@@ -179,9 +186,9 @@ def tiny_llama_gguf(tmp_path_factory):
     d = str(tmp_path_factory.mktemp("tiny_llama"))
     make_tiny_hf_model("llama", d)
     path = os.path.join(d, "tiny-f32.gguf")
-    sd = _write_llama_gguf(d, path, quantize_mlp=False)
+    sd = _write_gguf(d, path, quantize_mlp=False)
     qpath = os.path.join(str(tmp_path_factory.mktemp("tiny_llama_q8")), "tiny-q8.gguf")
-    _write_llama_gguf(d, qpath, quantize_mlp=True)
+    _write_gguf(d, qpath, quantize_mlp=True)
     return d, path, qpath, sd
 
 
@@ -263,48 +270,80 @@ LLAMA3_ROPE = {
 }
 
 
-@pytest.fixture(scope="module")
-def llama31_gguf(tmp_path_factory):
-    d = str(tmp_path_factory.mktemp("tiny_llama31"))
-    make_tiny_hf_model("llama", d, rope_parameters=LLAMA3_ROPE)
-    path = os.path.join(d, "tiny-llama31-f32.gguf")
-    _write_llama_gguf(d, path, quantize_mlp=False)
-    return d, path
+YARN_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}
+LINEAR_ROPE = {"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}
 
 
-def test_rope_freqs_are_transformers_llama3_frequencies(llama31_gguf):
+def tiny_gguf_of(d: str, rope=None, extra_metadata=None, arch: str = "llama") -> str:
+    """A tiny transformers-written `arch` model in `d` (with `rope` as its rope parameters) and its GGUF there."""
+    make_tiny_hf_model(arch, d, **({"rope_parameters": rope} if rope else {}))
+    path = os.path.join(d, "tiny-f32.gguf")
+    _write_gguf(d, path, quantize_mlp=False, extra_metadata=extra_metadata)
+    return path
+
+
+def assert_transformers_frequencies(config, hf_dir: str) -> None:
+    """The GGUF's config gives the inverse frequencies and attention scaling transformers computes from the HF
+    config it was converted from, and they differ from unscaled rope's (the scaling is not a no-op)."""
     from transformers import AutoConfig
 
     from sglang.srt.layers.rotary_embedding import compute_inv_freq
 
+    ours, our_scale = compute_inv_freq(config, 16)
+    ref, ref_scale = compute_inv_freq(AutoConfig.from_pretrained(hf_dir), 16)
+    torch.testing.assert_close(ours, ref, rtol=1e-6, atol=0)
+    assert our_scale == pytest.approx(ref_scale)
+    plain, _ = compute_inv_freq(
+        AutoConfig.from_pretrained(hf_dir, rope_parameters={"rope_type": "default", "rope_theta": 1e4}), 16
+    )
+    assert not torch.allclose(ours, plain)
+
+
+@pytest.fixture(scope="module")
+def llama31_gguf(tmp_path_factory):
+    d = str(tmp_path_factory.mktemp("tiny_llama31"))
+    return d, tiny_gguf_of(d, LLAMA3_ROPE)
+
+
+def test_rope_freqs_are_transformers_llama3_frequencies(llama31_gguf):
     d, path = llama31_gguf
     assert "rope_freqs.weight" in {t.name for t in open_gguf(path).tensors}
     config = config_from_gguf(path)
     factors = np.array(config.rope_freq_factors)
     assert (factors == 1).any() and (factors == 8).any() and ((factors > 1) & (factors < 8)).any()
-    ours, our_scale = compute_inv_freq(config, 16)
-    ref, ref_scale = compute_inv_freq(AutoConfig.from_pretrained(d), 16)  # transformers' llama3 initialiser
-    torch.testing.assert_close(ours, ref, rtol=1e-6, atol=0)
-    assert our_scale == ref_scale == 1.0
-    plain, _ = compute_inv_freq(
-        AutoConfig.from_pretrained(d, rope_parameters={"rope_type": "default", "rope_theta": 1e4}), 16
-    )
-    assert not torch.allclose(ours, plain)  # the factors are not a no-op
+    assert_transformers_frequencies(config, d)  # transformers' llama3 initialiser
     assert "rope_freqs.weight" not in dict(gguf_weights_iterator(path, show_progress=False))
 
 
-def test_llama31_gguf_generates_like_transformers_llama3(llama31_gguf):
+@pytest.mark.parametrize("rope", [LINEAR_ROPE, YARN_ROPE], ids=["linear", "yarn"])
+def test_gguf_rope_scaling_gives_transformers_frequencies(tmp_path, rope):
+    """`{arch}.rope.scaling.*` becomes the config's rope scaling (before: read as no scaling at all)."""
+    config = config_from_gguf(tiny_gguf_of(str(tmp_path), rope))
+    assert config.rope_parameters["rope_type"] == rope["rope_type"]
+    assert_transformers_frequencies(config, str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    "arch,rope",
+    [("llama", LLAMA3_ROPE), ("llama", YARN_ROPE), ("qwen2", YARN_ROPE), ("qwen3", YARN_ROPE)],
+    ids=["llama-llama3", "llama-yarn", "qwen2-yarn", "qwen3-yarn"],
+)
+def test_scaled_rope_gguf_generates_like_transformers(tmp_path, arch, rope):
+    """Every GGUF architecture the rope metadata reaches: Llama 3's rope_freqs.weight and yarn's scaling keys (Qwen
+    2.5's YaRN GGUFs), prompts past the original context (256 and 64 positions): greedy tokens equal to
+    transformers on the HF directory."""
     import random
 
     from sglang.test.runners import greedy_params, hf_greedy, make_scheduler, run_scheduler
 
-    d, path = llama31_gguf
+    d = str(tmp_path)
+    path = tiny_gguf_of(d, rope, arch=arch)
+    assert config_from_gguf(path).rope_parameters["rope_type"] == ("default" if rope is LLAMA3_ROPE else "yarn")
     rng = random.Random(3)
-    prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in (4, 60, 200)]
-    ref = hf_greedy(d, prompts, 12)  # transformers on the HF directory: rope_type llama3
+    prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in (4, 60, 300)]
+    ref = hf_greedy(d, prompts, 12)
     sched = make_scheduler(reuse_model=False, model_path=path, skip_tokenizer_init=True, max_total_tokens=2048)
-    outs = run_scheduler(sched, prompts, greedy_params(12))
-    assert [o.output_ids for o in outs] == ref
+    assert [o.output_ids for o in run_scheduler(sched, prompts, greedy_params(12))] == ref
 
 
 def test_rotary_tables_are_not_shared_across_frequency_factors(llama31_gguf):
@@ -319,55 +358,6 @@ def test_rotary_tables_are_not_shared_across_frequency_factors(llama31_gguf):
     first = get_rope(plain, 16, 64, torch.float32)
     scaled = get_rope(config, 16, 64, torch.float32)
     assert scaled is not first and not torch.equal(scaled.cos_cache, first.cos_cache)
-
-
-YARN_ROPE = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "original_max_position_embeddings": 64}
-
-
-@pytest.fixture(scope="module")
-def yarn_gguf(tmp_path_factory):
-    d = str(tmp_path_factory.mktemp("tiny_llama_yarn"))
-    make_tiny_hf_model("llama", d, rope_parameters=YARN_ROPE)
-    path = os.path.join(d, "tiny-yarn-f32.gguf")
-    _write_llama_gguf(d, path, quantize_mlp=False)
-    return d, path
-
-
-@pytest.mark.parametrize(
-    "rope", [{"rope_type": "linear", "rope_theta": 10000.0, "factor": 2.0}, YARN_ROPE], ids=["linear", "yarn"]
-)
-def test_gguf_rope_scaling_gives_transformers_frequencies(tmp_path, rope):
-    """`{arch}.rope.scaling.*` becomes the config's rope scaling: the same inverse frequencies and attention
-    scaling transformers computes from the HF config it was converted from (before: read as no scaling at all)."""
-    from transformers import AutoConfig
-
-    from sglang.srt.layers.rotary_embedding import compute_inv_freq
-
-    make_tiny_hf_model("llama", str(tmp_path), rope_parameters=rope)
-    path = str(tmp_path / "tiny.gguf")
-    _write_llama_gguf(str(tmp_path), path, quantize_mlp=False)
-    config = config_from_gguf(path)
-    assert config.rope_parameters["rope_type"] == rope["rope_type"]
-    ours, our_scale = compute_inv_freq(config, 16)
-    ref, ref_scale = compute_inv_freq(AutoConfig.from_pretrained(str(tmp_path)), 16)
-    torch.testing.assert_close(ours, ref, rtol=1e-6, atol=0)
-    assert our_scale == pytest.approx(ref_scale)
-    plain, _ = compute_inv_freq(AutoConfig.from_pretrained(str(tmp_path), rope_parameters={"rope_theta": 1e4}), 16)
-    assert not torch.allclose(ours, plain)  # the scaling is not a no-op
-
-
-def test_yarn_gguf_generates_like_transformers(yarn_gguf):
-    """Prompts past the original 64 positions: greedy tokens equal to transformers on the HF directory."""
-    import random
-
-    from sglang.test.runners import greedy_params, hf_greedy, make_scheduler, run_scheduler
-
-    d, path = yarn_gguf
-    rng = random.Random(5)
-    prompts = [[rng.randrange(3, 512) for _ in range(n)] for n in (5, 90, 180)]
-    ref = hf_greedy(d, prompts, 12)
-    sched = make_scheduler(reuse_model=False, model_path=path, skip_tokenizer_init=True, max_total_tokens=2048)
-    assert [o.output_ids for o in run_scheduler(sched, prompts, greedy_params(12))] == ref
 
 
 @pytest.mark.parametrize(
@@ -385,9 +375,7 @@ def test_gguf_metadata_we_would_not_honour_is_refused_by_key(tmp_path, capsys, a
     """Before any tensor is read; at start-up a CLI error (exit 2) naming --model-path and the key."""
     from sglang.srt.configs.engine_config import prepare_engine_config
 
-    make_tiny_hf_model("llama", str(tmp_path))
-    path = str(tmp_path / "tiny.gguf")
-    _write_llama_gguf(str(tmp_path), path, quantize_mlp=False, extra_metadata=add)
+    path = tiny_gguf_of(str(tmp_path), extra_metadata=add)
     with pytest.raises(ValueError, match=key):
         config_from_gguf(path)
     with pytest.raises(SystemExit) as e:
@@ -405,7 +393,5 @@ def test_gguf_neutral_rope_metadata_passes(tmp_path):
         w.add_rope_scaling_type(gguf.RopeScalingType.NONE)
         w.add_float32("llama.rope.scaling.attn_factor", 1.0)
 
-    make_tiny_hf_model("llama", str(tmp_path))
-    path = str(tmp_path / "tiny.gguf")
-    _write_llama_gguf(str(tmp_path), path, quantize_mlp=False, extra_metadata=neutral)
+    path = tiny_gguf_of(str(tmp_path), extra_metadata=neutral)
     assert config_from_gguf(path).rope_parameters["rope_type"] == "default"
