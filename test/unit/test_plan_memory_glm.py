@@ -71,6 +71,17 @@ def test_kt_fp8_prefill_slot_is_the_hand_count(air, capsys):
     assert "[static]\nMemory plan:" in out and "[post-capture]\nMemory plan:" in out
 
 
+def test_kt_fp8_perchannel_prefill_slot_is_the_hand_count(air):
+    """--kt-method FP8_PERCHANNEL (a per-channel FP8 GLM's experts as they are): the slot is 128 experts' fp8 bytes
+    plus one fp32 scale per row, w13's 2 x 1408 and w2's 4096 (128 x 6912 x 4 = 3,538,944)."""
+    kt = ["--model-path", air, "--kt-method", "FP8_PERCHANNEL", "--kt-gpu-prefill-token-threshold", "4096"]
+    static, post = _plans([*kt, "--kt-num-gpu-experts", "0"])
+    slot = EXPERTS * 3 * H * MOE_INTER + EXPERTS * (2 * MOE_INTER + H) * 4
+    assert slot == 2_218_131_456
+    assert static.reservations_bytes == post.reservations_bytes == {"kt_full_gpu_prefill_slot": slot}
+    assert static.max_total_num_tokens == _static_formula(static, slot)
+
+
 def test_without_kt_one_h200_cannot_hold_it_and_says_so(air, capsys):
     assert main(["--model-path", air]) == 0  # ~214 GB of bf16 weights
     out = capsys.readouterr().out

@@ -104,27 +104,33 @@ def test_dummy_weights_in_the_checkpoints_format(tmp_path, monkeypatch):
     assert len(out.output_ids) == 4
 
 
-def test_moe_experts_keep_the_checkpoints_fp8(tmp_path, monkeypatch):
-    """The GPU's format for a block-fp8 Qwen3-MoE, run on the CPU: the experts hold the checkpoint's e4m3 codes
-    and 128x128 scales as they are (the fused-MoE FP8 layout, weight-only), the attention projections the
-    block-fp8 linear format; greedy tokens equal transformers' with the same quantization."""
+@pytest.mark.parametrize("strategy", ["block", "channel"])
+def test_moe_experts_keep_the_checkpoints_fp8(strategy, tmp_path, monkeypatch):
+    """The GPU's format for an fp8 Qwen3-MoE, run on the CPU: the experts hold the checkpoint's e4m3 codes and
+    scales as they are (the fused MoE's FP8 layout for 128x128 blocks, FP8_PERCHANNEL for a scale per row;
+    weight-only), the attention projections the fp8 linear format; greedy tokens equal transformers' with the same
+    quantization."""
     from safetensors.torch import load_file
 
     import sglang.srt.configs.model_config as model_config
 
-    monkeypatch.setattr(model_config, "linear_weight_format", lambda *a: "fp8_block")  # as on the GPU
-    d = write_fp8_checkpoint(moe_bf16(str(tmp_path / "bf16")), str(tmp_path / "fp8"), "block")
+    monkeypatch.setattr(model_config, "linear_weight_format", lambda *a: f"fp8_{strategy}")  # as on the GPU
+    d = write_fp8_checkpoint(moe_bf16(str(tmp_path / "bf16")), str(tmp_path / "fp8"), strategy)
     sched = make_scheduler(reuse_model=False, model_path=d, skip_tokenizer_init=True, max_total_tokens=1024)
     experts = sched.model_runner.model.model.layers[1].mlp.experts
-    assert experts.quant_method.name == "FP8" and experts.w13_weight.dtype == torch.float8_e4m3fn
+    method = {"block": "FP8", "channel": "FP8_PERCHANNEL"}[strategy]
+    assert experts.quant_method.name == method and experts.w13_weight.dtype == torch.float8_e4m3fn
     ckpt = load_file(f"{d}/model.safetensors")
     e = "model.layers.1.mlp.experts.2."
     gate_up = torch.cat([ckpt[e + "gate_proj.weight"], ckpt[e + "up_proj.weight"]])
     assert torch.equal(experts.w13_weight[2].view(torch.uint8), gate_up.view(torch.uint8))
-    assert torch.equal(experts.w2_weight_scale_inv[2], ckpt[e + "down_proj.weight_scale_inv"])
+    if strategy == "block":
+        assert torch.equal(experts.w2_weight_scale_inv[2], ckpt[e + "down_proj.weight_scale_inv"])
+    else:
+        assert torch.equal(experts.w2_weight_scale[2], ckpt[e + "down_proj.weight_scale"].reshape(-1))
 
     # Experts weight-only (the dequantized weights), the router in full precision: only attention fake-quantized.
-    ref_model = fake_quantized(load_hf_model(d + "-dequantized"), "block", attention_only=True)
+    ref_model = fake_quantized(load_hf_model(d + "-dequantized"), strategy, attention_only=True)
     ref = hf_greedy(ref_model, prompts(256), NEW_TOKENS)
     outs = run_scheduler(sched, prompts(256), greedy_params(NEW_TOKENS))
     assert [o.output_ids for o in outs] == ref

@@ -1,7 +1,10 @@
 """Native FP8 checkpoints on the GPU: the linear layers keep the checkpoint's fp8 weights and scales (block-128:
 cuBLAS's block-scaled GEMM for bf16 activations, the triton one for fp32, and with a tuned table the skinny decode
 kernel's block-scaled mode at decode batch sizes; per channel: the row-scaled fp8 GEMM), a Qwen3-MoE's and a GLM-4.5's routed experts keep
-their e4m3 codes and 128x128 scales in the fused-MoE FP8 layout (GLM's shared expert and dense MLP: fp8 linears). Greedy tokens through sglang.Engine (triton attention, CUDA
+their e4m3 codes and 128x128 scales in the fused-MoE FP8 layout (GLM's shared expert and dense MLP: fp8 linears), a
+per-channel Qwen3-MoE's its codes and row scales (FP8_PERCHANNEL), also under KT ("moe-kt": --kt-method
+FP8_PERCHANNEL, one expert a layer on the GPU, the rest in the CPU kernels inside the decode graphs, prompts from
+64 tokens through the full-GPU prefill slot). Greedy tokens through sglang.Engine (triton attention, CUDA
 graphs, bf16) vs transformers fp32 on the dequantized weights with the same activation quantization.
 
 Criterion: each generated token is transformers' top-1 or within FP8_TOL of its top-1 logit, and at least 80%
@@ -43,8 +46,13 @@ ARCHS = {
     "dense": (dense_bf16, 512, torch.bfloat16),
     "dense128": (lambda d: dense_bf16(d, head_dim=128), 512, torch.bfloat16),  # 128-wide heads
     "moe": (moe_bf16, 256, torch.bfloat16),
+    "moe-kt": (moe_bf16, 256, torch.bfloat16),
     "glm": (lambda d: glm4_moe_full(d, every_expert=True), 256, torch.float32),
 }
+
+
+# "moe-kt": experts 1-3 of each layer in the CPU kernels; the 64- and 200-token prompts take the full-GPU slot.
+KT_ARGS = {"kt_method": "FP8_PERCHANNEL", "kt_num_gpu_experts": 1, "kt_gpu_prefill_token_threshold": 64}
 
 
 # The dense model's block-fp8 projections (N x K) with the skinny kernel's block-scaled tiles for decode batches up
@@ -84,6 +92,8 @@ def write_skinny_block_table(config_dir: str) -> None:
         ("dense128", "block-skinny"),
         ("dense", "channel"),
         ("moe", "block"),
+        ("moe", "channel"),
+        ("moe-kt", "channel"),
         ("glm", "block"),
     ],
 )
@@ -112,6 +122,7 @@ def test_fp8_checkpoint_on_the_gpu(arch, strategy, tmp_path, monkeypatch):
         cuda_graph_max_bs=8,
         mem_fraction_static=0.3,
         log_level="warning",
+        **(KT_ARGS if arch == "moe-kt" else {}),
     )
     try:
         outs = engine.generate(
@@ -120,7 +131,7 @@ def test_fp8_checkpoint_on_the_gpu(arch, strategy, tmp_path, monkeypatch):
     finally:
         engine.shutdown()
     ref = fake_quantized(
-        load_hf_model(d + "-dequantized"), strategy, attention_only=arch == "moe", activation_dtype=dtype
+        load_hf_model(d + "-dequantized"), strategy, attention_only=arch.startswith("moe"), activation_dtype=dtype
     ).cuda()
     steps = exact = 0
     worst = 0.0

@@ -8,7 +8,8 @@ register_cpu_ci(est_time=5, suite="per-commit-cpu")
 # quantization_config fp8 [128, 128]; router, correction bias, biases, norms, embeddings, lm_head in full precision.
 # Greedy tokens equal transformers' on the dequantized weights:
 # - on the CPU (every weight dequantized at load), and with --kt-method FP8 (the CPU kernels and the GPU-side experts
-#   hold the checkpoint's own codes and scales);
+#   hold the checkpoint's own codes and scales); a per-channel (compressed-tensors) GLM under --kt-method
+#   FP8_PERCHANNEL likewise;
 # - in the GPU's format run on the CPU (fp8 q|k|v, o_proj, dense and shared MLPs with activations quantized per
 #   128-column group; FP8 routed experts, weight-only), against transformers quantizing the same activations.
 
@@ -117,6 +118,30 @@ def test_gpu_format_keeps_the_checkpoints_fp8(fp8_glm, monkeypatch):
     ref = hf_greedy(reference, prompts, NEW_TOKENS)
     outs = run_scheduler(sched, prompts, greedy_params(NEW_TOKENS))
     assert [o.output_ids for o in outs] == ref
+
+
+def test_kt_fp8_perchannel_on_a_per_channel_glm(tmp_path):
+    """A compressed-tensors GLM-4.5 (`weight_scale` per output row, as llm-compressor's FP8 recipe writes GLM-4.5/4.7)
+    under --kt-method FP8_PERCHANNEL: the CPU kernels' experts and the GPU-side one hold its codes and row scales as
+    they are, the shared expert and attention are dequantized (the CPU's format); greedy tokens equal transformers'
+    on the dequantized weights."""
+    d = write_fp8_checkpoint(glm4_moe_full(str(tmp_path / "full")), str(tmp_path / "fp8"), "channel")
+    ckpt = load_file(f"{d}/model.safetensors")
+    rng = random.Random(6)
+    prompts = [[rng.randrange(3, 256) for _ in range(n)] for n in (3, 14)]
+    ref = hf_greedy(d + "-dequantized", prompts, NEW_TOKENS)
+    sched = _scheduler(d, kt_method="FP8_PERCHANNEL", kt_num_gpu_experts=1)
+    model = sched.model_runner.model
+    wrapper = model.model.layers[1].mlp.experts
+    cpu, idx = wrapper.expert_home(4)
+    assert cpu is wrapper.cpu_layer and cpu.quant_method.name == "FP8_PERCHANNEL"
+    e = L1 + "mlp.experts.4."
+    assert torch.equal(cpu.w2_weight[idx].view(torch.uint8), ckpt[e + "down_proj.weight"].view(torch.uint8))
+    assert torch.equal(cpu.w13_weight_scale[idx], torch.cat([ckpt[e + p + ".weight_scale"] for p in ("gate_proj", "up_proj")]).reshape(-1))  # fmt: skip
+    assert model.model.layers[1].mlp.shared_experts.down_proj.weight.dtype == torch.float32
+    outs = run_scheduler(sched, prompts, greedy_params(NEW_TOKENS))
+    assert [o.output_ids for o in outs] == ref
+    assert model.kt_state.cpu_engine.stats().pairs > 0
 
 
 def test_block_fp8_widths_name_glms_merged_parts():

@@ -3,8 +3,10 @@ from sglang.test.ci.ci_register import register_cpu_ci
 register_cpu_ci(est_time=5, suite="per-commit-cpu")
 
 # --kt-method FP8 straight from a native block-FP8 checkpoint (tiny Qwen3-MoE, transformers-written, quantized
-# per 128x128 block): the GPU-side experts and the CPU backend's experts hold the checkpoint's own e4m3 codes and
-# scales (no BF16 round trip, no re-quantization), and greedy tokens equal transformers on the dequantized weights.
+# per 128x128 block), and --kt-method FP8_PERCHANNEL from a compressed-tensors one (a scale per output row, the
+# layout of GLM-4.5/4.7-FP8's experts; or one per tensor): the GPU-side experts and the CPU backend's experts hold
+# the checkpoint's own e4m3 codes and scales (no BF16 round trip, no re-quantization), and greedy tokens equal
+# transformers on the dequantized weights. The fp8 method of the other scale layout is refused at start-up.
 
 import random
 
@@ -88,3 +90,62 @@ def test_kt_weight_path_may_be_an_fp8_checkpoint(fp8_moe):
     )
     outs = run_scheduler(sched, prompts, greedy_params(NEW_TOKENS))
     assert [o.output_ids for o in outs] == ref
+
+
+@pytest.fixture(scope="module", params=["channel", "tensor"])
+def row_scaled_fp8_moe(request, tmp_path_factory):
+    root = tmp_path_factory.mktemp(f"kt-fp8-{request.param}")
+    d = write_fp8_checkpoint(moe_bf16(str(root / "bf16")), str(root / "fp8"), request.param)
+    rng = random.Random(5)
+    prompts = [[rng.randrange(3, 256) for _ in range(n)] for n in (4, 17)]
+    return d, request.param, prompts, hf_greedy(d + "-dequantized", prompts, NEW_TOKENS)
+
+
+def test_kt_fp8_perchannel_uses_the_checkpoints_experts(row_scaled_fp8_moe):
+    """One GPU-side expert, three on the CPU: both hold the checkpoint's codes, and its row scales (a per-tensor
+    checkpoint's one scale on every row); the CPU kernel reads them as they are."""
+    d, strategy, prompts, ref = row_scaled_fp8_moe
+    sched = make_scheduler(
+        reuse_model=False,
+        model_path=d,
+        skip_tokenizer_init=True,
+        max_total_tokens=1024,
+        kt_method="FP8_PERCHANNEL",
+        kt_num_gpu_experts=1,
+    )
+    wrapper = sched.model_runner.model.model.layers[1].mlp.experts
+    ckpt = load_file(f"{d}/model.safetensors")
+    e = "model.layers.1.mlp.experts.2."
+    cpu, idx = wrapper.expert_home(2)
+    assert cpu is wrapper.cpu_layer and cpu.quant_method.name == "FP8_PERCHANNEL"
+    gate_up = torch.cat([ckpt[e + "gate_proj.weight"], ckpt[e + "up_proj.weight"]])
+    assert torch.equal(cpu.w13_weight[idx].view(torch.uint8), gate_up.view(torch.uint8))
+    down_scale = ckpt[e + "down_proj.weight_scale"].reshape(-1)
+    rows = cpu.w2_weight_scale.shape[1]
+    assert torch.equal(cpu.w2_weight_scale[idx], down_scale.expand(rows) if strategy == "tensor" else down_scale)
+    gpu = wrapper.gpu_experts
+    assert gpu.quant_method.name == "FP8_PERCHANNEL"
+    up0 = ckpt["model.layers.1.mlp.experts.0.up_proj.weight"]
+    assert torch.equal(gpu.w13_weight[0, up0.shape[0] :].view(torch.uint8), up0.view(torch.uint8))
+    outs = run_scheduler(sched, prompts, greedy_params(NEW_TOKENS))
+    assert [o.output_ids for o in outs] == ref
+
+
+def test_fp8_method_of_the_other_scale_layout_is_refused(fp8_moe, row_scaled_fp8_moe):
+    """--kt-method FP8 would re-quantize a per-channel checkpoint's experts into 128x128 blocks, FP8_PERCHANNEL a
+    block one's into rows: each is a start-up error naming the method that holds them, before any weight is read."""
+    from sglang.srt.configs.engine_config import resolve_engine_config
+    from sglang.srt.configs.errors import ServerArgsError
+    from sglang.srt.server_args import ServerArgs
+
+    def resolve(model_path: str, method: str):
+        args = ServerArgs(model_path=model_path, device="cpu", kt_method=method, kt_num_gpu_experts=1)
+        return resolve_engine_config(args)
+
+    row_scaled, strategy, _, _ = row_scaled_fp8_moe
+    with pytest.raises(ServerArgsError, match=f"--kt-method FP8: .*per-{strategy} scales .*--kt-method FP8_PERCHANNEL"):
+        resolve(row_scaled, "FP8")
+    with pytest.raises(ServerArgsError, match="--kt-method FP8_PERCHANNEL: .*per-block scales .*--kt-method FP8 runs"):
+        resolve(fp8_moe[0], "FP8_PERCHANNEL")
+    assert resolve(row_scaled, "FP8_PERCHANNEL").kt.method == "FP8_PERCHANNEL"
+    assert resolve(row_scaled, "INT8").kt.method == "INT8"  # another format: the user's choice of re-quantization

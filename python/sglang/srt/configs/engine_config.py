@@ -23,6 +23,7 @@ from sglang.srt.configs.device_config import DeviceConfig, probe_device
 from sglang.srt.configs.errors import ServerArgsError
 from sglang.srt.configs.kt_config import MIN_STEP_CAPACITY_TOKENS, KTConfig
 from sglang.srt.configs.model_config import ModelConfig, check_model_supported, load_hf_config, num_routed_experts
+from sglang.srt.configs.quantization_config import CheckpointQuantization
 from sglang.srt.environ import envs
 from sglang.srt.model_executor.pool_configurator import (
     MiB,
@@ -143,6 +144,27 @@ def _kt_config(
     )
 
 
+def _check_kt_method_for_checkpoint(method: str, checkpoint: Optional[CheckpointQuantization], model_path: str) -> None:
+    """An fp8 --kt-method (FP8: 128x128 blocks, FP8_PERCHANNEL: rows) promises the checkpoint's own fp8 experts;
+    on a native FP8 checkpoint of the other scale layout it would re-quantize them (other values than the
+    checkpoint's), so that is refused naming the method that holds them. Other methods are formats of their own."""
+    from sglang.srt.layers.quantization import MOE_METHODS, get_moe_method
+
+    if checkpoint is None:
+        return
+    chosen = get_moe_method(method)
+    if not any(chosen.holds_checkpoint_fp8(s) for s in ("block", "channel", "tensor")):
+        return
+    if chosen.holds_checkpoint_fp8(checkpoint.strategy):
+        return
+    holder = next(name for name, make in MOE_METHODS.items() if make().holds_checkpoint_fp8(checkpoint.strategy))
+    raise ServerArgsError(
+        f"--kt-method {method}: {model_path} is a native FP8 checkpoint with per-{checkpoint.strategy} scales "
+        f"({checkpoint.scale_name}), which --kt-method {holder} runs as they are; {method} would re-quantize its "
+        "experts"
+    )
+
+
 def _model_config(args: ServerArgs, model_path: str, device: str) -> ModelConfig:
     """The model's facts, its config read once (a missing or unloadable model names --model-path; a config we
     cannot run exactly, e.g. another DeepSeek topk_method, names the field)."""
@@ -230,6 +252,8 @@ def resolve_engine_config(
                 f"{device.memory_mib:.0f} MiB (reserving {reserved:.0f} MiB); give it explicitly"
             )
     kt = _kt_config(args, model_path, device, num_routed_experts(model.hf_config), graph_max_bs)
+    if kt is not None and kt.weight_path is None:
+        _check_kt_method_for_checkpoint(kt.method, model.checkpoint_quantization, model_path)
     resolved = dataclasses.replace(
         args,
         kt_method=kt.method if kt is not None else None,

@@ -95,11 +95,11 @@ def fp8_parameter_filter(
     def keep(checkpoint_name: str) -> bool:
         name = model.checkpoint_name(checkpoint_name)  # as the model's loader will name it (Mixtral's experts)
         m = _EXPERT.match(name)
-        if m is not None:  # an expert's matrix: kept where the experts hold block fp8 (FP8 FusedMoE, KT FP8)
+        if m is not None:  # an expert's matrix: kept where the experts hold this fp8 layout (FP8 / FP8_PERCHANNEL)
             # A layer the model does not build (DeepSeek-V3's multi-token-prediction layer, dropped by the model's
             # loader) has no experts module: its tensors pass dequantized, to be skipped there.
             experts = modules.get(m.group(1))
-            return experts is not None and quant.strategy == "block" and experts.takes_checkpoint_fp8()
+            return experts is not None and experts.takes_checkpoint_fp8(quant.strategy)
         for param_suffix, ckpt_suffix, _ in stacked_params_mapping:
             if ckpt_suffix in name:
                 return name.replace(ckpt_suffix, param_suffix) in fp8

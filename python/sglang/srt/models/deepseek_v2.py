@@ -58,6 +58,7 @@ from sglang.srt.layers.moe.kt_ep_wrapper import KTState, build_moe_experts
 from sglang.srt.layers.moe.kt_prefill_slot import KTPrefillSlot
 from sglang.srt.layers.moe.router_gemm import router_logits
 from sglang.srt.layers.moe.topk import GroupedTopKConfig, select_experts_grouped
+from sglang.srt.layers.quantization import checkpoint_experts_method
 from sglang.srt.layers.quantization.block_fp8_activation import Activation
 from sglang.srt.layers.rotary_embedding import _rope_parameters, get_rope
 from sglang.srt.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
@@ -266,7 +267,7 @@ class DeepseekV2MoE(nn.Module):
             renormalize=False,  # the routing is computed here (topk_output)
             layer_id=layer_id,
             kt_state=kt_state,
-            quant_method="FP8" if quantization == "fp8_block" else "BF16",
+            quant_method=checkpoint_experts_method(quantization),
         )
         shared = config.n_shared_experts or 0
         self.shared_experts = (

@@ -15,7 +15,9 @@ A native block-FP8 checkpoint (GLM-4.5/4.6/4.7-FP8: `weight_scale_inv` per 128x1
 weights and scales in q|k|v (biases in the model's dtype), o_proj, the dense and shared MLPs (the "fp8_block" linear
 format) and the routed experts (the FP8 fused-MoE layout, or with --kt-method FP8 the CPU kernels' and the GPU
 experts' own copies of the checkpoint's codes). A leading dense MLP whose width is not a multiple of 128
-(GLM-4.5-Air's 10944) holds the dequantized weights instead. On the CPU every weight is dequantized at load.
+(GLM-4.5-Air's 10944) holds the dequantized weights instead. A per-channel checkpoint (compressed-tensors, one
+`weight_scale` per output row) keeps its fp8 the same way in the "fp8_channel" linear format and the FP8_PERCHANNEL
+experts (--kt-method FP8_PERCHANNEL under KT). On the CPU every weight is dequantized at load, KT's CPU experts aside.
 
 What we do not run is refused at start-up by name (configs/glm4_moe.py).
 """

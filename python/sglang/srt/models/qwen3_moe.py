@@ -17,6 +17,7 @@ from sglang.srt.distributed import tensor_model_parallel_all_reduce
 from sglang.srt.layers.linear import CHECKPOINT_FP8_FORMATS, NormInto, ReplicatedLinear
 from sglang.srt.layers.moe.kt_ep_wrapper import KTState, build_moe_experts
 from sglang.srt.layers.moe.kt_prefill_slot import KTPrefillSlot
+from sglang.srt.layers.quantization import checkpoint_experts_method
 from sglang.srt.layers.quantization.block_fp8_activation import Activation
 from sglang.srt.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
 from sglang.srt.models.moe_weights import Weights, finish_kt_layers, load_moe_weights
@@ -75,13 +76,12 @@ class Qwen3MoeDecoderLayer(LlamaDecoderLayer):
         kt_state: Optional[KTState] = None,
     ) -> nn.Module:
         # ModelConfig refuses --quantization for MoE models: experts have formats of their own (--kt-method). A
-        # native FP8 checkpoint's format (the GPU's) applies to every linear layer; its block-fp8 experts stay
-        # fp8 with the checkpoint's scales, per-channel ones arrive dequantized (the loader's choice).
+        # native FP8 checkpoint's format (the GPU's) applies to every linear layer; its experts stay fp8 with the
+        # checkpoint's scales (FP8 for 128x128 blocks, FP8_PERCHANNEL for per-channel or per-tensor ones).
         if quantization not in (None, *CHECKPOINT_FP8_FORMATS):
             raise ValueError(f"quantization {quantization!r} of a MoE model's linear layers is not supported")
         if is_sparse_layer(config, layer_id):
-            experts_method = "FP8" if quantization == "fp8_block" else "BF16"
-            return Qwen3MoeSparseMoeBlock(config, layer_id, dtype, kt_state, experts_method)
+            return Qwen3MoeSparseMoeBlock(config, layer_id, dtype, kt_state, checkpoint_experts_method(quantization))
         return LlamaMLP(config.hidden_size, config.intermediate_size, dtype, quantization=quantization)
 
     def mlp_forward_add_norm(

@@ -23,6 +23,7 @@ from transformers import PretrainedConfig
 from sglang.srt.distributed import tensor_model_parallel_all_reduce
 from sglang.srt.layers.linear import CHECKPOINT_FP8_FORMATS, NormInto, ReplicatedLinear
 from sglang.srt.layers.moe.kt_ep_wrapper import KTState, build_moe_experts
+from sglang.srt.layers.quantization import checkpoint_experts_method
 from sglang.srt.layers.quantization.block_fp8_activation import Activation
 from sglang.srt.models.llama import LlamaDecoderLayer, LlamaMLP
 
@@ -47,7 +48,7 @@ class SparseMoeBlock(nn.Module):
         quantization: Optional[str] = None,
     ) -> None:
         """`quantization`: a native FP8 checkpoint's linear format on the GPU (the shared expert's); block fp8
-        also keeps the routed experts in the fused MoE's FP8 layout (per-channel experts arrive dequantized).
+        also keeps the routed experts fp8 with the checkpoint's scales (FP8 blocks or FP8_PERCHANNEL rows).
         The routers stay in full precision."""
         super().__init__()
         self.gate = ReplicatedLinear(shape.hidden_size, shape.num_experts, bias=False, params_dtype=dtype)
@@ -60,7 +61,7 @@ class SparseMoeBlock(nn.Module):
             renormalize=shape.renormalize,
             layer_id=layer_id,
             kt_state=kt_state,
-            quant_method="FP8" if quantization == "fp8_block" else "BF16",
+            quant_method=checkpoint_experts_method(quantization),
         )
         self.shared_expert: Optional[LlamaMLP] = None
         if shape.shared_expert_intermediate_size:

@@ -71,6 +71,8 @@ CASES = {
     # Groups narrower than the kernel's 32-value chunk: the scalar path for whole rows.
     "int4-g16": Case("INT4", torch.bfloat16, hidden=56, inter=40, group=16),
     "fp8": Case("FP8", torch.bfloat16, hidden=200, inter=128),  # blocks 128 + 72 along H, w2 rows too
+    # One scale per row (the kernel's FP8 with a group spanning the row): vector chunks and scalar tails.
+    "fp8-perchannel": Case("FP8_PERCHANNEL", torch.bfloat16, hidden=90, inter=37),
     "mxfp4": Case("MXFP4", torch.bfloat16, hidden=150, inter=70),  # 4 blocks of 32 + 22
 }
 
@@ -379,7 +381,7 @@ def test_many_tokens_on_one_expert(name: str):
 # -------------------------------------------------------------------------------------------- stats
 
 
-@pytest.mark.parametrize("name", ["bf16-f32", "bf16-bf16", "int8", "int4", "fp8", "mxfp4"])
+@pytest.mark.parametrize("name", ["bf16-f32", "bf16-bf16", "int8", "int4", "fp8", "fp8-perchannel", "mxfp4"])
 def test_stats(name: str):
     layer = loaded_layer(name)
     H = layer.moe_weight_spec.hidden_size
@@ -439,6 +441,7 @@ def test_expert_bytes_match_formats():
             "INT8": n + 4 * (2 * i + h),
             "INT4": n // 2 + 4 * (2 * i * -(-h // group) + h * -(-i // group)),
             "FP8": n + 4 * (-(-2 * i // 128) * -(-h // 128) + -(-h // 128) * -(-i // 128)),
+            "FP8_PERCHANNEL": n + 4 * (2 * i + h),
             "MXFP4": n // 2 + (2 * i * -(-h // 32) + h * -(-i // 32)),
         }[case.method]
         assert expert_bytes(loaded_layer(name)) == expected, name

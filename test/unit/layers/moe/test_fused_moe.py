@@ -226,6 +226,7 @@ TRITON_CASES = [
     ("BF16", 7, 0, None),
     ("FP8", 33, 3, MoEKernelConfig(16, 32, 64)),
     ("INT8", 1, 0, None),
+    ("FP8_PERCHANNEL", 21, 2, MoEKernelConfig(16, 64, 64)),
     ("FP8", 1, 1, None),  # one token (no alignment), all its experts elsewhere
     ("INT4", 17, 2, None),
     ("INT4_G32", 9, 0, MoEKernelConfig(16, 64, 64)),
@@ -234,6 +235,7 @@ TRITON_CASES = [
     # one token with its experts here, on the default configs (the down GEMM's own, BLOCK_N 256), every layout
     ("BF16", 1, 0, None),
     ("FP8", 1, 0, None),
+    ("FP8_PERCHANNEL", 1, 0, None),
     ("INT4", 1, 0, None),
     ("INT4_G32", 1, 0, None),
     ("MXFP4", 1, 0, None),

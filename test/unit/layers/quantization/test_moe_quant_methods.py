@@ -32,6 +32,12 @@ def _expected_layouts(name: str, e: int, h: int, i: int, dtype: torch.dtype) -> 
             "w2_weight": ((e, h, i), torch.float8_e4m3fn),
             "w2_weight_scale_inv": ((e, c(h, 128), c(i, 128)), f32),
         },
+        "FP8_PERCHANNEL": {
+            "w13_weight": ((e, 2 * i, h), torch.float8_e4m3fn),
+            "w13_weight_scale": ((e, 2 * i), f32),
+            "w2_weight": ((e, h, i), torch.float8_e4m3fn),
+            "w2_weight_scale": ((e, h), f32),
+        },
         "INT8": {
             "w13_weight": ((e, 2 * i, h), torch.int8),
             "w13_weight_scale": ((e, 2 * i), f32),
@@ -89,6 +95,14 @@ def _ref_fp8(w: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def _ref_fp8_rows(w: torch.Tensor) -> torch.Tensor:
+    out = torch.empty_like(w)
+    for r in range(w.shape[0]):
+        scale = w[r].abs().max() / 448.0
+        out[r] = (w[r] / scale).to(torch.float8_e4m3fn).float() * scale
+    return out
+
+
 def _ref_int8(w: torch.Tensor) -> torch.Tensor:
     scale = w.abs().amax(dim=1, keepdim=True) / 127
     return torch.round(w / scale).clamp(-127, 127) * scale
@@ -116,7 +130,14 @@ def _ref_mxfp4(w: torch.Tensor) -> torch.Tensor:
     return out
 
 
-REFERENCES = {"BF16": lambda w: w, "FP8": _ref_fp8, "INT8": _ref_int8, "INT4": _ref_int4, "MXFP4": _ref_mxfp4}
+REFERENCES = {
+    "BF16": lambda w: w,
+    "FP8": _ref_fp8,
+    "FP8_PERCHANNEL": _ref_fp8_rows,
+    "INT8": _ref_int8,
+    "INT4": _ref_int4,
+    "MXFP4": _ref_mxfp4,
+}
 
 
 def _error_bound(name: str, w: torch.Tensor) -> torch.Tensor:
@@ -127,6 +148,8 @@ def _error_bound(name: str, w: torch.Tensor) -> torch.Tensor:
     if name == "FP8":  # 3 mantissa bits: half-ulp 2**-4 relative; subnormal step 2**-9 * scale
         blk_scale = _ref_fp8_scale(w)
         return 2.0**-4 * a + 2.0**-10 * blk_scale + 1e-12
+    if name == "FP8_PERCHANNEL":
+        return 2.0**-4 * a + 2.0**-10 * a.amax(dim=1, keepdim=True) / 448 + 1e-12
     if name == "INT8":
         return (a.amax(dim=1, keepdim=True) / 127 / 2).expand_as(w) * (1 + 1e-5)
     if name == "INT4":
@@ -146,15 +169,16 @@ def _ref_fp8_scale(w: torch.Tensor) -> torch.Tensor:
 
 
 def test_registry_names_and_aliases() -> None:
-    assert set(MOE_METHODS) == {"BF16", "FP8", "INT8", "INT4", "MXFP4"}
+    assert set(MOE_METHODS) == {"BF16", "FP8", "FP8_PERCHANNEL", "INT8", "INT4", "MXFP4"}
     assert get_moe_method("fp8").name == "FP8"
+    assert get_moe_method("fp8_perchannel").name == "FP8_PERCHANNEL"
     assert get_moe_method("Mxfp4").name == "MXFP4"
     assert get_moe_method("AMXINT4").name == "INT4"
     assert get_moe_method("amxint8").name == "INT8"
     assert get_moe_method("RAWINT4").name == "INT4"
     assert get_moe_method("bf16") is not get_moe_method("bf16")  # fresh instance each time
-    with pytest.raises(ValueError, match="BF16.*FP8.*INT8.*INT4.*MXFP4"):
-        get_moe_method("FP8_PERCHANNEL")
+    with pytest.raises(ValueError, match="BF16.*FP8.*FP8_PERCHANNEL.*INT8.*INT4.*MXFP4"):
+        get_moe_method("LLAMAFILE")
 
 
 @pytest.mark.parametrize("name", METHODS)
@@ -191,7 +215,7 @@ def test_quantize_dequantize_matches_reference(name: str) -> None:
         torch.testing.assert_close(got, ref, rtol=1e-6, atol=1e-9)
         assert bool(((got - orig).abs() <= _error_bound(name, orig)).all())
     rel = ((w13 - torch.cat((w["w1"], w["w3"]))).norm() / torch.cat((w["w1"], w["w3"])).norm()).item()
-    max_rel = {"BF16": 0.0, "FP8": 6e-2, "INT8": 1e-2, "INT4": 0.2, "MXFP4": 0.2}[name]
+    max_rel = {"BF16": 0.0, "FP8": 6e-2, "FP8_PERCHANNEL": 6e-2, "INT8": 1e-2, "INT4": 0.2, "MXFP4": 0.2}[name]
     assert rel <= max_rel
 
 
@@ -240,3 +264,52 @@ def test_copy_expert_from(name: str, device: str) -> None:
         assert torch.equal(got.cpu(), want)
     for got, want in zip(method.dequantize_expert(dst, 1), before):
         assert torch.equal(got, want)  # the other slot is untouched
+
+
+def test_fp8_layouts_hold_their_checkpoint_scales() -> None:
+    """Which format holds a native FP8 checkpoint's experts as they are, by the checkpoint's scale layout."""
+    holds = {
+        name: [s for s in ("block", "channel", "tensor") if get_moe_method(name).holds_checkpoint_fp8(s)]
+        for name in METHODS
+    }
+    assert holds == {
+        "BF16": [],
+        "FP8": ["block"],
+        "FP8_PERCHANNEL": ["channel", "tensor"],
+        "INT8": [],
+        "INT4": [],
+        "MXFP4": [],
+    }
+
+
+def test_per_channel_checkpoint_experts_are_copied_as_they_are() -> None:
+    """A compressed-tensors expert (e4m3 codes, `weight_scale` [rows, 1]) into FP8_PERCHANNEL, on the second of two
+    tensor-parallel ranks (inter_range (64, 128)): w1 / w3 give their rows 64-127 and those rows' scales, w2 its
+    columns 64-127 and every row's scale, bytes unchanged; a per-tensor scale becomes every row's. The block
+    format refuses per-row scales naming FP8_PERCHANNEL."""
+    from sglang.srt.layers.moe.layer import load_expert_from_checkpoint
+
+    method = get_moe_method("FP8_PERCHANNEL")
+    layer = _layer(method, "cpu", i=I // 2)
+    full = {"w1": (I, H), "w3": (I, H), "w2": (H, I)}
+    g = torch.Generator().manual_seed(40)
+    ckpt = {}
+    for shard, shape in full.items():
+        q, scale = method.quantize(torch.randn(shape, generator=g))
+        ckpt[shard] = (q, scale.reshape(-1, 1))
+        load_expert_from_checkpoint(layer, method, (I // 2, I), 1, shard, q, "weight")
+        load_expert_from_checkpoint(layer, method, (I // 2, I), 1, shard, scale.reshape(-1, 1), "weight_scale")
+    u8 = lambda t: t.view(torch.uint8)  # noqa: E731
+    assert torch.equal(u8(layer.w13_weight[1, : I // 2]), u8(ckpt["w1"][0][I // 2 :]))
+    assert torch.equal(u8(layer.w13_weight[1, I // 2 :]), u8(ckpt["w3"][0][I // 2 :]))
+    assert torch.equal(layer.w13_weight_scale[1, I // 2 :], ckpt["w3"][1][I // 2 :, 0])
+    assert torch.equal(u8(layer.w2_weight[1]), u8(ckpt["w2"][0][:, I // 2 :]))
+    assert torch.equal(layer.w2_weight_scale[1], ckpt["w2"][1][:, 0])
+
+    load_expert_from_checkpoint(layer, method, (I // 2, I), 0, "w2", torch.tensor(0.25), "weight_scale")
+    assert bool((layer.w2_weight_scale[0] == 0.25).all())
+
+    block = get_moe_method("FP8")
+    block_layer = _layer(block, "cpu")
+    with pytest.raises(ValueError, match="weight_scale .channel scales.* FP8 expert format .*FP8_PERCHANNEL"):
+        load_expert_from_checkpoint(block_layer, block, (0, I), 0, "w2", ckpt["w2"][1], "weight_scale")

@@ -31,6 +31,7 @@ from sglang.srt.layers.moe.layer import (
     moe_intermediate_partition,
 )
 from sglang.srt.layers.moe.topk import select_experts
+from sglang.srt.layers.quantization import get_moe_method
 
 logger = logging.getLogger(__name__)
 # Microseconds the CPU expert threads spin after a layer before they sleep: during decode the next layer's
@@ -151,10 +152,11 @@ class KTEPWrapperMethod(nn.Module):
         layer, idx = self.expert_home(expert_id)
         load_expert_from_checkpoint(layer, layer.quant_method, self.inter_range, idx, shard_id, loaded_weight, param)
 
-    def takes_checkpoint_fp8(self) -> bool:
-        """--kt-method FP8 holds a native block-FP8 checkpoint's experts as they are, GPU and CPU ones alike:
-        the CPU kernel reads the checkpoint's own codes and scales, no BF16 round trip."""
-        return self.kt.method == "FP8"
+    def takes_checkpoint_fp8(self, strategy: str) -> bool:
+        """--kt-method FP8 holds a native block-FP8 checkpoint's experts as they are, FP8_PERCHANNEL a per-channel
+        (or per-tensor) one's, GPU and CPU ones alike: the CPU kernel reads the checkpoint's own codes and
+        scales, no BF16 round trip."""
+        return get_moe_method(self.kt.method).holds_checkpoint_fp8(strategy)
 
     def finish_loading(self) -> None:
         """Pin the host experts when the full-GPU slot will copy them in (DMA), then hand them to the CPU

@@ -14,6 +14,9 @@ from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase
 
 # Checkpoint projection -> our shard id: w1 = gate, w3 = up (stacked into w13), w2 = down.
 _CKPT_SHARDS = (("gate_proj", "w1", "w13_"), ("up_proj", "w3", "w13_"), ("down_proj", "w2", "w2_"))
+# A native FP8 checkpoint's expert scale, by its name beside the weight: its layout, and the format holding it.
+CHECKPOINT_SCALE_STRATEGIES = {"weight_scale_inv": "block", "weight_scale": "channel"}
+_HOLDER = {"block": "FP8", "channel": "FP8_PERCHANNEL"}
 
 
 def moe_intermediate_partition(intermediate_size: int) -> tuple[int, int]:
@@ -58,8 +61,23 @@ def load_expert_from_checkpoint(
 ) -> None:
     """One checkpoint matrix of one expert into `layer` (a FusedMoE, or a KT wrapper's CPU layer), cut to this
     rank's `inter_range`: full precision goes through the method's quantizer; a native FP8 checkpoint's e4m3
-    codes and its block scale (`kind` "weight_scale_inv") are copied as they are, cut in 128-wide blocks."""
-    is_scale = isinstance(kind, str) and kind == "weight_scale_inv"
+    codes and its scale (`kind` "weight_scale_inv": per 128x128 block, cut in 128-wide blocks; "weight_scale":
+    per output row or per tensor) are copied as they are, by a format that holds that layout."""
+    strategy = CHECKPOINT_SCALE_STRATEGIES.get(kind) if isinstance(kind, str) else None
+    is_scale = strategy is not None
+    if is_scale and not quant_method.holds_checkpoint_fp8(strategy):
+        raise ValueError(
+            f"{shard_id} of expert {expert_id}: the checkpoint's fp8 experts come with {kind} ({strategy} scales), "
+            f"which the {quant_method.name} expert format cannot hold as they are; {_HOLDER[strategy]} can "
+            "(with KT: --kt-method)"
+        )
+    if is_scale and kind == "weight_scale":  # per row: w1 / w3 rows are this rank's slice, w2's whole
+        start, end = inter_range
+        rows = loaded.reshape(-1)
+        if rows.numel() > 1 and shard_id != "w2":
+            rows = rows[start:end]
+        quant_method.load_expert_checkpoint_fp8(layer, expert_id, shard_id, rows, True)
+        return
     if is_scale or loaded.dtype == torch.float8_e4m3fn:
         block = quant_method.scale_row_block
         start, end = inter_range
@@ -133,9 +151,9 @@ class FusedMoE(torch.nn.Module):
             self, self.quant_method, self.inter_range, expert_id, shard_id, loaded_weight, param_name_or_param
         )
 
-    def takes_checkpoint_fp8(self) -> bool:
-        """Whether a native block-FP8 checkpoint's experts are held as they are (codes and scales)."""
-        return self.quant_method.name == "FP8"
+    def takes_checkpoint_fp8(self, strategy: str) -> bool:
+        """Whether a native FP8 checkpoint's experts with scales of `strategy` are held as they are."""
+        return self.quant_method.holds_checkpoint_fp8(strategy)
 
     def forward(
         self,

@@ -20,6 +20,7 @@ class WeightQuant(enum.IntEnum):
     INT8_CHANNEL = 2  # int8, fp32 scale per output row
     INT4_GROUP = 3  # unsigned nibbles holding q + 8, two per byte along K, fp32 scale per K-group
     MXFP4 = 4  # e2m1 nibbles two per byte along K, e8m0 (uint8) scale per 32 elements of K
+    FP8_CHANNEL = 5  # float8_e4m3fn, fp32 scale per output row (applied after the K loop, as INT8_CHANNEL)
 
 
 @dataclass(frozen=True)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Optional
 
 from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase
-from sglang.srt.layers.quantization.fp8 import Fp8FusedMoEMethod
+from sglang.srt.layers.quantization.fp8 import Fp8FusedMoEMethod, Fp8PerChannelFusedMoEMethod
 from sglang.srt.layers.quantization.int4 import Int4FusedMoEMethod
 from sglang.srt.layers.quantization.int8 import Int8FusedMoEMethod
 from sglang.srt.layers.quantization.mxfp4 import Mxfp4FusedMoEMethod
@@ -14,6 +14,7 @@ from sglang.srt.layers.quantization.unquant import UnquantizedFusedMoEMethod
 MOE_METHODS: dict[str, Callable[[], FusedMoEMethodBase]] = {
     "BF16": UnquantizedFusedMoEMethod,
     "FP8": Fp8FusedMoEMethod,
+    "FP8_PERCHANNEL": Fp8PerChannelFusedMoEMethod,
     "INT8": Int8FusedMoEMethod,
     "INT4": Int4FusedMoEMethod,
     "MXFP4": Mxfp4FusedMoEMethod,
@@ -27,6 +28,16 @@ MOE_METHOD_ALIASES: dict[str, str] = {
 }
 
 
+# The routed experts' format for a native FP8 checkpoint on the GPU, by its linear layers' format
+# (configs/quantization_config.linear_weight_format): its experts held as they are. Any other checkpoint's experts
+# arrive in full precision ("BF16": the model's dtype).
+CHECKPOINT_EXPERTS_METHODS: dict[str, str] = {"fp8_block": "FP8", "fp8_channel": "FP8_PERCHANNEL"}
+
+
+def checkpoint_experts_method(linear_format: Optional[str]) -> str:
+    return CHECKPOINT_EXPERTS_METHODS.get(linear_format or "", "BF16")
+
+
 def get_moe_method(name: str) -> FusedMoEMethodBase:
     """A fresh method instance for ``name`` (case-insensitive, aliases accepted)."""
     key = name.strip().upper()
@@ -38,6 +49,8 @@ def get_moe_method(name: str) -> FusedMoEMethodBase:
 
 
 __all__ = [
+    "CHECKPOINT_EXPERTS_METHODS",
+    "checkpoint_experts_method",
     "FusedMoEMethodBase",
     "MOE_METHODS",
     "MOE_METHOD_ALIASES",

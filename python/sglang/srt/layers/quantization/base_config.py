@@ -142,11 +142,16 @@ class FusedMoEMethodBase(ABC):
             srows = slice(rows.start // b, -(-rows.stop // b))
             getattr(layer, prefix + self.scale_suffix)[expert_id, srows].copy_(scale)
 
+    def holds_checkpoint_fp8(self, strategy: str) -> bool:
+        """Whether this format stores a native FP8 checkpoint's experts of that scale layout ("block",
+        "channel", "tensor": configs/quantization_config.py) as they are: their codes and scales, copied."""
+        return False
+
     def load_expert_checkpoint_fp8(
         self, layer: torch.nn.Module, expert_id: int, shard: str, tensor: torch.Tensor, is_scale: bool
     ) -> None:
-        """One expert matrix of a native FP8 checkpoint as it is stored (e4m3 codes, or its block scale),
-        never re-quantized. Only a format storing that same layout can take it (FP8)."""
+        """One expert matrix of a native FP8 checkpoint as it is stored (e4m3 codes, or its scale), never
+        re-quantized. Only a format storing that same layout can take it (FP8 blocks, FP8_PERCHANNEL rows)."""
         raise ValueError(f"the {self.name} MoE format cannot hold a native FP8 checkpoint's experts as they are")
 
     def copy_expert_from(

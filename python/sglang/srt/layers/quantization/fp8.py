@@ -1,4 +1,5 @@
-"""FP8 (e4m3) expert weights with one fp32 scale per 128x128 block, the DeepSeek-V3/Qwen3-FP8 layout."""
+"""FP8 (e4m3) expert weights: one fp32 scale per 128x128 block (DeepSeek-V3/Qwen3-FP8's layout, ``FP8``) or per
+output row (compressed-tensors' per-channel layout, GLM-4.5/4.7-FP8's experts: KTransformers' ``FP8_PERCHANNEL``)."""
 
 from __future__ import annotations
 
@@ -66,6 +67,9 @@ class Fp8FusedMoEMethod(FusedMoEMethodBase):
         full = scale.repeat_interleave(b, dim=0)[:rows].repeat_interleave(b, dim=1)[:, :cols]
         return (qweight.float() * full).to(dtype)
 
+    def holds_checkpoint_fp8(self, strategy: str) -> bool:
+        return strategy == "block"
+
     def load_expert_checkpoint_fp8(
         self, layer: torch.nn.Module, expert_id: int, shard: str, tensor: torch.Tensor, is_scale: bool
     ) -> None:
@@ -88,3 +92,58 @@ class Fp8FusedMoEMethod(FusedMoEMethodBase):
 
     def kernel_quant(self) -> tuple[WeightQuant, int, int]:
         return WeightQuant.FP8_BLOCK, self.block, self.block
+
+
+class Fp8PerChannelFusedMoEMethod(FusedMoEMethodBase):
+    """Params: w13_weight [E, 2I, H] float8_e4m3fn, w13_weight_scale [E, 2I] fp32, w2_weight [E, H, I]
+    float8_e4m3fn, w2_weight_scale [E, H] fp32: weight = fp8 x scale[row]. A per-channel checkpoint's experts
+    (compressed-tensors ``weight_scale`` [rows, 1]) are held as they are; a per-tensor one's single scale is
+    each row's (the same values). Weight-only, as FP8: the kernels decode the codes to the activation dtype
+    and apply the row's scale once after the K loop."""
+
+    name = "FP8_PERCHANNEL"
+
+    def weight_format(self, rows: int, cols: int, params_dtype: torch.dtype) -> ParamLayout:
+        return ParamLayout((rows, cols), FP8_DTYPE)
+
+    def scale_format(self, rows: int, cols: int) -> Optional[ParamLayout]:
+        return ParamLayout((rows,), torch.float32)
+
+    def quantize(self, weight: torch.Tensor) -> tuple[torch.Tensor, Optional[torch.Tensor]]:
+        scale = weight.abs().amax(dim=1) / FP8_MAX
+        safe = torch.where(scale > 0, scale, torch.ones_like(scale))  # an all-zero row: any scale works
+        return (weight / safe[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE), scale
+
+    def dequantize(
+        self, qweight: torch.Tensor, scale: Optional[torch.Tensor], rows: int, cols: int, dtype: torch.dtype
+    ) -> torch.Tensor:
+        assert scale is not None
+        return (qweight.float() * scale[:, None]).to(dtype)
+
+    def holds_checkpoint_fp8(self, strategy: str) -> bool:
+        return strategy in ("channel", "tensor")
+
+    def load_expert_checkpoint_fp8(
+        self, layer: torch.nn.Module, expert_id: int, shard: str, tensor: torch.Tensor, is_scale: bool
+    ) -> None:
+        """The checkpoint's e4m3 rows (this rank's slice), or their scales: one per row (this rank's rows), or
+        one for the whole tensor, which every row takes."""
+        spec = layer.moe_weight_spec
+        prefix, rows = self._shard_target(spec, shard)
+        name = f"{prefix}_weight_scale" if is_scale else f"{prefix}_weight"
+        target = getattr(layer, name)[expert_id, rows]
+        if is_scale:
+            tensor = tensor.reshape(-1)
+            if tensor.numel() == 1:
+                tensor = tensor.expand(target.shape[0])
+        elif tensor.dtype != FP8_DTYPE:
+            raise ValueError(f"{shard} of expert {expert_id}: expected float8_e4m3fn codes, got {tensor.dtype}")
+        if tuple(target.shape) != tuple(tensor.shape):
+            what = "scale" if is_scale else "weight"
+            raise ValueError(
+                f"{shard} {what} of expert {expert_id}: expected {tuple(target.shape)}, got {tuple(tensor.shape)}"
+            )
+        target.copy_(tensor)
+
+    def kernel_quant(self) -> tuple[WeightQuant, int, int]:
+        return WeightQuant.FP8_CHANNEL, 1, 0  # group_k unused: the scale is applied after the K loop

@@ -41,13 +41,14 @@ logger = logging.getLogger(__name__)
 # Storage formats the kernel decodes (kernel.cpp's Format).
 F32, BF16, INT8, INT4, FP8, MXFP4 = range(6)
 HEADER_WORDS = 16  # kernel.cpp's kHeader: int32 words before the first token row
+WHOLE_ROW = 1 << 30  # group_k of a scale per row: one group spans any row (a multiple of every vector chunk)
 
 
 @dataclass(frozen=True)
 class KernelFormat:
     code: int
-    group_n: int = 1  # rows sharing one scale (FP8 blocks)
-    group_k: int = 1  # columns sharing one scale (INT4 / FP8 / MXFP4 groups)
+    group_n: int = 1  # rows sharing one scale (FP8 blocks; 1 for FP8_PERCHANNEL)
+    group_k: int = 1  # columns sharing one scale (INT4 / FP8 / MXFP4 groups; WHOLE_ROW for FP8_PERCHANNEL)
 
 
 def kernel_format(method: FusedMoEMethodBase, params_dtype: torch.dtype) -> KernelFormat:
@@ -68,6 +69,8 @@ def kernel_format(method: FusedMoEMethodBase, params_dtype: torch.dtype) -> Kern
         return KernelFormat(INT4, group_k=method.group)
     if name == "FP8":
         return KernelFormat(FP8, group_n=method.block, group_k=method.block)
+    if name == "FP8_PERCHANNEL":
+        return KernelFormat(FP8, group_n=1, group_k=WHOLE_ROW)
     if name == "MXFP4":
         return KernelFormat(MXFP4, group_k=32)
     raise ValueError(f"--kt-method {name}: the CPU expert kernel has no decoder for this format")

@@ -31,6 +31,7 @@ _Q_FP8: tl.constexpr = tl.constexpr(int(WeightQuant.FP8_BLOCK))
 _Q_INT8: tl.constexpr = tl.constexpr(int(WeightQuant.INT8_CHANNEL))
 _Q_INT4: tl.constexpr = tl.constexpr(int(WeightQuant.INT4_GROUP))
 _Q_MXFP4: tl.constexpr = tl.constexpr(int(WeightQuant.MXFP4))
+_Q_FP8_CHANNEL: tl.constexpr = tl.constexpr(int(WeightQuant.FP8_CHANNEL))
 
 # Bounds the per-call activations (cache1 + act + cache2 ~ T*k*(3I + H) elements) for long prefills.
 CHUNK_TOKENS = 4096
@@ -172,7 +173,7 @@ def _moe_gemm_kernel(
             w = w.to(tl.float32) * s
         acc += tl.dot(a, w.to(a.dtype), input_precision=DOT_PRECISION)
 
-    if QUANT == _Q_INT8:
+    if QUANT == _Q_INT8 or QUANT == _Q_FP8_CHANNEL:
         # Per-output-channel scale is constant along K: apply once instead of per tile.
         acc *= tl.load(s_base + offs_n * stride_sn, mask=n_mask, other=0.0)[None, :]
     if MUL_ROUTED_WEIGHT:
