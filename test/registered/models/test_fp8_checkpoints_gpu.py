@@ -35,6 +35,11 @@ from sglang.test.runners import load_hf_model
 pytestmark = pytest.mark.skipif(not has_gpu(), reason=REQUIRES_GPU_REASON)
 
 FP8_TOL = 0.35
+# The per-channel Qwen3-MoE: its attention's per-token activation scales (whole rows) and the top-k routing of a tiny
+# random model put one step at 0.40 whatever holds the experts: measured on an H100 (2026-12-06) with the experts
+# dequantized to bf16 (the tree before FP8_PERCHANNEL) 89 of 96 exact, largest gap 0.398; with FP8_PERCHANNEL experts
+# 86 of 96, 0.405; under KT 89 of 96, 0.405. A wrong row scale or layout gives gaps of whole units.
+TOLERANCE = {("moe", "channel"): 0.45, ("moe-kt", "channel"): 0.45}
 NEW_TOKENS = 24
 # arch -> (the tiny checkpoint's writer, its vocabulary, the dtype it runs in); "glm": GLM-4.5 (q/k/v biases, partial
 # rotary, a dense layer, a shared expert, grouped routing), whose dense and shared MLPs are fp8 linears and routed
@@ -146,5 +151,5 @@ def test_fp8_checkpoint_on_the_gpu(arch, strategy, tmp_path, monkeypatch):
             steps += 1
             worst = max(worst, gap)
     print(f"{arch}/{strategy}: exact top-1 agreement {exact}/{steps}, largest gap {worst:.3f}")
-    assert worst <= FP8_TOL, f"{arch}/{strategy}: a token {worst:.3f} below the top-1"
+    assert worst <= TOLERANCE.get((arch, strategy), FP8_TOL), f"{arch}/{strategy}: a token {worst:.3f} below the top-1"
     assert exact >= 0.8 * steps

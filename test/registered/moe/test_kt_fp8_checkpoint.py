@@ -149,3 +149,27 @@ def test_fp8_method_of_the_other_scale_layout_is_refused(fp8_moe, row_scaled_fp8
         resolve(fp8_moe[0], "FP8_PERCHANNEL")
     assert resolve(row_scaled, "FP8_PERCHANNEL").kt.method == "FP8_PERCHANNEL"
     assert resolve(row_scaled, "INT8").kt.method == "INT8"  # another format: the user's choice of re-quantization
+
+
+def test_kt_weight_path_may_be_a_per_channel_fp8_checkpoint(row_scaled_fp8_moe):
+    """--kt-weight-path at the per-channel (or per-tensor) checkpoint, the model from its dequantized twin: the CPU
+    experts hold its codes and row scales, and the tokens are transformers'."""
+    d, strategy, prompts, ref = row_scaled_fp8_moe
+    sched = make_scheduler(
+        reuse_model=False,
+        model_path=d + "-dequantized",
+        skip_tokenizer_init=True,
+        max_total_tokens=1024,
+        kt_method="FP8_PERCHANNEL",
+        kt_num_gpu_experts=1,
+        kt_weight_path=d,
+    )
+    cpu, idx = sched.model_runner.model.model.layers[0].mlp.experts.expert_home(3)
+    ckpt = load_file(f"{d}/model.safetensors")
+    e = "model.layers.0.mlp.experts.3."
+    assert torch.equal(cpu.w2_weight[idx].view(torch.uint8), ckpt[e + "down_proj.weight"].view(torch.uint8))
+    up_scale = ckpt[e + "up_proj.weight_scale"].reshape(-1)
+    inter = cpu.w13_weight_scale.shape[1] // 2
+    assert torch.equal(cpu.w13_weight_scale[idx, inter:], up_scale.expand(inter) if strategy == "tensor" else up_scale)
+    outs = run_scheduler(sched, prompts, greedy_params(NEW_TOKENS))
+    assert [o.output_ids for o in outs] == ref
