@@ -14,7 +14,7 @@ DTYPES = ("auto", "float32", "float16", "bfloat16", "half", "float", "bf16", "fp
 KV_CACHE_DTYPES = ("auto", "float32", "float16", "bfloat16", "fp8_e4m3", "fp8_e5m2")
 QUANTIZATIONS = ("fp8",)  # online: a full-precision checkpoint's dense linear layers, quantized while loading
 ATTENTION_BACKENDS = ("torch_native", "triton")
-KT_METHODS = ("BF16", "FP8", "FP8_PERCHANNEL", "INT8", "INT4", "MXFP4", "AMXINT4", "AMXINT8")
+KT_METHODS = ("BF16", "FP8", "FP8_PERCHANNEL", "INT8", "INT4", "MXFP4", "AMXINT4", "AMXINT8", "RAWINT4")
 DEFAULT_KT_METHOD = "AMXINT4"
 # Upstream's names; function_call_parser.py / reasoning_parser.py hold the parsers (a unit test keeps them equal).
 TOOL_CALL_PARSERS = ("qwen25", "llama3", "mistral", "pythonic", "deepseekv3", "glm45", "kimi_k2", "qwen3_coder")

@@ -6,7 +6,8 @@
   the captured rows) computes only the real rows: the padding costs the CPU nothing;
 - a tiny Qwen3-MoE with 3 of 8 experts on the GPU: decode is captured in CUDA graphs, greedy tokens with
   graphs equal those without and equal transformers' (fp32), for BF16 and INT8 experts (INT8 with fp32
-  activations equals the all-GPU engine running the same experts);
+  activations equals the all-GPU engine running the same experts), and for a pack-quantized INT4 checkpoint's own
+  experts (RAWINT4, groups of 32) against transformers on the dequantized weights;
 - post-capture KV sizing with CPU experts measures real graphs (no "decode runs eagerly" note).
 """
 
@@ -190,6 +191,25 @@ def test_hybrid_decode_in_cuda_graphs(tiny_moe, method):
         w8a16_tokens = _generate(w8a16, collector)
         gpu_only, collector = _scheduler(path, kt_method=method, kt_num_gpu_experts=8)
         assert w8a16_tokens == _generate(gpu_only, collector)
+
+
+def test_int4_checkpoint_experts_in_cuda_graphs(tiny_moe, tmp_path):
+    """The tiny model's routed experts pack-quantized in groups of 32 (compressed-tensors, as Kimi-K2-Thinking ships
+    them) under --kt-method RAWINT4: the GPU-side experts and the CPU kernels hold the checkpoint's code bytes (the
+    fused MoE's INT4 groups of 32 on the GPU), decode is captured, and greedy tokens with graphs equal those
+    without and equal transformers' (fp32) on the dequantized weights."""
+    from sglang.test.int4_checkpoints import write_int4_experts_checkpoint
+    from sglang.test.runners import hf_greedy
+
+    d = write_int4_experts_checkpoint(tiny_moe[0], str(tmp_path / "int4"), group=32)
+    refs = hf_greedy(d + "-dequantized", PROMPTS, NEW_TOKENS)
+    graphs, collector = _scheduler(d, kt_method="RAWINT4", kt_num_gpu_experts=3)
+    assert graphs.model_runner.config.kt.method == "INT4_G32"
+    assert graphs.model_runner.cuda_graph_runner is not None
+    with_graphs = _generate(graphs, collector)
+    eager, collector = _scheduler(d, kt_method="RAWINT4", kt_num_gpu_experts=3, disable_cuda_graph=True)
+    assert with_graphs == _generate(eager, collector)
+    assert with_graphs == refs
 
 
 def test_post_capture_sizing_measures_graphs_with_cpu_experts(tiny_moe):

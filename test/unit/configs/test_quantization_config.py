@@ -2,8 +2,9 @@ from sglang.test.ci.ci_register import register_cpu_ci
 
 register_cpu_ci(est_time=5, suite="per-commit-cpu")
 
-# config.json's quantization_config parsed into the checkpoint's weight format: the native FP8 layouts we run
-# parse into a CheckpointQuantization, every other method is refused by name with the supported list.
+# config.json's quantization_config parsed into the checkpoint's weight format: the native FP8 layouts and the
+# pack-quantized INT4 one (Kimi-K2-Thinking's experts) we run parse into a CheckpointQuantization, every other
+# method is refused by name with the supported list.
 
 import pytest
 import torch
@@ -31,6 +32,33 @@ def compressed_tensors(strategy="channel", dynamic_acts=True, **weights):
         "ignore": ["lm_head", "re:.*mlp.gate$"],
         "kv_cache_scheme": None,
     }
+
+
+def pack_quantized(**weights):
+    """Kimi-K2-Thinking's quantization_config (its ignore list shortened)."""
+    base = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32, "symmetric": True, "dynamic": False}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": "pack-quantized",
+        "config_groups": {
+            "group_0": {
+                "targets": ["Linear"],
+                "weights": {**base, "actorder": None, **weights},
+                "input_activations": None,
+            }
+        },
+        "ignore": ["lm_head", "re:.*self_attn.*"],
+        "kv_cache_scheme": None,
+    }
+
+
+def test_pack_quantized_int4_parses():
+    q = parse_checkpoint_quantization(pack_quantized())
+    assert q == CheckpointQuantization(
+        "compressed-tensors", "group", "weight_scale", "dynamic", ("lm_head", "re:.*self_attn.*"), 32
+    )
+    assert q.is_int4 and q.block_size is None and q.is_ignored("model.layers.3.self_attn.o_proj")
+    assert parse_checkpoint_quantization(pack_quantized(group_size=128)).group_size == 128
 
 
 def test_full_precision_has_no_format():
@@ -68,7 +96,25 @@ REFUSED = [
     ({"quant_method": "fp8", "activation_scheme": "static"}, "weight_block_size None"),
     ({**FP8_BLOCK, "weight_block_size": [64, 64]}, "weight_block_size [64, 64]"),
     ({**FP8_BLOCK, "fmt": "e5m2"}, "fmt 'e5m2'"),
-    ({**compressed_tensors(), "format": "pack-quantized"}, "format 'pack-quantized'"),
+    ({**compressed_tensors(), "format": "marlin-24"}, "format 'marlin-24'"),
+    ({**compressed_tensors(), "format": "pack-quantized"}, "weights of type 'float' with 8 bits"),
+    (pack_quantized(num_bits=8), "weights of type 'int' with 8 bits"),
+    (pack_quantized(strategy="channel"), "weight strategy 'channel'"),
+    (pack_quantized(symmetric=False), "asymmetric (zero-point)"),
+    (pack_quantized(actorder="group"), "actorder 'group'"),
+    (pack_quantized(group_size=None), "group_size None"),
+    (
+        {
+            **pack_quantized(),
+            "config_groups": {
+                "g": {
+                    **pack_quantized()["config_groups"]["group_0"],
+                    "input_activations": {"num_bits": 8, "type": "int"},
+                }
+            },
+        },
+        "input_activations",
+    ),  # fmt: skip
     (compressed_tensors(num_bits=4), "with 4 bits"),
     (compressed_tensors("group"), "strategy 'group'"),
     (

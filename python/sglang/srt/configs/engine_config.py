@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import logging
+import os
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
@@ -23,7 +25,11 @@ from sglang.srt.configs.device_config import DeviceConfig, probe_device
 from sglang.srt.configs.errors import ServerArgsError
 from sglang.srt.configs.kt_config import MIN_STEP_CAPACITY_TOKENS, KTConfig
 from sglang.srt.configs.model_config import ModelConfig, check_model_supported, load_hf_config, num_routed_experts
-from sglang.srt.configs.quantization_config import CheckpointQuantization
+from sglang.srt.configs.quantization_config import (
+    CheckpointQuantization,
+    UnsupportedQuantization,
+    checkpoint_quantization,
+)
 from sglang.srt.environ import envs
 from sglang.srt.model_executor.pool_configurator import (
     MiB,
@@ -144,19 +150,59 @@ def _kt_config(
     )
 
 
-def _check_kt_method_for_checkpoint(method: str, checkpoint: Optional[CheckpointQuantization], model_path: str) -> None:
-    """An fp8 --kt-method (FP8: 128x128 blocks, FP8_PERCHANNEL: rows) promises the checkpoint's own fp8 experts;
-    on a native FP8 checkpoint of the other scale layout it would re-quantize them (other values than the
-    checkpoint's), so that is refused naming the method that holds them. Other methods are formats of their own."""
-    from sglang.srt.layers.quantization import MOE_METHODS, get_moe_method
+def _declared_quantization(path: str, flag: str) -> Optional[CheckpointQuantization]:
+    """The format a checkpoint directory's config.json declares (None where it has none or no readable config)."""
+    try:
+        with open(os.path.join(path, "config.json")) as f:
+            raw = json.load(f)
+    except (OSError, ValueError):
+        return None
+    try:
+        return checkpoint_quantization(raw if isinstance(raw, dict) else {})
+    except UnsupportedQuantization as e:
+        raise ServerArgsError(f"{flag} {path}: {e}") from e
 
-    if checkpoint is None:
-        return
+
+# --kt-method names whose format is INT4 (KTransformers' AMXINT4, and RAWINT4: the checkpoint's own int4 experts).
+INT4_KT_METHODS = ("INT4", "AMXINT4", "RAWINT4")
+
+
+def _kt_method_for_checkpoint(
+    method: str, checkpoint: Optional[CheckpointQuantization], model_path: str, weight_path: Optional[str]
+) -> str:
+    """--kt-method resolved against the checkpoint the experts come from.
+
+    A pack-quantized INT4 checkpoint (Kimi-K2-Thinking, K2.5): an INT4 method holds its experts as they are, in the
+    checkpoint's groups (INT4_G<size>); RAWINT4 needs such a checkpoint. An fp8 method (FP8: 128x128 blocks,
+    FP8_PERCHANNEL: rows) promises a native FP8 checkpoint's own experts: on one of the other scale layout it would
+    re-quantize them, so that is refused naming the method that holds them. Other methods are formats of their own
+    (the experts dequantized, then quantized into them). Refusals name the flag."""
+    from sglang.srt.layers.quantization import MOE_METHODS, get_moe_method, int4_method_name
+
+    if weight_path is not None:
+        source = _declared_quantization(weight_path, "--kt-weight-path")
+        if source is not None and source.is_int4:
+            raise ServerArgsError(
+                f"--kt-weight-path {weight_path}: a pack-quantized int4 checkpoint's experts load from --model-path "
+                "(give it there; its other layers are dequantized at load)"
+            )
+        if method == "RAWINT4":
+            raise ServerArgsError("--kt-method RAWINT4 runs --model-path's own int4 experts, not --kt-weight-path's")
+        return method
+    if checkpoint is not None and checkpoint.is_int4 and method in INT4_KT_METHODS:
+        return int4_method_name(checkpoint.group_size)
+    if method == "RAWINT4":
+        raise ServerArgsError(
+            f"--kt-method RAWINT4 runs a checkpoint's own int4 experts (compressed-tensors pack-quantized, as "
+            f"Kimi-K2-Thinking ships them); {model_path} has none: --kt-method INT4 (or AMXINT4) quantizes its "
+            "experts to INT4"
+        )
     chosen = get_moe_method(method)
-    if not any(chosen.holds_checkpoint_fp8(s) for s in ("block", "channel", "tensor")):
-        return
+    fp8_strategies = ("block", "channel", "tensor")
+    if checkpoint is None or checkpoint.is_int4 or not any(chosen.holds_checkpoint_fp8(s) for s in fp8_strategies):
+        return method
     if chosen.holds_checkpoint_fp8(checkpoint.strategy):
-        return
+        return method
     holder = next(name for name, make in MOE_METHODS.items() if make().holds_checkpoint_fp8(checkpoint.strategy))
     raise ServerArgsError(
         f"--kt-method {method}: {model_path} is a native FP8 checkpoint with per-{checkpoint.strategy} scales "
@@ -252,11 +298,13 @@ def resolve_engine_config(
                 f"{device.memory_mib:.0f} MiB (reserving {reserved:.0f} MiB); give it explicitly"
             )
     kt = _kt_config(args, model_path, device, num_routed_experts(model.hf_config), graph_max_bs)
-    if kt is not None and kt.weight_path is None:
-        _check_kt_method_for_checkpoint(kt.method, model.checkpoint_quantization, model_path)
+    kt_flag = kt.method if kt is not None else None  # the flag as given, its default applied (/server_info)
+    if kt is not None:  # the experts' format: an INT4 method on an int4 checkpoint takes its groups (INT4_G<size>)
+        method = _kt_method_for_checkpoint(kt.method, model.checkpoint_quantization, model_path, kt.weight_path)
+        kt = dataclasses.replace(kt, method=method)
     resolved = dataclasses.replace(
         args,
-        kt_method=kt.method if kt is not None else None,
+        kt_method=kt_flag,
         model_path=model_path,
         tokenizer_path=args.tokenizer_path or model_path,
         served_model_name=args.served_model_name or model_path,

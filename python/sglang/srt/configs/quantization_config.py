@@ -5,11 +5,17 @@ bitsandbytes, a compressed-tensors scheme we do not run, a method nobody knows) 
 method and listing what is supported, raised before any weight file is opened. Loading an unknown format
 as if it were full precision would answer wrongly without a word; refusing is the only honest choice.
 
-Supported (the native FP8 layouts of DeepSeek-V3/R1, Qwen3-*-FP8, GLM-4.5-FP8, MiniMax-M2, GLM-4.7-FP8):
+Supported (the native FP8 layouts of DeepSeek-V3/R1, Qwen3-*-FP8, GLM-4.5-FP8, MiniMax-M2, GLM-4.7-FP8; the native
+INT4 experts of Kimi-K2-Thinking / K2.5):
   * ``quant_method: fp8`` with ``weight_block_size: [128, 128]``: each quantized linear's ``weight`` is e4m3
     with ``weight_scale_inv`` fp32 [ceil(out/128), ceil(in/128)], weight = q x scale_inv per block;
   * ``quant_method: compressed-tensors``, ``format: float-quantized``, 8-bit float weights with one
-    ``weight_scale`` per output channel or per tensor (or per 128x128 block), weight = q x scale.
+    ``weight_scale`` per output channel or per tensor (or per 128x128 block), weight = q x scale;
+  * ``quant_method: compressed-tensors``, ``format: pack-quantized``, 4-bit symmetric int weights with one
+    ``weight_scale`` per ``group_size`` inputs: ``weight_packed`` int32 [out, ceil(in/8)] (eight codes q + 8 a
+    word, the first in the low bits), ``weight_shape`` [out, in], weight = q x scale per group. Routed experts
+    are held as they are by an INT4 expert format of that group (KT: --kt-method RAWINT4, INT4 or AMXINT4); every
+    other such layer is dequantized at load.
 Modules the config leaves unquantized (``modules_to_not_convert``, ``ignored_layers``, ``ignore``) are kept.
 A compressed-tensors ``kv_cache_scheme`` of per-tensor fp8 scales is accepted: the ``k_scale`` / ``v_scale``
 tensors beside the weights serve an fp8 KV cache (model_loader/kv_scales.py); per-head or dynamic KV schemes
@@ -28,6 +34,8 @@ SUPPORTED = (
     "fp8 (weight_block_size [128, 128], weight_scale_inv per block)",
     "compressed-tensors (format float-quantized: 8-bit float weights, weight_scale per channel, per tensor "
     "or per 128x128 block)",
+    "compressed-tensors (format pack-quantized: 4-bit symmetric int weights, weight_scale per group, no activation "
+    "quantization)",
 )
 
 
@@ -47,10 +55,17 @@ class CheckpointQuantization:
     """How a checkpoint's quantized linear layers are stored."""
 
     method: str  # "fp8" or "compressed-tensors"
-    strategy: str  # "block" (128x128 scales), "channel" (one per output row) or "tensor" (one scalar)
+    # 8-bit float: "block" (128x128 scales), "channel" (one per output row) or "tensor" (one scalar);
+    # 4-bit int: "group" (one per group_size inputs of a row)
+    strategy: str
     scale_name: str  # the scale tensor's suffix beside each `weight`: "weight_scale_inv" or "weight_scale"
     activation_scheme: str  # "dynamic" (quantized per call) or "static" (the checkpoint's input_scale)
     ignored: Tuple[str, ...] = ()  # module names (or "re:" patterns) kept in full precision
+    group_size: Optional[int] = None  # "group": inputs per scale
+
+    @property
+    def is_int4(self) -> bool:
+        return self.strategy == "group"
 
     @property
     def param_scale_name(self) -> str:
@@ -113,15 +128,22 @@ def _check_kv_cache_scheme(scheme: Any) -> None:
 
 def _parse_compressed_tensors(cfg: Mapping[str, Any]) -> CheckpointQuantization:
     fmt = cfg.get("format")
-    if fmt != "float-quantized":
-        raise _refuse(f"compressed-tensors with format {fmt!r} is not supported (only float-quantized)")
+    if fmt not in ("float-quantized", "pack-quantized"):
+        raise _refuse(
+            f"compressed-tensors with format {fmt!r} is not supported (only float-quantized and pack-quantized)"
+        )
     _check_kv_cache_scheme(cfg.get("kv_cache_scheme"))
     groups = dict(cfg.get("config_groups") or {})
     if len(groups) != 1:
         raise _refuse(f"compressed-tensors with {len(groups)} config_groups is not supported (exactly one)")
     (group,) = groups.values()
-    if group.get("format", fmt) != "float-quantized":
+    if group.get("format", fmt) != fmt:
         raise _refuse(f"compressed-tensors group format {group.get('format')!r} is not supported")
+    targets = tuple(group.get("targets") or ("Linear",))
+    if targets != ("Linear",):
+        raise _refuse(f"compressed-tensors targets {list(targets)} are not supported (only ['Linear'])")
+    if fmt == "pack-quantized":
+        return _parse_pack_quantized(group, tuple(cfg.get("ignore") or ()))
     weights = group.get("weights") or {}
     if (weights.get("type"), weights.get("num_bits")) != ("float", 8):
         raise _refuse(
@@ -141,12 +163,36 @@ def _parse_compressed_tensors(cfg: Mapping[str, Any]) -> CheckpointQuantization:
     if acts and (acts.get("type"), acts.get("num_bits")) != ("float", 8):
         raise _refuse("compressed-tensors input activations other than 8-bit float are not supported")
     scheme = "static" if acts and not acts.get("dynamic", False) else "dynamic"
-    targets = tuple(group.get("targets") or ("Linear",))
-    if targets != ("Linear",):
-        raise _refuse(f"compressed-tensors targets {list(targets)} are not supported (only ['Linear'])")
     return CheckpointQuantization(
         "compressed-tensors", strategy, "weight_scale", scheme, tuple(cfg.get("ignore") or ())
     )
+
+
+def _parse_pack_quantized(group: Mapping[str, Any], ignored: Tuple[str, ...]) -> CheckpointQuantization:
+    """compressed-tensors pack-quantized: 4-bit symmetric int weights with a scale per group of inputs, weight-only
+    (W4A16: Kimi-K2-Thinking's and K2.5's routed experts)."""
+    weights = group.get("weights") or {}
+    kind = (weights.get("type"), weights.get("num_bits"))
+    if kind != ("int", 4):
+        raise _refuse(
+            f"compressed-tensors pack-quantized weights of type {kind[0]!r} with {kind[1]} bits are not supported "
+            "(only 4-bit int)"
+        )
+    if weights.get("strategy") != "group":
+        raise _refuse(
+            f"compressed-tensors pack-quantized weight strategy {weights.get('strategy')!r} is not supported (only "
+            "group)"
+        )
+    if weights.get("dynamic") or weights.get("symmetric") is False:
+        raise _refuse("compressed-tensors dynamic or asymmetric (zero-point) weight quantization is not supported")
+    if weights.get("actorder"):
+        raise _refuse(f"compressed-tensors actorder {weights.get('actorder')!r} (g_idx) is not supported")
+    size = weights.get("group_size")
+    if not isinstance(size, int) or size <= 0 or size % 2:
+        raise _refuse(f"compressed-tensors pack-quantized group_size {size!r} is not supported (a positive even size)")
+    if group.get("input_activations"):
+        raise _refuse("compressed-tensors pack-quantized with input_activations is not supported (weight-only)")
+    return CheckpointQuantization("compressed-tensors", "group", "weight_scale", "dynamic", ignored, size)
 
 
 def parse_checkpoint_quantization(quantization_config: Optional[Mapping[str, Any]]) -> Optional[CheckpointQuantization]:
@@ -203,8 +249,8 @@ def linear_weight_format(
     """The linear layers' weight format for this checkpoint (layers/linear.py): on the GPU they keep the
     checkpoint's fp8 ("fp8_block", or "fp8_channel" for per-channel/per-tensor scales; a MoE model's block-fp8
     experts too, per-channel experts are dequantized); the CPU dequantizes at load (None)."""
-    if quant is None or device != "cuda" or architecture not in CHECKPOINT_FP8_ARCHITECTURES:
-        return None
+    if quant is None or quant.is_int4 or device != "cuda" or architecture not in CHECKPOINT_FP8_ARCHITECTURES:
+        return None  # int4 checkpoints: every linear layer dequantized at load (the experts' format decides theirs)
     if quant.strategy == "block":
         return "fp8_block"
     if str(dtype) != "torch.bfloat16":  # torch._scaled_mm's row-wise scales produce bf16 only

@@ -84,22 +84,23 @@ def checkpoint_fp8_weights(
         )
 
 
-def fp8_parameter_filter(
+def checkpoint_parameter_filter(
     model: torch.nn.Module, stacked_params_mapping, quant: CheckpointQuantization
 ) -> Callable[[str], bool]:
-    """keep_fp8 for `model`: whether a checkpoint weight's target parameter (through the model's stacked
-    projections, q_proj -> qkv_proj ...) is stored in fp8, i.e. the layer runs the checkpoint's format."""
+    """keep for `model`: whether a checkpoint weight's target holds the checkpoint's format as it is (a linear
+    parameter stored in fp8, through the model's stacked projections, q_proj -> qkv_proj ...; routed experts whose
+    format holds that layout: FP8 blocks, FP8_PERCHANNEL rows, INT4 groups), i.e. the layer runs it."""
     fp8 = {name for name, p in model.named_parameters() if p.dtype in FP8_DTYPES}
     modules = dict(model.named_modules())
 
     def keep(checkpoint_name: str) -> bool:
         name = model.checkpoint_name(checkpoint_name)  # as the model's loader will name it (Mixtral's experts)
         m = _EXPERT.match(name)
-        if m is not None:  # an expert's matrix: kept where the experts hold this fp8 layout (FP8 / FP8_PERCHANNEL)
+        if m is not None:  # an expert's matrix: kept where the experts' format holds the checkpoint's layout
             # A layer the model does not build (DeepSeek-V3's multi-token-prediction layer, dropped by the model's
             # loader) has no experts module: its tensors pass dequantized, to be skipped there.
             experts = modules.get(m.group(1))
-            return experts is not None and experts.takes_checkpoint_fp8(quant.strategy)
+            return experts is not None and experts.takes_checkpoint_experts(quant)
         for param_suffix, ckpt_suffix, _ in stacked_params_mapping:
             if ckpt_suffix in name:
                 return name.replace(ckpt_suffix, param_suffix) in fp8

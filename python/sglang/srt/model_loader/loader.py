@@ -50,16 +50,20 @@ def get_model(
     kv_scales = KVScaleCollector()  # the checkpoint's k_scale/v_scale: not weights, given to the attention layers
     weights = kv_scales.weights(_weights(model_config, load_format, device, seed))
     quant = model_config.checkpoint_quantization
-    if quant is not None:  # a native FP8 checkpoint: fp8 layers take its weights as they are, others dequantized
+    if quant is not None:  # a native FP8 / INT4 checkpoint: layers of its format take it as it is, others dequantized
         from sglang.srt.model_loader.fp8_checkpoint import (
             checkpoint_fp8_weights,
-            fp8_parameter_filter,
+            checkpoint_parameter_filter,
             quantized_dummy_weights,
         )
+        from sglang.srt.model_loader.int4_checkpoint import checkpoint_int4_weights, quantized_int4_dummy_weights
 
-        keep = fp8_parameter_filter(model, model.stacked_params_mapping, quant)
+        keep = checkpoint_parameter_filter(model, model.stacked_params_mapping, quant)
         if load_format == "dummy":
-            weights = quantized_dummy_weights(weights, quant, keep)
+            dummy = quantized_int4_dummy_weights if quant.is_int4 else quantized_dummy_weights
+            weights = dummy(weights, quant, keep)
+        elif quant.is_int4:
+            weights = checkpoint_int4_weights(weights, quant, model_config.dtype, keep)
         else:
             weights = checkpoint_fp8_weights(weights, quant, model_config.dtype, keep)
     model.load_weights(weights)

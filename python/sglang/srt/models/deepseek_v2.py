@@ -21,7 +21,7 @@ A native block-FP8 checkpoint (DeepSeek-V3/R1, Kimi-K2: `weight_scale_inv` per 1
 its fp8 weights and scales in every projection the model multiplies activations by (q, kv_a, o_proj, the dense
 and shared MLPs: the "fp8_block" linear format) and in the routed experts (the FP8 fused-MoE layout, or the KT
 CPU kernels' with --kt-method FP8). kv_b_proj alone arrives dequantized (the loader's choice, through
-fp8_parameter_filter): attention never multiplies an activation by it as a linear layer, it splits it into
+checkpoint_parameter_filter): attention never multiplies an activation by it as a linear layer, it splits it into
 W_UK / W_UV and absorbs them into the query and the latent context (layers/attention/mla_torch.py).
 On the CPU every weight is dequantized at load.
 """

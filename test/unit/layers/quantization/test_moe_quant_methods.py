@@ -176,6 +176,9 @@ def test_registry_names_and_aliases() -> None:
     assert get_moe_method("AMXINT4").name == "INT4"
     assert get_moe_method("amxint8").name == "INT8"
     assert get_moe_method("RAWINT4").name == "INT4"
+    assert (
+        get_moe_method("int4_g32").name == "INT4" and get_moe_method("INT4_G32").group == 32
+    )  # INT4 in a checkpoint's groups
     assert get_moe_method("bf16") is not get_moe_method("bf16")  # fresh instance each time
     with pytest.raises(ValueError, match="BF16.*FP8.*FP8_PERCHANNEL.*INT8.*INT4.*MXFP4"):
         get_moe_method("LLAMAFILE")
@@ -280,6 +283,13 @@ def test_fp8_layouts_hold_their_checkpoint_scales() -> None:
         "INT4": [],
         "MXFP4": [],
     }
+    from sglang.srt.configs.quantization_config import CheckpointQuantization
+
+    int4 = CheckpointQuantization("compressed-tensors", "group", "weight_scale", "dynamic", (), 32)
+    assert [name for name in METHODS if get_moe_method(name).holds_checkpoint(int4)] == []
+    assert get_moe_method("INT4_G32").holds_checkpoint(int4)  # the checkpoint's own groups
+    block = CheckpointQuantization("fp8", "block", "weight_scale_inv", "dynamic")
+    assert [name for name in METHODS if get_moe_method(name).holds_checkpoint(block)] == ["FP8"]
 
 
 def test_per_channel_checkpoint_experts_are_copied_as_they_are() -> None:

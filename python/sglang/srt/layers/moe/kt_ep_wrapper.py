@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from sglang.srt.configs.kt_config import KTConfig
+from sglang.srt.configs.quantization_config import CheckpointQuantization
 from sglang.srt.layers.moe.cpu_experts import CpuExpertsEngine, CpuExpertsLayer
 from sglang.srt.layers.moe.kt_prefill_slot import KTPrefillSlot
 from sglang.srt.layers.moe.layer import (
@@ -152,11 +153,11 @@ class KTEPWrapperMethod(nn.Module):
         layer, idx = self.expert_home(expert_id)
         load_expert_from_checkpoint(layer, layer.quant_method, self.inter_range, idx, shard_id, loaded_weight, param)
 
-    def takes_checkpoint_fp8(self, strategy: str) -> bool:
+    def takes_checkpoint_experts(self, quant: CheckpointQuantization) -> bool:
         """--kt-method FP8 holds a native block-FP8 checkpoint's experts as they are, FP8_PERCHANNEL a per-channel
-        (or per-tensor) one's, GPU and CPU ones alike: the CPU kernel reads the checkpoint's own codes and
-        scales, no BF16 round trip."""
-        return get_moe_method(self.kt.method).holds_checkpoint_fp8(strategy)
+        (or per-tensor) one's, INT4 of the checkpoint's group size a pack-quantized one's, GPU and CPU ones alike:
+        the CPU kernel reads the checkpoint's own codes and scales, no BF16 round trip."""
+        return get_moe_method(self.kt.method).holds_checkpoint(quant)
 
     def finish_loading(self) -> None:
         """Pin the host experts when the full-GPU slot will copy them in (DMA), then hand them to the CPU

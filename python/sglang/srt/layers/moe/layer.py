@@ -6,16 +6,19 @@ from typing import Optional, Union
 
 import torch
 
+from sglang.srt.configs.quantization_config import CheckpointQuantization
 from sglang.srt.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from sglang.srt.distributed.partition import shard_range
 from sglang.srt.layers.moe.topk import select_experts
 from sglang.srt.layers.quantization import get_moe_method
 from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase
+from sglang.srt.layers.quantization.int4 import CHECKPOINT_CODES, CHECKPOINT_GROUP_SCALES, Int4FusedMoEMethod
 
 # Checkpoint projection -> our shard id: w1 = gate, w3 = up (stacked into w13), w2 = down.
 _CKPT_SHARDS = (("gate_proj", "w1", "w13_"), ("up_proj", "w3", "w13_"), ("down_proj", "w2", "w2_"))
 # A native FP8 checkpoint's expert scale, by its name beside the weight: its layout, and the format holding it.
 CHECKPOINT_SCALE_STRATEGIES = {"weight_scale_inv": "block", "weight_scale": "channel"}
+INT4_KINDS = (CHECKPOINT_CODES, CHECKPOINT_GROUP_SCALES)
 _HOLDER = {"block": "FP8", "channel": "FP8_PERCHANNEL"}
 
 
@@ -63,6 +66,11 @@ def load_expert_from_checkpoint(
     rank's `inter_range`: full precision goes through the method's quantizer; a native FP8 checkpoint's e4m3
     codes and its scale (`kind` "weight_scale_inv": per 128x128 block, cut in 128-wide blocks; "weight_scale":
     per output row or per tensor) are copied as they are, by a format that holds that layout."""
+    if isinstance(kind, str) and kind in INT4_KINDS:
+        _load_int4_expert(
+            layer, quant_method, inter_range, expert_id, shard_id, loaded, kind == CHECKPOINT_GROUP_SCALES
+        )
+        return
     strategy = CHECKPOINT_SCALE_STRATEGIES.get(kind) if isinstance(kind, str) else None
     is_scale = strategy is not None
     if is_scale and not quant_method.holds_checkpoint_fp8(strategy):
@@ -89,6 +97,35 @@ def load_expert_from_checkpoint(
         )
         return
     quant_method.load_expert(layer, expert_id, shard_id, shard_expert_weight(loaded, shard_id, inter_range))
+
+
+def _load_int4_expert(
+    layer: torch.nn.Module,
+    quant_method: FusedMoEMethodBase,
+    inter_range: tuple[int, int],
+    expert_id: int,
+    shard_id: str,
+    loaded: torch.Tensor,
+    is_scale: bool,
+) -> None:
+    """A pack-quantized expert matrix's code bytes [rows, cols/2] or group scales [rows, ceil(cols/group)] (the
+    loader's int4 pass, model_loader/int4_checkpoint.py), cut to this rank: w1 / w3 by rows, w2 by whole bytes or
+    whole groups of its inputs."""
+    if not isinstance(quant_method, Int4FusedMoEMethod):
+        raise ValueError(
+            f"{shard_id} of expert {expert_id}: the checkpoint's int4 experts cannot be held as they are by the "
+            f"{quant_method.name} expert format"
+        )
+    group, (start, end) = quant_method.group, inter_range
+    if shard_id != "w2":
+        part = loaded[start:end]
+    elif is_scale:
+        if start % group:
+            raise ValueError(f"expert partition {inter_range} does not fall on the int4 scale groups of {group}")
+        part = loaded[:, start // group : -(-end // group)]
+    else:
+        part = loaded[:, start // 2 : end // 2]  # the partition is even: INT4's check_sizes
+    quant_method.load_expert_checkpoint_int4(layer, expert_id, shard_id, part, is_scale)
 
 
 class FusedMoE(torch.nn.Module):
@@ -151,9 +188,9 @@ class FusedMoE(torch.nn.Module):
             self, self.quant_method, self.inter_range, expert_id, shard_id, loaded_weight, param_name_or_param
         )
 
-    def takes_checkpoint_fp8(self, strategy: str) -> bool:
-        """Whether a native FP8 checkpoint's experts with scales of `strategy` are held as they are."""
-        return self.quant_method.holds_checkpoint_fp8(strategy)
+    def takes_checkpoint_experts(self, quant: CheckpointQuantization) -> bool:
+        """Whether the experts of a checkpoint quantized as `quant` declares are held as they are."""
+        return self.quant_method.holds_checkpoint(quant)
 
     def forward(
         self,

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 from typing import Callable, Optional
 
 from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase
 from sglang.srt.layers.quantization.fp8 import Fp8FusedMoEMethod, Fp8PerChannelFusedMoEMethod
-from sglang.srt.layers.quantization.int4 import Int4FusedMoEMethod
+from sglang.srt.layers.quantization.int4 import DEFAULT_INT4_GROUP, Int4FusedMoEMethod
 from sglang.srt.layers.quantization.int8 import Int8FusedMoEMethod
 from sglang.srt.layers.quantization.mxfp4 import Mxfp4FusedMoEMethod
 from sglang.srt.layers.quantization.unquant import UnquantizedFusedMoEMethod
@@ -38,10 +39,18 @@ def checkpoint_experts_method(linear_format: Optional[str]) -> str:
     return CHECKPOINT_EXPERTS_METHODS.get(linear_format or "", "BF16")
 
 
+def int4_method_name(group_size: int) -> str:
+    """get_moe_method's name for INT4 experts with one scale per `group_size` inputs (a pack-quantized checkpoint's)."""
+    return "INT4" if group_size == DEFAULT_INT4_GROUP else f"INT4_G{group_size}"
+
+
 def get_moe_method(name: str) -> FusedMoEMethodBase:
-    """A fresh method instance for ``name`` (case-insensitive, aliases accepted)."""
+    """A fresh method instance for ``name`` (case-insensitive, aliases accepted; INT4_G<n>: INT4 in groups of n)."""
     key = name.strip().upper()
     key = MOE_METHOD_ALIASES.get(key, key)
+    grouped = re.fullmatch(r"INT4_G([1-9][0-9]*)", key)
+    if grouped:
+        return Int4FusedMoEMethod(group_size=int(grouped.group(1)))
     if key not in MOE_METHODS:
         valid = ", ".join([*MOE_METHODS, *MOE_METHOD_ALIASES])
         raise ValueError(f"unknown MoE quantization method {name!r}; valid names: {valid}")
@@ -55,4 +64,5 @@ __all__ = [
     "MOE_METHODS",
     "MOE_METHOD_ALIASES",
     "get_moe_method",
+    "int4_method_name",
 ]

@@ -11,11 +11,14 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import torch
 
 from sglang.srt.layers.moe.weight_format import MoEGemmWeight, WeightQuant
+
+if TYPE_CHECKING:
+    from sglang.srt.configs.quantization_config import CheckpointQuantization
 
 # The two stacked matrices of every expert. w13 = [w1; w3] (gate rows then up rows), both [2I, H];
 # w2 is the down projection [H, I].
@@ -146,6 +149,16 @@ class FusedMoEMethodBase(ABC):
         """Whether this format stores a native FP8 checkpoint's experts of that scale layout ("block",
         "channel", "tensor": configs/quantization_config.py) as they are: their codes and scales, copied."""
         return False
+
+    def holds_checkpoint_int4(self, group_size: int) -> bool:
+        """Whether this format stores a pack-quantized INT4 checkpoint's experts of that group size as they are."""
+        return False
+
+    def holds_checkpoint(self, quant: "CheckpointQuantization") -> bool:
+        """Whether this format stores the experts of a checkpoint quantized as `quant` declares as they are."""
+        if quant.is_int4:
+            return quant.group_size is not None and self.holds_checkpoint_int4(quant.group_size)
+        return self.holds_checkpoint_fp8(quant.strategy)
 
     def load_expert_checkpoint_fp8(
         self, layer: torch.nn.Module, expert_id: int, shard: str, tensor: torch.Tensor, is_scale: bool

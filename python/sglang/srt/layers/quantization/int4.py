@@ -12,6 +12,10 @@ from sglang.srt.layers.quantization.utils import cdiv, expand_groups, group_last
 
 INT4_MAX = 7  # scale = group absmax / 7; codes use -8..7 so rounding at the edge never clips
 INT4_OFFSET = 8  # stored nibble = q + 8, so nibbles are unsigned 0..15
+DEFAULT_INT4_GROUP = 128  # inputs per scale when quantizing a full-precision checkpoint (AMXINT4's)
+# A pack-quantized checkpoint's expert matrix as the loader hands it to the experts (model_loader/int4_checkpoint.py):
+# its code bytes in this format's layout, and its fp32 group scales.
+CHECKPOINT_CODES, CHECKPOINT_GROUP_SCALES = "weight_packed", "weight_group_scale"
 
 
 class Int4FusedMoEMethod(FusedMoEMethodBase):
@@ -21,9 +25,9 @@ class Int4FusedMoEMethod(FusedMoEMethodBase):
     Byte j of a row holds elements 2j (low nibble) and 2j+1 (high nibble); weight = (nibble - 8) * scale.
     """
 
-    name = "INT4"
+    name = "INT4"  # with a group size other than 128, get_moe_method's name for it is INT4_G<size>
 
-    def __init__(self, group_size: int = 128) -> None:
+    def __init__(self, group_size: int = DEFAULT_INT4_GROUP) -> None:
         self.group = group_size
 
     def check_sizes(self, hidden_size: int, intermediate_size: int) -> None:
@@ -54,3 +58,24 @@ class Int4FusedMoEMethod(FusedMoEMethodBase):
 
     def kernel_quant(self) -> tuple[WeightQuant, int, int]:
         return WeightQuant.INT4_GROUP, 1, self.group
+
+    def holds_checkpoint_int4(self, group_size: int) -> bool:
+        return group_size == self.group
+
+    def load_expert_checkpoint_int4(
+        self, layer: torch.nn.Module, expert_id: int, shard: str, tensor: torch.Tensor, is_scale: bool
+    ) -> None:
+        """A pack-quantized checkpoint's expert matrix as it is (this rank's slice): its code bytes (two codes q + 8
+        a byte, the first in the low nibble: this format's own layout) or its group scales, copied."""
+        spec = layer.moe_weight_spec
+        prefix, rows = self._shard_target(spec, shard)
+        name = f"{prefix}_weight_scale" if is_scale else f"{prefix}_weight"
+        target = getattr(layer, name)[expert_id, rows]
+        if not is_scale and tensor.dtype != torch.uint8:
+            raise ValueError(f"{shard} of expert {expert_id}: expected int4 code bytes, got {tensor.dtype}")
+        if tuple(target.shape) != tuple(tensor.shape):
+            what = "scale" if is_scale else "weight"
+            raise ValueError(
+                f"{shard} {what} of expert {expert_id}: expected {tuple(target.shape)}, got {tuple(tensor.shape)}"
+            )
+        target.copy_(tensor)
