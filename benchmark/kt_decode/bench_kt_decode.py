@@ -3,6 +3,7 @@
     python benchmark/kt_decode/bench_kt_decode.py [--shape Qwen3-30B-A3B] [--methods BF16 INT8 INT4]
         [--layers 12 48] [--batches 1 4 16 64] [--gpu-experts 16] [--threads 16] [--out DIR]
     python benchmark/kt_decode/bench_kt_decode.py --shape DeepSeek-V3 --methods INT8 FP8 --layers 4 --batches 1 16
+    (--methods RAWINT4: the shape as a pack-quantized INT4 checkpoint, Kimi-K2-Thinking's groups of 32)
 
 --shape (scripts/make_model_configs.py's shapes): Qwen3-30B-A3B (128 experts of 768, hidden 2048, top-8; by
 default 16 per layer on the GPU) or DeepSeek-V3 (256 experts of 2048, hidden 7168, top-8 of the noaux_tc grouped
@@ -103,9 +104,20 @@ def host_bandwidth(threads: int, size_gb: float = 4.0) -> dict:
 
 
 # --------------------------------------------------------------------- model
-def model_dir(shape: str, layers: int) -> str:
-    """The shape's config.json with `layers` layers, every one of them a MoE layer."""
-    return shape_config_dir(shape, num_hidden_layers=layers, **SHAPES[shape]["overrides"])
+# --methods RAWINT4: the shape as a pack-quantized INT4 checkpoint (Kimi-K2-Thinking's routed experts: groups of 32),
+# whose dummy experts are quantized into its groups and held as they are (INT4_G32).
+RAWINT4_GROUP = 32
+
+
+def model_dir(shape: str, layers: int, method: str = "") -> str:
+    """The shape's config.json with `layers` layers, every one of them a MoE layer (RAWINT4: with Kimi-K2-Thinking's
+    quantization_config)."""
+    overrides = dict(SHAPES[shape]["overrides"])
+    if method == "RAWINT4":
+        from sglang.test.int4_checkpoints import quantization_config
+
+        overrides["quantization_config"] = quantization_config(RAWINT4_GROUP)
+    return shape_config_dir(shape, num_hidden_layers=layers, **overrides)
 
 
 def shape_info(shape: str, gpu_experts: int) -> dict:
@@ -140,7 +152,7 @@ def runner(shape: str, method: str, layers: int, max_batch: int, threads: int, g
     from sglang.srt.server_args import ServerArgs
 
     args = ServerArgs(
-        model_path=model_dir(shape, layers),
+        model_path=model_dir(shape, layers, method),
         load_format="dummy",
         skip_tokenizer_init=True,
         kt_method=method,

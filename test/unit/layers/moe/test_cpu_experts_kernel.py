@@ -39,8 +39,10 @@ CAPACITY = 16
 REL_TOL = 1e-5
 # The bf16 path rounds activations to bf16 as reference_bf16 does (measured: within 2e-7 of it; the fp32
 # reference is 2e-3 to 6e-3 away). A gate . x that differs in its last fp32 bit could round one activation
-# the other way: the margin allows that, and is still 20x tighter than the fp32 reference's distance.
-BF16_REL_TOL = 1e-4
+# the other way: the margin allows that (measured on the 160- and 192-wide INT4 cases, 5 tokens x 4 experts, 12
+# seeds each: 2 of 24 runs at 5.8e-5 and 1.0e-4, one other at 1.6e-4, the rest 1.7e-7 to 1.4e-6), and is still
+# ~10x tighter than the fp32 reference's distance; a wrong scale or group is off by 1e-2 and more.
+BF16_REL_TOL = 3e-4
 _CPU_FLAGS = set(open("/proc/cpuinfo").read().split()) if os.path.exists("/proc/cpuinfo") else set()
 HAS_BF16_DOT = "avx512_bf16" in _CPU_FLAGS
 HAS_INT8_DOT = {"avx512_vnni", "avx512bw"} <= _CPU_FLAGS  # the kernel's int8 path (vpdpbusd)
@@ -68,6 +70,10 @@ CASES = {
     "int8-act-wide": Case("INT8", torch.float32, hidden=130, inter=70, int8_activations=True),
     "int4": Case("INT4", torch.bfloat16, hidden=150, inter=70),  # w13: groups of 128 + 22
     "int4-g32": Case("INT4", torch.bfloat16, hidden=80, inter=48, group=32),  # 32+32+16 / 32+16
+    # Kimi-K2-Thinking's groups of 32, and 64, over whole 128-value steps of the bf16 path and a tail: 2 x 128 + 32
+    # / 128 + 32, and 2 x 128 + 64 / 128 + 64.
+    "int4-g32-wide": Case("INT4", torch.bfloat16, hidden=288, inter=160, group=32),
+    "int4-g64": Case("INT4", torch.bfloat16, hidden=320, inter=192, group=64),
     # Groups narrower than the kernel's 32-value chunk: the scalar path for whole rows.
     "int4-g16": Case("INT4", torch.bfloat16, hidden=56, inter=40, group=16),
     "fp8": Case("FP8", torch.bfloat16, hidden=200, inter=128),  # blocks 128 + 72 along H, w2 rows too
@@ -159,10 +165,11 @@ def local_ids(topk_ids: torch.Tensor) -> torch.Tensor:
 
 def takes_bf16_path(layer: torch.nn.Module) -> bool:
     """Whether the kernel runs this layer on its bf16 path: a bf16 model, BF16 experts or INT4 experts with
-    groups of 128, a CPU with AVX512-BF16."""
+    groups of 32, 64 or a multiple of 128, a CPU with AVX512-BF16."""
     q = layer.quant_method
     bf16_model = layer.moe_weight_spec.params_dtype == torch.bfloat16
-    return HAS_BF16_DOT and bf16_model and (q.name == "BF16" or (q.name == "INT4" and q.group % 128 == 0))
+    int4_groups = q.name == "INT4" and (q.group % 128 == 0 or q.group in (32, 64))
+    return HAS_BF16_DOT and bf16_model and (q.name == "BF16" or int4_groups)
 
 
 def takes_int8_path(name: str) -> bool:
@@ -299,7 +306,8 @@ def test_matches_fp32_reference(name: str, tokens: int, top_k: int):
     out = engine.run_on_host(handle, x, weights, ids)
     # bf16 models with BF16 / INT4 experts take the bf16 path wherever the CPU has AVX512-BF16; INT8 experts
     # the int8 path where the engine asks for it and the CPU has AVX512-VNNI.
-    assert handle.bf16_dot == takes_bf16_path(layer) == (HAS_BF16_DOT and name in ("bf16-bf16", "int4"))
+    bf16_cases = ("bf16-bf16", "int4", "int4-g32", "int4-g32-wide", "int4-g64")
+    assert handle.bf16_dot == takes_bf16_path(layer) == (HAS_BF16_DOT and name in bf16_cases)
     assert handle.int8_dot == takes_int8_path(name) == (HAS_INT8_DOT and name.startswith("int8-act"))
     int8 = takes_int8_path(name)
     ref = reference(layer, x, weights, ids, int8=int8)

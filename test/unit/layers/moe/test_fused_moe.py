@@ -273,6 +273,44 @@ def test_triton_matches_native(
             assert bool((out[t] == 0).all())
 
 
+def test_narrow_scale_groups_take_their_group_as_block_k() -> None:
+    """INT4 / MXFP4 scale groups narrower than a config's BLOCK_K run with BLOCK_K = the group (one scale per column
+    per K step; a per-element scale tile at the one-token down GEMM's BLOCK_N 256 needs more shared memory than an
+    H100 has); groups of 128 and formats without K groups keep the config."""
+    from sglang.srt.layers.moe.fused_moe_triton.fused_moe import ONE_TOKEN_DOWN_CONFIG, fit_scale_groups
+    from sglang.srt.layers.moe.weight_format import MoEGemmWeight, WeightQuant
+
+    def weight(quant: WeightQuant, group_k: int) -> MoEGemmWeight:
+        return MoEGemmWeight(torch.empty(1, 8, 64, dtype=torch.uint8), torch.empty(1, 8, 4), quant, 1, group_k)
+
+    assert fit_scale_groups(ONE_TOKEN_DOWN_CONFIG, weight(WeightQuant.INT4_GROUP, 32)).block_k == 32
+    assert fit_scale_groups(ONE_TOKEN_DOWN_CONFIG, weight(WeightQuant.MXFP4, 32)).block_k == 32
+    assert fit_scale_groups(ONE_TOKEN_DOWN_CONFIG, weight(WeightQuant.INT4_GROUP, 64)).block_k == 64
+    for unchanged in (weight(WeightQuant.INT4_GROUP, 128), weight(WeightQuant.INT8_CHANNEL, 0)):
+        assert fit_scale_groups(ONE_TOKEN_DOWN_CONFIG, unchanged) == ONE_TOKEN_DOWN_CONFIG
+
+
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+@pytest.mark.parametrize("name", ["INT4_G32", "MXFP4"])
+@pytest.mark.parametrize("num_tokens", [1, 9])
+def test_narrow_groups_over_a_long_k_on_the_default_configs(device: str, name: str, num_tokens: int) -> None:
+    """Groups of 32 on the default configs with a K of several tiles (the down GEMM's 512 inputs): what ran out of
+    shared memory on an H100 at DeepSeek-V3's shape before fit_scale_groups; the triton result equals torch's."""
+    num_experts, hidden, inter, top_k = 4, 256, 512, 2
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    method = _method(name)
+    layer = _loaded_layer(method, *_random_experts(num_experts, hidden, inter, seed=41), dtype, device)
+    x = torch.randn(num_tokens, hidden, generator=torch.Generator().manual_seed(42)).to(device, dtype)
+    weights, ids = _routing(num_tokens, num_experts, top_k, seed=43)
+    weights, ids = weights.to(device), ids.to(device)
+    w13, w2 = method.gemm_weights(layer)
+    out = fused_experts_triton(x, w13, w2, weights, ids)
+    ref = method.apply(layer, x, weights, ids, backend="native")
+    tol = 2e-5 if dtype == torch.float32 else 2e-2
+    err = (out.float() - ref.float()).abs().max().item()
+    assert err <= tol * ref.float().abs().max().item(), f"{name}: max abs err {err}"
+
+
 @pytest.mark.parametrize("device", TRITON_DEVICES)
 @pytest.mark.parametrize("name", ["BF16", "FP8"])
 def test_one_token_gemms_skip_the_alignment_with_the_same_bits(device: str, name: str) -> None:

@@ -298,8 +298,8 @@ inline void rows_dots(const Matrix& m, int e, const int* rows, const float* cons
 #if defined(__AVX512BF16__) && defined(__AVX512BW__)
 constexpr bool kHaveBf16Dot = true;
 
-// The bf16 path (bf16 models; BF16 experts, and INT4 experts with groups of 128): bf16 weights and bf16
-// activations (as the GPU's MoE kernels use them) go to vdpbf16ps, products summed in fp32: 32
+// The bf16 path (bf16 models; BF16 experts, and INT4 experts with groups of 32, 64 or a multiple of 128): bf16
+// weights and bf16 activations (as the GPU's MoE kernels use them) go to vdpbf16ps, products summed in fp32: 32
 // multiply-adds per instruction. BF16 weights are used as stored; INT4 nibbles become bf16 through one
 // 32-entry table lookup (vpermw) per 32 values, the group scale applied to each group's sum. The fp32 path
 // spends several instructions per 16 values before its FMAs (for INT4, three times as many).
@@ -334,7 +334,7 @@ inline void rows_dot_bf16(const Matrix& m, int e, const int* rows, const uint16_
         for (int j = 0; j < R; ++j) acc[j][i] = _mm512_dpbf16_ps(acc[j][i], w[j], xv);
       }
     }
-  } else {  // INT4, 128 values (64 bytes, one scale group) at a time
+  } else {  // INT4, 128 values (64 bytes) at a time
     alignas(64) static const uint16_t kInt4Bf16[32] = {
         0xC100, 0xC0E0, 0xC0C0, 0xC0A0, 0xC080, 0xC040, 0xC000, 0xBF80,  // -8 .. -1
         0x0000, 0x3F80, 0x4000, 0x4040, 0x4080, 0x40A0, 0x40C0, 0x40E0,  //  0 .. 7
@@ -343,9 +343,13 @@ inline void rows_dot_bf16(const Matrix& m, int e, const int* rows, const uint16_
     const __m512i table = _mm512_load_si512(kInt4Bf16);
     const __m512i low4 = _mm512_set1_epi8(0x0f);
     const int half = cols / 2;
+    // Which of the 128 values a product lane sums: w[0] x x0 and w[2] x x2 cover values 0-63 (fp32 lanes 0-7 values
+    // 0-31, lanes 8-15 values 32-63), w[1] x x1 and w[3] x x3 values 64-127 alike. Groups of 128 or more: one scale
+    // for all four; of 64: one for each pair; of 32: one for each half of each pair's lanes.
+    const bool one_group = m.group_k % 128 == 0;
     for (; k + 128 <= cols; k += 128) {
       __m512bh w[R][4];
-      __m512 scale[R];
+      __m512 scale[R], scale_hi[R];
       for (int j = 0; j < R; ++j) {
         __builtin_prefetch(base[j] + k / 2 + kPrefetchBytes, 0, 3);
         const __m512i b = _mm512_loadu_si512(base[j] + k / 2);
@@ -355,6 +359,14 @@ inline void rows_dot_bf16(const Matrix& m, int e, const int* rows, const uint16_
         w[j][2] = (__m512bh)_mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(_mm512_castsi512_si256(hi)), table);
         w[j][3] = (__m512bh)_mm512_permutexvar_epi16(_mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(hi, 1)), table);
         scale[j] = _mm512_set1_ps(scale_at<INT4>(m, e, rows[j], k));
+        if (one_group) continue;
+        if (m.group_k == 64) {
+          scale_hi[j] = _mm512_set1_ps(scale_at<INT4>(m, e, rows[j], k + 64));
+        } else {  // 32
+          scale[j] = _mm512_insertf32x8(scale[j], _mm256_set1_ps(scale_at<INT4>(m, e, rows[j], k + 32)), 1);
+          scale_hi[j] = _mm512_insertf32x8(_mm512_set1_ps(scale_at<INT4>(m, e, rows[j], k + 64)),
+                                           _mm256_set1_ps(scale_at<INT4>(m, e, rows[j], k + 96)), 1);
+        }
       }
 #pragma GCC unroll 8
       for (int i = 0; i < N; ++i) {
@@ -363,11 +375,19 @@ inline void rows_dot_bf16(const Matrix& m, int e, const int* rows, const uint16_
         const __m512bh x0 = (__m512bh)_mm512_loadu_si512(even), x1 = (__m512bh)_mm512_loadu_si512(even + 32);
         const __m512bh x2 = (__m512bh)_mm512_loadu_si512(odd), x3 = (__m512bh)_mm512_loadu_si512(odd + 32);
         for (int j = 0; j < R; ++j) {
-          __m512 group = _mm512_dpbf16_ps(_mm512_setzero_ps(), w[j][0], x0);
-          group = _mm512_dpbf16_ps(group, w[j][1], x1);
-          group = _mm512_dpbf16_ps(group, w[j][2], x2);
-          group = _mm512_dpbf16_ps(group, w[j][3], x3);
-          acc[j][i] = _mm512_fmadd_ps(group, scale[j], acc[j][i]);
+          if (one_group) {
+            __m512 group = _mm512_dpbf16_ps(_mm512_setzero_ps(), w[j][0], x0);
+            group = _mm512_dpbf16_ps(group, w[j][1], x1);
+            group = _mm512_dpbf16_ps(group, w[j][2], x2);
+            group = _mm512_dpbf16_ps(group, w[j][3], x3);
+            acc[j][i] = _mm512_fmadd_ps(group, scale[j], acc[j][i]);
+          } else {
+            __m512 lo = _mm512_dpbf16_ps(_mm512_setzero_ps(), w[j][0], x0);
+            __m512 hi = _mm512_dpbf16_ps(_mm512_setzero_ps(), w[j][1], x1);
+            lo = _mm512_dpbf16_ps(lo, w[j][2], x2);
+            hi = _mm512_dpbf16_ps(hi, w[j][3], x3);
+            acc[j][i] = _mm512_fmadd_ps(hi, scale_hi[j], _mm512_fmadd_ps(lo, scale[j], acc[j][i]));
+          }
         }
       }
     }
@@ -1030,8 +1050,8 @@ void ktc_engine_destroy(void* handle) {
   delete eng;
 }
 
-// bf16_activations: the model computes in bf16; BF16 layers, and INT4 layers with groups of 128, then take
-// the bf16 path where the CPU has vdpbf16ps (ktc_layer_uses_bf16_dot tells).
+// bf16_activations: the model computes in bf16; BF16 layers, and INT4 layers with groups of 32, 64 or a multiple of
+// 128, then take the bf16 path where the CPU has vdpbf16ps (ktc_layer_uses_bf16_dot tells).
 void* ktc_layer_create(void* engine, int format, const void* w13, const void* w13_scale, const void* w2,
                        const void* w2_scale, int group_n, int group_k, int bf16_activations, int int8_activations) {
   Engine* eng = static_cast<Engine*>(engine);
@@ -1044,7 +1064,7 @@ void* ktc_layer_create(void* engine, int format, const void* w13, const void* w1
   // widening int8 to bf16 pairs costs as many shuffles as the FMAs it saves (it measured slower on the H200
   // host); it has its own int8 path below.
   layer->bf16_dot = kHaveBf16Dot && bf16_activations &&
-                    (format == BF16 || (format == INT4 && group_k % 128 == 0));
+                    (format == BF16 || (format == INT4 && (group_k % 128 == 0 || group_k == 32 || group_k == 64)));
   // INT8 experts may take int8 activations (rows_dot_int8; asked for by the caller: it changes the numerics).
   layer->int8_dot = kHaveInt8Dot && int8_activations && format == INT8;
   layer->w13 = make_matrix(format, w13, w13_scale, eng->num_experts, 2 * eng->inter, eng->hidden, group_n, group_k);

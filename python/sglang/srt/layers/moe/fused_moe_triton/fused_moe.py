@@ -15,6 +15,7 @@ layer), so a layer's GPU memory is exactly its parameters plus these per-call ac
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -72,6 +73,17 @@ DECODE_SLOTS_PER_EXPERT = 8  # average routed slots per expert up to which DECOD
 ONE_TOKEN_DOWN_CONFIG = MoEKernelConfig(block_m=16, block_n=256, block_k=128, num_warps=4, num_stages=3)
 # Prefill: bigger M tiles reuse each weight tile over many tokens (untuned).
 PREFILL_CONFIG = MoEKernelConfig(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=3)
+
+
+def fit_scale_groups(config: MoEKernelConfig, w: MoEGemmWeight) -> MoEKernelConfig:
+    """A weight whose scale groups are narrower than the tile's K (INT4 or MXFP4 in groups of 32 or 64: Kimi-K2-Thinking's
+    experts, MXFP4's blocks) runs with BLOCK_K = its group: one scale per output column per K step, where a narrower
+    group would load a [BLOCK_K, BLOCK_N] scale tile per step, which at the one-token down GEMM's BLOCK_N 256 asks
+    more shared memory than the GPU has (344 KB for DeepSeek-V3's down GEMM in groups of 32 on an H100, 2026-12-06)."""
+    grouped = w.quant in (WeightQuant.FP8_BLOCK, WeightQuant.INT4_GROUP, WeightQuant.MXFP4)
+    if grouped and 16 <= w.group_k < config.block_k and w.group_k % 16 == 0:
+        return dataclasses.replace(config, block_k=w.group_k)
+    return config
 
 
 def default_configs(num_tokens: int, top_k: int, num_experts: int) -> MoEGemmConfigs:
@@ -205,6 +217,7 @@ def invoke_moe_gemm(
     slots aligned by expert (moe_align.py), or one token's top-k ids [k] (its slots name k different experts:
     each slot is a tile of its own, nothing to sort)."""
     n, k = w.n, w.k
+    config = fit_scale_groups(config, w)
     scale, s_e, s_n, s_k = _scale_strides(w)
     per_tile = w.group_k > 0 and w.group_k % config.block_k == 0
     one_token = isinstance(routing, torch.Tensor)
