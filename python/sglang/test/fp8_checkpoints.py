@@ -96,12 +96,18 @@ def write_fp8_checkpoint(bf16_dir: str, out_dir: str, strategy: str) -> str:
             reference[name] = dequantize(q, scale, strategy)
         else:
             fp8[name], reference[name] = t, t.float()
-    for d, tensors, extra in (
-        (out_dir, fp8, {"quantization_config": quantization_config(strategy)}),
+    return save_with_reference(out_dir, config, quantization_config(strategy), fp8, reference)
+
+
+def save_with_reference(out_dir: str, config: dict, quant: dict, tensors: dict, reference: dict) -> str:
+    """The quantized checkpoint in `out_dir` (config.json with `quant` as its quantization_config) and its
+    reference in `out_dir`-dequantized (the same config, no quantization_config)."""
+    for d, part, extra in (
+        (out_dir, tensors, {"quantization_config": quant}),
         (out_dir + "-dequantized", reference, {}),
     ):
         os.makedirs(d, exist_ok=True)
-        save_file(tensors, os.path.join(d, "model.safetensors"))
+        save_file(part, os.path.join(d, "model.safetensors"))
         with open(os.path.join(d, "config.json"), "w") as f:
             json.dump({**config, **extra}, f)
     return out_dir

@@ -14,7 +14,9 @@ import os
 import re
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file
+
+from sglang.test.fp8_checkpoints import save_with_reference
 
 ROUTED_EXPERT = re.compile(r".*\.mlp\.experts\.\d+\.(gate_proj|up_proj|down_proj)\.weight$")
 # Every decoder linear of a dense model (llm-compressor's W4A16 recipe quantizes all but lm_head).
@@ -97,12 +99,4 @@ def write_int4_experts_checkpoint(
         else:
             packed[name], reference[name] = t, t.float()
     assert len(packed) > len(state), f"no weight of {full_dir} matches {quantized.pattern}"
-    for d, tensors, extra in (
-        (out_dir, packed, {"quantization_config": quantization_config(group)}),
-        (out_dir + "-dequantized", reference, {}),
-    ):
-        os.makedirs(d, exist_ok=True)
-        save_file(tensors, os.path.join(d, "model.safetensors"))
-        with open(os.path.join(d, "config.json"), "w") as f:
-            json.dump({**config, **extra}, f)
-    return out_dir
+    return save_with_reference(out_dir, config, quantization_config(group), packed, reference)

@@ -35,28 +35,18 @@ def compressed_tensors(strategy="channel", dynamic_acts=True, **weights):
 
 
 def pack_quantized(**weights):
-    """Kimi-K2-Thinking's quantization_config (its ignore list shortened)."""
-    base = {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32, "symmetric": True, "dynamic": False}
-    return {
-        "quant_method": "compressed-tensors",
-        "format": "pack-quantized",
-        "config_groups": {
-            "group_0": {
-                "targets": ["Linear"],
-                "weights": {**base, "actorder": None, **weights},
-                "input_activations": None,
-            }
-        },
-        "ignore": ["lm_head", "re:.*self_attn.*"],
-        "kv_cache_scheme": None,
-    }
+    """Kimi-K2-Thinking's quantization_config (as the test checkpoints' writer gives it), `weights` changed."""
+    from sglang.test.int4_checkpoints import quantization_config
+
+    config = quantization_config(32)
+    group = config["config_groups"]["group_0"]
+    return {**config, "config_groups": {"group_0": {**group, "weights": {**group["weights"], **weights}}}}
 
 
 def test_pack_quantized_int4_parses():
     q = parse_checkpoint_quantization(pack_quantized())
-    assert q == CheckpointQuantization(
-        "compressed-tensors", "group", "weight_scale", "dynamic", ("lm_head", "re:.*self_attn.*"), 32
-    )
+    ignored = tuple(pack_quantized()["ignore"])
+    assert q == CheckpointQuantization("compressed-tensors", "group", "weight_scale", "dynamic", ignored, 32)
     assert q.is_int4 and q.block_size is None and q.is_ignored("model.layers.3.self_attn.o_proj")
     assert parse_checkpoint_quantization(pack_quantized(group_size=128)).group_size == 128
 

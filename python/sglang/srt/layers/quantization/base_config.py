@@ -167,6 +167,32 @@ class FusedMoEMethodBase(ABC):
         re-quantized. Only a format storing that same layout can take it (FP8 blocks, FP8_PERCHANNEL rows)."""
         raise ValueError(f"the {self.name} MoE format cannot hold a native FP8 checkpoint's experts as they are")
 
+    def copy_checkpoint_matrix(
+        self,
+        layer: torch.nn.Module,
+        expert_id: int,
+        shard: str,
+        tensor: torch.Tensor,
+        is_scale: bool,
+        codes_dtype: torch.dtype,
+    ) -> None:
+        """One checkpoint expert matrix held as it is (this rank's slice): its codes (of `codes_dtype`) or its scales
+        (scale_row_block rows a scale row), copied after their dtype and shape are checked."""
+        prefix, rows = self._shard_target(layer.moe_weight_spec, shard)
+        if is_scale:
+            b = self.scale_row_block
+            target = getattr(layer, prefix + self.scale_suffix)[expert_id, rows.start // b : -(-rows.stop // b)]
+        else:
+            target = getattr(layer, f"{prefix}_weight")[expert_id, rows]
+            if tensor.dtype != codes_dtype:
+                raise ValueError(f"{shard} of expert {expert_id}: expected {codes_dtype} codes, got {tensor.dtype}")
+        if tuple(target.shape) != tuple(tensor.shape):
+            what = "scale" if is_scale else "weight"
+            raise ValueError(
+                f"{shard} {what} of expert {expert_id}: expected {tuple(target.shape)}, got {tuple(tensor.shape)}"
+            )
+        target.copy_(tensor)
+
     def copy_expert_from(
         self, dst_layer: torch.nn.Module, dst_expert: int, src_layer: torch.nn.Module, src_expert: int
     ) -> None:

@@ -74,21 +74,7 @@ class Fp8FusedMoEMethod(FusedMoEMethodBase):
         self, layer: torch.nn.Module, expert_id: int, shard: str, tensor: torch.Tensor, is_scale: bool
     ) -> None:
         """The checkpoint's e4m3 rows (already this rank's slice) or its [rows/128, cols/128] scale_inv, copied."""
-        spec = layer.moe_weight_spec
-        prefix, rows = self._shard_target(spec, shard)
-        if is_scale:
-            b = self.block
-            target = getattr(layer, prefix + self.scale_suffix)[expert_id, rows.start // b : -(-rows.stop // b)]
-        else:
-            target = getattr(layer, f"{prefix}_weight")[expert_id, rows]
-            if tensor.dtype != FP8_DTYPE:
-                raise ValueError(f"{shard} of expert {expert_id}: expected float8_e4m3fn codes, got {tensor.dtype}")
-        if tuple(target.shape) != tuple(tensor.shape):
-            what = "scale" if is_scale else "weight"
-            raise ValueError(
-                f"{shard} {what} of expert {expert_id}: expected {tuple(target.shape)}, got {tuple(tensor.shape)}"
-            )
-        target.copy_(tensor)
+        self.copy_checkpoint_matrix(layer, expert_id, shard, tensor, is_scale, FP8_DTYPE)
 
     def kernel_quant(self) -> tuple[WeightQuant, int, int]:
         return WeightQuant.FP8_BLOCK, self.block, self.block
@@ -128,22 +114,12 @@ class Fp8PerChannelFusedMoEMethod(FusedMoEMethodBase):
     ) -> None:
         """The checkpoint's e4m3 rows (this rank's slice), or their scales: one per row (this rank's rows), or
         one for the whole tensor, which every row takes."""
-        spec = layer.moe_weight_spec
-        prefix, rows = self._shard_target(spec, shard)
-        name = f"{prefix}_weight_scale" if is_scale else f"{prefix}_weight"
-        target = getattr(layer, name)[expert_id, rows]
         if is_scale:
             tensor = tensor.reshape(-1)
             if tensor.numel() == 1:
-                tensor = tensor.expand(target.shape[0])
-        elif tensor.dtype != FP8_DTYPE:
-            raise ValueError(f"{shard} of expert {expert_id}: expected float8_e4m3fn codes, got {tensor.dtype}")
-        if tuple(target.shape) != tuple(tensor.shape):
-            what = "scale" if is_scale else "weight"
-            raise ValueError(
-                f"{shard} {what} of expert {expert_id}: expected {tuple(target.shape)}, got {tuple(tensor.shape)}"
-            )
-        target.copy_(tensor)
+                _, rows = self._shard_target(layer.moe_weight_spec, shard)
+                tensor = tensor.expand(rows.stop - rows.start)
+        self.copy_checkpoint_matrix(layer, expert_id, shard, tensor, is_scale, FP8_DTYPE)
 
     def kernel_quant(self) -> tuple[WeightQuant, int, int]:
         return WeightQuant.FP8_CHANNEL, 1, 0  # group_k unused: the scale is applied after the K loop

@@ -67,15 +67,4 @@ class Int4FusedMoEMethod(FusedMoEMethodBase):
     ) -> None:
         """A pack-quantized checkpoint's expert matrix as it is (this rank's slice): its code bytes (two codes q + 8
         a byte, the first in the low nibble: this format's own layout) or its group scales, copied."""
-        spec = layer.moe_weight_spec
-        prefix, rows = self._shard_target(spec, shard)
-        name = f"{prefix}_weight_scale" if is_scale else f"{prefix}_weight"
-        target = getattr(layer, name)[expert_id, rows]
-        if not is_scale and tensor.dtype != torch.uint8:
-            raise ValueError(f"{shard} of expert {expert_id}: expected int4 code bytes, got {tensor.dtype}")
-        if tuple(target.shape) != tuple(tensor.shape):
-            what = "scale" if is_scale else "weight"
-            raise ValueError(
-                f"{shard} {what} of expert {expert_id}: expected {tuple(target.shape)}, got {tuple(tensor.shape)}"
-            )
-        target.copy_(tensor)
+        self.copy_checkpoint_matrix(layer, expert_id, shard, tensor, is_scale, torch.uint8)
