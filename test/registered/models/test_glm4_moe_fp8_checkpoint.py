@@ -121,7 +121,7 @@ def test_gpu_format_keeps_the_checkpoints_fp8(fp8_glm, monkeypatch):
 
 
 def test_kt_fp8_perchannel_on_a_per_channel_glm(tmp_path):
-    """A compressed-tensors GLM-4.5 (`weight_scale` per output row, as llm-compressor's FP8 recipe writes GLM-4.5/4.7)
+    """A compressed-tensors GLM-4.5 (`weight_scale` per output row, as llm-compressor's FP8 recipe writes a GLM)
     under --kt-method FP8_PERCHANNEL: the CPU kernels' experts and the GPU-side one hold its codes and row scales as
     they are, the shared expert and attention are dequantized (the CPU's format); greedy tokens equal transformers'
     on the dequantized weights."""

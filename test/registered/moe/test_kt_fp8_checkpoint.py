@@ -4,8 +4,8 @@ register_cpu_ci(est_time=5, suite="per-commit-cpu")
 
 # --kt-method FP8 straight from a native block-FP8 checkpoint (tiny Qwen3-MoE, transformers-written, quantized
 # per 128x128 block), and --kt-method FP8_PERCHANNEL from a compressed-tensors one (a scale per output row, the
-# layout of GLM-4.5/4.7-FP8's experts; or one per tensor): the GPU-side experts and the CPU backend's experts hold
-# the checkpoint's own e4m3 codes and scales (no BF16 round trip, no re-quantization), and greedy tokens equal
+# layout KTransformers' FP8_PERCHANNEL reads; or one per tensor): the GPU-side experts and the CPU backend's experts
+# hold the checkpoint's own e4m3 codes and scales (no BF16 round trip, no re-quantization), and greedy tokens equal
 # transformers on the dequantized weights. The fp8 method of the other scale layout is refused at start-up.
 
 import random

@@ -1,5 +1,5 @@
 """FP8 (e4m3) expert weights: one fp32 scale per 128x128 block (DeepSeek-V3/Qwen3-FP8's layout, ``FP8``) or per
-output row (compressed-tensors' per-channel layout, GLM-4.5/4.7-FP8's experts: KTransformers' ``FP8_PERCHANNEL``)."""
+output row (compressed-tensors' per-channel layout, as llm-compressor writes it: KTransformers' ``FP8_PERCHANNEL``)."""
 
 from __future__ import annotations
 
