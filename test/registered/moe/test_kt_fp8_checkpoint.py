@@ -70,19 +70,24 @@ def test_other_kt_methods_take_the_dequantized_experts(fp8_moe):
     assert len(run_scheduler(sched, prompts[:1], greedy_params(4))[0].output_ids) == 4
 
 
-def test_kt_weight_path_may_be_an_fp8_checkpoint(fp8_moe):
-    """--kt-weight-path at the FP8 checkpoint, the model from its dequantized full-precision twin: the experts
-    (GPU and CPU) still hold the FP8 checkpoint's own codes and scales, and the tokens are transformers'."""
-    d, prompts, ref = fp8_moe
-    sched = make_scheduler(
+def _experts_from_weight_path(d: str, kt_method: str):
+    """The model from the checkpoint's dequantized full-precision twin, its routed experts from --kt-weight-path d."""
+    return make_scheduler(
         reuse_model=False,
         model_path=d + "-dequantized",
         skip_tokenizer_init=True,
         max_total_tokens=1024,
-        kt_method="FP8",
+        kt_method=kt_method,
         kt_num_gpu_experts=1,
         kt_weight_path=d,
     )
+
+
+def test_kt_weight_path_may_be_an_fp8_checkpoint(fp8_moe):
+    """--kt-weight-path at the FP8 checkpoint, the model from its dequantized full-precision twin: the experts
+    (GPU and CPU) still hold the FP8 checkpoint's own codes and scales, and the tokens are transformers'."""
+    d, prompts, ref = fp8_moe
+    sched = _experts_from_weight_path(d, "FP8")
     cpu, idx = sched.model_runner.model.model.layers[1].mlp.experts.expert_home(2)
     ckpt = load_file(f"{d}/model.safetensors")
     assert torch.equal(
@@ -155,15 +160,7 @@ def test_kt_weight_path_may_be_a_per_channel_fp8_checkpoint(row_scaled_fp8_moe):
     """--kt-weight-path at the per-channel (or per-tensor) checkpoint, the model from its dequantized twin: the CPU
     experts hold its codes and row scales, and the tokens are transformers'."""
     d, strategy, prompts, ref = row_scaled_fp8_moe
-    sched = make_scheduler(
-        reuse_model=False,
-        model_path=d + "-dequantized",
-        skip_tokenizer_init=True,
-        max_total_tokens=1024,
-        kt_method="FP8_PERCHANNEL",
-        kt_num_gpu_experts=1,
-        kt_weight_path=d,
-    )
+    sched = _experts_from_weight_path(d, "FP8_PERCHANNEL")
     cpu, idx = sched.model_runner.model.model.layers[0].mlp.experts.expert_home(3)
     ckpt = load_file(f"{d}/model.safetensors")
     e = "model.layers.0.mlp.experts.3."

@@ -43,10 +43,16 @@ def pack_quantized(**weights):
     return {**config, "config_groups": {"group_0": {**group, "weights": {**group["weights"], **weights}}}}
 
 
+def test_dense_sparsity_config_parses():
+    """A sparsity_config stored dense (the weights as they are) changes nothing we read."""
+    dense = {**compressed_tensors(), "sparsity_config": {"format": "dense", "sparsity_structure": "2:4"}}
+    assert parse_checkpoint_quantization(dense) == parse_checkpoint_quantization(compressed_tensors())
+
+
 def test_pack_quantized_int4_parses():
     q = parse_checkpoint_quantization(pack_quantized())
     ignored = tuple(pack_quantized()["ignore"])
-    assert q == CheckpointQuantization("compressed-tensors", "group", "weight_scale", "dynamic", ignored, 32)
+    assert q == CheckpointQuantization("compressed-tensors", "group", "weight_scale", "none", ignored, 32)
     assert q.is_int4 and q.block_size is None and q.is_ignored("model.layers.3.self_attn.o_proj")
     assert parse_checkpoint_quantization(pack_quantized(group_size=128)).group_size == 128
 
@@ -87,6 +93,8 @@ REFUSED = [
     ({**FP8_BLOCK, "weight_block_size": [64, 64]}, "weight_block_size [64, 64]"),
     ({**FP8_BLOCK, "fmt": "e5m2"}, "fmt 'e5m2'"),
     ({**compressed_tensors(), "format": "marlin-24"}, "format 'marlin-24'"),
+    ({**compressed_tensors(), "sparsity_config": {"format": "sparse-24-bitmask"}}, "sparsity_config format"),
+    ({**pack_quantized(), "transform_config": {"config_groups": {"u": {"type": "hadamard"}}}}, "transform_config"),
     ({**compressed_tensors(), "format": "pack-quantized"}, "weights of type 'float' with 8 bits"),
     (pack_quantized(num_bits=8), "weights of type 'int' with 8 bits"),
     (pack_quantized(strategy="channel"), "weight strategy 'channel'"),

@@ -15,7 +15,7 @@ from sglang.srt.layers.quantization.utils import pack_nibbles
 from sglang.srt.model_loader.int4_checkpoint import checkpoint_int4_weights, int4_code_bytes
 from sglang.test.int4_checkpoints import dequantize_int4_reference, pack_int4_words, quantize_int4
 
-QUANT = CheckpointQuantization("compressed-tensors", "group", "weight_scale", "dynamic", (), 32)
+QUANT = CheckpointQuantization("compressed-tensors", "group", "weight_scale", "none", (), 32)
 
 
 def _codes(rows: int, cols: int, seed: int) -> torch.Tensor:

@@ -59,7 +59,7 @@ class CheckpointQuantization:
     # 4-bit int: "group" (one per group_size inputs of a row)
     strategy: str
     scale_name: str  # the scale tensor's suffix beside each `weight`: "weight_scale_inv" or "weight_scale"
-    activation_scheme: str  # "dynamic" (quantized per call) or "static" (the checkpoint's input_scale)
+    activation_scheme: str  # "dynamic" (quantized per call), "static" (the checkpoint's input_scale), "none" (W4A16)
     ignored: Tuple[str, ...] = ()  # module names (or "re:" patterns) kept in full precision
     group_size: Optional[int] = None  # "group": inputs per scale
 
@@ -133,6 +133,11 @@ def _parse_compressed_tensors(cfg: Mapping[str, Any]) -> CheckpointQuantization:
             f"compressed-tensors with format {fmt!r} is not supported (only float-quantized and pack-quantized)"
         )
     _check_kv_cache_scheme(cfg.get("kv_cache_scheme"))
+    sparsity = cfg.get("sparsity_config") or {}
+    if sparsity and sparsity.get("format", "dense") != "dense":
+        raise _refuse(f"compressed-tensors sparsity_config format {sparsity.get('format')!r} is not supported")
+    if cfg.get("transform_config"):  # rotated weights (Hadamard / SpinQuant): as stored they would answer wrongly
+        raise _refuse("compressed-tensors transform_config (rotated weights) is not supported")
     groups = dict(cfg.get("config_groups") or {})
     if len(groups) != 1:
         raise _refuse(f"compressed-tensors with {len(groups)} config_groups is not supported (exactly one)")
@@ -192,7 +197,7 @@ def _parse_pack_quantized(group: Mapping[str, Any], ignored: Tuple[str, ...]) ->
         raise _refuse(f"compressed-tensors pack-quantized group_size {size!r} is not supported (a positive even size)")
     if group.get("input_activations"):
         raise _refuse("compressed-tensors pack-quantized with input_activations is not supported (weight-only)")
-    return CheckpointQuantization("compressed-tensors", "group", "weight_scale", "dynamic", ignored, size)
+    return CheckpointQuantization("compressed-tensors", "group", "weight_scale", "none", ignored, size)
 
 
 def parse_checkpoint_quantization(quantization_config: Optional[Mapping[str, Any]]) -> Optional[CheckpointQuantization]:

@@ -285,7 +285,7 @@ def test_fp8_layouts_hold_their_checkpoint_scales() -> None:
     }
     from sglang.srt.configs.quantization_config import CheckpointQuantization
 
-    int4 = CheckpointQuantization("compressed-tensors", "group", "weight_scale", "dynamic", (), 32)
+    int4 = CheckpointQuantization("compressed-tensors", "group", "weight_scale", "none", (), 32)
     assert [name for name in METHODS if get_moe_method(name).holds_checkpoint(int4)] == []
     assert get_moe_method("INT4_G32").holds_checkpoint(int4)  # the checkpoint's own groups
     block = CheckpointQuantization("fp8", "block", "weight_scale_inv", "dynamic")
