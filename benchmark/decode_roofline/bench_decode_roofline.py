@@ -5,6 +5,8 @@
     python benchmark/decode_roofline/bench_decode_roofline.py --shape Qwen3-8B --checkpoint-fp8 --skip-hf \
         --contexts 1024 --out DIR                                    # a native block-fp8 checkpoint's decode step
     python benchmark/decode_roofline/bench_decode_roofline.py --shape Qwen3-8B --checkpoint-fp8 --dry-run   # CPU
+    python benchmark/decode_roofline/bench_decode_roofline.py --shape Qwen3-30B-A3B --checkpoint-int4 32 --skip-hf \
+        --out DIR                          # a W4A16 MoE checkpoint's routed experts held in int4 groups of 32
 
 Measures, in one run: the device-to-device copy bandwidth; transformers' decode step (generate)
 at batch 1 and 64, context 1k, on the same dummy weights; our decode step (CUDA graph replay,
@@ -14,12 +16,16 @@ by the copy bandwidth (bytes read + written per second). With ``--quantization f
 layers hold fp8 weights (the floor counts the bytes the model really holds; transformers stays bf16).
 Prints a table, writes JSON + markdown.
 
-A MoE shape (--shape DeepSeek-V2-Lite: MLA + DeepSeekMoE, batches 1 and 64 at context 1k) is counted by the bytes
-its step really reads, each a printed term: the parameters every step reads whole (attention, dense and shared
-MLPs, norms, routers, lm_head), the embedding rows of the batch's tokens, the routed experts the step touches
-(counted per layer in an eager pass of the same batch, whose routing the graph replays), and the latent KV rows
-(one 576-value row per token and layer). The batch's tokens are random and its KV rows random, so requests route
-apart as real ones do. (The Llama rows keep the committed accounting: every parameter, the embedding table too.)
+A MoE shape (--shape DeepSeek-V2-Lite: MLA + DeepSeekMoE; Qwen3-30B-A3B; batches 1 and 64 at context 1k unless
+--batches) is counted by the bytes its step really reads, each a printed term: the parameters every step reads whole
+(attention, dense and shared MLPs, norms, routers, lm_head), the embedding rows of the batch's tokens, the routed
+experts the step touches (counted per layer in an eager pass of the same batch, whose routing the graph replays),
+and the KV rows (MLA: one 576-value latent row per token and layer). The batch's tokens are random and its KV rows
+random, so requests route apart as real ones do. With --checkpoint-int4 G the config carries a pack-quantized
+checkpoint's quantization_config (compressed-tensors W4A16 in groups of G, the routed experts only, as
+Kimi-K2-Thinking's): the routed experts are held as int4 codes and fp32 group scales (the fused MoE's INT4 groups),
+and their bytes are counted so. (The Llama rows keep the committed accounting: every parameter, the embedding table
+too.)
 
 Another dense shape (--shape Qwen3-8B, Gemma-2-9B, Gemma-3-27B) is counted by terms too: the fp8 weights, their scales, the other parameters
 (norms, lm_head, any bf16 linear), the embedding rows of the batch's tokens, and the KV rows. With --checkpoint-fp8
@@ -46,13 +52,15 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "python"))
 
+from sglang.srt.configs.model_config import num_routed_experts  # noqa: E402
 from sglang.test import gpu_utils  # noqa: E402
 from sglang.test.bench_utils import write_results  # noqa: E402
 from sglang.test.gpu_utils import shape_config_dir  # noqa: E402
 
 GB = 1e9
 DEFAULT_OUT = os.path.dirname(os.path.abspath(__file__))  # the committed results.json (a dry run never writes it)
-MOE_SHAPES = ("DeepSeek-V2-Lite",)
+MOE_SHAPES = ("DeepSeek-V2-Lite", "Qwen3-30B-A3B")
+MOE_BATCHES = [1, 64]
 # --dry-run: the shape's family at dimensions the CPU runs in a second (multiples of 128: the fp8 blocks).
 DRY_OVERRIDES = dict(
     hidden_size=256,
@@ -66,19 +74,24 @@ DRY_OVERRIDES = dict(
     bos_token_id=1,
     eos_token_id=2,
 )
-# ... and a DeepSeek MoE shape's: MLA, shared and routed experts, one dense layer, at dimensions the CPU runs.
-MOE_DRY_OVERRIDES = dict(
-    {k: v for k, v in DRY_OVERRIDES.items() if k != "max_position_embeddings"},  # the shape's own, as YaRN expects
-    moe_intermediate_size=128,
-    n_routed_experts=8,
-    num_experts_per_tok=2,
-    n_shared_experts=1,
-    first_k_dense_replace=1,
-    kv_lora_rank=64,
-    qk_nope_head_dim=32,
-    qk_rope_head_dim=16,
-    v_head_dim=32,
-)
+# ... and the MoE shapes': DeepSeek's MLA, shared and routed experts, one dense layer; Qwen3-MoE's routed experts; at
+# dimensions the CPU runs.
+_MOE_DRY = {k: v for k, v in DRY_OVERRIDES.items() if k != "max_position_embeddings"}  # the shape's own (YaRN's)
+MOE_DRY_OVERRIDES = {
+    "DeepSeek-V2-Lite": dict(
+        _MOE_DRY,
+        moe_intermediate_size=128,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        n_shared_experts=1,
+        first_k_dense_replace=1,
+        kv_lora_rank=64,
+        qk_nope_head_dim=32,
+        qk_rope_head_dim=16,
+        v_head_dim=32,
+    ),
+    "Qwen3-30B-A3B": dict(_MOE_DRY, moe_intermediate_size=128, num_experts=8, num_experts_per_tok=2),
+}
 
 
 def copy_bandwidth() -> float:
@@ -236,11 +249,18 @@ def decode_step_ms(
 
 def experts_touched(mr, fb) -> list:
     """Distinct routed experts each MoE layer's experts run for batch `fb`: an eager forward (the graph replay
-    routes the same tokens alike) with a hook on each experts module reading the routing it is handed."""
+    routes the same tokens alike) with a hook on each experts module reading the routing it is handed (DeepSeek's
+    computed top-k), or computing it from the router logits it is handed as the module does (softmax top-k)."""
+    from sglang.srt.layers.moe.topk import select_experts
+
     touched = []
 
     def count(module, args, kwargs):
-        touched.append(int(kwargs["topk_output"][1].unique().numel()))
+        topk = kwargs.get("topk_output")
+        if topk is None:
+            logits = kwargs["router_logits"] if "router_logits" in kwargs else args[1]
+            topk = select_experts(logits, module.top_k, module.renormalize)
+        touched.append(int(topk[1].unique().numel()))
 
     handles = [
         m.register_forward_pre_hook(count, with_kwargs=True)
@@ -263,26 +283,31 @@ def moe_floor_terms(mr, bs: int, ctx: int, touched: list) -> dict:
     embed = params["model.embed_tokens.weight"]
     routed = {n: p for n, p in params.items() if ".mlp.experts." in n}
     nbytes = lambda ts: sum(t.numel() * t.element_size() for t in ts)  # noqa: E731
-    per_expert = nbytes(routed.values()) / (len(touched) * mr.model.config.n_routed_experts)
+    per_expert = nbytes(routed.values()) / (len(touched) * num_routed_experts(mr.model.config))
     return {
         "whole_params_bytes": nbytes(p for n, p in params.items() if n not in routed and p is not embed),
         "embedding_rows_bytes": bs * embed.shape[1] * embed.element_size(),
         "experts_touched_per_layer": round(sum(touched) / len(touched), 2),
         "experts_touched_bytes": int(sum(touched) * per_expert),
-        "latent_kv_bytes": bs * ctx * mr.memory_plan.cell_size_bytes,
+        "kv_bytes": bs * ctx * mr.memory_plan.cell_size_bytes,
     }
 
 
 def moe_main(args, bw: float) -> None:
     """--shape NAME (a DeepSeek MoE shape): batches 1 and 64 at context 1k vs the floor of its terms (a dry run: a
     tiny model of the family, batches 1 and 8 at context 128, on the CPU)."""
+    overrides = dict(MOE_DRY_OVERRIDES[args.shape]) if args.dry_run else {}
+    if args.checkpoint_int4:
+        from sglang.test.int4_checkpoints import quantization_config
+
+        overrides["quantization_config"] = quantization_config(args.checkpoint_int4)
     if args.dry_run:
-        mr = our_runner(shape_config_dir(args.shape, **MOE_DRY_OVERRIDES), device="cpu", max_total_tokens=4096)
+        mr = our_runner(shape_config_dir(args.shape, **overrides), device="cpu", max_total_tokens=4096)
     else:
-        mr = our_runner(shape_config_dir(args.shape))
+        mr = our_runner(shape_config_dir(args.shape, **overrides))
     ctx, iters = (128, 3) if args.dry_run else (1024, 30)
     rows = []
-    for bs in (1, 8) if args.dry_run else (1, 64):
+    for bs in args.batches:
         touched = []
         ms, shared = decode_step_ms(
             mr, bs, ctx, iters, random_inputs=True, on_batch=lambda fb, t=touched: t.extend(experts_touched(mr, fb))
@@ -297,22 +322,25 @@ def moe_main(args, bw: float) -> None:
     result = {
         "device": "cpu (dry run)" if args.dry_run else torch.cuda.get_device_name(),
         "shape": args.shape,
+        "variant": _variant(args),
+        "experts": mr.model.model.layers[-1].mlp.experts.quant_method.name,
         "copy_bandwidth_GBps": round(bw / GB, 1),
         "decode": rows,
         "cuda_graph_max_bs": mr.config.args.cuda_graph_max_bs,
     }
     lines = [
-        f"{args.shape} shape, bf16, dummy weights, {result['device']}; copy bandwidth {result['copy_bandwidth_GBps']} GB/s",
+        f"{args.shape} shape, {result['variant']} (routed experts {result['experts']}), dummy weights, "
+        f"{result['device']}; copy bandwidth {result['copy_bandwidth_GBps']} GB/s",
         "",
         "| batch | context | step ms | HBM floor ms | x floor | whole params GB | embedding rows MB | experts touched "
-        "/ layer | experts GB | latent KV GB |",
+        "/ layer | experts GB | KV GB |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
             f"| {r['batch']} | {r['context']} | {r['step_ms']} | {r['hbm_floor_ms']} | {r['ratio_to_floor']} | "
             f"{r['whole_params_bytes'] / GB:.3f} | {r['embedding_rows_bytes'] / 1e6:.3f} | "
-            f"{r['experts_touched_per_layer']} | {r['experts_touched_bytes'] / GB:.3f} | {r['latent_kv_bytes'] / GB:.3f} |"
+            f"{r['experts_touched_per_layer']} | {r['experts_touched_bytes'] / GB:.3f} | {r['kv_bytes'] / GB:.3f} |"
         )
     table = "\n".join(lines)
     print(table)
@@ -381,6 +409,8 @@ def keep_block_fp8_on_cpu() -> None:
 
 
 def _variant(args) -> str:
+    if args.checkpoint_int4:
+        return f"W4A16 checkpoint (int4 groups of {args.checkpoint_int4})"
     if args.checkpoint_fp8:
         return "native block-fp8 checkpoint (dummy weights)"
     return "fp8 linear layers (--quantization fp8)" if args.quantization else "bf16"
@@ -397,6 +427,14 @@ def parse_args():
         help="the shape as a native block-fp8 checkpoint (quantization_config fp8, weight_block_size [128, 128])",
     )
     parser.add_argument(
+        "--checkpoint-int4",
+        type=int,
+        default=0,
+        metavar="GROUP",
+        help="a MoE shape as a pack-quantized W4A16 checkpoint (compressed-tensors, the routed experts in groups of "
+        "GROUP)",
+    )
+    parser.add_argument(
         "--decode-config",
         default="",
         help="JSON overrides of the triton backend's decode "
@@ -406,10 +444,10 @@ def parse_args():
         "--shape",
         default="Llama-3.1-8B",
         choices=["Llama-3.1-8B", "Qwen3-8B", "Gemma-2-9B", "Gemma-3-27B", *MOE_SHAPES],
-        help="DeepSeek-V2-Lite: the MoE floor by terms (batches 1 and 64, context 1k); the others but Llama-3.1-8B: a "
-        "dense floor by terms",
+        help="DeepSeek-V2-Lite, Qwen3-30B-A3B: the MoE floor by terms (batches 1 and 64 unless --batches, context "
+        "1k); the others but Llama-3.1-8B: a dense floor by terms",
     )
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8, 64, 256])
+    parser.add_argument("--batches", type=int, nargs="+", default=None, help="default 1 8 64 256 (MoE: 1 64)")
     parser.add_argument("--contexts", type=int, nargs="+", default=[1024, 8192])
     parser.add_argument("--dry-run", action="store_true", help="CPU check of the script: a tiny model, eager steps")
     args = parser.parse_args()
@@ -417,6 +455,10 @@ def parse_args():
         parser.error("--checkpoint-fp8 is a pre-quantized checkpoint: --quantization does not apply")
     if args.checkpoint_fp8 and args.shape in MOE_SHAPES:
         parser.error("--checkpoint-fp8 is for the dense shapes")
+    if args.checkpoint_int4 and args.shape not in MOE_SHAPES:
+        parser.error("--checkpoint-int4 is for the MoE shapes (its routed experts)")
+    if args.batches is None:
+        args.batches = MOE_BATCHES if args.shape in MOE_SHAPES else [1, 8, 64, 256]
     return args
 
 

@@ -55,8 +55,15 @@ SHAPES = {
     "DeepSeek-V2-Lite": (64, 2048, 1408, 6, "BF16"),
     "DeepSeek-V3": (256, 7168, 2048, 8, "FP8"),
     "Qwen3-30B-A3B": (128, 2048, 768, 8, "BF16"),
+    # a W4A16 checkpoint's experts held as they are (groups of 32: llm-compressor's and Kimi-K2-Thinking's; 128)
+    "Qwen3-30B-A3B-int4-g32": (128, 2048, 768, 8, "INT4_G32"),
+    "Qwen3-30B-A3B-int4-g128": (128, 2048, 768, 8, "INT4"),
 }
-DRY_SHAPES = {"tiny-bf16": (8, 128, 128, 2, "BF16"), "tiny-fp8": (8, 256, 128, 2, "FP8")}
+DRY_SHAPES = {
+    "tiny-bf16": (8, 128, 128, 2, "BF16"),
+    "tiny-fp8": (8, 256, 128, 2, "FP8"),
+    "tiny-int4-g32": (8, 128, 128, 2, "INT4_G32"),
+}
 BATCHES = (1, 8, 32, 64)
 L2_BYTES = 50 * 1024**2
 TOUCHED_OVER_L2 = 4  # distinct layers until the touched experts are this many L2s
@@ -98,13 +105,15 @@ def label(c: MoEKernelConfig | MoEGemmConfigs) -> str:
 
 
 def random_layer(experts: int, hidden: int, inter: int, method: str, device: str, seed: int):
-    """One layer's expert weights in `method`'s layout, random (fp8: random codes and block scales)."""
+    """One layer's expert weights in `method`'s layout, random (fp8 / int4: random codes and scales)."""
     with torch.device(device):
         layer = make_moe_layer(experts, hidden, inter, torch.bfloat16, method)
     gen = torch.Generator(device=device).manual_seed(seed)
     for p in layer.parameters():
         if p.dtype == torch.float8_e4m3fn:
             p.data.copy_((torch.randn(p.shape, generator=gen, device=device) * 64).clamp(-448, 448).to(p.dtype))
+        elif p.dtype == torch.uint8:  # int4 / mxfp4: two random codes a byte
+            p.data.copy_(torch.randint(0, 256, p.shape, generator=gen, device=device, dtype=torch.uint8))
         elif p.dtype == torch.float32:  # block scales
             p.data.copy_(torch.rand(p.shape, generator=gen, device=device) * 1e-3 + 1e-4)
         else:
@@ -305,7 +314,7 @@ def table(rows: list[dict]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    ap.add_argument("--shapes", nargs="+", default=list(SHAPES)[:3], choices=list(SHAPES))  # the int4 ones on request
     ap.add_argument("--batches", nargs="+", type=int, default=None)
     ap.add_argument("--out", default=None, help="folder for results.json / results.md")
     ap.add_argument("--per-gemm", action="store_true", help="time each GEMM alone (default batch: 1)")

@@ -46,6 +46,8 @@
 #                       (tied lm_head: the whole embedding table)
 #   roofline-mla        decode_roofline/: bench_decode_roofline.py --shape DeepSeek-V2-Lite (batch 1 and 64, the
 #                       floor's terms: whole parameters, embedding rows, experts touched, latent KV)
+#   roofline-moe-int4   decode_roofline/: bench_decode_roofline.py --shape Qwen3-30B-A3B, bf16 then as a W4A16
+#                       checkpoint (routed experts int4 in groups of 32, held so), batches 1 / 8 / 64 at context 1k
 #   mla-prefill         mla/: bench_mla_prefill.py (extend absorbed vs decompressed; the threshold)
 #   mla-decode          mla/: bench_mla_decode.py (the latent decode kernel + merge per launch config, V2-Lite and
 #                       V3 shapes, batch 1-256; which config wins, x of the copy-bandwidth floor; ~90 s)
@@ -118,7 +120,7 @@
 set -o pipefail
 
 STAGES="gpu-tests gpu-tests-2 gpu-files kt-cpu-tests kv-sizing kv-sizing-1 kv-sizing-2 kv-sizing-tp2 kv-sizing-mla
-roofline roofline-fp8 roofline-fp8-native roofline-gemma roofline-mla mla-prefill mla-decode
+roofline roofline-fp8 roofline-fp8-native roofline-gemma roofline-mla roofline-moe-int4 mla-prefill mla-decode
 profile-decode profile-decode-mla profile-decode-fp8-native tune-gemm tune-gemm-mla tune-gemm-stacked tune-gemm-fp8-block tune-gemm-fp8-block-v3 tune-attention tune-moe tune-moe-per-gemm weight-prefetch weight-prefetch-mla knockout router-logits kv-dtype fp8-gemms fp8-block-gemms kt-decode kt-decode-check
 kt-decode-int4-fp8 kt-decode-deepseek kt-decode-deepseek-perchannel kt-decode-deepseek-rawint4 kt-int4-groups kt-doorbell kt-prefill kt-elastic serving serving-overlap serving-paths
 serving-fp8 serving-fp8-native serving-fp8-written serving-kv-fp8 prefill-decode swa-pool kv-sizing-swa
@@ -170,6 +172,11 @@ run_stage() {
       python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --shape ${GEMMA_MODEL:-Gemma-3-27B} \
         --contexts 1024 --batches ${GEMMA_BATCHES:-1 8 64} --out $o ;;
     roofline-mla) python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --shape DeepSeek-V2-Lite --out $o ;;
+    roofline-moe-int4)
+      python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --shape Qwen3-30B-A3B --batches 1 8 64 \
+        --out $o/bf16 &&
+      python3 benchmark/decode_roofline/bench_decode_roofline.py --skip-hf --shape Qwen3-30B-A3B --batches 1 8 64 \
+        --checkpoint-int4 32 --out $o/int4-g32 ;;
     mla-prefill) python3 benchmark/mla/bench_mla_prefill.py --out $o ;;
     mla-decode) python3 benchmark/mla/bench_mla_decode.py --out $o ;;
     profile-decode) python3 benchmark/decode_roofline/profile_decode_step.py --batches 1 64 256 --top 12 $PROFILE_ARGS ;;

@@ -57,6 +57,21 @@ def test_fp8_linear_layers_halve_their_weight_bytes(llama_8b):
     assert fp8.max_total_num_tokens > bf16.max_total_num_tokens
 
 
+def test_w4a16_moe_experts_take_a_quarter_of_their_bf16_bytes(tmp_path):
+    """Qwen3-30B-A3B as llm-compressor's W4A16 recipe writes it (Kimi-K2-Thinking's config: the routed experts
+    pack-quantized in groups of 32), without KT: each expert value half a byte plus an fp32 scale per 32 of them
+    instead of two bytes; the other layers as in bf16."""
+    from sglang.test.int4_checkpoints import quantization_config
+
+    bf16, _ = _plans(["--model-path", shape_config_dir("Qwen3-30B-A3B", root=str(tmp_path / "bf16"))])
+    d = shape_config_dir("Qwen3-30B-A3B", root=str(tmp_path / "int4"), quantization_config=quantization_config(32))
+    int4, _ = _plans(["--model-path", d])
+    values = 48 * 128 * 3 * 2048 * 768  # layers x experts x (gate, up, down) x hidden x expert width
+    saved = values * 2 - (values // 2 + values // 32 * 4)
+    assert (bf16.weights_gb - int4.weights_gb) * GiB == pytest.approx(saved, abs=1)
+    assert int4.max_total_num_tokens > 1.5 * bf16.max_total_num_tokens  # 1,164,138 vs 758,634 on an H200
+
+
 def test_a_measured_peak_plans_the_post_capture_headroom(llama_8b):
     _, post = _plans(["--model-path", llama_8b, "--activation-peak-gib", "2"])
     assert post.headroom_rule.startswith("measured") and post.headroom_gb == pytest.approx(2.2 + 0.25)

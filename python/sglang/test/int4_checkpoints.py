@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import re
+from typing import Optional
 
 import torch
 from safetensors.torch import load_file
@@ -51,8 +52,18 @@ def dequantize_int4_reference(codes: torch.Tensor, scale: torch.Tensor, group: i
     return codes.float() * scale.float().repeat_interleave(group, dim=1)[:, :cols]
 
 
-def quantization_config(group: int) -> dict:
-    """Kimi-K2-Thinking's quantization_config, its group size replaced: only the routed experts are quantized."""
+KIMI_IGNORE = [
+    "lm_head",
+    "re:.*self_attn.*",
+    "re:.*shared_expert.*",
+    r"re:.*mlp\.(gate|up|down)_proj.*",
+    r"re:.*mlp\.gate$",
+]
+
+
+def quantization_config(group: int, ignore: Optional[list[str]] = None) -> dict:
+    """Kimi-K2-Thinking's quantization_config, its group size replaced: only the routed experts are quantized (or
+    every Linear but the modules `ignore` names)."""
     return {
         "quant_method": "compressed-tensors",
         "format": "pack-quantized",
@@ -72,18 +83,22 @@ def quantization_config(group: int) -> dict:
                 "output_activations": None,
             }
         },
-        "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_expert.*", r"re:.*mlp\.(gate|up|down)_proj.*", r"re:.*mlp\.gate$"],
+        "ignore": KIMI_IGNORE if ignore is None else ignore,
         "kv_cache_scheme": None,
         "quantization_status": "compressed",
-    }  # fmt: skip
+    }
 
 
 def write_int4_experts_checkpoint(
-    full_dir: str, out_dir: str, group: int = 32, quantized: re.Pattern = ROUTED_EXPERT
+    full_dir: str,
+    out_dir: str,
+    group: int = 32,
+    quantized: re.Pattern = ROUTED_EXPERT,
+    ignore: Optional[list[str]] = None,
 ) -> str:
     """The checkpoint in `full_dir` with its routed experts (or the weights `quantized` matches) pack-quantized in
-    `out_dir`; `out_dir`-dequantized holds the reference (each such weight replaced by its dequantized value, full
-    precision)."""
+    `out_dir`, its config's ignore list Kimi's (or `ignore`); `out_dir`-dequantized holds the reference (each such
+    weight replaced by its dequantized value, full precision)."""
     state = load_file(os.path.join(full_dir, "model.safetensors"))
     with open(os.path.join(full_dir, "config.json")) as f:
         config = json.load(f)
@@ -99,4 +114,4 @@ def write_int4_experts_checkpoint(
         else:
             packed[name], reference[name] = t, t.float()
     assert len(packed) > len(state), f"no weight of {full_dir} matches {quantized.pattern}"
-    return save_with_reference(out_dir, config, quantization_config(group), packed, reference)
+    return save_with_reference(out_dir, config, quantization_config(group, ignore), packed, reference)

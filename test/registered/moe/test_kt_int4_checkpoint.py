@@ -6,9 +6,11 @@ register_cpu_ci(est_time=12, suite="per-commit-cpu")
 # in), tiny transformers-written Qwen3-MoE and DeepSeek-V3 models with their routed experts quantized in groups of 32:
 # under KT with an INT4 --kt-method (RAWINT4, KTransformers' name for it; INT4 / AMXINT4 the same here) the CPU
 # kernels' and the GPU-side experts hold the checkpoint's own code bytes and group scales (the packed words' bytes are
-# this engine's INT4 layout), and greedy tokens equal transformers on the dequantized weights; without KT, or with
-# another method, the experts are dequantized at load, as a dense W4A16 model's linears are. RAWINT4 on a checkpoint without int4 experts, and an int4
-# --kt-weight-path, are start-up errors naming the flag.
+# this engine's INT4 layout), and greedy tokens equal transformers on the dequantized weights. Without KT the fused
+# MoE holds them the same way (the GPU's kernel reads the codes; the CPU dequantizes the experts a step touches);
+# with another method they are dequantized, then quantized into it; where the config's ignore list leaves the experts
+# in full precision they stay so. The other linears are dequantized at load, as a dense W4A16 model's are. RAWINT4
+# on a checkpoint without int4 experts, and an int4 --kt-weight-path, are start-up errors naming the flag.
 
 import random
 
@@ -64,21 +66,47 @@ def test_rawint4_holds_the_checkpoints_experts(int4_moe):
     assert sched.model_runner.model.kt_state.cpu_engine.stats().pairs > 0
 
 
-def test_without_kt_or_with_another_method_the_experts_are_dequantized(int4_moe):
+def test_without_kt_the_experts_stay_int4_and_another_method_requantizes(int4_moe):
+    """A W4A16 MoE checkpoint without KT: its routed experts take a quarter of full precision's bytes (as they
+    are), not a dequantized copy."""
     d, prompts, ref = int4_moe
     sched = _scheduler(d)
-    experts = sched.model_runner.model.model.layers[0].mlp.experts
-    assert experts.quant_method.name == "BF16" and experts.w13_weight.dtype == torch.float32
+    experts = sched.model_runner.model.model.layers[1].mlp.experts
+    assert experts.quant_method.name == "INT4" and experts.quant_method.group == GROUP
+    ckpt = load_file(f"{d}/model.safetensors")
+    e = "model.layers.1.mlp.experts.2."
+    inter = experts.w13_weight.shape[1] // 2
+    assert torch.equal(experts.w2_weight[2], ckpt[e + "down_proj.weight_packed"].view(torch.uint8))
+    assert torch.equal(experts.w13_weight_scale[2, inter:], ckpt[e + "up_proj.weight_scale"].float())
     assert [o.output_ids for o in run_scheduler(sched, prompts, greedy_params(NEW_TOKENS))] == ref
     int8 = _scheduler(d, kt_method="INT8", kt_num_gpu_experts=1)
     assert int8.model_runner.model.model.layers[0].mlp.experts.cpu_layer.w13_weight.dtype == torch.int8
     assert len(run_scheduler(int8, prompts[:1], greedy_params(4))[0].output_ids) == 4
 
 
+def test_experts_the_config_ignores_stay_in_full_precision(tmp_path):
+    """A pack-quantized checkpoint whose ignore list names the routed experts (only attention quantized): they load
+    as the checkpoint stores them, in full precision, never quantized to INT4 at load; greedy tokens equal
+    transformers'."""
+    import re
+
+    attention = re.compile(r".*\.self_attn\.(q|k|v|o)_proj\.weight$")
+    ignore = ["lm_head", r"re:.*mlp\.experts.*", r"re:.*mlp\.gate$"]
+    d = write_int4_experts_checkpoint(
+        moe_bf16(str(tmp_path / "bf16")), str(tmp_path / "int4"), GROUP, attention, ignore
+    )
+    prompts = _prompts(10, 256)
+    ref = hf_greedy(d + "-dequantized", prompts, NEW_TOKENS)
+    sched = _scheduler(d)
+    experts = sched.model_runner.model.model.layers[1].mlp.experts
+    assert experts.quant_method.name == "BF16" and experts.w13_weight.dtype == torch.float32
+    assert [o.output_ids for o in run_scheduler(sched, prompts, greedy_params(NEW_TOKENS))] == ref
+
+
 def test_kimi_k2_thinking_family_default_kt_method(tmp_path):
     """DeepSeek-V3's classes (Kimi-K2-Thinking's) with int4 routed experts, KT on with the default --kt-method
-    (AMXINT4): the experts are the checkpoint's groups, the shared expert and attention dequantized (full precision
-    in the checkpoint); greedy tokens equal transformers'."""
+    (AMXINT4), and without KT: the experts are the checkpoint's groups, the shared expert and attention dequantized
+    (full precision in the checkpoint); greedy tokens equal transformers'."""
     d = write_int4_experts_checkpoint(deepseek_v3_full(str(tmp_path / "full")), str(tmp_path / "int4"), GROUP)
     prompts = _prompts(8, 256)
     ref = hf_greedy(d + "-dequantized", prompts, NEW_TOKENS)
@@ -91,6 +119,10 @@ def test_kimi_k2_thinking_family_default_kt_method(tmp_path):
     assert torch.equal(cpu.w2_weight[idx], down)
     outs = run_scheduler(sched, prompts, greedy_params(NEW_TOKENS))
     assert [o.output_ids for o in outs] == ref
+    plain = _scheduler(d)
+    experts = plain.model_runner.model.model.layers[1].mlp.experts
+    assert experts.quant_method.name == "INT4" and torch.equal(experts.w2_weight[3], down)
+    assert [o.output_ids for o in run_scheduler(plain, prompts, greedy_params(NEW_TOKENS))] == ref
 
 
 def test_dummy_weights_in_the_checkpoints_groups(int4_moe):

@@ -5,7 +5,8 @@ Each quantized linear comes as three tensors: ``X.weight_packed`` int32 [out, ce
 q + 8 a word (code i in bits 4i..4i+3), ``X.weight_scale`` [out, ceil(in/group)] and ``X.weight_shape`` [out, in];
 weight = q x scale per group of inputs. On a little-endian machine (x86, ARM as run) the words' bytes are then
 two codes each, the first in the low nibble: exactly the INT4 expert format's bytes (layers/quantization/int4.py).
-A matrix whose target keeps INT4 of that group (``keep``: routed experts under KT with an INT4 --kt-method) passes
+A matrix whose target keeps INT4 of that group (``keep``: routed experts, without KT or under KT with an INT4
+--kt-method; layers/quantization.checkpoint_experts_method) passes
 as those bytes (``X.weight_packed``, uint8 [out, in/2]) and its fp32 scales (``X.weight_group_scale``); every other
 one is dequantized here, once, into the model's dtype.
 """

@@ -38,6 +38,7 @@ from transformers import PretrainedConfig
 
 from sglang.srt.configs.deepseek import DEEPSEEK_V3_ARCH, check_deepseek_config, mtp_layer_count
 from sglang.srt.configs.kt_config import KTConfig
+from sglang.srt.configs.quantization_config import checkpoint_quantization
 from sglang.srt.distributed import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
@@ -267,7 +268,9 @@ class DeepseekV2MoE(nn.Module):
             renormalize=False,  # the routing is computed here (topk_output)
             layer_id=layer_id,
             kt_state=kt_state,
-            quant_method=checkpoint_experts_method(quantization),
+            quant_method=checkpoint_experts_method(
+                quantization, checkpoint_quantization(config), f"model.layers.{layer_id}"
+            ),
         )
         shared = config.n_shared_experts or 0
         self.shared_experts = (

@@ -13,6 +13,7 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from sglang.srt.configs.kt_config import KTConfig
+from sglang.srt.configs.quantization_config import checkpoint_quantization
 from sglang.srt.distributed import tensor_model_parallel_all_reduce
 from sglang.srt.layers.linear import CHECKPOINT_FP8_FORMATS, NormInto, ReplicatedLinear
 from sglang.srt.layers.moe.kt_ep_wrapper import KTState, build_moe_experts
@@ -81,7 +82,10 @@ class Qwen3MoeDecoderLayer(LlamaDecoderLayer):
         if quantization not in (None, *CHECKPOINT_FP8_FORMATS):
             raise ValueError(f"quantization {quantization!r} of a MoE model's linear layers is not supported")
         if is_sparse_layer(config, layer_id):
-            return Qwen3MoeSparseMoeBlock(config, layer_id, dtype, kt_state, checkpoint_experts_method(quantization))
+            experts = checkpoint_experts_method(
+                quantization, checkpoint_quantization(config), f"model.layers.{layer_id}"
+            )
+            return Qwen3MoeSparseMoeBlock(config, layer_id, dtype, kt_state, experts)
         return LlamaMLP(config.hidden_size, config.intermediate_size, dtype, quantization=quantization)
 
     def mlp_forward_add_norm(

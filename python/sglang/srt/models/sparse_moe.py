@@ -20,6 +20,7 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
+from sglang.srt.configs.quantization_config import checkpoint_quantization
 from sglang.srt.distributed import tensor_model_parallel_all_reduce
 from sglang.srt.layers.linear import CHECKPOINT_FP8_FORMATS, NormInto, ReplicatedLinear
 from sglang.srt.layers.moe.kt_ep_wrapper import KTState, build_moe_experts
@@ -46,9 +47,11 @@ class SparseMoeBlock(nn.Module):
         dtype: torch.dtype,
         kt_state: Optional[KTState],
         quantization: Optional[str] = None,
+        experts_method: str = "BF16",
     ) -> None:
-        """`quantization`: a native FP8 checkpoint's linear format on the GPU (the shared expert's); block fp8
-        also keeps the routed experts fp8 with the checkpoint's scales (FP8 blocks or FP8_PERCHANNEL rows).
+        """`quantization`: a native FP8 checkpoint's linear format on the GPU (the shared expert's);
+        `experts_method`: the routed experts' format without KT (quantization.checkpoint_experts_method: block fp8
+        keeps them fp8 with the checkpoint's scales, a pack-quantized checkpoint INT4 in its groups).
         The routers stay in full precision."""
         super().__init__()
         self.gate = ReplicatedLinear(shape.hidden_size, shape.num_experts, bias=False, params_dtype=dtype)
@@ -61,7 +64,7 @@ class SparseMoeBlock(nn.Module):
             renormalize=shape.renormalize,
             layer_id=layer_id,
             kt_state=kt_state,
-            quant_method=checkpoint_experts_method(quantization),
+            quant_method=experts_method,
         )
         self.shared_expert: Optional[LlamaMLP] = None
         if shape.shared_expert_intermediate_size:
@@ -102,7 +105,10 @@ class SparseMoeDecoderLayer(LlamaDecoderLayer):
             raise ValueError(f"quantization {quantization!r} is not supported for {config.architectures[0]}")
         shape = self.moe_shape(config, layer_id)
         if shape is not None:
-            return SparseMoeBlock(shape, layer_id, dtype, kt_state, quantization)
+            experts = checkpoint_experts_method(
+                quantization, checkpoint_quantization(config), f"model.layers.{layer_id}"
+            )
+            return SparseMoeBlock(shape, layer_id, dtype, kt_state, quantization, experts)
         return LlamaMLP(config.hidden_size, config.intermediate_size, dtype, quantization=quantization)
 
     def mlp_forward_add_norm(

@@ -27,7 +27,6 @@ from sglang.srt.layers.moe.layer import FusedMoE
 from sglang.srt.layers.moe.topk import select_experts
 from sglang.srt.layers.quantization import get_moe_method
 from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase
-from sglang.srt.layers.quantization.int4 import Int4FusedMoEMethod
 
 CUDA_SKIP = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (run on the GPU machine)")
 # Triton on CPU tensors only works in the interpreter (conftest turns it on when there is no GPU).
@@ -232,6 +231,10 @@ TRITON_CASES = [
     ("INT4_G32", 9, 0, MoEKernelConfig(16, 64, 64)),
     ("MXFP4", 12, 1, MoEKernelConfig(16, 64, 32)),
     ("MXFP4", 40, 0, None),
+    # two codes a byte on a 16-wide K tile (run at 32: each of the two nibble dots spans half a step), groups of 16
+    # narrower than that (one scale per element)
+    ("INT4_G16", 5, 1, MoEKernelConfig(16, 32, 16)),
+    ("MXFP4", 3, 0, MoEKernelConfig(16, 32, 16)),
     # one token with its experts here, on the default configs (the down GEMM's own, BLOCK_N 256), every layout
     ("BF16", 1, 0, None),
     ("FP8", 1, 0, None),
@@ -242,10 +245,6 @@ TRITON_CASES = [
 ]
 
 
-def _method(name: str) -> FusedMoEMethodBase:
-    return Int4FusedMoEMethod(group_size=32) if name == "INT4_G32" else get_moe_method(name)
-
-
 @pytest.mark.parametrize("device", TRITON_DEVICES)
 @pytest.mark.parametrize("name,num_tokens,masked,config", TRITON_CASES)
 def test_triton_matches_native(
@@ -253,7 +252,7 @@ def test_triton_matches_native(
 ) -> None:
     num_experts, hidden, inter, top_k = 6, 160, 128, 2
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    method = _method(name)
+    method = get_moe_method(name)  # INT4_G<n>: INT4 in groups of n
     layer = _loaded_layer(method, *_random_experts(num_experts, hidden, inter, seed=9), dtype, device)
     x = torch.randn(num_tokens, hidden, generator=torch.Generator().manual_seed(10)).to(device, dtype)
     weights, ids = _routing(num_tokens, num_experts, top_k, seed=11, masked=masked)
@@ -273,21 +272,39 @@ def test_triton_matches_native(
             assert bool((out[t] == 0).all())
 
 
-def test_narrow_scale_groups_take_their_group_as_block_k() -> None:
-    """INT4 / MXFP4 scale groups narrower than a config's BLOCK_K run with BLOCK_K = the group (one scale per column
-    per K step; a per-element scale tile at the one-token down GEMM's BLOCK_N 256 needs more shared memory than an
-    H100 has); groups of 128 and formats without K groups keep the config."""
-    from sglang.srt.layers.moe.fused_moe_triton.fused_moe import ONE_TOKEN_DOWN_CONFIG, fit_scale_groups
+def test_narrow_scale_groups_fit_the_tiles() -> None:
+    """Two-codes-a-byte weights (INT4, MXFP4) keep the config's BLOCK_K (at least 32: two dots of half a step) and
+    apply their power-of-two groups a group at a time inside it (a per-element scale tile at the one-token down
+    GEMM's BLOCK_N 256 needs more shared memory than an H100 has); block-fp8 groups narrower than BLOCK_K set it;
+    formats without K groups keep the config."""
+    from sglang.srt.layers.moe.fused_moe_triton.fused_moe import ONE_TOKEN_DOWN_CONFIG, fit_scale_groups, tile_groups
     from sglang.srt.layers.moe.weight_format import MoEGemmWeight, WeightQuant
 
     def weight(quant: WeightQuant, group_k: int) -> MoEGemmWeight:
         return MoEGemmWeight(torch.empty(1, 8, 64, dtype=torch.uint8), torch.empty(1, 8, 4), quant, 1, group_k)
 
-    assert fit_scale_groups(ONE_TOKEN_DOWN_CONFIG, weight(WeightQuant.INT4_GROUP, 32)).block_k == 32
-    assert fit_scale_groups(ONE_TOKEN_DOWN_CONFIG, weight(WeightQuant.MXFP4, 32)).block_k == 32
-    assert fit_scale_groups(ONE_TOKEN_DOWN_CONFIG, weight(WeightQuant.INT4_GROUP, 64)).block_k == 64
-    for unchanged in (weight(WeightQuant.INT4_GROUP, 128), weight(WeightQuant.INT8_CHANNEL, 0)):
-        assert fit_scale_groups(ONE_TOKEN_DOWN_CONFIG, unchanged) == ONE_TOKEN_DOWN_CONFIG
+    down = ONE_TOKEN_DOWN_CONFIG  # BLOCK_K 128
+    for quant, group, groups in (
+        (WeightQuant.INT4_GROUP, 32, 4),
+        (WeightQuant.MXFP4, 32, 4),
+        (WeightQuant.INT4_GROUP, 64, 2),
+    ):
+        assert fit_scale_groups(down, weight(quant, group)) == down
+        assert tile_groups(down, weight(quant, group)) == groups
+    narrow = MoEKernelConfig(16, 32, 16)
+    assert fit_scale_groups(narrow, weight(WeightQuant.INT4_GROUP, 16)).block_k == 32
+    assert (
+        tile_groups(fit_scale_groups(narrow, weight(WeightQuant.INT4_GROUP, 16)), weight(WeightQuant.INT4_GROUP, 16))
+        == 2
+    )
+    with pytest.raises(ValueError, match="power of two >= 16, got 48"):
+        tile_groups(down, weight(WeightQuant.INT4_GROUP, 48))
+    wide_k = MoEKernelConfig(16, 64, 256)
+    assert fit_scale_groups(wide_k, weight(WeightQuant.FP8_BLOCK, 128)).block_k == 128
+    assert fit_scale_groups(down, weight(WeightQuant.INT4_GROUP, 128)) == down
+    assert tile_groups(down, weight(WeightQuant.INT4_GROUP, 128)) == 1  # a group spans the step
+    assert tile_groups(MoEKernelConfig(16, 64, 256), weight(WeightQuant.INT4_GROUP, 128)) == 2
+    assert fit_scale_groups(down, weight(WeightQuant.INT8_CHANNEL, 0)) == down
 
 
 @pytest.mark.parametrize("device", TRITON_DEVICES)
@@ -295,10 +312,11 @@ def test_narrow_scale_groups_take_their_group_as_block_k() -> None:
 @pytest.mark.parametrize("num_tokens", [1, 9])
 def test_narrow_groups_over_a_long_k_on_the_default_configs(device: str, name: str, num_tokens: int) -> None:
     """Groups of 32 on the default configs with a K of several tiles (the down GEMM's 512 inputs): what ran out of
-    shared memory on an H100 at DeepSeek-V3's shape before fit_scale_groups; the triton result equals torch's."""
+    shared memory on an H100 at DeepSeek-V3's shape before fit_scale_groups; four groups a 128-wide K step; the triton
+    result equals torch's."""
     num_experts, hidden, inter, top_k = 4, 256, 512, 2
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    method = _method(name)
+    method = get_moe_method(name)
     layer = _loaded_layer(method, *_random_experts(num_experts, hidden, inter, seed=41), dtype, device)
     x = torch.randn(num_tokens, hidden, generator=torch.Generator().manual_seed(42)).to(device, dtype)
     weights, ids = _routing(num_tokens, num_experts, top_k, seed=43)
@@ -319,7 +337,7 @@ def test_one_token_gemms_skip_the_alignment_with_the_same_bits(device: str, name
     a slot computed elsewhere (-1) gets no row written."""
     num_experts, hidden, inter, top_k = 6, 160, 128, 3
     dtype = torch.float32 if device == "cpu" else torch.bfloat16
-    method = _method(name)
+    method = get_moe_method(name)
     layer = _loaded_layer(method, *_random_experts(num_experts, hidden, inter, seed=21), dtype, device)
     w13, w2 = method.gemm_weights(layer)
     x = torch.randn(1, hidden, generator=torch.Generator().manual_seed(22)).to(device, dtype)
@@ -347,7 +365,7 @@ def test_one_token_gemms_skip_the_alignment_with_the_same_bits(device: str, name
 def test_aligned_routing_refuses_two_block_ms() -> None:
     """Aligned routing pads each expert's run to one BLOCK_M both GEMMs read: two different ones are refused
     (before any kernel runs); one token has no alignment, so its GEMMs may differ in BLOCK_M."""
-    method = _method("BF16")
+    method = get_moe_method("BF16")
     layer = _loaded_layer(method, *_random_experts(4, 64, 64, seed=31), torch.float32, "cpu")
     w13, w2 = method.gemm_weights(layer)
     weights, ids = _routing(3, 4, 2, seed=32)

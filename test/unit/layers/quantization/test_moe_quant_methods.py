@@ -323,3 +323,31 @@ def test_per_channel_checkpoint_experts_are_copied_as_they_are() -> None:
     block_layer = _layer(block, "cpu")
     with pytest.raises(ValueError, match="weight_scale .channel scales.* FP8 expert format .*FP8_PERCHANNEL"):
         load_expert_from_checkpoint(block_layer, block, (0, I), 0, "w2", ckpt["w2"][1], "weight_scale")
+
+
+def test_checkpoint_experts_method_holds_the_checkpoints_own_experts():
+    """Without KT the routed experts take the checkpoint's format: int4 groups on either device, fp8 where the linear
+    layers keep it (the GPU); experts the config's ignore list names (either naming of the experts: Mixtral's
+    block_sparse_moe / w1 or the others' mlp / gate_proj) and every other checkpoint: full precision."""
+    import dataclasses
+
+    from sglang.srt.configs.quantization_config import CheckpointQuantization
+    from sglang.srt.layers.quantization import checkpoint_experts_method
+
+    int4 = CheckpointQuantization("compressed-tensors", "group", "weight_scale", "none", (), 32)
+    assert checkpoint_experts_method(None, int4, "model.layers.3") == "INT4_G32"
+    assert checkpoint_experts_method(None, dataclasses.replace(int4, group_size=128), "model.layers.3") == "INT4"
+    for ignored in (r"re:.*mlp\.experts.*", r"re:.*block_sparse_moe\.experts\.\d+\.w1", "model.layers.3.mlp.experts"):
+        only_layer_3 = dataclasses.replace(int4, ignored=(ignored,))
+        assert checkpoint_experts_method(None, only_layer_3, "model.layers.3") == "BF16", ignored
+    assert (
+        checkpoint_experts_method(
+            None, dataclasses.replace(int4, ignored=("model.layers.3.mlp.experts",)), "model.layers.4"
+        )
+        == "INT4_G32"
+    )
+    fp8 = CheckpointQuantization("fp8", "block", "weight_scale_inv", "dynamic")
+    assert checkpoint_experts_method("fp8_block", fp8, "model.layers.3") == "FP8"
+    assert checkpoint_experts_method("fp8_channel", fp8, "model.layers.3") == "FP8_PERCHANNEL"
+    assert checkpoint_experts_method(None, fp8, "model.layers.3") == "BF16"  # the CPU dequantizes fp8 at load
+    assert checkpoint_experts_method(None, None, "model.layers.3") == "BF16"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from typing import Callable, Optional
 
+from sglang.srt.configs.quantization_config import CheckpointQuantization
 from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase
 from sglang.srt.layers.quantization.fp8 import Fp8FusedMoEMethod, Fp8PerChannelFusedMoEMethod
 from sglang.srt.layers.quantization.int4 import DEFAULT_INT4_GROUP, Int4FusedMoEMethod
@@ -30,12 +31,26 @@ MOE_METHOD_ALIASES: dict[str, str] = {
 
 
 # The routed experts' format for a native FP8 checkpoint on the GPU, by its linear layers' format
-# (configs/quantization_config.linear_weight_format): its experts held as they are. Any other checkpoint's experts
-# arrive in full precision ("BF16": the model's dtype).
+# (configs/quantization_config.linear_weight_format): its experts held as they are.
 CHECKPOINT_EXPERTS_METHODS: dict[str, str] = {"fp8_block": "FP8", "fp8_channel": "FP8_PERCHANNEL"}
+# Where a MoE layer's first expert projection lives in checkpoints (Mixtral's names apart from the others'): a
+# quantization config's ignore list names the experts so when it leaves them in full precision.
+EXPERT_CHECKPOINT_NAMES = ("{layer}.mlp.experts.0.gate_proj", "{layer}.block_sparse_moe.experts.0.w1")
 
 
-def checkpoint_experts_method(linear_format: Optional[str]) -> str:
+def checkpoint_experts_method(
+    linear_format: Optional[str], checkpoint: Optional[CheckpointQuantization], layer_prefix: str
+) -> str:
+    """The routed experts' format without KT: the checkpoint's own, held as it is. A pack-quantized INT4 checkpoint's
+    experts in its groups (INT4_G<size>, on either device: the fused MoE reads the codes on the GPU, the CPU
+    dequantizes the experts a step touches), unless its config leaves the experts of `layer_prefix` ("model.layers.3")
+    in full precision; a native FP8 checkpoint's on the GPU by its linear format; else full precision ("BF16": the
+    model's dtype)."""
+    if checkpoint is not None and checkpoint.is_int4:
+        names = (pattern.format(layer=layer_prefix) for pattern in EXPERT_CHECKPOINT_NAMES)
+        if not any(checkpoint.is_ignored(name) for name in names):
+            assert checkpoint.group_size is not None
+            return int4_method_name(checkpoint.group_size)
     return CHECKPOINT_EXPERTS_METHODS.get(linear_format or "", "BF16")
 
 
@@ -59,6 +74,7 @@ def get_moe_method(name: str) -> FusedMoEMethodBase:
 
 __all__ = [
     "CHECKPOINT_EXPERTS_METHODS",
+    "EXPERT_CHECKPOINT_NAMES",
     "checkpoint_experts_method",
     "FusedMoEMethodBase",
     "MOE_METHODS",

@@ -71,19 +71,37 @@ DECODE_SLOTS_PER_EXPERT = 8  # average routed slots per expert up to which DECOD
 # programs, each computing its slot's SiLU-and-mul over K once per 256 output columns) ran V2-Lite's in 0.059 ms
 # against DECODE_CONFIG's 0.091 (3 layers, H100); the gate/up GEMM keeps DECODE_CONFIG.
 ONE_TOKEN_DOWN_CONFIG = MoEKernelConfig(block_m=16, block_n=256, block_k=128, num_warps=4, num_stages=3)
+PACKED_MIN_BLOCK_K = 32  # INT4 / MXFP4: two dots of BLOCK_K / 2 a step (fit_scale_groups)
 # Prefill: bigger M tiles reuse each weight tile over many tokens (untuned).
 PREFILL_CONFIG = MoEKernelConfig(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=3)
 
 
 def fit_scale_groups(config: MoEKernelConfig, w: MoEGemmWeight) -> MoEKernelConfig:
-    """A weight whose scale groups are narrower than the tile's K (INT4 or MXFP4 in groups of 32 or 64: Kimi-K2-Thinking's
-    experts, MXFP4's blocks) runs with BLOCK_K = its group: one scale per output column per K step, where a narrower
-    group would load a [BLOCK_K, BLOCK_N] scale tile per step, which at the one-token down GEMM's BLOCK_N 256 asks
-    more shared memory than the GPU has (344 KB for DeepSeek-V3's down GEMM in groups of 32 on an H100, 2026-12-06)."""
-    grouped = w.quant in (WeightQuant.FP8_BLOCK, WeightQuant.INT4_GROUP, WeightQuant.MXFP4)
-    if grouped and 16 <= w.group_k < config.block_k and w.group_k % 16 == 0:
+    """The config's tiles fitted to the weight's scale groups. Block-fp8 groups narrower than BLOCK_K run with BLOCK_K
+    = the group (one scale per output a K step). Two-codes-a-byte formats (INT4, MXFP4) keep BLOCK_K >= 32 (each of
+    their two dots a K step spans half of it, and a dot's K is at least 16); their narrower power-of-two groups are
+    applied a group at a time inside the tile (``tile_groups``), where a [BLOCK_K, BLOCK_N] per-element scale tile at
+    the one-token down GEMM's BLOCK_N 256 asked more shared memory than the GPU has (344 KB for DeepSeek-V3's down
+    GEMM in groups of 32 on an H100, 2026-12-06), and BLOCK_K = the group (its first fix) left 16-byte loads a row."""
+    if w.quant in (WeightQuant.INT4_GROUP, WeightQuant.MXFP4):
+        if config.block_k < PACKED_MIN_BLOCK_K:
+            return dataclasses.replace(config, block_k=PACKED_MIN_BLOCK_K)
+        return config
+    if w.quant == WeightQuant.FP8_BLOCK and 16 <= w.group_k < config.block_k and w.group_k % 16 == 0:
         return dataclasses.replace(config, block_k=w.group_k)
     return config
+
+
+def tile_groups(config: MoEKernelConfig, w: MoEGemmWeight) -> int:
+    """Scale groups of a two-codes-a-byte weight in one K step where its groups are narrower than the step (applied a
+    group at a time, the step split by them), else 1. Raises for a narrower group the kernel cannot split a step by
+    (not a power of two of at least 16: none that a checkpoint or KTransformers ships)."""
+    group = w.group_k
+    if group >= config.block_k:
+        return 1
+    if group < 16 or group & (group - 1):
+        raise ValueError(f"the fused MoE runs {w.quant.name} scale groups of a power of two >= 16, got {group}")
+    return config.block_k // group
 
 
 def default_configs(num_tokens: int, top_k: int, num_experts: int) -> MoEGemmConfigs:
@@ -92,6 +110,59 @@ def default_configs(num_tokens: int, top_k: int, num_experts: int) -> MoEGemmCon
     if num_tokens * top_k <= DECODE_SLOTS_PER_EXPERT * num_experts:
         return MoEGemmConfigs.both(DECODE_CONFIG)
     return MoEGemmConfigs.both(PREFILL_CONFIG)
+
+
+@triton.jit
+def _load_a(a_ptr, a_rows, slot_mask, offs_k, K: tl.constexpr, stride_am, stride_ak, A_GATED: tl.constexpr):
+    """A's [BLOCK_M, len(offs_k)] tile at columns offs_k of the slots' rows; with A_GATED, silu(gate) * up of the
+    [gate | up] rows, computed as torch would as its own kernels: silu in fp32, times up, rounded once."""
+    a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
+    a_mask = slot_mask[:, None] & (offs_k < K)[None, :]
+    a = tl.load(a_ptrs, mask=a_mask, other=0.0)
+    if A_GATED:
+        gate = a.to(tl.float32)
+        up = tl.load(a_ptrs + K * stride_ak, mask=a_mask, other=0.0).to(tl.float32)
+        a = (gate / (1.0 + tl.exp(-gate)) * up).to(a_ptr.dtype.element_ty)
+    return a
+
+
+@triton.jit
+def _decode_nibbles(nib, QUANT: tl.constexpr):
+    """4-bit codes -> fp32 values: INT4 stores q + 8; MXFP4 e2m1 (e == 0 is subnormal: 0 or 0.5, otherwise
+    (1 + m/2) * 2**(e-1)), bit 3 the sign."""
+    if QUANT == _Q_INT4:
+        return (nib - 8).to(tl.float32)
+    e = (nib >> 1) & 3
+    m = (nib & 1).to(tl.float32)
+    mag = tl.where(e == 0, 0.5 * m, (1.0 + 0.5 * m) * ((1 << e) >> 1).to(tl.float32))
+    return tl.where((nib & 8) != 0, -mag, mag)
+
+
+@triton.jit
+def _group_scales(
+    s_base, offs_n, offs_k, n_mask, k0, K: tl.constexpr, stride_sn, stride_sk,
+    GROUP_N: tl.constexpr, GROUP_K: tl.constexpr, SCALE_K_PER_TILE: tl.constexpr, QUANT: tl.constexpr,
+):  # fmt: skip
+    """The scales of the [len(offs_k), BLOCK_N] weight tile at inputs offs_k (from k0) and outputs offs_n, fp32: one
+    per output where a group spans the tile (SCALE_K_PER_TILE: broadcast along K), else one per element."""
+    if SCALE_K_PER_TILE:
+        s = tl.load(s_base + (offs_n // GROUP_N) * stride_sn + (k0 // GROUP_K) * stride_sk, mask=n_mask, other=0)
+        s = s[None, :]
+    else:
+        s = tl.load(
+            s_base + (offs_n // GROUP_N)[None, :] * stride_sn + (offs_k // GROUP_K)[:, None] * stride_sk,
+            mask=(offs_k < K)[:, None] & n_mask[None, :],
+            other=0,
+        )
+    return _decode_scales(s, QUANT)
+
+
+@triton.jit
+def _decode_scales(s, QUANT: tl.constexpr):
+    """Stored scales -> fp32 (MXFP4's e8m0 exponents: 2**(s - 127))."""
+    if QUANT == _Q_MXFP4:
+        return (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)
+    return s.to(tl.float32)
 
 
 @triton.jit
@@ -112,6 +183,7 @@ def _moe_gemm_kernel(
     GROUP_N: tl.constexpr,
     GROUP_K: tl.constexpr,
     SCALE_K_PER_TILE: tl.constexpr,  # GROUP_K is a multiple of BLOCK_K: one scale per column per tile
+    TILE_GROUPS: tl.constexpr,  # two codes a byte: scale groups in a K step (tile_groups)
     DOT_PRECISION: tl.constexpr,
     ONE_TOKEN: tl.constexpr,  # no aligned routing: expert_ids_ptr is the token's top-k ids, tile m is slot m alone
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
@@ -141,49 +213,62 @@ def _moe_gemm_kernel(
     b_base = b_ptr + expert * stride_be + offs_n[None, :].to(tl.int64) * stride_bn
     s_base = scale_ptr + expert * stride_se
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    # Narrow scale groups (TILE_GROUPS > 1): the decoded weight is the MMA's left operand, as [BLOCK_N, BLOCK_K / 2]
+    # (Hopper's wgmma reads its left operand from registers), the slots' rows its right.
+    acc_t = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
+    w_rows = b_ptr + expert * stride_be + offs_n[:, None].to(tl.int64) * stride_bn
     for kt in range(0, tl.cdiv(K, BLOCK_K)):
         k0 = kt * BLOCK_K
-        offs_k = k0 + tl.arange(0, BLOCK_K)
-        k_mask = offs_k < K
-        a_ptrs = a_ptr + a_rows[:, None] * stride_am + offs_k[None, :] * stride_ak
-        a_mask = slot_mask[:, None] & k_mask[None, :]
-        a = tl.load(a_ptrs, mask=a_mask, other=0.0)
-        if A_GATED:
-            # What torch computed as its own kernels: silu in fp32, times up, rounded once to the dtype.
-            gate = a.to(tl.float32)
-            up = tl.load(a_ptrs + K * stride_ak, mask=a_mask, other=0.0).to(tl.float32)
-            a = (gate / (1.0 + tl.exp(-gate)) * up).to(a_ptr.dtype.element_ty)
-        b_mask = k_mask[:, None] & n_mask[None, :]
-        # Decode the [BLOCK_K, BLOCK_N] weight tile to the activation dtype. Masked elements decode
-        # to finite zeros so padding never injects NaN into the dot.
         if QUANT == _Q_INT4 or QUANT == _Q_MXFP4:
-            byte = tl.load(b_base + (offs_k // 2)[:, None] * stride_bk, mask=b_mask, other=0)
-            nib = (byte.to(tl.int32) >> ((offs_k % 2) * 4)[:, None]) & 0xF
-            if QUANT == _Q_INT4:
-                w = (nib - 8).to(tl.float32)
-            else:
-                e = (nib >> 1) & 3
-                m = (nib & 1).to(tl.float32)
-                # e2m1: e == 0 is subnormal (0 or 0.5), otherwise (1 + m/2) * 2**(e-1).
-                mag = tl.where(e == 0, 0.5 * m, (1.0 + 0.5 * m) * ((1 << e) >> 1).to(tl.float32))
-                w = tl.where((nib & 8) != 0, -mag, mag)
-        else:
-            w = tl.load(b_base + offs_k[:, None] * stride_bk, mask=b_mask, other=0.0)
-        if QUANT == _Q_FP8 or QUANT == _Q_INT4 or QUANT == _Q_MXFP4:
-            if SCALE_K_PER_TILE:
-                s = tl.load(
-                    s_base + (offs_n // GROUP_N) * stride_sn + (k0 // GROUP_K) * stride_sk, mask=n_mask, other=0
-                )[None, :]
-            else:
-                s = tl.load(
-                    s_base + (offs_n // GROUP_N)[None, :] * stride_sn + (offs_k // GROUP_K)[:, None] * stride_sk,
-                    mask=b_mask,
+            # Two codes a byte, input 2j in the low nibble and 2j + 1 in the high: the byte tile is loaded once, whole
+            # bytes along K, and its two nibble planes meet A's even and odd columns in two dots (read a byte per
+            # input instead, the tile's loads were scalar and twice the bytes). Masked bytes decode to finite values
+            # that meet A's zeros.
+            offs_half = k0 // 2 + tl.arange(0, BLOCK_K // 2)
+            offs_even = k0 + 2 * tl.arange(0, BLOCK_K // 2)
+            if TILE_GROUPS > 1:
+                half_mask = n_mask[:, None] & (offs_half < K // 2)[None, :]
+                byte = tl.load(w_rows + offs_half[None, :] * stride_bk, mask=half_mask, other=0).to(tl.int32)
+                # The step's [BLOCK_N, TILE_GROUPS] scales, each over GROUP_K / 2 columns of both nibble planes.
+                offs_g = k0 // GROUP_K + tl.arange(0, TILE_GROUPS)
+                groups = tl.load(
+                    s_base + (offs_n // GROUP_N)[:, None] * stride_sn + offs_g[None, :] * stride_sk,
+                    mask=n_mask[:, None] & (offs_g * GROUP_K < K)[None, :],
                     other=0,
                 )
-            if QUANT == _Q_MXFP4:
-                s = (s.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # e8m0 -> 2**(s - 127)
-            w = w.to(tl.float32) * s
-        acc += tl.dot(a, w.to(a.dtype), input_precision=DOT_PRECISION)
+                groups = _decode_scales(groups, QUANT)[:, :, None]
+                for odd in tl.static_range(2):
+                    offs_k = offs_even + odd
+                    w = _decode_nibbles((byte >> (4 * odd)) & 0xF, QUANT)
+                    w = tl.reshape(
+                        tl.reshape(w, (BLOCK_N, TILE_GROUPS, GROUP_K // 2)) * groups, (BLOCK_N, BLOCK_K // 2)
+                    )
+                    a = _load_a(a_ptr, a_rows, slot_mask, offs_k, K, stride_am, stride_ak, A_GATED)
+                    acc_t += tl.dot(w.to(a.dtype), tl.trans(a), input_precision=DOT_PRECISION)
+            else:  # a group spans the step (or a scale per element): the weight is the right operand
+                half_mask = (offs_half < K // 2)[:, None] & n_mask[None, :]
+                byte = tl.load(b_base + offs_half[:, None] * stride_bk, mask=half_mask, other=0).to(tl.int32)
+                for odd in tl.static_range(2):
+                    offs_k = offs_even + odd
+                    w = _decode_nibbles((byte >> (4 * odd)) & 0xF, QUANT) * _group_scales(
+                        s_base, offs_n, offs_k, n_mask, k0, K, stride_sn, stride_sk, GROUP_N, GROUP_K,
+                        SCALE_K_PER_TILE, QUANT,
+                    )  # fmt: skip
+                    a = _load_a(a_ptr, a_rows, slot_mask, offs_k, K, stride_am, stride_ak, A_GATED)
+                    acc += tl.dot(a, w.to(a.dtype), input_precision=DOT_PRECISION)
+        else:
+            offs_k = k0 + tl.arange(0, BLOCK_K)
+            a = _load_a(a_ptr, a_rows, slot_mask, offs_k, K, stride_am, stride_ak, A_GATED)
+            # Masked elements load as finite zeros so padding never injects NaN into the dot.
+            w = tl.load(b_base + offs_k[:, None] * stride_bk, mask=(offs_k < K)[:, None] & n_mask[None, :], other=0.0)
+            if QUANT == _Q_FP8:
+                w = w.to(tl.float32) * _group_scales(
+                    s_base, offs_n, offs_k, n_mask, k0, K, stride_sn, stride_sk, GROUP_N, GROUP_K,
+                    SCALE_K_PER_TILE, QUANT,
+                )  # fmt: skip
+            acc += tl.dot(a, w.to(a.dtype), input_precision=DOT_PRECISION)
+    if TILE_GROUPS > 1:
+        acc = tl.trans(acc_t)
 
     if QUANT == _Q_INT8 or QUANT == _Q_FP8_CHANNEL:
         # Per-output-channel scale is constant along K: apply once instead of per tile.
@@ -244,6 +329,7 @@ def invoke_moe_gemm(
         GROUP_N=max(w.group_n, 1),
         GROUP_K=max(w.group_k, 1),
         SCALE_K_PER_TILE=per_tile,
+        TILE_GROUPS=tile_groups(config, w) if w.quant in (WeightQuant.INT4_GROUP, WeightQuant.MXFP4) else 1,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         ONE_TOKEN=one_token,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, PDL=pdl,
