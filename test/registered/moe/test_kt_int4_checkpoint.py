@@ -1,6 +1,6 @@
 from sglang.test.ci.ci_register import register_cpu_ci
 
-register_cpu_ci(est_time=12, suite="per-commit-cpu")
+register_cpu_ci(est_time=20, suite="per-commit-cpu")
 
 # Pack-quantized INT4 experts (compressed-tensors W4A16, the format Kimi-K2-Thinking and K2.5 ship their routed experts
 # in), tiny transformers-written Qwen3-MoE and DeepSeek-V3 models with their routed experts quantized in groups of 32:
@@ -82,6 +82,22 @@ def test_without_kt_the_experts_stay_int4_and_another_method_requantizes(int4_mo
     int8 = _scheduler(d, kt_method="INT8", kt_num_gpu_experts=1)
     assert int8.model_runner.model.model.layers[0].mlp.experts.cpu_layer.w13_weight.dtype == torch.int8
     assert len(run_scheduler(int8, prompts[:1], greedy_params(4))[0].output_ids) == 4
+
+
+def test_two_tensor_parallel_ranks_split_the_int4_experts_on_group_boundaries(int4_moe):
+    """Without KT at --tp-size 2 (gloo): each rank holds half of every expert's intermediate dimension as the
+    checkpoint's codes, w2's by whole groups of 32 of its inputs; greedy tokens equal transformers'."""
+    import sglang
+
+    d, prompts, ref = int4_moe
+    engine = sglang.Engine(
+        model_path=d, tp_size=2, device="cpu", skip_tokenizer_init=True, max_total_tokens=1024, log_level="warning"
+    )
+    try:
+        outs = engine.generate(input_ids=prompts, sampling_params=greedy_params(NEW_TOKENS))
+    finally:
+        engine.shutdown()
+    assert [o["output_ids"] for o in outs] == ref
 
 
 def test_experts_the_config_ignores_stay_in_full_precision(tmp_path):
