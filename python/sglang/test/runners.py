@@ -369,6 +369,22 @@ def close_engine(engine) -> None:
         ctx.term()
 
 
+def engine_greedy_tokens(model_path: str, prompts: Sequence[Sequence[int]], max_new_tokens: int, **server_args):
+    """Greedy output ids of a fresh CPU sglang.Engine on token prompts (its own processes, e.g. tp_size=2 over gloo),
+    shut down after."""
+    import sglang
+
+    engine = sglang.Engine(
+        model_path=model_path, device="cpu", skip_tokenizer_init=True, max_total_tokens=1024, log_level="warning",
+        **server_args,
+    )  # fmt: skip
+    try:
+        outs = engine.generate(input_ids=[list(p) for p in prompts], sampling_params=greedy_params(max_new_tokens))
+    finally:
+        engine.shutdown()
+    return [o["output_ids"] for o in outs]
+
+
 def smollm2_engine():
     """The shared SmolLM2 Engine (CPU, fp32, a 4096-token pool) used by the registered tests."""
     return shared_engine(model_path=SMOLLM2, device="cpu", max_total_tokens=4096, log_level="warning")

@@ -78,20 +78,13 @@ def _build(variant: str, tmp_path_factory):
 
 
 def test_engine_tp2_matches_transformers_with_qk_norm(tmp_path_factory):
-    import sglang
+    from sglang.test.runners import engine_greedy_tokens
 
     d, hf, prompts, ref, _ = _build("qk_norm", tmp_path_factory)
     assert hf.config.use_qk_norm and hf.config.attention_bias and hf.config.n_group > 1
     # Two tensor-parallel ranks over gloo: each holds 2 of the 4 query heads, 1 of the 2 KV heads, half of every
     # expert's and the shared expert's intermediate dimension; the router and the norms whole.
-    engine = sglang.Engine(
-        model_path=d, tp_size=2, device="cpu", skip_tokenizer_init=True, max_total_tokens=1024, log_level="warning"
-    )
-    try:
-        outs = engine.generate(input_ids=prompts, sampling_params=greedy_params(NEW_TOKENS))
-    finally:
-        engine.shutdown()
-    assert [o["output_ids"] for o in outs] == ref
+    assert engine_greedy_tokens(d, prompts, NEW_TOKENS, tp_size=2) == ref
 
 
 def test_without_qk_norm_and_with_an_mtp_layer(tmp_path_factory, caplog):

@@ -87,17 +87,10 @@ def test_without_kt_the_experts_stay_int4_and_another_method_requantizes(int4_mo
 def test_two_tensor_parallel_ranks_split_the_int4_experts_on_group_boundaries(int4_moe):
     """Without KT at --tp-size 2 (gloo): each rank holds half of every expert's intermediate dimension as the
     checkpoint's codes, w2's by whole groups of 32 of its inputs; greedy tokens equal transformers'."""
-    import sglang
+    from sglang.test.runners import engine_greedy_tokens
 
     d, prompts, ref = int4_moe
-    engine = sglang.Engine(
-        model_path=d, tp_size=2, device="cpu", skip_tokenizer_init=True, max_total_tokens=1024, log_level="warning"
-    )
-    try:
-        outs = engine.generate(input_ids=prompts, sampling_params=greedy_params(NEW_TOKENS))
-    finally:
-        engine.shutdown()
-    assert [o["output_ids"] for o in outs] == ref
+    assert engine_greedy_tokens(d, prompts, NEW_TOKENS, tp_size=2) == ref
 
 
 def test_experts_the_config_ignores_stay_in_full_precision(tmp_path):
