@@ -19,7 +19,8 @@ from safetensors.torch import load_file
 
 from sglang.test.fp8_checkpoints import save_with_reference
 
-ROUTED_EXPERT = re.compile(r".*\.mlp\.experts\.\d+\.(gate_proj|up_proj|down_proj)\.weight$")
+# Routed experts under either naming: mlp.experts.N.{gate,up,down}_proj, Mixtral's block_sparse_moe.experts.N.w{1,2,3}.
+ROUTED_EXPERT = re.compile(r".*\.(mlp|block_sparse_moe)\.experts\.\d+\.(gate_proj|up_proj|down_proj|w1|w2|w3)\.weight$")
 # Every decoder linear of a dense model (llm-compressor's W4A16 recipe quantizes all but lm_head).
 DECODER_LINEAR = re.compile(r".*\.(q|k|v|o|gate|up|down)_proj\.weight$")
 

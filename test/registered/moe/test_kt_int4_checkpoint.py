@@ -93,6 +93,25 @@ def test_two_tensor_parallel_ranks_split_the_int4_experts_on_group_boundaries(in
     assert engine_greedy_tokens(d, prompts, NEW_TOKENS, tp_size=2) == ref
 
 
+@pytest.mark.parametrize("family", ["mixtral", "qwen2_moe", "olmoe", "glm4_moe"])
+def test_every_moe_family_holds_its_int4_experts(family, tmp_path):
+    """The other MoE families (Mixtral's block_sparse_moe / w1-w3 names; Qwen2-MoE's shared expert and its gate;
+    OLMoE; GLM-4.5's grouped routing, shared expert and leading dense layer), transformers-written, their routed
+    experts pack-quantized in groups of 32, without KT: the experts hold the checkpoint's codes, greedy tokens equal
+    transformers' on the dequantized weights."""
+    from sglang.test.tiny_moe_families import make_tiny_family
+
+    full, hf = make_tiny_family(family, str(tmp_path / "full"))
+    d = write_int4_experts_checkpoint(full, str(tmp_path / "int4"), GROUP)
+    prompts = _prompts(12, hf.config.vocab_size)
+    ref = hf_greedy(d + "-dequantized", prompts, NEW_TOKENS)
+    sched = _scheduler(d)
+    experts = sched.model_runner.model.model.layers[-1].mlp.experts
+    assert experts.quant_method.name == "INT4" and experts.quant_method.group == GROUP
+    assert experts.w2_weight.dtype == torch.uint8
+    assert [o.output_ids for o in run_scheduler(sched, prompts, greedy_params(NEW_TOKENS))] == ref
+
+
 def test_experts_the_config_ignores_stay_in_full_precision(tmp_path):
     """A pack-quantized checkpoint whose ignore list names the routed experts (only attention quantized): they load
     as the checkpoint stores them, in full precision, never quantized to INT4 at load; greedy tokens equal

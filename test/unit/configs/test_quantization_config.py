@@ -171,6 +171,23 @@ def test_block_fp8_on_the_gpu_refuses_merged_parts_off_the_scale_blocks():
     assert ModelConfig.from_hf_config(aligned, dtype="bfloat16", device="cuda").quantization == "fp8_block"
 
 
+def test_int4_groups_the_gpu_cannot_split_are_refused_there_by_name():
+    """The GPU's fused MoE splits its K steps by the int4 groups: a group that is not a power of two >= 16 is refused
+    at start-up on CUDA naming group_size (before any weight); the CPU runs it."""
+    from transformers import LlamaConfig
+
+    from sglang.srt.configs.model_config import ModelConfig
+
+    def config(size: int):
+        return LlamaConfig(num_hidden_layers=2, vocab_size=512, quantization_config=pack_quantized(group_size=size))
+
+    for size in (48, 8):
+        with pytest.raises(UnsupportedQuantization, match=f"group_size {size} on the GPU"):
+            ModelConfig.from_hf_config(config(size), dtype="bfloat16", device="cuda")
+        assert ModelConfig.from_hf_config(config(size), device="cpu").checkpoint_quantization.group_size == size
+    assert ModelConfig.from_hf_config(config(32), dtype="bfloat16", device="cuda").checkpoint_quantization.is_int4
+
+
 def test_block_fp8_tensor_parallel_shares_must_be_whole_scale_blocks(tmp_path):
     """Each rank loads its share of every merged part; a share that is not whole 128-row blocks would cut a scale
     block between two ranks. Refused at start-up naming --tp-size and the parts (with each rank's share), before

@@ -23,6 +23,7 @@ from sglang.srt.configs.quantization_config import (
     UnsupportedQuantization,
     check_block_fp8_layout,
     check_block_fp8_tensor_parallel,
+    check_int4_groups_on_device,
     checkpoint_quantization,
     linear_weight_format,
 )
@@ -380,6 +381,7 @@ class ModelConfig:
         if quantization is not None:
             check_online_quantization(quantization, hf_config, model_dtype, device)
         checkpoint_format = checkpoint_quantization(hf_config)  # refuses a format we do not run
+        check_int4_groups_on_device(checkpoint_format, device)
         architecture = architecture_of(hf_config)
         quantization = quantization or linear_weight_format(checkpoint_format, device, model_dtype, architecture)
         if quantization == "fp8_block":

@@ -248,6 +248,17 @@ CHECKPOINT_FP8_ARCHITECTURES = (
 )
 
 
+def check_int4_groups_on_device(quant: Optional[CheckpointQuantization], device: str) -> None:
+    """The GPU's fused MoE splits its K steps by a pack-quantized checkpoint's groups: on CUDA they must be a power of
+    two of at least 16 (32, 64 and 128 are what checkpoints ship); the CPU runs any even size."""
+    if quant is None or not quant.is_int4 or device != "cuda":
+        return
+    size = quant.group_size
+    assert size is not None
+    if size < 16 or size & (size - 1):
+        raise _refuse(f"compressed-tensors pack-quantized group_size {size} on the GPU (a power of two >= 16 there)")
+
+
 def linear_weight_format(
     quant: Optional[CheckpointQuantization], device: str, dtype: Any, architecture: str
 ) -> Optional[str]:
