@@ -177,7 +177,7 @@ def _kt_method_for_checkpoint(
     FP8_PERCHANNEL: rows) promises a native FP8 checkpoint's own experts: on one of the other scale layout it would
     re-quantize them, so that is refused naming the method that holds them. Other methods are formats of their own
     (the experts dequantized, then quantized into them). Refusals name the flag."""
-    from sglang.srt.layers.quantization import MOE_METHODS, get_moe_method, int4_method_name
+    from sglang.srt.layers.quantization import checkpoint_fp8_holder, get_moe_method, int4_method_name
 
     if weight_path is not None:
         source = _declared_quantization(weight_path, "--kt-weight-path")
@@ -203,7 +203,7 @@ def _kt_method_for_checkpoint(
         return method
     if chosen.holds_checkpoint_fp8(checkpoint.strategy):
         return method
-    holder = next(name for name, make in MOE_METHODS.items() if make().holds_checkpoint_fp8(checkpoint.strategy))
+    holder = checkpoint_fp8_holder(checkpoint.strategy)
     raise ServerArgsError(
         f"--kt-method {method}: {model_path} is a native FP8 checkpoint with per-{checkpoint.strategy} scales "
         f"({checkpoint.scale_name}), which --kt-method {holder} runs as they are; {method} would re-quantize its "

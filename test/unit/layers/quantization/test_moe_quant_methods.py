@@ -283,6 +283,20 @@ def test_fp8_layouts_hold_their_checkpoint_scales() -> None:
         "INT4": [],
         "MXFP4": [],
     }
+
+
+def test_an_fp8_scale_the_format_cannot_hold_is_a_load_error_naming_the_holder() -> None:
+    """A checkpoint's fp8 expert scale reaching experts of another format (the --kt-weight-path route) is refused,
+    naming the format that holds that layout (checkpoint_fp8_holder, which engine_config's start-up check asks too)."""
+    from sglang.srt.layers.moe.layer import load_expert_from_checkpoint, make_moe_layer
+    from sglang.srt.layers.quantization import checkpoint_fp8_holder
+
+    holders = [checkpoint_fp8_holder(s) for s in ("block", "channel", "tensor")]
+    assert holders == ["FP8", "FP8_PERCHANNEL", "FP8_PERCHANNEL"]
+    layer = make_moe_layer(2, 256, 128, torch.float32, "INT8")
+    for kind, holder in (("weight_scale_inv", "FP8 can"), ("weight_scale", "FP8_PERCHANNEL can")):
+        with pytest.raises(ValueError, match=f"{kind} .*the INT8 expert format cannot hold.*; {holder}"):
+            load_expert_from_checkpoint(layer, layer.quant_method, (0, 128), 0, "w2", torch.ones(2, 1), kind)
     from sglang.srt.configs.quantization_config import CheckpointQuantization
 
     int4 = CheckpointQuantization("compressed-tensors", "group", "weight_scale", "none", (), 32)

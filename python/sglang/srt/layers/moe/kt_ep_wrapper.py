@@ -32,7 +32,6 @@ from sglang.srt.layers.moe.layer import (
     moe_intermediate_partition,
 )
 from sglang.srt.layers.moe.topk import select_experts
-from sglang.srt.layers.quantization import get_moe_method
 
 logger = logging.getLogger(__name__)
 # Microseconds the CPU expert threads spin after a layer before they sleep: during decode the next layer's
@@ -156,8 +155,10 @@ class KTEPWrapperMethod(nn.Module):
     def takes_checkpoint_experts(self, quant: CheckpointQuantization) -> bool:
         """--kt-method FP8 holds a native block-FP8 checkpoint's experts as they are, FP8_PERCHANNEL a per-channel
         (or per-tensor) one's, INT4 of the checkpoint's group size a pack-quantized one's, GPU and CPU ones alike:
-        the CPU kernel reads the checkpoint's own codes and scales, no BF16 round trip."""
-        return get_moe_method(self.kt.method).holds_checkpoint(quant)
+        the CPU kernel reads the checkpoint's own codes and scales, no BF16 round trip. Asked of the layer that
+        holds them (both hold --kt-method's format)."""
+        layer = self.cpu_layer if self.cpu_layer is not None else self.gpu_experts
+        return layer.quant_method.holds_checkpoint(quant)
 
     def finish_loading(self) -> None:
         """Pin the host experts when the full-GPU slot will copy them in (DMA), then hand them to the CPU

@@ -10,7 +10,7 @@ from sglang.srt.configs.quantization_config import CheckpointQuantization
 from sglang.srt.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from sglang.srt.distributed.partition import shard_range
 from sglang.srt.layers.moe.topk import select_experts
-from sglang.srt.layers.quantization import get_moe_method
+from sglang.srt.layers.quantization import checkpoint_fp8_holder, get_moe_method
 from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase
 from sglang.srt.layers.quantization.int4 import CHECKPOINT_CODES, CHECKPOINT_GROUP_SCALES, Int4FusedMoEMethod
 
@@ -19,7 +19,6 @@ _CKPT_SHARDS = (("gate_proj", "w1", "w13_"), ("up_proj", "w3", "w13_"), ("down_p
 # A native FP8 checkpoint's expert scale, by its name beside the weight: its layout, and the format holding it.
 CHECKPOINT_SCALE_STRATEGIES = {"weight_scale_inv": "block", "weight_scale": "channel"}
 INT4_KINDS = (CHECKPOINT_CODES, CHECKPOINT_GROUP_SCALES)
-_HOLDER = {"block": "FP8", "channel": "FP8_PERCHANNEL"}
 
 
 def moe_intermediate_partition(intermediate_size: int) -> tuple[int, int]:
@@ -76,7 +75,7 @@ def load_expert_from_checkpoint(
     if is_scale and not quant_method.holds_checkpoint_fp8(strategy):
         raise ValueError(
             f"{shard_id} of expert {expert_id}: the checkpoint's fp8 experts come with {kind} ({strategy} scales), "
-            f"which the {quant_method.name} expert format cannot hold as they are; {_HOLDER[strategy]} can "
+            f"which the {quant_method.name} expert format cannot hold as they are; {checkpoint_fp8_holder(strategy)} can "
             "(with KT: --kt-method)"
         )
     if is_scale and kind == "weight_scale":  # per row: w1 / w3 rows are this rank's slice, w2's whole

@@ -54,6 +54,12 @@ def checkpoint_experts_method(
     return CHECKPOINT_EXPERTS_METHODS.get(linear_format or "", "BF16")
 
 
+def checkpoint_fp8_holder(strategy: str) -> str:
+    """The expert format that holds a native FP8 checkpoint's experts of that scale layout as they are ("block":
+    FP8, "channel" / "tensor": FP8_PERCHANNEL), found by asking each format."""
+    return next(name for name, make in MOE_METHODS.items() if make().holds_checkpoint_fp8(strategy))
+
+
 def int4_method_name(group_size: int) -> str:
     """get_moe_method's name for INT4 experts with one scale per `group_size` inputs (a pack-quantized checkpoint's)."""
     return "INT4" if group_size == DEFAULT_INT4_GROUP else f"INT4_G{group_size}"
@@ -76,6 +82,7 @@ __all__ = [
     "CHECKPOINT_EXPERTS_METHODS",
     "EXPERT_CHECKPOINT_NAMES",
     "checkpoint_experts_method",
+    "checkpoint_fp8_holder",
     "FusedMoEMethodBase",
     "MOE_METHODS",
     "MOE_METHOD_ALIASES",
