@@ -164,7 +164,7 @@ def tune_shape(name: str, shape: tuple, batches: tuple, grid: dict, device: str,
     for batch in batches:
         topk_w, topk_ids, x = batch_inputs(batch, experts, top_k, hidden, device)
         floor_ms = layers * touched_bytes(*first, topk_ids) / (gbps * 1e9) * 1e3 if gbps else 0.0
-        default = default_configs(batch, top_k, experts)
+        default = default_configs(batch, top_k, experts, first[0].packed)
         ref = fused_experts_triton(x, *first, topk_w, topk_ids, default).float()
         cells = {}
         for cfg in [default] + [MoEGemmConfigs.both(c) for c in configs(grid) if MoEGemmConfigs.both(c) != default]:
@@ -227,7 +227,7 @@ def tune_per_gemm(name: str, shape: tuple, batches: tuple, grid: dict, device: s
         topk_w, topk_ids, x = batch_inputs(batch, experts, top_k, hidden, device)
         touched = int(torch.unique(topk_ids).numel())
         floors = [layers * touched * b / (gbps * 1e9) * 1e3 if gbps else 0.0 for b in one_expert]
-        default = default_configs(batch, top_k, experts)
+        default = default_configs(batch, top_k, experts, first[0].packed)
         up, down, c1, c2 = gemm_steps(weights[:1], x, topk_w, topk_ids, default.up)
         up(), down()
         refs = (c1.float().clone(), c2.float().clone())

@@ -71,6 +71,12 @@ DECODE_SLOTS_PER_EXPERT = 8  # average routed slots per expert up to which DECOD
 # programs, each computing its slot's SiLU-and-mul over K once per 256 output columns) ran V2-Lite's in 0.059 ms
 # against DECODE_CONFIG's 0.091 (3 layers, H100); the gate/up GEMM keeps DECODE_CONFIG.
 ONE_TOKEN_DOWN_CONFIG = MoEKernelConfig(block_m=16, block_n=256, block_k=128, num_warps=4, num_stages=3)
+# One token's GEMMs over two-codes-a-byte weights (INT4 groups, MXFP4), tuned apart (tune_fused_moe.py --per-gemm
+# --shapes Qwen3-30B-A3B-int4-g32, tune_moe_per_gemm/results.md): 256 inputs a K step (128 bytes a row) and 8 warps
+# to decode them ran the gate/up GEMM in 0.210 ms against 0.318 and the down GEMM in 0.106 against 0.217 (9 layers,
+# groups of 32, H100; the codes' decode, not their bytes, bounds these tiles); Qwen3-30B-A3B's int4 decode step at
+# batch 1 4.884 -> 3.893 ms (groups of 128: 5.221 -> 3.876). MXFP4's one-token tiles were not measured apart.
+ONE_TOKEN_PACKED_CONFIG = MoEKernelConfig(block_m=16, block_n=128, block_k=256, num_warps=8, num_stages=3)
 PACKED_MIN_BLOCK_K = 32  # INT4 / MXFP4: two dots of BLOCK_K / 2 a step (fit_scale_groups)
 # Prefill: bigger M tiles reuse each weight tile over many tokens (untuned).
 PREFILL_CONFIG = MoEKernelConfig(block_m=64, block_n=128, block_k=64, num_warps=8, num_stages=3)
@@ -83,7 +89,7 @@ def fit_scale_groups(config: MoEKernelConfig, w: MoEGemmWeight) -> MoEKernelConf
     applied a group at a time inside the tile (``tile_groups``), where a [BLOCK_K, BLOCK_N] per-element scale tile at
     the one-token down GEMM's BLOCK_N 256 asked more shared memory than the GPU has (344 KB for DeepSeek-V3's down
     GEMM in groups of 32 on an H100, 2026-12-06), and BLOCK_K = the group (its first fix) left 16-byte loads a row."""
-    if w.quant in (WeightQuant.INT4_GROUP, WeightQuant.MXFP4):
+    if w.packed:
         if config.block_k < PACKED_MIN_BLOCK_K:
             return dataclasses.replace(config, block_k=PACKED_MIN_BLOCK_K)
         return config
@@ -104,8 +110,11 @@ def tile_groups(config: MoEKernelConfig, w: MoEGemmWeight) -> int:
     return config.block_k // group
 
 
-def default_configs(num_tokens: int, top_k: int, num_experts: int) -> MoEGemmConfigs:
+def default_configs(num_tokens: int, top_k: int, num_experts: int, packed: bool = False) -> MoEGemmConfigs:
+    """`packed`: two codes a byte (INT4 groups, MXFP4), whose one-token GEMMs take their own tiles."""
     if num_tokens == 1:
+        if packed:
+            return MoEGemmConfigs.both(ONE_TOKEN_PACKED_CONFIG)
         return MoEGemmConfigs(DECODE_CONFIG, ONE_TOKEN_DOWN_CONFIG)
     if num_tokens * top_k <= DECODE_SLOTS_PER_EXPERT * num_experts:
         return MoEGemmConfigs.both(DECODE_CONFIG)
@@ -329,7 +338,7 @@ def invoke_moe_gemm(
         GROUP_N=max(w.group_n, 1),
         GROUP_K=max(w.group_k, 1),
         SCALE_K_PER_TILE=per_tile,
-        TILE_GROUPS=tile_groups(config, w) if w.quant in (WeightQuant.INT4_GROUP, WeightQuant.MXFP4) else 1,
+        TILE_GROUPS=tile_groups(config, w) if w.packed else 1,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         ONE_TOKEN=one_token,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, PDL=pdl,
@@ -418,6 +427,6 @@ def fused_experts_triton(
     outs = []
     for start in range(0, num_tokens, CHUNK_TOKENS):
         end = min(start + CHUNK_TOKENS, num_tokens)
-        cfg = configs or default_configs(end - start, top_k, w13.weight.shape[0])
+        cfg = configs or default_configs(end - start, top_k, w13.weight.shape[0], w13.packed)
         outs.append(_fused_experts_chunk(x[start:end], w13, w2, topk_weights[start:end], topk_ids[start:end], cfg))
     return outs[0] if len(outs) == 1 else torch.cat(outs)
