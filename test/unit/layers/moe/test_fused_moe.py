@@ -5,7 +5,6 @@ register_cuda_ci(est_time=60, suite="per-commit-cuda")
 
 # Routing, the torch MoE, the triton fused MoE (interpreter on CPU) and the FusedMoE layer.
 
-import dataclasses
 import os
 from typing import Optional
 
@@ -310,8 +309,8 @@ def test_narrow_scale_groups_fit_the_tiles() -> None:
 
 def test_one_token_tiles_by_weight_format() -> None:
     """One token's GEMMs: two-codes-a-byte weights (INT4 groups, MXFP4) take ONE_TOKEN_PACKED_CONFIG for both (256 inputs
-    a K step: 8 tiles of groups of 32, 2 of 128), the others DECODE_CONFIG and the down GEMM's own; more tokens the same
-    tiles for every format."""
+    a K step: 8 scale groups of 32 in a step, 2 of 128), the others DECODE_CONFIG and the down GEMM's own; more tokens
+    the same tiles for every format."""
     from sglang.srt.layers.moe.fused_moe_triton.fused_moe import (
         DECODE_CONFIG,
         ONE_TOKEN_DOWN_CONFIG,
@@ -326,8 +325,7 @@ def test_one_token_tiles_by_weight_format() -> None:
     assert default_configs(1, 8, 128) == MoEGemmConfigs(DECODE_CONFIG, ONE_TOKEN_DOWN_CONFIG)
     assert default_configs(9, 8, 128, packed=True) == default_configs(9, 8, 128) == MoEGemmConfigs.both(DECODE_CONFIG)
     for group, groups in ((32, 8), (128, 2)):
-        codes = MoEGemmWeight(torch.empty(1, 8, 512, dtype=torch.uint8), torch.empty(1, 8, 1), WeightQuant.INT4_GROUP)
-        codes = dataclasses.replace(codes, group_k=group)
+        codes = MoEGemmWeight(torch.empty(1, 8, 512, dtype=torch.uint8), None, WeightQuant.INT4_GROUP, group_k=group)
         assert codes.packed and tile_groups(ONE_TOKEN_PACKED_CONFIG, codes) == groups
 
 
