@@ -58,11 +58,14 @@ SHAPES = {
     # a W4A16 checkpoint's experts held as they are (groups of 32: llm-compressor's and Kimi-K2-Thinking's; 128)
     "Qwen3-30B-A3B-int4-g32": (128, 2048, 768, 8, "INT4_G32"),
     "Qwen3-30B-A3B-int4-g128": (128, 2048, 768, 8, "INT4"),
+    # the same experts in MXFP4 (e2m1 codes, an e8m0 scale per 32 inputs: --kt-method MXFP4's GPU experts)
+    "Qwen3-30B-A3B-mxfp4": (128, 2048, 768, 8, "MXFP4"),
 }
 DRY_SHAPES = {
     "tiny-bf16": (8, 128, 128, 2, "BF16"),
     "tiny-fp8": (8, 256, 128, 2, "FP8"),
     "tiny-int4-g32": (8, 128, 128, 2, "INT4_G32"),
+    "tiny-mxfp4": (8, 128, 128, 2, "MXFP4"),
 }
 BATCHES = (1, 8, 32, 64)
 L2_BYTES = 50 * 1024**2
@@ -105,13 +108,15 @@ def label(c: MoEKernelConfig | MoEGemmConfigs) -> str:
 
 
 def random_layer(experts: int, hidden: int, inter: int, method: str, device: str, seed: int):
-    """One layer's expert weights in `method`'s layout, random (fp8 / int4: random codes and scales)."""
+    """One layer's expert weights in `method`'s layout, random (fp8 / int4 / mxfp4: random codes and scales)."""
     with torch.device(device):
         layer = make_moe_layer(experts, hidden, inter, torch.bfloat16, method)
     gen = torch.Generator(device=device).manual_seed(seed)
-    for p in layer.parameters():
+    for name, p in layer.named_parameters():
         if p.dtype == torch.float8_e4m3fn:
             p.data.copy_((torch.randn(p.shape, generator=gen, device=device) * 64).clamp(-448, 448).to(p.dtype))
+        elif p.dtype == torch.uint8 and "scale" in name:  # mxfp4's e8m0 exponents: scales of 2**-9 .. 2**0
+            p.data.copy_(torch.randint(118, 128, p.shape, generator=gen, device=device, dtype=torch.uint8))
         elif p.dtype == torch.uint8:  # int4 / mxfp4: two random codes a byte
             p.data.copy_(torch.randint(0, 256, p.shape, generator=gen, device=device, dtype=torch.uint8))
         elif p.dtype == torch.float32:  # block scales
@@ -124,7 +129,8 @@ def random_layer(experts: int, hidden: int, inter: int, method: str, device: str
 def touched_bytes(w13, w2, topk_ids: torch.Tensor) -> int:
     """Bytes of the experts the batch routes to: both matrices and their scales."""
     per_expert = sum(
-        (w.weight[0].numel() * w.weight.element_size()) + (0 if w.scale is None else w.scale[0].numel() * 4)
+        (w.weight[0].numel() * w.weight.element_size())
+        + (0 if w.scale is None else w.scale[0].numel() * w.scale.element_size())
         for w in (w13, w2)
     )
     return int(torch.unique(topk_ids).numel()) * per_expert
@@ -218,7 +224,8 @@ def tune_per_gemm(name: str, shape: tuple, batches: tuple, grid: dict, device: s
     """Each GEMM alone for every config: the best of each against the best single config for both."""
     experts, hidden, inter, top_k, method = shape
     first = random_layer(experts, hidden, inter, method, device, 0)
-    one_expert = [w.weight[0].numel() * w.weight.element_size() + (0 if w.scale is None else w.scale[0].numel() * 4)
+    one_expert = [w.weight[0].numel() * w.weight.element_size()
+                  + (0 if w.scale is None else w.scale[0].numel() * w.scale.element_size())
                   for w in first]  # fmt: skip
     layers = 1 if device != "cuda" else max(1, math.ceil(TOUCHED_OVER_L2 * L2_BYTES / (top_k * sum(one_expert))))
     weights = [first] + [random_layer(experts, hidden, inter, method, device, i) for i in range(1, layers)]
