@@ -248,14 +248,19 @@ CHECKPOINT_FP8_ARCHITECTURES = (
 )
 
 
+def gpu_splits_scale_groups(size: int) -> bool:
+    """Whether the GPU's fused MoE can split its K steps by two-codes-a-byte scale groups of `size` inputs (a power of
+    two of at least 16: 32, 64 and 128 are what checkpoints ship); the CPU runs any even size."""
+    return size >= 16 and not size & (size - 1)
+
+
 def check_int4_groups_on_device(quant: Optional[CheckpointQuantization], device: str) -> None:
-    """The GPU's fused MoE splits its K steps by a pack-quantized checkpoint's groups: on CUDA they must be a power of
-    two of at least 16 (32, 64 and 128 are what checkpoints ship); the CPU runs any even size."""
+    """A pack-quantized checkpoint whose groups the GPU's fused MoE cannot split its K steps by, refused on CUDA."""
     if quant is None or not quant.is_int4 or device != "cuda":
         return
     size = quant.group_size
     assert size is not None
-    if size < 16 or size & (size - 1):
+    if not gpu_splits_scale_groups(size):
         raise _refuse(f"compressed-tensors pack-quantized group_size {size} on the GPU (a power of two >= 16 there)")
 
 

@@ -38,7 +38,6 @@ from transformers import PretrainedConfig
 
 from sglang.srt.configs.deepseek import DEEPSEEK_V3_ARCH, check_deepseek_config, mtp_layer_count
 from sglang.srt.configs.kt_config import KTConfig
-from sglang.srt.configs.quantization_config import checkpoint_quantization
 from sglang.srt.distributed import (
     get_tensor_model_parallel_rank,
     get_tensor_model_parallel_world_size,
@@ -59,7 +58,7 @@ from sglang.srt.layers.moe.kt_ep_wrapper import KTState, build_moe_experts
 from sglang.srt.layers.moe.kt_prefill_slot import KTPrefillSlot
 from sglang.srt.layers.moe.router_gemm import router_logits
 from sglang.srt.layers.moe.topk import GroupedTopKConfig, select_experts_grouped
-from sglang.srt.layers.quantization import checkpoint_experts_method
+from sglang.srt.layers.quantization import layer_experts_method
 from sglang.srt.layers.quantization.block_fp8_activation import Activation
 from sglang.srt.layers.rotary_embedding import _rope_parameters, get_rope
 from sglang.srt.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
@@ -268,9 +267,7 @@ class DeepseekV2MoE(nn.Module):
             renormalize=False,  # the routing is computed here (topk_output)
             layer_id=layer_id,
             kt_state=kt_state,
-            quant_method=checkpoint_experts_method(
-                quantization, checkpoint_quantization(config), f"model.layers.{layer_id}"
-            ),
+            quant_method=layer_experts_method(quantization, config, layer_id),
         )
         shared = config.n_shared_experts or 0
         self.shared_experts = (

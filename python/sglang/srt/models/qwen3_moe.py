@@ -13,12 +13,11 @@ from torch import nn
 from transformers import PretrainedConfig
 
 from sglang.srt.configs.kt_config import KTConfig
-from sglang.srt.configs.quantization_config import checkpoint_quantization
 from sglang.srt.distributed import tensor_model_parallel_all_reduce
 from sglang.srt.layers.linear import CHECKPOINT_FP8_FORMATS, NormInto, ReplicatedLinear
 from sglang.srt.layers.moe.kt_ep_wrapper import KTState, build_moe_experts
 from sglang.srt.layers.moe.kt_prefill_slot import KTPrefillSlot
-from sglang.srt.layers.quantization import checkpoint_experts_method
+from sglang.srt.layers.quantization import layer_experts_method
 from sglang.srt.layers.quantization.block_fp8_activation import Activation
 from sglang.srt.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, LlamaModel
 from sglang.srt.models.moe_weights import Weights, finish_kt_layers, load_moe_weights
@@ -82,9 +81,7 @@ class Qwen3MoeDecoderLayer(LlamaDecoderLayer):
         if quantization not in (None, *CHECKPOINT_FP8_FORMATS):
             raise ValueError(f"quantization {quantization!r} of a MoE model's linear layers is not supported")
         if is_sparse_layer(config, layer_id):
-            experts = checkpoint_experts_method(
-                quantization, checkpoint_quantization(config), f"model.layers.{layer_id}"
-            )
+            experts = layer_experts_method(quantization, config, layer_id)
             return Qwen3MoeSparseMoeBlock(config, layer_id, dtype, kt_state, experts)
         return LlamaMLP(config.hidden_size, config.intermediate_size, dtype, quantization=quantization)
 

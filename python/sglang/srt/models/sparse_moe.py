@@ -20,11 +20,10 @@ import torch
 from torch import nn
 from transformers import PretrainedConfig
 
-from sglang.srt.configs.quantization_config import checkpoint_quantization
 from sglang.srt.distributed import tensor_model_parallel_all_reduce
 from sglang.srt.layers.linear import CHECKPOINT_FP8_FORMATS, NormInto, ReplicatedLinear
 from sglang.srt.layers.moe.kt_ep_wrapper import KTState, build_moe_experts
-from sglang.srt.layers.quantization import checkpoint_experts_method
+from sglang.srt.layers.quantization import layer_experts_method
 from sglang.srt.layers.quantization.block_fp8_activation import Activation
 from sglang.srt.models.llama import LlamaDecoderLayer, LlamaMLP
 
@@ -50,7 +49,7 @@ class SparseMoeBlock(nn.Module):
         experts_method: str = "BF16",
     ) -> None:
         """`quantization`: a native FP8 checkpoint's linear format on the GPU (the shared expert's);
-        `experts_method`: the routed experts' format without KT (quantization.checkpoint_experts_method: block fp8
+        `experts_method`: the routed experts' format without KT (quantization.layer_experts_method: block fp8
         keeps them fp8 with the checkpoint's scales, a pack-quantized checkpoint INT4 in its groups).
         The routers stay in full precision."""
         super().__init__()
@@ -105,9 +104,7 @@ class SparseMoeDecoderLayer(LlamaDecoderLayer):
             raise ValueError(f"quantization {quantization!r} is not supported for {config.architectures[0]}")
         shape = self.moe_shape(config, layer_id)
         if shape is not None:
-            experts = checkpoint_experts_method(
-                quantization, checkpoint_quantization(config), f"model.layers.{layer_id}"
-            )
+            experts = layer_experts_method(quantization, config, layer_id)
             return SparseMoeBlock(shape, layer_id, dtype, kt_state, quantization, experts)
         return LlamaMLP(config.hidden_size, config.intermediate_size, dtype, quantization=quantization)
 

@@ -283,6 +283,13 @@ def test_fp8_layouts_hold_their_checkpoint_scales() -> None:
         "INT4": [],
         "MXFP4": [],
     }
+    from sglang.srt.configs.quantization_config import CheckpointQuantization
+
+    int4 = CheckpointQuantization("compressed-tensors", "group", "weight_scale", "none", (), 32)
+    assert [name for name in METHODS if get_moe_method(name).holds_checkpoint(int4)] == []
+    assert get_moe_method("INT4_G32").holds_checkpoint(int4)  # the checkpoint's own groups
+    block = CheckpointQuantization("fp8", "block", "weight_scale_inv", "dynamic")
+    assert [name for name in METHODS if get_moe_method(name).holds_checkpoint(block)] == ["FP8"]
 
 
 def test_an_fp8_scale_the_format_cannot_hold_is_a_load_error_naming_the_holder() -> None:
@@ -297,13 +304,6 @@ def test_an_fp8_scale_the_format_cannot_hold_is_a_load_error_naming_the_holder()
     for kind, holder in (("weight_scale_inv", "FP8 can"), ("weight_scale", "FP8_PERCHANNEL can")):
         with pytest.raises(ValueError, match=f"{kind} .*the INT8 expert format cannot hold.*; {holder}"):
             load_expert_from_checkpoint(layer, layer.quant_method, (0, 128), 0, "w2", torch.ones(2, 1), kind)
-    from sglang.srt.configs.quantization_config import CheckpointQuantization
-
-    int4 = CheckpointQuantization("compressed-tensors", "group", "weight_scale", "none", (), 32)
-    assert [name for name in METHODS if get_moe_method(name).holds_checkpoint(int4)] == []
-    assert get_moe_method("INT4_G32").holds_checkpoint(int4)  # the checkpoint's own groups
-    block = CheckpointQuantization("fp8", "block", "weight_scale_inv", "dynamic")
-    assert [name for name in METHODS if get_moe_method(name).holds_checkpoint(block)] == ["FP8"]
 
 
 def test_per_channel_checkpoint_experts_are_copied_as_they_are() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Callable, Optional
 
-from sglang.srt.configs.quantization_config import CheckpointQuantization
+from sglang.srt.configs.quantization_config import CheckpointQuantization, checkpoint_quantization
 from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase
 from sglang.srt.layers.quantization.fp8 import Fp8FusedMoEMethod, Fp8PerChannelFusedMoEMethod
 from sglang.srt.layers.quantization.int4 import DEFAULT_INT4_GROUP, Int4FusedMoEMethod
@@ -54,6 +54,12 @@ def checkpoint_experts_method(
     return CHECKPOINT_EXPERTS_METHODS.get(linear_format or "", "BF16")
 
 
+def layer_experts_method(linear_format: Optional[str], config, layer_id: int) -> str:
+    """checkpoint_experts_method for MoE layer `layer_id` of a model whose (transformers) `config` declares the
+    checkpoint's quantization: what every MoE family's layer builds its routed experts in without KT."""
+    return checkpoint_experts_method(linear_format, checkpoint_quantization(config), f"model.layers.{layer_id}")
+
+
 def checkpoint_fp8_holder(strategy: str) -> str:
     """The expert format that holds a native FP8 checkpoint's experts of that scale layout as they are ("block":
     FP8, "channel" / "tensor": FP8_PERCHANNEL), found by asking each format."""
@@ -83,6 +89,7 @@ __all__ = [
     "EXPERT_CHECKPOINT_NAMES",
     "checkpoint_experts_method",
     "checkpoint_fp8_holder",
+    "layer_experts_method",
     "FusedMoEMethodBase",
     "MOE_METHODS",
     "MOE_METHOD_ALIASES",

@@ -23,6 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.srt.configs.quantization_config import gpu_splits_scale_groups
 from sglang.srt.layers.moe.fused_moe_triton.moe_align import AlignedRouting, moe_align_block_size
 from sglang.srt.layers.moe.weight_format import MoEGemmWeight, WeightQuant
 from sglang.srt.layers.pdl import pdl_available, pdl_prologue
@@ -105,7 +106,7 @@ def tile_groups(config: MoEKernelConfig, w: MoEGemmWeight) -> int:
     group = w.group_k
     if group >= config.block_k:
         return 1
-    if group < 16 or group & (group - 1):
+    if not gpu_splits_scale_groups(group):
         raise ValueError(f"the fused MoE runs {w.quant.name} scale groups of a power of two >= 16, got {group}")
     return config.block_k // group
 
