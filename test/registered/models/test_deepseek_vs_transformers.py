@@ -6,7 +6,8 @@ q_lora_rank, n_group/topk_group, a non-zero correction bias, routed_scaling_fact
   latent KV pool (one row of kv_lora_rank + qk_rope_head_dim per token and layer);
 - chunked prefill and radix-cache hits (extends over a cached prefix) give the same tokens;
 - the latent's norm and store in rotary (attention skipping its store), the GPU's MoE-layer kernels
-  (the router's logits, the shared down_proj's sum kernel adding the routed output), the triton backend's latent
+  (the router's logits, the shared down_proj's sum kernel adding the routed output, one token's shared experts as
+  slots of the routed experts' GEMMs), the triton backend's latent
   decode kernel and both extend forms (interpreter), KT hybrid experts (BF16 on the CPU kernels, the
   full-GPU prefill slot over 16 tokens);
 - sglang.Engine with --tp-size 2 (heads and experts split over two gloo ranks) and `launch_server` too.
@@ -143,6 +144,44 @@ def test_moe_layer_gpu_kernels_in_the_interpreter_give_the_same_tokens(tmp_path_
     outs = run_scheduler(sched, [prompts[i] for i in picked], greedy_params(4))
     assert [o.output_ids for o in outs] == [ref[i][:4] for i in picked]
     assert downs and fused and all(fused)  # every shared down_proj call took the sum kernel with the addend
+
+
+@pytest.mark.parametrize("version", ["v2", "v3"])
+def test_one_token_shared_slots_in_the_interpreter_give_the_same_tokens(version, tmp_path_factory, monkeypatch):
+    """One token's shared experts as the last slots of the routed experts' triton GEMMs, reading the shared MLP's own
+    weights (one_token_shared_slots; on the GPU every batch-1 step), here in the interpreter on CPU tensors: V2's two
+    shared experts, V3's one beside a routed_scaling_factor of 2.5 that must not scale it. Every one-token step takes
+    them (the 1-token prompt's prefill too), and the tokens are transformers'."""
+    import os
+
+    from sglang.srt.layers.moe import fused_moe_triton
+    from sglang.srt.models import deepseek_v2
+
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        pytest.skip("triton kernels on CPU tensors need TRITON_INTERPRET=1")
+    _, d, hf, prompts, ref = _build(version, tmp_path_factory)
+    monkeypatch.setattr(deepseek_v2, "shared_slots_run_here", lambda x: True)  # as on the GPU
+    calls = []
+    real = fused_moe_triton.fused_experts_triton
+
+    def counted(x, w13, w2, topk_weights, topk_ids, configs=None, shared=None):
+        calls.append((x.shape[0], shared is not None))
+        return real(x, w13, w2, topk_weights, topk_ids, configs, shared)
+
+    monkeypatch.setattr(fused_moe_triton, "fused_experts_triton", counted)
+    sched = make_scheduler(
+        model_path=d, skip_tokenizer_init=True, max_total_tokens=2048, log_level="warning", reuse_model=False
+    )
+    moe = [layer.mlp for layer in sched.model_runner.model.model.layers if hasattr(layer.mlp, "routed")]
+    assert moe and all(m.shared_slots.count == hf.config.n_shared_experts for m in moe)
+    for m in moe:  # the GPU's row-major layout (the CPU stores linear weights column-major for its GEMM)
+        for linear in (m.shared_experts.gate_up_proj, m.shared_experts.down_proj):
+            linear.weight.data = linear.weight.data.contiguous()
+    for i in (0, 2):  # one request at a time: every decode step one token
+        out = run_scheduler(sched, [prompts[i]], greedy_params(6))[0]
+        assert out.output_ids == ref[i][:6], f"{version} prompt of {len(prompts[i])} tokens"
+    assert calls and all(with_shared == (tokens == 1) for tokens, with_shared in calls)
+    assert sum(with_shared for _, with_shared in calls) >= 2 * 5 * len(moe)
 
 
 def test_fp8_latent_cache(tmp_path_factory):

@@ -56,8 +56,10 @@ from sglang.srt.layers.linear import (
 from sglang.srt.layers.mla_attention import MLAAttention
 from sglang.srt.layers.moe.kt_ep_wrapper import KTState, build_moe_experts
 from sglang.srt.layers.moe.kt_prefill_slot import KTPrefillSlot
+from sglang.srt.layers.moe.layer import moe_intermediate_partition
 from sglang.srt.layers.moe.router_gemm import router_logits
-from sglang.srt.layers.moe.topk import GroupedTopKConfig, select_experts_grouped
+from sglang.srt.layers.moe.topk import GroupedTopKConfig, SharedExpertSlots, select_experts_grouped
+from sglang.srt.layers.moe.weight_format import SharedMLPWeights
 from sglang.srt.layers.quantization import layer_experts_method
 from sglang.srt.layers.quantization.block_fp8_activation import Activation
 from sglang.srt.layers.rotary_embedding import _rope_parameters, get_rope
@@ -237,6 +239,34 @@ def routing_config(config: PretrainedConfig) -> GroupedTopKConfig:
     )
 
 
+def one_token_shared_slots(
+    config: PretrainedConfig, experts_method: str, linear_format: Optional[str], kt_state: Optional[KTState]
+) -> Optional[SharedExpertSlots]:
+    """Where one token's shared experts run as slots of the routed experts' GEMMs (the fused MoE reading the shared
+    MLP's own weights, no second copy): without KT, full-precision experts and shared MLP, and each rank's share of
+    the shared MLP exactly `n_shared_experts` of its share of an expert (tensor parallelism splits both alike). One
+    token's chain of kernels a layer is then the routing, the two expert GEMMs, the sum and the add-norm, where the
+    shared MLP's GEMMs ran beside it and its down_proj's sum added the routed output; more tokens keep the dense
+    shared MLP (as extra slots its weights would be read again for every 16-token tile)."""
+    shared = config.n_shared_experts or 0
+    if not shared or kt_state is not None or experts_method != "BF16" or linear_format is not None:
+        return None
+    expert_width = moe_intermediate_partition(config.moe_intermediate_size)
+    shared_width = shard_range(
+        config.moe_intermediate_size * shared,
+        get_tensor_model_parallel_world_size(),
+        get_tensor_model_parallel_rank(),
+    )
+    if (shared_width[1] - shared_width[0]) != shared * (expert_width[1] - expert_width[0]):
+        return None
+    return SharedExpertSlots(first=config.n_routed_experts, count=shared)
+
+
+def shared_slots_run_here(x: torch.Tensor) -> bool:
+    """Whether the fused MoE runs where `x` is (the triton kernel: CUDA; the CPU runs torch's experts)."""
+    return x.is_cuda
+
+
 class DeepseekV2MoE(nn.Module):
     def __init__(
         self,
@@ -258,6 +288,7 @@ class DeepseekV2MoE(nn.Module):
         self.shared_stream = shared_stream
         self.routing = routing or routing_config(config)
         self.gate = MoEGate(config.hidden_size, config.n_routed_experts, self.routing.topk_method == "noaux_tc")
+        experts_method = layer_experts_method(quantization, config, layer_id)
         self.experts = build_moe_experts(
             num_experts=config.n_routed_experts,
             top_k=config.num_experts_per_tok,
@@ -267,8 +298,10 @@ class DeepseekV2MoE(nn.Module):
             renormalize=False,  # the routing is computed here (topk_output)
             layer_id=layer_id,
             kt_state=kt_state,
-            quant_method=layer_experts_method(quantization, config, layer_id),
+            quant_method=experts_method,
         )
+        # One token's shared experts as slots of the experts' GEMMs (one_token_shared_slots), else None.
+        self.shared_slots = one_token_shared_slots(config, experts_method, quantization, kt_state)
         shared = config.n_shared_experts or 0
         self.shared_experts = (
             LlamaMLP(config.hidden_size, config.moe_intermediate_size * shared, dtype, quantization=quantization)
@@ -277,14 +310,24 @@ class DeepseekV2MoE(nn.Module):
         )
 
     def routed(
-        self, hidden_states: torch.Tensor, is_prefill: bool = False, num_real_tokens: Optional[torch.Tensor] = None
+        self,
+        hidden_states: torch.Tensor,
+        is_prefill: bool = False,
+        num_real_tokens: Optional[torch.Tensor] = None,
+        with_shared: bool = False,
     ) -> torch.Tensor:
-        """The routed experts' output. `is_prefill`, `num_real_tokens`: what the KT wrapper reads (the full-GPU
-        prefill path, graph padding)."""
+        """The routed experts' output, with the shared experts' as slots of the same kernels where `with_shared`
+        (one token: one_token_shared_slots). `is_prefill`, `num_real_tokens`: what the KT wrapper reads (the
+        full-GPU prefill path, graph padding)."""
         logits = self.gate(hidden_states)
-        topk = select_experts_grouped(logits, self.routing, self.gate.e_score_correction_bias)
+        slots = self.shared_slots if with_shared else None
+        topk = select_experts_grouped(logits, self.routing, self.gate.e_score_correction_bias, slots)
+        shared = None
+        if with_shared:
+            mlp = self.shared_experts
+            shared = SharedMLPWeights(mlp.gate_up_proj.weight, mlp.down_proj.weight, self.shared_slots.count)
         # Each rank holds a slice of every expert's intermediate dimension: partial sums, then all-reduce.
-        experts = self.experts(hidden_states, logits, is_prefill, num_real_tokens, topk_output=topk)
+        experts = self.experts(hidden_states, logits, is_prefill, num_real_tokens, topk_output=topk, shared=shared)
         return tensor_model_parallel_all_reduce(experts)
 
     def forward_add_norm(
@@ -301,6 +344,9 @@ class DeepseekV2MoE(nn.Module):
         shared = self.shared_experts
         if shared is None:
             return next_norm(self.routed(hidden_states, is_prefill, num_real_tokens), residual)
+        if self.shared_slots is not None and hidden_states.shape[0] == 1 and shared_slots_run_here(hidden_states):
+            out = self.routed(hidden_states, is_prefill, num_real_tokens, with_shared=True)
+            return next_norm(out, residual)
         if self.shared_stream is None or is_prefill or not torch.cuda.is_current_stream_capturing():
             out = self.routed(hidden_states, is_prefill, num_real_tokens)
             act = shared.activation(hidden_states)

@@ -384,6 +384,50 @@ def test_one_token_gemms_skip_the_alignment_with_the_same_bits(device: str, name
     assert torch.equal(out, moe_sum(al2, ids))
 
 
+@pytest.mark.parametrize("device", TRITON_DEVICES)
+@pytest.mark.parametrize("count", [1, 2])
+def test_one_token_runs_a_dense_shared_mlp_as_its_last_slots(device: str, count: int) -> None:
+    """A dense shared-experts MLP (its gate rows then its up rows, `count` experts of the routed experts' width) run
+    as one token's last slots reads its own weights: the routed mixture plus the whole shared MLP, as the float64
+    definition computes them; a routed slot skipped (-1) still contributes nothing; and shapes, formats or a batch
+    the slots cannot run are refused."""
+    from sglang.srt.layers.moe.weight_format import SharedMLPWeights
+
+    num_experts, hidden, inter, top_k = 6, 160, 128, 3
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    method = get_moe_method("BF16")
+    w1, w3, w2 = _random_experts(num_experts, hidden, inter, seed=41)
+    layer = _loaded_layer(method, w1, w3, w2, dtype, device)
+    w13, w2_gemm = method.gemm_weights(layer)
+    s1, s3, s2 = _random_experts(count, hidden, inter, seed=42)  # the shared MLP as `count` experts
+    gate_up = torch.cat([torch.cat(list(s1)), torch.cat(list(s3))])  # [gate of every one; up of every one]
+    down = torch.cat(list(s2), dim=1)
+    shared = SharedMLPWeights(gate_up.to(device, dtype), down.to(device, dtype), count)
+    x = torch.randn(1, hidden, generator=torch.Generator().manual_seed(43))
+    weights, ids = _routing(1, num_experts, top_k, seed=44)
+    ids[0, 1] = -1
+    all_ids = torch.cat([ids, torch.arange(num_experts, num_experts + count, dtype=ids.dtype)[None]], 1)
+    all_weights = torch.cat([weights, torch.ones(1, count)], 1)
+    out = fused_experts_triton(
+        x.to(device, dtype), w13, w2_gemm, all_weights.to(device), all_ids.to(device), shared=shared
+    ).cpu()
+    ref = _dense_reference(
+        x, torch.cat([w1, s1]), torch.cat([w3, s3]), torch.cat([w2, s2]), all_weights, all_ids
+    )  # the shared experts as experts num_experts.. of the definition
+    tol = dict(rtol=1e-4, atol=1e-4) if dtype == torch.float32 else dict(rtol=3e-2, atol=3e-2)
+    torch.testing.assert_close(out.double(), ref, **tol)
+    without = fused_experts_triton(x.to(device, dtype), w13, w2_gemm, weights.to(device), ids.to(device)).cpu()
+    assert not torch.allclose(out, without, rtol=1e-3, atol=1e-3)  # the shared MLP is in the sum
+    with pytest.raises(ValueError, match="one token"):
+        fused_experts_triton(x.repeat(2, 1).to(device, dtype), w13, w2_gemm, all_weights.repeat(2, 1).to(device),
+                             all_ids.repeat(2, 1).to(device), shared=shared)  # fmt: skip
+    with pytest.raises(ValueError, match="experts of width"):
+        wrong = SharedMLPWeights(shared.gate_up[: inter * count], shared.down, count)
+        fused_experts_triton(
+            x.to(device, dtype), w13, w2_gemm, all_weights.to(device), all_ids.to(device), shared=wrong
+        )
+
+
 def test_aligned_routing_refuses_two_block_ms() -> None:
     """Aligned routing pads each expert's run to one BLOCK_M both GEMMs read: two different ones are refused
     (before any kernel runs); one token has no alignment, so its GEMMs may differ in BLOCK_M."""

@@ -13,6 +13,7 @@ from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkR
 
 from sglang.srt.layers.moe.topk import (
     GroupedTopKConfig,
+    SharedExpertSlots,
     route_grouped_triton,
     select_experts,
     select_experts_grouped,
@@ -135,6 +136,31 @@ def test_grouped_topk_kernel_matches_torch(device, config, experts):
     if device == "cuda":  # select_experts_grouped dispatches CUDA logits to the kernel with these arguments
         got_ids, got_w = _sorted_by_expert(*select_experts_grouped(logits, config, bias))
         assert torch.equal(got_ids, ids)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("config,experts", [GROUPED_KERNEL_CASES[0], GROUPED_KERNEL_CASES[2]])
+@pytest.mark.parametrize("shared", [1, 2])
+def test_shared_experts_appended_as_slots(device, config, experts, shared):
+    """Shared experts run as routed ones: after the k picks, `count` slots name experts first.. with weight 1 (not
+    scaled, not renormalised with the picks), in the kernel as in torch; the picks themselves unchanged."""
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(TOKENS, experts, generator=gen).to(device)
+    bias = (torch.randn(experts, generator=gen) * 0.3).to(device)
+    slots = SharedExpertSlots(first=experts, count=shared)
+    alone = select_experts_grouped_native(logits.cpu(), config, bias.cpu())
+    for w, ids in (select_experts_grouped(logits.cpu(), config, bias.cpu(), slots),
+                   route_grouped_triton(logits, config, bias, slots)):  # fmt: skip
+        w, ids = w.cpu(), ids.cpu()
+        assert ids.shape == w.shape == (TOKENS, config.top_k + shared) and ids.dtype == torch.int32
+        assert torch.equal(
+            ids[:, config.top_k :], torch.arange(experts, experts + shared, dtype=torch.int32).expand(TOKENS, -1)
+        )
+        assert torch.equal(w[:, config.top_k :], torch.ones(TOKENS, shared))
+        picks = _sorted_by_expert(w[:, : config.top_k], ids[:, : config.top_k])
+        ref = _sorted_by_expert(*alone)
+        assert torch.equal(picks[0], ref[0])
+        torch.testing.assert_close(picks[1], ref[1], rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.parametrize("device", DEVICES)

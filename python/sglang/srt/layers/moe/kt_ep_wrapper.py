@@ -32,6 +32,7 @@ from sglang.srt.layers.moe.layer import (
     moe_intermediate_partition,
 )
 from sglang.srt.layers.moe.topk import select_experts
+from sglang.srt.layers.moe.weight_format import SharedMLPWeights
 
 logger = logging.getLogger(__name__)
 # Microseconds the CPU expert threads spin after a layer before they sleep: during decode the next layer's
@@ -179,9 +180,13 @@ class KTEPWrapperMethod(nn.Module):
         is_prefill: bool = False,
         num_real_tokens: Optional[torch.Tensor] = None,
         topk_output: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+        shared: Optional[SharedMLPWeights] = None,
     ) -> torch.Tensor:
         """num_real_tokens: [1] int32 on the device, the rows of a padded CUDA-graph batch that are real.
-        topk_output: (weights, ids) the model routed itself (DeepSeek), as FusedMoE.forward takes it."""
+        topk_output: (weights, ids) the model routed itself (DeepSeek), as FusedMoE.forward takes it. `shared`:
+        FusedMoE.forward's; the hybrid experts never take one (the model keeps its shared MLP apart under KT)."""
+        if shared is not None:
+            raise ValueError("KT's hybrid experts run no shared MLP as slots (models/deepseek_v2.py keeps it apart)")
         if topk_output is not None:
             topk_weights, topk_ids = topk_output
         else:

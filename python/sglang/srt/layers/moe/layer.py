@@ -10,6 +10,7 @@ from sglang.srt.configs.quantization_config import CheckpointQuantization
 from sglang.srt.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from sglang.srt.distributed.partition import shard_range
 from sglang.srt.layers.moe.topk import select_experts
+from sglang.srt.layers.moe.weight_format import SharedMLPWeights
 from sglang.srt.layers.quantization import checkpoint_fp8_holder, get_moe_method
 from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase
 from sglang.srt.layers.quantization.int4 import CHECKPOINT_CODES, CHECKPOINT_GROUP_SCALES, Int4FusedMoEMethod
@@ -198,15 +199,17 @@ class FusedMoE(torch.nn.Module):
         is_prefill: bool = False,
         num_real_tokens: Optional[torch.Tensor] = None,
         topk_output: Optional[tuple[torch.Tensor, torch.Tensor]] = None,
+        shared: Optional[SharedMLPWeights] = None,
     ) -> torch.Tensor:
         """`is_prefill` and `num_real_tokens` only matter to the KT wrapper (same signature). `topk_output`
         (weights, ids): a routing the model computed itself (DeepSeek's grouped top-k), else softmax top-k
-        of `router_logits`."""
+        of `router_logits`. `shared`: a dense shared MLP run as one token's last slots of `topk_output`
+        (fused_experts_triton)."""
         if topk_output is not None:
             topk_weights, topk_ids = topk_output
         else:
             topk_weights, topk_ids = select_experts(router_logits, self.top_k, self.renormalize)
-        return self.quant_method.apply(self, hidden_states, topk_weights, topk_ids)
+        return self.quant_method.apply(self, hidden_states, topk_weights, topk_ids, shared=shared)
 
     def extra_repr(self) -> str:
         return (

@@ -60,6 +60,17 @@ class GroupedTopKConfig:
             raise ValueError(f"topk_method must be one of {GROUPED_TOPK_METHODS}, got {self.topk_method!r}")
 
 
+@dataclass(frozen=True)
+class SharedExpertSlots:
+    """Shared experts run in the routed experts' kernels: every token's top-k gets `count` slots more (one a shared
+    expert of the routed experts' width), ids `first` .. first + count - 1 (past the routed experts: they only mark
+    the slots routed; the fused MoE reads the shared MLP's own weights there, SharedMLPWeights), with weight 1 (not
+    scaled by routed_scaling_factor, which is the routed experts' alone)."""
+
+    first: int
+    count: int
+
+
 def _keep_best_groups(choice: torch.Tensor, group_scores: torch.Tensor, topk_group: int, fill: float) -> torch.Tensor:
     """`choice` [T, E] with every expert outside the `topk_group` best groups (by group_scores [T, G]) set to `fill`."""
     t, n_group = group_scores.shape
@@ -70,16 +81,28 @@ def _keep_best_groups(choice: torch.Tensor, group_scores: torch.Tensor, topk_gro
 
 
 def select_experts_grouped(
-    router_logits: torch.Tensor, config: GroupedTopKConfig, correction_bias: Optional[torch.Tensor] = None
+    router_logits: torch.Tensor,
+    config: GroupedTopKConfig,
+    correction_bias: Optional[torch.Tensor] = None,
+    shared: Optional[SharedExpertSlots] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """select_experts_grouped_native's routing: the triton kernel on CUDA, torch elsewhere."""
+    """select_experts_grouped_native's routing: the triton kernel on CUDA, torch elsewhere. `shared`: the shared
+    experts' slots appended to every token's picks (in the same kernel on CUDA)."""
     if router_logits.is_cuda:
-        return route_grouped_triton(router_logits, config, correction_bias)
-    return select_experts_grouped_native(router_logits, config, correction_bias)
+        return route_grouped_triton(router_logits, config, correction_bias, shared)
+    weights, ids = select_experts_grouped_native(router_logits, config, correction_bias)
+    if shared is None:
+        return weights, ids
+    t = ids.shape[0]
+    shared_ids = torch.arange(shared.first, shared.first + shared.count, dtype=ids.dtype).expand(t, -1)
+    return torch.cat([weights, weights.new_ones(t, shared.count)], 1), torch.cat([ids, shared_ids], 1)
 
 
 def route_grouped_triton(
-    router_logits: torch.Tensor, config: GroupedTopKConfig, correction_bias: Optional[torch.Tensor] = None
+    router_logits: torch.Tensor,
+    config: GroupedTopKConfig,
+    correction_bias: Optional[torch.Tensor] = None,
+    shared: Optional[SharedExpertSlots] = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """`config`'s routing as the one triton kernel computes it (CUDA, or the interpreter in the CPU tests)."""
     from sglang.srt.layers.moe.topk_triton import route_topk_triton
@@ -97,6 +120,7 @@ def route_grouped_triton(
         renormalize=config.renormalize,
         renorm_eps=GROUPED_RENORM_EPS,
         scaling=config.routed_scaling_factor,
+        append=(0, 0) if shared is None else (shared.first, shared.count),
     )
 
 

@@ -32,7 +32,7 @@ def _route_topk_kernel(
     stride_t, scaling,
     TOP_K: tl.constexpr, N_GROUP: tl.constexpr, GROUP_SIZE: tl.constexpr, TOPK_GROUP: tl.constexpr,
     SCORE: tl.constexpr, GROUP_SCORE: tl.constexpr, HAS_BIAS: tl.constexpr, WEIGHT_FROM_SCORES: tl.constexpr,
-    RENORMALIZE: tl.constexpr, RENORM_EPS: tl.constexpr,
+    RENORMALIZE: tl.constexpr, RENORM_EPS: tl.constexpr, N_APPEND: tl.constexpr, append_first,
     G_PAD: tl.constexpr, S_PAD: tl.constexpr, K_PAD: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_prologue(PDL)
@@ -89,9 +89,13 @@ def _route_topk_kernel(
     if RENORMALIZE:
         top_w = top_w / (tl.sum(top_w, axis=0) + RENORM_EPS)
     top_w = top_w * scaling
-    out = row * TOP_K + kk
-    tl.store(weights_ptr + out, top_w, mask=kk < TOP_K)
-    tl.store(ids_ptr + out, top_ids, mask=kk < TOP_K)
+    if N_APPEND > 0:  # shared experts run as routed ones: slots TOP_K.. name them, weight 1, unscaled
+        appended = (kk >= TOP_K) & (kk < TOP_K + N_APPEND)
+        top_w = tl.where(appended, 1.0, top_w)
+        top_ids = tl.where(appended, append_first + kk - TOP_K, top_ids)
+    out = row * (TOP_K + N_APPEND) + kk
+    tl.store(weights_ptr + out, top_w, mask=kk < TOP_K + N_APPEND)
+    tl.store(ids_ptr + out, top_ids, mask=kk < TOP_K + N_APPEND)
 
 
 def route_topk_triton(
@@ -106,16 +110,19 @@ def route_topk_triton(
     renormalize: bool = False,
     renorm_eps: float = 0.0,
     scaling: float = 1.0,
+    append: tuple[int, int] = (0, 0),
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """router_logits [T, E] (any float dtype, read as fp32) -> (weights fp32 [T, k], ids int32 [T, k]).
+    """router_logits [T, E] (any float dtype, read as fp32) -> (weights fp32 [T, k + n], ids int32 [T, k + n]).
     group_score: "none", "max" (fill dropped groups with 0) or "top2_sum" (fill with -inf). Weights are the
-    scores without the bias when sigmoid (noaux_tc), else the (group-masked) scores."""
+    scores without the bias when sigmoid (noaux_tc), else the (group-masked) scores. `append` (first, n): n more
+    slots after the k picks, experts first .. first + n - 1 with weight 1 (shared experts run as routed ones)."""
     num_tokens, num_experts = router_logits.shape
     if num_experts % n_group or not 1 <= top_k <= num_experts:
         raise ValueError(f"{num_experts} experts, {n_group} groups, top_k {top_k}: unsupported routing")
     logits = router_logits if router_logits.stride(-1) == 1 else router_logits.contiguous()
-    weights = torch.empty((num_tokens, top_k), dtype=torch.float32, device=logits.device)
-    ids = torch.empty((num_tokens, top_k), dtype=torch.int32, device=logits.device)
+    append_first, n_append = append
+    weights = torch.empty((num_tokens, top_k + n_append), dtype=torch.float32, device=logits.device)
+    ids = torch.empty((num_tokens, top_k + n_append), dtype=torch.int32, device=logits.device)
     if num_tokens == 0:
         return weights, ids
     group_size = num_experts // n_group
@@ -127,8 +134,9 @@ def route_topk_triton(
         TOP_K=top_k, N_GROUP=n_group, GROUP_SIZE=group_size, TOPK_GROUP=topk_group,
         SCORE=_SIGMOID if sigmoid else _SOFTMAX, GROUP_SCORE=groups, HAS_BIAS=correction_bias is not None,
         WEIGHT_FROM_SCORES=sigmoid, RENORMALIZE=renormalize, RENORM_EPS=renorm_eps,
+        N_APPEND=n_append, append_first=append_first,
         G_PAD=triton.next_power_of_2(n_group), S_PAD=triton.next_power_of_2(group_size),
-        K_PAD=triton.next_power_of_2(top_k), PDL=pdl,
+        K_PAD=triton.next_power_of_2(top_k + n_append), PDL=pdl,
         num_warps=2, launch_pdl=pdl,
     )  # fmt: skip
     return weights, ids

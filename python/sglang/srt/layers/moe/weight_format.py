@@ -44,3 +44,19 @@ class MoEGemmWeight:
     @property
     def k(self) -> int:
         return self.weight.shape[2] * (2 if self.packed else 1)
+
+
+@dataclass(frozen=True)
+class SharedMLPWeights:
+    """A dense shared-experts MLP's own weights, run as `count` more slots of one token's expert GEMMs (each of the
+    routed experts' width W): gate_up [2 x count x W, K] (the gate rows of the `count` experts back to back, then their
+    up rows: a merged column-parallel layer's layout), down [H, count x W]. Full precision, in the experts' dtype, K
+    contiguous as the experts' weights are."""
+
+    gate_up: torch.Tensor
+    down: torch.Tensor
+    count: int
+
+    @property
+    def width(self) -> int:
+        return self.down.shape[1] // self.count

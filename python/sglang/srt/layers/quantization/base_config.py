@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
-from sglang.srt.layers.moe.weight_format import MoEGemmWeight, WeightQuant
+from sglang.srt.layers.moe.weight_format import MoEGemmWeight, SharedMLPWeights, WeightQuant
 
 if TYPE_CHECKING:
     from sglang.srt.configs.quantization_config import CheckpointQuantization
@@ -230,16 +230,18 @@ class FusedMoEMethodBase(ABC):
         topk_ids: torch.Tensor,
         backend: str = "auto",
         compute_dtype: Optional[torch.dtype] = None,
+        shared: Optional[SharedMLPWeights] = None,
     ) -> torch.Tensor:
         """Run the routed experts. backend: "auto" (triton on CUDA, torch elsewhere), "triton", "native".
-        compute_dtype: the native backend's GEMM dtype (fp32 by default)."""
+        compute_dtype: the native backend's GEMM dtype (fp32 by default). `shared`: one token's dense shared MLP run
+        as its last slots, which only the triton kernel does (fused_experts_triton)."""
         if backend == "auto":
-            backend = "triton" if x.is_cuda else "native"
+            backend = "triton" if x.is_cuda or shared is not None else "native"
         if backend == "triton":
             from sglang.srt.layers.moe.fused_moe_triton import fused_experts_triton
 
             w13, w2 = self.gemm_weights(layer)
-            return fused_experts_triton(x, w13, w2, topk_weights, topk_ids)
+            return fused_experts_triton(x, w13, w2, topk_weights, topk_ids, shared=shared)
         if backend == "native":
             from sglang.srt.layers.moe.fused_moe_native import fused_moe_native
 

@@ -8,7 +8,9 @@ Flow for x [T, H] routed to k experts each ("slots" s = t * k + j), four launche
      with act[s] = silu(cache1[s, :I]) * cache1[s, I:] computed as GEMM 2 loads its A tiles
   4. out[t] = sum_j cache2[t * k + j] over the routed (id >= 0) slots only: one kernel, so cache2
      needs no zero-fill and the sum no separate cast
-One token (T = 1) skips step 1: its k slots name k different experts, so each slot is a GEMM tile of its own.
+One token (T = 1) skips step 1: its k slots name k different experts, so each slot is a GEMM tile of its own; a
+dense shared-experts MLP (DeepSeek's) may run there as more slots after the routed ones, reading its own weights
+(SharedMLPWeights: the shared experts' GEMMs in the same launches as the routed ones').
 Quantized weights are decoded tile by tile inside the GEMM (never to a full-precision copy of the
 layer), so a layer's GPU memory is exactly its parameters plus these per-call activations.
 """
@@ -25,7 +27,7 @@ import triton.language as tl
 
 from sglang.srt.configs.quantization_config import gpu_splits_scale_groups
 from sglang.srt.layers.moe.fused_moe_triton.moe_align import AlignedRouting, moe_align_block_size
-from sglang.srt.layers.moe.weight_format import MoEGemmWeight, WeightQuant
+from sglang.srt.layers.moe.weight_format import MoEGemmWeight, SharedMLPWeights, WeightQuant
 from sglang.srt.layers.pdl import pdl_available, pdl_prologue
 
 # WeightQuant values as kernel-visible constants (triton only reads constexpr globals).
@@ -177,13 +179,14 @@ def _decode_scales(s, QUANT: tl.constexpr):
 
 @triton.jit
 def _moe_gemm_kernel(
-    a_ptr, b_ptr, scale_ptr, c_ptr, topk_weights_ptr,
+    a_ptr, b_ptr, scale_ptr, c_ptr, topk_weights_ptr, sh_ptr,
     sorted_ids_ptr, expert_ids_ptr, num_padded_ptr,
     num_slots,
     stride_am, stride_ak,
     stride_be, stride_bn, stride_bk,
     stride_se, stride_sn, stride_sk,
     stride_cm, stride_cn,
+    sh_stride_n,
     N: tl.constexpr,  # constexpr: fixed per layer (2I or H), and the interpreter needs static loop bounds
     K: tl.constexpr,
     A_ROW_DIV: tl.constexpr,  # A row of slot s is s // A_ROW_DIV (top_k for x, 1 for act)
@@ -196,6 +199,9 @@ def _moe_gemm_kernel(
     TILE_GROUPS: tl.constexpr,  # two codes a byte: scale groups in a K step (tile_groups)
     DOT_PRECISION: tl.constexpr,
     ONE_TOKEN: tl.constexpr,  # no aligned routing: expert_ids_ptr is the token's top-k ids, tile m is slot m alone
+    # One token: slots ROUTED_SLOTS .. + SH_COUNT - 1 read a dense shared MLP's weight at sh_ptr (SharedMLPWeights), each
+    # SH_WIDTH wide; SH_GATED: its [gate; up] rows (the gate/up GEMM), else its columns (the down GEMM).
+    ROUTED_SLOTS: tl.constexpr, SH_COUNT: tl.constexpr, SH_WIDTH: tl.constexpr, SH_GATED: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, PDL: tl.constexpr,
 ):  # fmt: skip
     pdl_prologue(PDL)  # the routing (sorted ids, expert ids) is the kernel before's output: nothing to prefetch
@@ -221,6 +227,14 @@ def _moe_gemm_kernel(
     n_mask = offs_n < N
 
     b_base = b_ptr + expert * stride_be + offs_n[None, :].to(tl.int64) * stride_bn
+    if SH_COUNT > 0:
+        if pid_m >= ROUTED_SLOTS:  # shared expert j: gate rows j*W.., up rows (count + j)*W..; or columns j*W..
+            j = pid_m - ROUTED_SLOTS
+            if SH_GATED:
+                rows = tl.where(offs_n < SH_WIDTH, j * SH_WIDTH + offs_n, (SH_COUNT - 1 + j) * SH_WIDTH + offs_n)
+                b_base = sh_ptr + rows[None, :].to(tl.int64) * sh_stride_n
+            else:
+                b_base = sh_ptr + offs_n[None, :].to(tl.int64) * sh_stride_n + (j * SH_WIDTH) * stride_bk
     s_base = scale_ptr + expert * stride_se
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     # Narrow scale groups (TILE_GROUPS > 1): the decoded weight is the MMA's left operand, as [BLOCK_N, BLOCK_K / 2]
@@ -306,11 +320,13 @@ def invoke_moe_gemm(
     topk_weights: Optional[torch.Tensor],
     config: MoEKernelConfig,
     a_gated: bool = False,
+    shared: Optional[tuple[torch.Tensor, int, int, bool]] = None,
 ) -> None:
     """out[s] = (topk_weights[s] *) a[s // a_row_div] @ w[expert(s)].T for every routed slot s; with
     `a_gated`, a is [gate | up] rows (2 * w.k wide) and the GEMM multiplies silu(gate) * up. `routing`: the
     slots aligned by expert (moe_align.py), or one token's top-k ids [k] (its slots name k different experts:
-    each slot is a tile of its own, nothing to sort)."""
+    each slot is a tile of its own, nothing to sort). `shared` (one token only): (a dense weight, its count of
+    experts, their width, whether it is [gate; up] rows), read by the last `count` slots instead of w."""
     n, k = w.n, w.k
     config = fit_scale_groups(config, w)
     scale, s_e, s_n, s_k = _scale_strides(w)
@@ -321,15 +337,17 @@ def invoke_moe_gemm(
     else:
         tiles, ids = routing.expert_ids.numel(), (routing.sorted_slot_ids, routing.expert_ids, routing.num_padded)
     grid = (tiles * triton.cdiv(n, config.block_n),)
+    sh_weight, sh_count, sh_width, sh_gated = shared if shared is not None else (w.weight, 0, 1, False)
     pdl = pdl_available(a)
     _moe_gemm_kernel[grid](
-        a, w.weight, scale, out, topk_weights if topk_weights is not None else a,
+        a, w.weight, scale, out, topk_weights if topk_weights is not None else a, sh_weight,
         ids[0], ids[1], ids[2],
         num_slots,
         a.stride(0), a.stride(1),
         w.weight.stride(0), w.weight.stride(1), w.weight.stride(2),
         s_e, s_n, s_k,
         out.stride(0), out.stride(1),
+        sh_weight.stride(0),
         N=n,
         K=k,
         A_ROW_DIV=a_row_div,
@@ -342,6 +360,7 @@ def invoke_moe_gemm(
         TILE_GROUPS=tile_groups(config, w) if w.packed else 1,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
         ONE_TOKEN=one_token,
+        ROUTED_SLOTS=num_slots - sh_count, SH_COUNT=sh_count, SH_WIDTH=sh_width, SH_GATED=sh_gated,
         BLOCK_M=config.block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, PDL=pdl,
         num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl,
     )  # fmt: skip
@@ -354,9 +373,14 @@ def _fused_experts_chunk(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     configs: MoEGemmConfigs,
+    shared: Optional[SharedMLPWeights] = None,
 ) -> torch.Tensor:
     num_tokens, top_k = topk_ids.shape
     num_slots = num_tokens * top_k
+    up_shared = down_shared = None
+    if shared is not None:  # one token: its last shared.count slots read the dense MLP (fused_experts_triton checks)
+        up_shared = (shared.gate_up, shared.count, shared.width, True)
+        down_shared = (shared.down, shared.count, shared.width, False)
     # One token (the batch-1 decode step): its k slots are k different experts, one tile each as aligned
     # routing would make them, so the align kernel is skipped (its launch is a step of the chain at every layer).
     if num_tokens == 1:
@@ -366,11 +390,11 @@ def _fused_experts_chunk(
     else:
         routing = moe_align_block_size(topk_ids, configs.up.block_m, w13.weight.shape[0])
     cache1 = torch.empty((num_slots, w13.n), dtype=x.dtype, device=x.device)
-    invoke_moe_gemm(x, w13, cache1, routing, num_slots, top_k, None, configs.up)
+    invoke_moe_gemm(x, w13, cache1, routing, num_slots, top_k, None, configs.up, shared=up_shared)
     # Rows of skipped (-1) slots are garbage in both caches, but no GEMM tile and no sum reads them.
     cache2 = torch.empty((num_slots, w2.n), dtype=x.dtype, device=x.device)
     weights = topk_weights.reshape(-1).to(torch.float32).contiguous()
-    invoke_moe_gemm(cache1, w2, cache2, routing, num_slots, 1, weights, configs.down, a_gated=True)
+    invoke_moe_gemm(cache1, w2, cache2, routing, num_slots, 1, weights, configs.down, a_gated=True, shared=down_shared)
     return moe_sum(cache2, topk_ids)
 
 
@@ -409,6 +433,24 @@ def moe_sum(cache: torch.Tensor, topk_ids: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def check_shared_slots(
+    shared: SharedMLPWeights, w13: MoEGemmWeight, w2: MoEGemmWeight, tokens: int, slots: int
+) -> None:
+    """Raises unless `shared` can run as one token's last slots beside these experts: full-precision experts, the same
+    dtype and expert width, K contiguous as theirs, and more slots than shared experts."""
+    up, down, count = shared.gate_up, shared.down, shared.count
+    if tokens > 1 or slots <= count or w13.quant != WeightQuant.NONE:
+        raise ValueError(
+            f"shared slots run at one token beside full-precision experts ({tokens} tokens, {slots} slots)"
+        )
+    if up.dtype != w13.weight.dtype or down.dtype != w2.weight.dtype:
+        raise ValueError(f"the shared MLP is {up.dtype}, the experts {w13.weight.dtype}")
+    if tuple(up.shape) != (count * w13.n, w13.k) or tuple(down.shape) != (w2.n, count * w2.k):
+        raise ValueError(f"shared MLP [{tuple(up.shape)}, {tuple(down.shape)}] is not {count} experts of width {w2.k}")
+    if up.stride(1) != w13.weight.stride(2) or down.stride(1) != w2.weight.stride(2):
+        raise ValueError("the shared MLP's weights must be K-contiguous as the experts' are")
+
+
 def fused_experts_triton(
     x: torch.Tensor,
     w13: MoEGemmWeight,
@@ -416,12 +458,16 @@ def fused_experts_triton(
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     configs: Optional[MoEGemmConfigs] = None,
+    shared: Optional[SharedMLPWeights] = None,
 ) -> torch.Tensor:
     """x [T, H] -> [T, H]. topk_ids entries of -1 contribute nothing (experts computed elsewhere). `configs`:
-    the GEMMs' tiles (default: `default_configs` per chunk)."""
+    the GEMMs' tiles (default: `default_configs` per chunk). `shared`: one token only, a dense shared MLP run by the
+    last `shared.count` slots of topk_ids / topk_weights (any ids >= 0 there; their weights multiply its output)."""
     num_tokens, top_k = topk_ids.shape
     if w13.k != x.shape[1] or w2.n != x.shape[1] or w13.n != 2 * w2.k:
         raise ValueError(f"weight shapes do not match: x {tuple(x.shape)}, w13 [{w13.n}, {w13.k}], w2 [{w2.n}, {w2.k}]")
+    if shared is not None:
+        check_shared_slots(shared, w13, w2, num_tokens, top_k)
     if num_tokens == 0:
         return torch.zeros_like(x)
     x = x.contiguous()
@@ -429,5 +475,7 @@ def fused_experts_triton(
     for start in range(0, num_tokens, CHUNK_TOKENS):
         end = min(start + CHUNK_TOKENS, num_tokens)
         cfg = configs or default_configs(end - start, top_k, w13.weight.shape[0], w13.packed)
-        outs.append(_fused_experts_chunk(x[start:end], w13, w2, topk_weights[start:end], topk_ids[start:end], cfg))
+        outs.append(
+            _fused_experts_chunk(x[start:end], w13, w2, topk_weights[start:end], topk_ids[start:end], cfg, shared)
+        )
     return outs[0] if len(outs) == 1 else torch.cat(outs)
