@@ -209,7 +209,8 @@ def test_triton_backend_decodes_through_the_latent_kernel(tmp_path_factory, monk
     """The triton backend's forward_mla, here in the interpreter on CPU tensors: decode through the latent kernel
     (triton_ops/mla_decode.py), extends in both forms (layers/attention/mla_triton.py; the threshold lowered to 10:
     the first 16-token batch, the 6-token prompt and the long one's first 10, is absorbed, its next chunks of 16
-    and 15 over their cached prefix decompressed): the same tokens."""
+    and 15 over their cached prefix decompressed): the same tokens. The absorbed forms take the query through W_UK
+    from rotary (the backend's mla_query_absorb), the decompressed one does not."""
     import os
 
     from sglang.srt.layers.attention import mla_triton
@@ -227,10 +228,12 @@ def test_triton_backend_decodes_through_the_latent_kernel(tmp_path_factory, monk
     forms = []
     kernel_path = TritonAttnBackend.forward_mla
 
-    def counted(self, q_nope, q_rope, latent, k_rope, w_kv_b, layer, fb, save_kv_cache=True):
+    def counted(self, q_nope, q_rope, latent, k_rope, w_kv_b, layer, fb, save_kv_cache=True, q_latent=None):
         absorbed = fb.attn_metadata.token_kv_indptr is not None
-        forms.append("decode" if fb.forward_mode.is_decode() else "absorbed" if absorbed else "decompressed")
-        return kernel_path(self, q_nope, q_rope, latent, k_rope, w_kv_b, layer, fb, save_kv_cache)
+        form = "decode" if fb.forward_mode.is_decode() else "absorbed" if absorbed else "decompressed"
+        # The absorbed forms get the query through W_UK from rotary (mla_query_absorb), the decompressed none.
+        forms.append(form if (q_latent is not None) == (form != "decompressed") else f"{form} with q_latent {q_latent}")
+        return kernel_path(self, q_nope, q_rope, latent, k_rope, w_kv_b, layer, fb, save_kv_cache, q_latent)
 
     monkeypatch.setattr(TritonAttnBackend, "forward_mla", counted)
     picked = [1, 3]  # 6 tokens, and 41 in chunks of 16 (extends over a cached prefix)
@@ -239,6 +242,7 @@ def test_triton_backend_decodes_through_the_latent_kernel(tmp_path_factory, monk
     layers = mr.model_config.num_hidden_layers
     assert forms.count("decode") >= 3 * layers and forms.count("decompressed") >= 2 * layers
     assert forms.count("absorbed") >= layers
+    assert set(forms) == {"decode", "absorbed", "decompressed"}, set(forms)
 
 
 def test_kt_hybrid_experts_match_transformers(tmp_path_factory):

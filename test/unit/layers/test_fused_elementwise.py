@@ -124,6 +124,36 @@ def test_interleaved_rotary_inplace_on_strided_head_views(device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("tokens", [5, 70])  # 70: two token blocks of the absorption's tiles
+def test_rotary_also_runs_the_query_absorption(device, tokens):
+    """MLA's q_nope through W_UK as extra programs of DeepSeek's rotary launch (query_absorb): the product equals
+    head_matmul's own launch bit for bit (the same tiles), the rotation, the latent and q_nope are as without it.
+    3 heads x 2 column blocks (40 columns, one partial) x the token blocks: every tile index decomposed."""
+    from sglang.srt.layers.attention.triton_ops.head_matmul import HeadMatmul, head_matmul
+
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    config = LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=1, max_position_embeddings=128)
+    with torch.device(device):
+        rope = RotaryEmbedding(config, 16, 128, dtype, interleaved=True)
+    g = torch.Generator().manual_seed(tokens)
+    q = torch.randn(tokens, 3, 24 + 16, generator=g).to(device, dtype)
+    kv_a = torch.randn(tokens, 32 + 16, generator=g).to(device, dtype)
+    w_kv_b = (0.2 * torch.randn(3, 24, 40, generator=g)).to(device, dtype)
+    w_uk = w_kv_b.transpose(1, 2).contiguous().transpose(1, 2)  # [H, K, N] read across rows, as kv_b_proj's view is
+    pos = torch.randint(0, 128, (tokens,), generator=g).to(device)
+    q2, kv_a2 = q.clone(), kv_a.clone()
+    fe.apply_rotary_inplace(pos, q2[..., 24:], kv_a2[:, 32:], rope.cos_cache, rope.sin_cache, 16, interleaved=True)
+    absorb = HeadMatmul(q[..., :24], w_uk, torch.full((tokens, 3, 40), 9.0, dtype=dtype, device=device))
+    fe.apply_rotary_inplace(
+        pos, q[..., 24:], kv_a[:, 32:], rope.cos_cache, rope.sin_cache, 16, interleaved=True, query_absorb=absorb
+    )
+    assert torch.equal(q, q2) and torch.equal(kv_a, kv_a2)
+    assert torch.equal(absorb.out, head_matmul(q[..., :24], w_uk))
+    ref = torch.einsum("thk,hkn->thn", q[..., :24].double(), w_uk.double())
+    torch.testing.assert_close(absorb.out.double(), ref, **_tol(dtype))
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("use_kernel", [True, False], ids=["kernel", "layer"])
 def test_rotary_with_fused_kv_store(device, use_kernel):
     """Rotary with a FusedSetKVBufferArg rotates q/k in place and writes rotated K and V to the pool

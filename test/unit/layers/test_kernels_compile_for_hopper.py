@@ -30,6 +30,9 @@ ROTARY_QK_NORM_POINTERS = dict(
     vw_ptr="bf16",
     qw_ptr="bf16",
     kw_ptr="bf16",
+    ax_ptr="bf16",
+    aw_ptr="bf16",
+    ay_ptr="bf16",
 )
 
 
@@ -67,6 +70,15 @@ def _cases():
         INTERLEAVED=False,
         QK_NORM=True,
         QK_UNIT_OFFSET=False,
+        ABSORB=False,
+        A_K=1,
+        A_N=1,
+        A_BLOCK_T=1,
+        A_BLOCK_N=1,
+        A_BLOCK_K=1,
+        A_N_BLOCKS=1,
+        A_T_BLOCKS=1,
+        A_DOT_PRECISION="ieee",
         PDL=True,
     )
     # The skinny decode GEMM on a block-fp8 projection (a Qwen3-8B decode step's, with PDL and the L2 prefetch)
@@ -293,24 +305,12 @@ def _cases():
             dict(BLOCK=4096, ROUND_BY_HAND=False, PDL=True),
         ),
         (
-            "rotary with the KV store and the latent norm (MLA)",
+            "rotary with the KV store, the latent norm and the query's W_UK (MLA)",
             fe._rotary_kernel,
-            dict(
-                q_ptr="bf16",
-                k_ptr="bf16",
-                cos_ptr="fp32",
-                sin_ptr="fp32",
-                pos_ptr="i64",
-                v_ptr="bf16",
-                k_buf="bf16",
-                v_buf="bf16",
-                loc_ptr="i64",
-                vw_ptr="bf16",
-                qw_ptr="bf16",
-                kw_ptr="bf16",
-            ),
+            dict(ROTARY_QK_NORM_POINTERS, cos_ptr="fp32", sin_ptr="fp32"),
             {"v_eps", "qk_eps"},
-            # DeepSeek's 64-wide rope part rotating as interleaved pairs, the 512-wide latent normed and stored
+            # DeepSeek's 64-wide rope part rotating as interleaved pairs, the 512-wide latent normed and stored,
+            # V2-Lite's 16 heads of q_nope (128) through W_UK (512) at one token as the extra programs' tiles
             dict(
                 glm_rotary,
                 HEAD_DIM=64,
@@ -320,6 +320,15 @@ def _cases():
                 NORM_V=True,
                 INTERLEAVED=True,
                 QK_NORM=False,
+                ABSORB=True,
+                A_K=128,
+                A_N=512,
+                A_BLOCK_T=16,
+                A_BLOCK_N=64,
+                A_BLOCK_K=128,
+                A_N_BLOCKS=8,
+                A_T_BLOCKS=1,
+                A_DOT_PRECISION="tf32",
             ),
         ),
         (

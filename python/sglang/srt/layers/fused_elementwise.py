@@ -15,8 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
+from sglang.srt.layers.attention.triton_ops.head_matmul import HeadMatmul, head_matmul_tile
 from sglang.srt.layers.kernel_dispatch import in_interpreter
-from sglang.srt.layers.pdl import pdl_available, pdl_prologue
+from sglang.srt.layers.pdl import pdl_available, pdl_prologue, release_dependents, wait_for_prerequisites
 from sglang.srt.layers.quantization.block_fp8_activation import (
     ActivationLayout,
     BlockFp8Activation,
@@ -159,6 +160,17 @@ def _rotary_kernel(
     qw_ptr,
     kw_ptr,
     qk_eps,
+    n_tokens,
+    ax_ptr,
+    aw_ptr,
+    ay_ptr,
+    stride_axt,
+    stride_axh,
+    stride_awh,
+    stride_awk,
+    stride_awn,
+    stride_ayt,
+    stride_ayh,
     HEAD_DIM: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
@@ -170,6 +182,15 @@ def _rotary_kernel(
     INTERLEAVED: tl.constexpr,
     QK_NORM: tl.constexpr,
     QK_UNIT_OFFSET: tl.constexpr,
+    ABSORB: tl.constexpr,
+    A_K: tl.constexpr,
+    A_N: tl.constexpr,
+    A_BLOCK_T: tl.constexpr,
+    A_BLOCK_N: tl.constexpr,
+    A_BLOCK_K: tl.constexpr,
+    A_N_BLOCKS: tl.constexpr,
+    A_T_BLOCKS: tl.constexpr,
+    A_DOT_PRECISION: tl.constexpr,
     PDL: tl.constexpr,
 ):
     # INTERLEAVED (DeepSeek): the pairs (x_2i, x_2i+1) rotate, and the result is laid out de-interleaved, as
@@ -179,73 +200,87 @@ def _rotary_kernel(
     # QK_NORM (Qwen3, GLM-4.5): each head's row is RMS-normed first (q by qw, k by kw), rounded as
     # _rmsnorm_kernel rounds it, and the normed row rotates: one kernel where the per-head norms were two more.
     # QK_UNIT_OFFSET (Gemma 3): the scale is (1 + w) and the fp32 product is rounded once, as _gemma_rmsnorm_kernel.
-    pdl_prologue(PDL)
+    # ABSORB (MLA decode): programs past the tokens' run head_matmul's tiles of ax @ aw -> ay (the query's nope part
+    # through W_UK, which does not rotate): the attention's first kernel then needs no head_matmul launch of its own.
+    release_dependents(PDL)
     token = tl.program_id(0)
-    pos = tl.load(pos_ptr + token)
-    d = tl.arange(0, BLOCK_HALF)
-    in_half = d < HALF
-    cos = tl.load(cos_ptr + pos * stride_cos + d, mask=in_half, other=0.0).to(tl.float32)  # cos[:half] == cos[half:]
-    sin = tl.load(sin_ptr + pos * stride_cos + d, mask=in_half, other=0.0).to(tl.float32)
-    heads = tl.arange(0, BLOCK_H)
-    if STORE_KV:
-        slot = tl.load(loc_ptr + token).to(tl.int64)
-    for which in tl.static_range(2):
-        if which == 0:
-            base, n, stride, stride_h = q_ptr, num_q_heads, stride_q, stride_qh
-        else:
-            base, n, stride, stride_h = k_ptr, num_k_heads, stride_k, stride_kh
-        mask = (heads < n)[:, None] & in_half[None, :]
-        offs = token * stride + heads[:, None] * stride_h + d[None, :]
-        if INTERLEAVED:
-            x1 = tl.load(base + offs + d[None, :], mask=mask, other=0.0).to(tl.float32)  # x[2d]
-            x2 = tl.load(base + offs + d[None, :] + 1, mask=mask, other=0.0).to(tl.float32)  # x[2d + 1]
-            tl.debug_barrier()  # the row is rewritten in another order: every thread's loads come first
-        else:
-            x1 = tl.load(base + offs, mask=mask, other=0.0).to(tl.float32)
-            x2 = tl.load(base + offs + HALF, mask=mask, other=0.0).to(tl.float32)
-        # Partial rotary: the unrotated tail of each head, read where it is normed or goes to the pool (K).
-        if BLOCK_PASS > 0 and (QK_NORM or (STORE_KV and which == 1)):
-            p = 2 * HALF + tl.arange(0, BLOCK_PASS)
-            pmask = (heads < n)[:, None] & (p < HEAD_DIM)[None, :]
-            tail_offs = token * stride + heads[:, None] * stride_h + p[None, :]
-            tail = tl.load(base + tail_offs, mask=pmask, other=0.0)
-        if QK_NORM:
-            dt = base.dtype.element_ty
-            w_ptr = qw_ptr if which == 0 else kw_ptr
-            squares = tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)
-            if BLOCK_PASS > 0:
-                tail_f = tail.to(tl.float32)
-                squares += tl.sum(tail_f * tail_f, axis=1)
-            inv_rms = tl.rsqrt(squares / HEAD_DIM + qk_eps)[:, None]
-            w1 = tl.load(w_ptr + d, mask=in_half, other=0.0).to(tl.float32)[None, :]
-            w2 = tl.load(w_ptr + HALF + d, mask=in_half, other=0.0).to(tl.float32)[None, :]
-            x1 = _scale_normed(x1 * inv_rms, w1, dt, QK_UNIT_OFFSET)
-            x2 = _scale_normed(x2 * inv_rms, w2, dt, QK_UNIT_OFFSET)
-            if BLOCK_PASS > 0:  # the tail does not rotate: its normed value is written back in place
-                wt = tl.load(w_ptr + p, mask=p < HEAD_DIM, other=0.0).to(tl.float32)[None, :]
-                tail = _scale_normed(tail_f * inv_rms, wt, dt, QK_UNIT_OFFSET).to(dt)
-                tl.store(base + tail_offs, tail, mask=pmask)
-        y1 = (x1 * cos - x2 * sin).to(base.dtype.element_ty)
-        y2 = (x2 * cos + x1 * sin).to(base.dtype.element_ty)
-        tl.store(base + offs, y1, mask=mask)
-        tl.store(base + offs + HALF, y2, mask=mask)
-        if STORE_KV and which == 1:  # the rotated K row also goes to its pool slot
-            row = slot * stride_kb + heads[:, None] * HEAD_DIM + d[None, :]
-            tl.store(k_buf + row, y1, mask=mask)
-            tl.store(k_buf + row + HALF, y2, mask=mask)
-            if BLOCK_PASS > 0:  # partial rotary: K's unrotated tail goes to the pool too
-                tl.store(k_buf + slot * stride_kb + heads[:, None] * HEAD_DIM + p[None, :], tail, mask=pmask)
-    if STORE_KV:
-        offs_v = tl.arange(0, BLOCK_V)
-        v_mask = offs_v < v_row
-        v = tl.load(v_ptr + token * stride_v + offs_v, mask=v_mask, other=0.0)
-        if NORM_V:  # RMSNorm of the row, rounded as _rmsnorm_kernel does, written back in place and stored
-            vf = v.to(tl.float32)
-            normed = (vf * tl.rsqrt(tl.sum(vf * vf, axis=0) / v_row + v_eps)).to(v_ptr.dtype.element_ty)
-            w = tl.load(vw_ptr + offs_v, mask=v_mask, other=0.0)
-            v = (w.to(tl.float32) * normed.to(tl.float32)).to(v_ptr.dtype.element_ty)
-            tl.store(v_ptr + token * stride_v + offs_v, v, mask=v_mask)
-        tl.store(v_buf + slot * stride_vb + offs_v, v, mask=v_mask)
+    if token >= n_tokens:
+        if ABSORB:
+            tile = token - n_tokens
+            head_matmul_tile(
+                ax_ptr, aw_ptr, ay_ptr, n_tokens, stride_axt, stride_axh, stride_awh, stride_awk, stride_awn,
+                stride_ayt, stride_ayh, tile // (A_N_BLOCKS * A_T_BLOCKS), (tile // A_T_BLOCKS) % A_N_BLOCKS,
+                tile % A_T_BLOCKS, A_K, A_N, A_BLOCK_T, A_BLOCK_N, A_BLOCK_K, A_DOT_PRECISION, PDL,
+            )  # fmt: skip
+    else:
+        wait_for_prerequisites(PDL)
+        pos = tl.load(pos_ptr + token)
+        d = tl.arange(0, BLOCK_HALF)
+        in_half = d < HALF
+        cos = tl.load(cos_ptr + pos * stride_cos + d, mask=in_half, other=0.0).to(
+            tl.float32
+        )  # cos[:half] == cos[half:]
+        sin = tl.load(sin_ptr + pos * stride_cos + d, mask=in_half, other=0.0).to(tl.float32)
+        heads = tl.arange(0, BLOCK_H)
+        if STORE_KV:
+            slot = tl.load(loc_ptr + token).to(tl.int64)
+        for which in tl.static_range(2):
+            if which == 0:
+                base, n, stride, stride_h = q_ptr, num_q_heads, stride_q, stride_qh
+            else:
+                base, n, stride, stride_h = k_ptr, num_k_heads, stride_k, stride_kh
+            mask = (heads < n)[:, None] & in_half[None, :]
+            offs = token * stride + heads[:, None] * stride_h + d[None, :]
+            if INTERLEAVED:
+                x1 = tl.load(base + offs + d[None, :], mask=mask, other=0.0).to(tl.float32)  # x[2d]
+                x2 = tl.load(base + offs + d[None, :] + 1, mask=mask, other=0.0).to(tl.float32)  # x[2d + 1]
+                tl.debug_barrier()  # the row is rewritten in another order: every thread's loads come first
+            else:
+                x1 = tl.load(base + offs, mask=mask, other=0.0).to(tl.float32)
+                x2 = tl.load(base + offs + HALF, mask=mask, other=0.0).to(tl.float32)
+            # Partial rotary: the unrotated tail of each head, read where it is normed or goes to the pool (K).
+            if BLOCK_PASS > 0 and (QK_NORM or (STORE_KV and which == 1)):
+                p = 2 * HALF + tl.arange(0, BLOCK_PASS)
+                pmask = (heads < n)[:, None] & (p < HEAD_DIM)[None, :]
+                tail_offs = token * stride + heads[:, None] * stride_h + p[None, :]
+                tail = tl.load(base + tail_offs, mask=pmask, other=0.0)
+            if QK_NORM:
+                dt = base.dtype.element_ty
+                w_ptr = qw_ptr if which == 0 else kw_ptr
+                squares = tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)
+                if BLOCK_PASS > 0:
+                    tail_f = tail.to(tl.float32)
+                    squares += tl.sum(tail_f * tail_f, axis=1)
+                inv_rms = tl.rsqrt(squares / HEAD_DIM + qk_eps)[:, None]
+                w1 = tl.load(w_ptr + d, mask=in_half, other=0.0).to(tl.float32)[None, :]
+                w2 = tl.load(w_ptr + HALF + d, mask=in_half, other=0.0).to(tl.float32)[None, :]
+                x1 = _scale_normed(x1 * inv_rms, w1, dt, QK_UNIT_OFFSET)
+                x2 = _scale_normed(x2 * inv_rms, w2, dt, QK_UNIT_OFFSET)
+                if BLOCK_PASS > 0:  # the tail does not rotate: its normed value is written back in place
+                    wt = tl.load(w_ptr + p, mask=p < HEAD_DIM, other=0.0).to(tl.float32)[None, :]
+                    tail = _scale_normed(tail_f * inv_rms, wt, dt, QK_UNIT_OFFSET).to(dt)
+                    tl.store(base + tail_offs, tail, mask=pmask)
+            y1 = (x1 * cos - x2 * sin).to(base.dtype.element_ty)
+            y2 = (x2 * cos + x1 * sin).to(base.dtype.element_ty)
+            tl.store(base + offs, y1, mask=mask)
+            tl.store(base + offs + HALF, y2, mask=mask)
+            if STORE_KV and which == 1:  # the rotated K row also goes to its pool slot
+                row = slot * stride_kb + heads[:, None] * HEAD_DIM + d[None, :]
+                tl.store(k_buf + row, y1, mask=mask)
+                tl.store(k_buf + row + HALF, y2, mask=mask)
+                if BLOCK_PASS > 0:  # partial rotary: K's unrotated tail goes to the pool too
+                    tl.store(k_buf + slot * stride_kb + heads[:, None] * HEAD_DIM + p[None, :], tail, mask=pmask)
+        if STORE_KV:
+            offs_v = tl.arange(0, BLOCK_V)
+            v_mask = offs_v < v_row
+            v = tl.load(v_ptr + token * stride_v + offs_v, mask=v_mask, other=0.0)
+            if NORM_V:  # RMSNorm of the row, rounded as _rmsnorm_kernel does, written back in place and stored
+                vf = v.to(tl.float32)
+                normed = (vf * tl.rsqrt(tl.sum(vf * vf, axis=0) / v_row + v_eps)).to(v_ptr.dtype.element_ty)
+                w = tl.load(vw_ptr + offs_v, mask=v_mask, other=0.0)
+                v = (w.to(tl.float32) * normed.to(tl.float32)).to(v_ptr.dtype.element_ty)
+                tl.store(v_ptr + token * stride_v + offs_v, v, mask=v_mask)
+            tl.store(v_buf + slot * stride_vb + offs_v, v, mask=v_mask)
 
 
 def apply_rotary_inplace(
@@ -259,6 +294,7 @@ def apply_rotary_inplace(
     rotary_dim: Optional[int] = None,
     interleaved: bool = False,
     qk_norm=None,
+    query_absorb: Optional[HeadMatmul] = None,
 ) -> None:
     """Rotate-half rotary on q [T, Hq*D] and k [T, Hkv*D] (rows may be strided views of qkv), on the first
     ``rotary_dim`` features of each head (all by default; partial rotary leaves the rest as they are). q and k may
@@ -273,7 +309,10 @@ def apply_rotary_inplace(
     is RMS-normed first (in place too): MLA's latent, its kv_a_layernorm one kernel fewer.
 
     With ``qk_norm`` (a rotary_embedding.QKNorm) each head of q and k is RMS-normed first, in place (Qwen3's and
-    GLM-4.5's per-head norms: two kernels fewer a layer); not with ``interleaved``."""
+    GLM-4.5's per-head norms: two kernels fewer a layer); not with ``interleaved``.
+
+    With ``query_absorb`` (a head_matmul.HeadMatmul: MLA's q_nope through W_UK) the same launch also computes that
+    product, its tiles as programs after the tokens': the attention's first kernel one launch fewer a layer."""
     n_tokens = q.shape[0]
     if n_tokens == 0:
         return
@@ -293,7 +332,18 @@ def apply_rotary_inplace(
         raise ValueError("the per-head q/k norm is fused with rotate-half rotary only, not interleaved pairs")
     q_weight, k_weight, qk_eps = (qk_norm.q_weight, qk_norm.k_weight, qk_norm.eps) if qk_norm else (q, q, 0.0)
     pdl = pdl_available(q)
-    _rotary_kernel[(n_tokens,)](
+    if query_absorb is None:
+        absorb, absorb_tiles, absorb_strides = (
+            q,
+            dict(K=1, N=1, BLOCK_T=1, BLOCK_N=1, BLOCK_K=1, DOT_PRECISION="ieee"),
+            (0,) * 7,
+        )
+        absorb_grid = (0, 1, 1)
+    else:
+        absorb, absorb_tiles, absorb_strides = query_absorb, query_absorb.launch(), query_absorb.strides()
+        absorb_grid = absorb_tiles.pop("grid")
+    ax, aw, ay = (q, q, q) if query_absorb is None else (absorb.x, absorb.w, absorb.out)
+    _rotary_kernel[(n_tokens + absorb_grid[0] * absorb_grid[1] * absorb_grid[2],)](
         q,
         k,
         cos_cache,
@@ -319,6 +369,11 @@ def apply_rotary_inplace(
         q_weight,
         k_weight,
         qk_eps,
+        n_tokens,
+        ax,
+        aw,
+        ay,
+        *absorb_strides,
         HEAD_DIM=head_dim,
         HALF=rot // 2,
         BLOCK_HALF=triton.next_power_of_2(rot // 2),
@@ -330,6 +385,15 @@ def apply_rotary_inplace(
         INTERLEAVED=interleaved,
         QK_NORM=qk_norm is not None,
         QK_UNIT_OFFSET=qk_norm is not None and qk_norm.unit_offset,
+        ABSORB=query_absorb is not None,
+        A_K=absorb_tiles["K"],
+        A_N=absorb_tiles["N"],
+        A_BLOCK_T=absorb_tiles["BLOCK_T"],
+        A_BLOCK_N=absorb_tiles["BLOCK_N"],
+        A_BLOCK_K=absorb_tiles["BLOCK_K"],
+        A_N_BLOCKS=absorb_grid[1],
+        A_T_BLOCKS=absorb_grid[2],
+        A_DOT_PRECISION=absorb_tiles["DOT_PRECISION"],
         PDL=pdl,
         launch_pdl=pdl,
         num_warps=4,

@@ -3,8 +3,12 @@ layer's geometry and defers to the batch's backend, whose `forward_mla` stores t
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
+
+from sglang.srt.layers.attention.triton_ops.head_matmul import HeadMatmul
 
 
 class MLAAttention(nn.Module):
@@ -37,9 +41,18 @@ class MLAAttention(nn.Module):
         w_kv_b: torch.Tensor,
         forward_batch,
         save_kv_cache: bool = True,
+        q_latent: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
         """q_nope [T, H, nope], q_rope [T, H, rope] (rotated), latent [T, kv_lora] (normed c_kv), k_rope [T, rope]
         (rotated), w_kv_b: kv_b_proj's weight on this rank [H * (nope + v), kv_lora] -> [T, H * v].
-        `save_kv_cache` False: the rows are in the pool already (rotary stored them)."""
+        `save_kv_cache` False: the rows are in the pool already (rotary stored them). `q_latent`: q_nope through
+        W_UK already, as `query_absorb` asked (rotary computed it)."""
         backend = forward_batch.attn_backend
-        return backend.forward_mla(q_nope, q_rope, latent, k_rope, w_kv_b, self, forward_batch, save_kv_cache)
+        return backend.forward_mla(
+            q_nope, q_rope, latent, k_rope, w_kv_b, self, forward_batch, save_kv_cache, q_latent=q_latent
+        )
+
+    def query_absorb(self, q_nope: torch.Tensor, w_kv_b: torch.Tensor, forward_batch) -> Optional[HeadMatmul]:
+        """The query's W_UK product for the kernel before attention to compute (rotary's), where this batch's
+        backend takes it (see its `mla_query_absorb`); None: attention computes it."""
+        return forward_batch.attn_backend.mla_query_absorb(q_nope, w_kv_b, self, forward_batch)

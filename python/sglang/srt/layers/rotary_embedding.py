@@ -128,11 +128,14 @@ class RotaryEmbedding(nn.Module):
         k: torch.Tensor,
         fused_set_kv_buffer_arg: Optional[FusedSetKVBufferArg] = None,
         qk_norm: Optional[QKNorm] = None,
+        query_absorb=None,
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """q: [T, Hq * D], k: [T, Hkv * D] (or [T, H, D] views, e.g. the rope part of each head); returns rotated
         q, k (on the GPU rotated in place, one kernel for both, interleaved pairs too).
         With ``fused_set_kv_buffer_arg`` the rotated K and the given V are also written to the pool; with
-        ``qk_norm`` each head of q and k is RMS-normed (in place) before it rotates."""
+        ``qk_norm`` each head of q and k is RMS-normed (in place) before it rotates; with ``query_absorb`` (a
+        head_matmul.HeadMatmul, MLA's q_nope through W_UK) its product is written too (on the GPU by the same
+        kernel)."""
         if kernel_dispatch.runs_kernel(q):
             from sglang.srt.layers.fused_elementwise import apply_rotary_inplace
 
@@ -147,8 +150,11 @@ class RotaryEmbedding(nn.Module):
                 rotary_dim=self.rotary_dim,
                 interleaved=self.interleaved,
                 qk_norm=qk_norm,
+                query_absorb=query_absorb,
             )
             return q, k
+        if query_absorb is not None:
+            query_absorb.reference()
         if qk_norm is not None:  # per head, in place on the (possibly strided) views, as the GPU kernel does
             for x, weight in ((q, qk_norm.q_weight), (k, qk_norm.k_weight)):
                 heads = x.view(x.shape[0], -1, self.head_dim)

@@ -189,9 +189,14 @@ class DeepseekV2Attention(nn.Module):
         store = create_fused_latent_store_arg(latent, k_rope, self.attn.layer_id, forward_batch, self.kv_a_layernorm)
         if store is None:
             latent = self.kv_a_layernorm(latent)
-        q_rope, k_rope = self.rotary_emb(positions, q_rope, k_rope, fused_set_kv_buffer_arg=store)
         w_kv_b = self.kv_b_proj.weight
-        return self.attn(q_nope, q_rope, latent, k_rope, w_kv_b, forward_batch, save_kv_cache=store is None)
+        # Where the backend takes it, rotary's kernel also runs q_nope through W_UK (attention one launch fewer).
+        absorb = self.attn.query_absorb(q_nope, w_kv_b, forward_batch)
+        q_rope, k_rope = self.rotary_emb(positions, q_rope, k_rope, fused_set_kv_buffer_arg=store, query_absorb=absorb)
+        q_latent = None if absorb is None else absorb.out
+        return self.attn(
+            q_nope, q_rope, latent, k_rope, w_kv_b, forward_batch, save_kv_cache=store is None, q_latent=q_latent
+        )
 
 
 class MoEGate(nn.Module):

@@ -57,14 +57,20 @@ class AttentionBackend(ABC):
         return None
 
     def forward_mla(
-        self, q_nope, q_rope, latent, k_rope, w_kv_b, layer, forward_batch, save_kv_cache=True
+        self, q_nope, q_rope, latent, k_rope, w_kv_b, layer, forward_batch, save_kv_cache=True, q_latent=None
     ) -> torch.Tensor:
         """Multi-head latent attention (DeepSeek-V2/V3) over the latent pool: stores this step's rows (unless
         `save_kv_cache` is False: stored already), then attends (see mla_torch.py for the shapes). The torch
-        implementation serves every backend until one has kernels of its own."""
+        implementation serves every backend until one has kernels of its own. `q_latent` is only ever given where
+        `mla_query_absorb` asked for it (never here)."""
         from sglang.srt.layers.attention import mla_torch
 
         return mla_torch.forward(q_nope, q_rope, latent, k_rope, w_kv_b, layer, forward_batch, save_kv_cache)
+
+    def mla_query_absorb(self, q_nope, w_kv_b, layer, forward_batch):
+        """A head_matmul.HeadMatmul of q_nope through W_UK for the kernel before attention to compute, where
+        `forward_mla` takes the product as `q_latent` for this batch; None here (the torch path absorbs itself)."""
+        return None
 
     @abstractmethod
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True) -> torch.Tensor: ...

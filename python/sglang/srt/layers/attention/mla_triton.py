@@ -69,9 +69,12 @@ def absorbed_attention(
     kv_indptr: torch.Tensor,
     kv_indices: torch.Tensor,
     scaling: float,
+    q_latent: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One query row per token over its slot list (kv_indices[kv_indptr[t]:kv_indptr[t+1]] of `cache`
     [slots, 1, kv_lora + rope]): q_nope [T, H, nope], q_rope [T, H, rope] -> [T, H, v] (contiguous).
+    `q_latent` [T, H, kv_lora]: q_nope through W_UK already (the backend's `mla_query_absorb`; up to
+    HEAD_MATMUL_MAX_TOKENS tokens).
 
     Both projections are batched over heads, so every intermediate is laid out as the next op reads it: no copy
     kernels between them (an einsum's [T, H, v] result would need one before the reshape). Up to
@@ -81,7 +84,8 @@ def absorbed_attention(
     tokens, heads = q_nope.shape[:2]
     out = torch.empty((tokens, heads, w_uv.shape[1]), dtype=q_nope.dtype, device=q_nope.device)
     if tokens <= HEAD_MATMUL_MAX_TOKENS:
-        q_latent = head_matmul(q_nope, w_uk)  # [T, H, kv_lora]: W_UK absorbed into the query
+        if q_latent is None:
+            q_latent = head_matmul(q_nope, w_uk)  # [T, H, kv_lora]: W_UK absorbed into the query
         context = mla_decode_fwd(q_latent, q_rope, cache, kv_indptr, kv_indices, scaling)  # [T, H, kv_lora]
         return head_matmul(context, w_uv.transpose(1, 2), out=out)
     q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk)  # [H, T, kv_lora]

@@ -28,6 +28,7 @@ from sglang.srt.layers.attention.triton_ops import (
     get_num_kv_splits,
 )
 from sglang.srt.layers.attention.triton_ops.decode_attention import writes_quantized
+from sglang.srt.layers.attention.triton_ops.head_matmul import HEAD_MATMUL_MAX_TOKENS, HeadMatmul
 from sglang.srt.layers.attention.triton_ops.kv_indices import fill_kv_indices_triton
 from sglang.srt.layers.quantization.block_fp8_activation import (
     ActivationLayout,
@@ -326,8 +327,24 @@ class TritonAttnBackend(AttentionBackend):
         )
         return o.view(n, -1)
 
+    def mla_query_absorb(self, q_nope, w_kv_b, layer, forward_batch) -> Optional[HeadMatmul]:
+        """Where the batch attends absorbed with head_matmul's kernels (decode, or an absorbed extend, up to
+        HEAD_MATMUL_MAX_TOKENS tokens), the query's W_UK product is asked of the kernel before attention (rotary:
+        one launch a layer fewer); `forward_mla` then takes it as `q_latent`."""
+        tokens = q_nope.shape[0]
+        fb = forward_batch
+        if tokens > HEAD_MATMUL_MAX_TOKENS or not (
+            fb.forward_mode.is_decode() or fb.attn_metadata.token_kv_indptr is not None
+        ):
+            return None
+        from sglang.srt.layers.attention.mla_torch import split_kv_b
+
+        w_uk, _ = split_kv_b(w_kv_b, layer.num_heads, layer.qk_nope_head_dim)
+        out = torch.empty((tokens, layer.num_heads, layer.kv_lora_rank), dtype=q_nope.dtype, device=q_nope.device)
+        return HeadMatmul(q_nope, w_uk, out)
+
     def forward_mla(
-        self, q_nope, q_rope, latent, k_rope, w_kv_b, layer, forward_batch, save_kv_cache=True
+        self, q_nope, q_rope, latent, k_rope, w_kv_b, layer, forward_batch, save_kv_cache=True, q_latent=None
     ) -> torch.Tensor:
         """MLA on this backend's metadata (so decode also runs inside CUDA graphs), layers/attention/mla_triton.py:
         decode absorbed (the triton latent kernel); an extend absorbed or decompressed, as the batch's metadata
@@ -343,10 +360,12 @@ class TritonAttnBackend(AttentionBackend):
         w_uk, w_uv = split_kv_b(w_kv_b, layer.num_heads, layer.qk_nope_head_dim)
         n = q_nope.shape[0]
         if fb.forward_mode.is_decode():
-            out = absorbed_attention(q_nope, q_rope, cache, w_uk, w_uv, md.kv_indptr, md.kv_indices, layer.scaling)
+            out = absorbed_attention(
+                q_nope, q_rope, cache, w_uk, w_uv, md.kv_indptr, md.kv_indices, layer.scaling, q_latent
+            )
         elif md.token_kv_indptr is not None:
             out = absorbed_attention(
-                q_nope, q_rope, cache, w_uk, w_uv, md.token_kv_indptr, md.token_kv_indices, layer.scaling
+                q_nope, q_rope, cache, w_uk, w_uv, md.token_kv_indptr, md.token_kv_indices, layer.scaling, q_latent
             )
         else:
             out = decompressed_extend(
