@@ -250,17 +250,21 @@ def decode_step_ms(
 def experts_touched(mr, fb) -> list:
     """Distinct routed experts each MoE layer's experts run for batch `fb`: an eager forward (the graph replay
     routes the same tokens alike) with a hook on each experts module reading the routing it is handed (DeepSeek's
-    computed top-k), or computing it from the router logits it is handed as the module does (softmax top-k)."""
+    computed top-k), or computing it from the router logits it is handed as the module does (softmax top-k).
+    Ids past the routed experts (DeepSeek's shared experts as slots at one token) are not counted: the shared MLP's
+    weights are in the whole-parameters term already."""
     from sglang.srt.layers.moe.topk import select_experts
 
     touched = []
+    routed = num_routed_experts(mr.model.config)
 
     def count(module, args, kwargs):
         topk = kwargs.get("topk_output")
         if topk is None:
             logits = kwargs["router_logits"] if "router_logits" in kwargs else args[1]
             topk = select_experts(logits, module.top_k, module.renormalize)
-        touched.append(int(topk[1].unique().numel()))
+        ids = topk[1]
+        touched.append(int(ids[ids < routed].unique().numel()))
 
     handles = [
         m.register_forward_pre_hook(count, with_kwargs=True)
