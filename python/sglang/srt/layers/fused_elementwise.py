@@ -217,9 +217,8 @@ def _rotary_kernel(
         pos = tl.load(pos_ptr + token)
         d = tl.arange(0, BLOCK_HALF)
         in_half = d < HALF
-        cos = tl.load(cos_ptr + pos * stride_cos + d, mask=in_half, other=0.0).to(
-            tl.float32
-        )  # cos[:half] == cos[half:]
+        # cos[:half] == cos[half:]
+        cos = tl.load(cos_ptr + pos * stride_cos + d, mask=in_half, other=0.0).to(tl.float32)
         sin = tl.load(sin_ptr + pos * stride_cos + d, mask=in_half, other=0.0).to(tl.float32)
         heads = tl.arange(0, BLOCK_H)
         if STORE_KV:
