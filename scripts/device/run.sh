@@ -274,6 +274,9 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
   .device/wheels/*.whl || exit 1
 export PYTHONUNBUFFERED=1 TRITON_CACHE_DIR=$PWD/.cache/triton
 here=$PWD failed=""
+# Progress bars' carriage returns as line ends, passed on line by line: tr's own buffer would hold the last few KB
+# of a stage that a caller's timeout cuts (its log came back empty), where stdbuf exists.
+progress_lines() { if command -v stdbuf > /dev/null; then stdbuf -oL tr '\r' '\n'; else tr '\r' '\n'; fi; }
 for arg in "$@"; do
   stage=${arg#before:} tree=$here name=$stage
   if [[ $arg == before:* ]]; then
@@ -286,7 +289,7 @@ for arg in "$@"; do
   while [ -e "$o" ]; do o=$OUT/$name.$i i=$((i + 1)); done
   mkdir -p "$o"
   echo "== $arg $(date +%T) -> ${o#$OUT/}"
-  (cd $tree && export PYTHONPATH=/tmp/site:$tree/python && run_stage $stage $o) 2>&1 | tr '\r' '\n' | tee $o/log |
+  (cd $tree && export PYTHONPATH=/tmp/site:$tree/python && run_stage $stage $o) 2>&1 | progress_lines | tee $o/log |
     grep --line-buffered -vE 'it/s\]|s/it\]|Capturing|^\s*$'
   rc=${PIPESTATUS[0]}
   [ $rc = 0 ] || { failed="$failed $arg"; echo "== $arg failed (exit $rc)"; }
