@@ -154,13 +154,13 @@ def test_one_token_shared_slots_in_the_interpreter_give_the_same_tokens(version,
     them (the 1-token prompt's prefill too), and the tokens are transformers'."""
     import os
 
+    from sglang.srt.layers import kernel_dispatch
     from sglang.srt.layers.moe import fused_moe_triton
-    from sglang.srt.models import deepseek_v2
 
     if os.environ.get("TRITON_INTERPRET") != "1":
         pytest.skip("triton kernels on CPU tensors need TRITON_INTERPRET=1")
     _, d, hf, prompts, ref = _build(version, tmp_path_factory)
-    monkeypatch.setattr(deepseek_v2, "shared_slots_run_here", lambda x: True)  # as on the GPU
+    monkeypatch.setattr(kernel_dispatch, "runs_moe_kernel", lambda x: True)  # the experts' kernel, as on the GPU
     calls = []
     real = fused_moe_triton.fused_experts_triton
 

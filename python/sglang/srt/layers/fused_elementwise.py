@@ -331,17 +331,14 @@ def apply_rotary_inplace(
         raise ValueError("the per-head q/k norm is fused with rotate-half rotary only, not interleaved pairs")
     q_weight, k_weight, qk_eps = (qk_norm.q_weight, qk_norm.k_weight, qk_norm.eps) if qk_norm else (q, q, 0.0)
     pdl = pdl_available(q)
-    if query_absorb is None:
-        absorb, absorb_tiles, absorb_strides = (
-            q,
-            dict(K=1, N=1, BLOCK_T=1, BLOCK_N=1, BLOCK_K=1, DOT_PRECISION="ieee"),
-            (0,) * 7,
-        )
-        absorb_grid = (0, 1, 1)
+    if query_absorb is None:  # placeholders: no program reads them
+        ax = aw = ay = q
+        absorb_tiles = dict(grid=(0, 1, 1), K=1, N=1, BLOCK_T=1, BLOCK_N=1, BLOCK_K=1, DOT_PRECISION="ieee")
+        absorb_strides = (0,) * 7
     else:
-        absorb, absorb_tiles, absorb_strides = query_absorb, query_absorb.launch(), query_absorb.strides()
-        absorb_grid = absorb_tiles.pop("grid")
-    ax, aw, ay = (q, q, q) if query_absorb is None else (absorb.x, absorb.w, absorb.out)
+        ax, aw, ay = query_absorb.x, query_absorb.w, query_absorb.out
+        absorb_tiles, absorb_strides = query_absorb.launch(), query_absorb.strides()
+    absorb_grid = absorb_tiles.pop("grid")
     _rotary_kernel[(n_tokens + absorb_grid[0] * absorb_grid[1] * absorb_grid[2],)](
         q,
         k,

@@ -44,6 +44,7 @@ from sglang.srt.distributed import (
     tensor_model_parallel_all_reduce,
 )
 from sglang.srt.distributed.partition import shard_range
+from sglang.srt.layers import kernel_dispatch
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import (
     CHECKPOINT_FP8_FORMATS,
@@ -267,11 +268,6 @@ def one_token_shared_slots(
     return SharedExpertSlots(first=config.n_routed_experts, count=shared)
 
 
-def shared_slots_run_here(x: torch.Tensor) -> bool:
-    """Whether the fused MoE runs where `x` is (the triton kernel: CUDA; the CPU runs torch's experts)."""
-    return x.is_cuda
-
-
 class DeepseekV2MoE(nn.Module):
     def __init__(
         self,
@@ -349,7 +345,8 @@ class DeepseekV2MoE(nn.Module):
         shared = self.shared_experts
         if shared is None:
             return next_norm(self.routed(hidden_states, is_prefill, num_real_tokens), residual)
-        if self.shared_slots is not None and hidden_states.shape[0] == 1 and shared_slots_run_here(hidden_states):
+        one_token = hidden_states.shape[0] == 1
+        if self.shared_slots is not None and one_token and kernel_dispatch.runs_moe_kernel(hidden_states):
             out = self.routed(hidden_states, is_prefill, num_real_tokens, with_shared=True)
             return next_norm(out, residual)
         if self.shared_stream is None or is_prefill or not torch.cuda.is_current_stream_capturing():

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Optional
 
 import torch
 
+from sglang.srt.layers import kernel_dispatch
 from sglang.srt.layers.moe.weight_format import MoEGemmWeight, SharedMLPWeights, WeightQuant
 
 if TYPE_CHECKING:
@@ -236,7 +237,7 @@ class FusedMoEMethodBase(ABC):
         compute_dtype: the native backend's GEMM dtype (fp32 by default). `shared`: one token's dense shared MLP run
         as its last slots, which only the triton kernel does (fused_experts_triton)."""
         if backend == "auto":
-            backend = "triton" if x.is_cuda or shared is not None else "native"
+            backend = "triton" if kernel_dispatch.runs_moe_kernel(x) or shared is not None else "native"
         if backend == "triton":
             from sglang.srt.layers.moe.fused_moe_triton import fused_experts_triton
 
