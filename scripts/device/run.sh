@@ -78,6 +78,8 @@
 #                       whose table lacks its shapes)
 #   knockout            decode_roofline/: bench_knockout.py (Qwen3-8B native block-fp8's decode step with attention, the
 #                       rotary, the split-K sums, the SiLU-and-mul, or all four left out; batches 1/8/64/256; ~70 s)
+#   knockout-mla        decode_roofline/: the same on DeepSeek-V2-Lite (bf16) at batches 1 and 64: the routing left
+#                       out, then with it attention, rotary, the experts' GEMMs, their sum, the norms, or all
 #   router-logits       decode_roofline/: bench_router_logits.py (the MoE router's fp32 logits by token count: the kernel
 #                       vs torch's cast and cuBLAS's fp32 GEMM, V2-Lite and V3 shapes, 1-64 tokens; ~30 s)
 #   kv-dtype            decode_roofline/: bench_kv_cache_dtype.py (bf16 / fp8 KV cache, decode attention alone)
@@ -121,7 +123,7 @@ set -o pipefail
 
 STAGES="gpu-tests gpu-tests-2 gpu-files kt-cpu-tests kv-sizing kv-sizing-1 kv-sizing-2 kv-sizing-tp2 kv-sizing-mla
 roofline roofline-fp8 roofline-fp8-native roofline-gemma roofline-mla roofline-moe-int4 mla-prefill mla-decode
-profile-decode profile-decode-mla profile-decode-fp8-native tune-gemm tune-gemm-mla tune-gemm-stacked tune-gemm-fp8-block tune-gemm-fp8-block-v3 tune-attention tune-moe tune-moe-per-gemm weight-prefetch weight-prefetch-mla knockout router-logits kv-dtype fp8-gemms fp8-block-gemms kt-decode kt-decode-check
+profile-decode profile-decode-mla profile-decode-fp8-native tune-gemm tune-gemm-mla tune-gemm-stacked tune-gemm-fp8-block tune-gemm-fp8-block-v3 tune-attention tune-moe tune-moe-per-gemm weight-prefetch weight-prefetch-mla knockout knockout-mla router-logits kv-dtype fp8-gemms fp8-block-gemms kt-decode kt-decode-check
 kt-decode-int4-fp8 kt-decode-deepseek kt-decode-deepseek-perchannel kt-decode-deepseek-rawint4 kt-int4-groups kt-doorbell kt-prefill kt-elastic serving serving-overlap serving-paths
 serving-fp8 serving-fp8-native serving-fp8-written serving-kv-fp8 prefill-decode swa-pool kv-sizing-swa
 constrained-itl precision"
@@ -214,6 +216,7 @@ run_stage() {
     tune-moe-per-gemm) python3 benchmark/decode_roofline/tune_fused_moe.py --per-gemm --shapes ${MOE_SHAPES:-DeepSeek-V2-Lite DeepSeek-V3 Qwen3-30B-A3B} --out $o ;;
     tune-attention) python3 benchmark/decode_roofline/tune_decode_attention.py --focused --out $o ;;
     knockout) python3 benchmark/decode_roofline/bench_knockout.py --out $o ;;
+    knockout-mla) python3 benchmark/decode_roofline/bench_knockout.py --shape DeepSeek-V2-Lite --batches 1 64 --out $o ;;
     router-logits) python3 benchmark/decode_roofline/bench_router_logits.py --out $o ;;
     kv-dtype) python3 benchmark/decode_roofline/bench_kv_cache_dtype.py --out $o ;;
     fp8-gemms) python3 benchmark/fp8_linear/bench_fp8_gemms.py --out $o ;;
