@@ -78,7 +78,8 @@ ONE_TOKEN_DOWN_CONFIG = MoEKernelConfig(block_m=16, block_n=256, block_k=128, nu
 # --shapes Qwen3-30B-A3B-int4-g32, tune_moe_per_gemm/results.md): 256 inputs a K step (128 bytes a row) and 8 warps
 # to decode them ran the gate/up GEMM in 0.210 ms against 0.318 and the down GEMM in 0.106 against 0.217 (9 layers,
 # groups of 32, H100; the codes' decode, not their bytes, bounds these tiles); Qwen3-30B-A3B's int4 decode step at
-# batch 1 4.884 -> 3.893 ms (groups of 128: 5.221 -> 3.876). MXFP4's one-token tiles were not measured apart.
+# batch 1 4.884 -> 3.893 ms (groups of 128: 5.221 -> 3.876). MXFP4's, timed apart the same way (Qwen3-30B-A3B-mxfp4,
+# H100): the best of the 36 for both GEMMs too (0.374 / 0.177 ms for 11 layers, 7.3-7.7x their bytes: decode-bound).
 ONE_TOKEN_PACKED_CONFIG = MoEKernelConfig(block_m=16, block_n=128, block_k=256, num_warps=8, num_stages=3)
 PACKED_MIN_BLOCK_K = 32  # INT4 / MXFP4: two dots of BLOCK_K / 2 a step (fit_scale_groups)
 # Prefill: bigger M tiles reuse each weight tile over many tokens (untuned).
