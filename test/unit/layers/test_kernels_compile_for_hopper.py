@@ -383,6 +383,22 @@ def _cases():
             ),
         ),
         (
+            "fused MoE GEMM on MXFP4 experts (e2m1 codes, e8m0 scales in groups of 32: four a K step)",
+            fm._moe_gemm_kernel,
+            dict(moe_gemm_pointers, b_ptr="u8", sh_ptr="u8", scale_ptr="u8"),
+            set(),
+            dict(
+                moe_gemm_block_fp8,
+                QUANT=int(fm._Q_MXFP4),
+                GROUP_N=1,
+                GROUP_K=32,
+                SCALE_K_PER_TILE=False,
+                TILE_GROUPS=4,
+                BLOCK_N=128,
+                A_GATED=True,
+            ),
+        ),
+        (
             "fused MoE GEMM on int4 experts in groups of 128 (a group spans the K step: the weight the right operand)",
             fm._moe_gemm_kernel,
             dict(moe_gemm_pointers, b_ptr="u8", sh_ptr="u8"),
