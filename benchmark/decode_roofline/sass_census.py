@@ -41,12 +41,12 @@ CLASSES = {
 OPCODE = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)")
 
 
-def load_cases() -> list:
-    """The compile test's cases, read from its file (one place for the kernels' launch shapes)."""
+def load_cases():
+    """The compile test's module: its cases (one place for the kernels' launch shapes) and its sm_90 compile."""
     spec = importlib.util.spec_from_file_location("hopper_cases", CASES_FILE)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module._cases()
+    return module
 
 
 def opcode_counts(sass: str) -> collections.Counter:
@@ -58,24 +58,8 @@ def opcode_counts(sass: str) -> collections.Counter:
     return counts
 
 
-def census(kernel, pointers: dict, floats: set, constexprs: dict, nvdisasm: str) -> collections.Counter:
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.compiler import ASTSource
-
-    signature = {
-        p.name: "constexpr"
-        if p.is_constexpr
-        else "*" + pointers[p.name]
-        if p.name in pointers
-        else "fp32"
-        if p.name in floats
-        else "i32"
-        for p in kernel.params
-    }
-    compiled = triton.compile(
-        ASTSource(fn=kernel, signature=signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32)
-    )
+def census(compiled, nvdisasm: str) -> collections.Counter:
+    """The opcode counts of a compiled kernel's cubin."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(compiled.asm["cubin"])
         f.flush()
@@ -100,14 +84,16 @@ def main() -> None:
     nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
     if not os.path.exists(nvdisasm):
         sys.exit(f"this triton build has no nvdisasm ({nvdisasm}): nothing to disassemble with")
-    cases = [c for c in load_cases() if args.match in c[0]]
+    module = load_cases()
+    cases = [c for c in module._cases() if args.match in c[0]]
     if not cases:
         sys.exit(f"no case of {CASES_FILE.name} has {args.match!r} in its name")
     header = ["case", "instructions", *CLASSES, "other"]
     lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
     rows = []
-    for name, kernel, pointers, floats, constexprs in cases:
-        counts = census(kernel, pointers, floats, constexprs, nvdisasm)
+    for case in cases:
+        name = case[0]
+        counts = census(module.compile_for_sm90(*case), nvdisasm)
         classes = by_class(counts)
         rows.append({"case": name, "instructions": sum(counts.values()), "classes": classes, "opcodes": dict(counts)})
         lines.append(f"| {name} | {sum(counts.values())} | " + " | ".join(str(v) for v in classes.values()) + " |")

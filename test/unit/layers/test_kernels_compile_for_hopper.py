@@ -115,6 +115,10 @@ def _cases():
         BLOCK_K=128,
         PDL=True,
     )
+    # Two codes a byte in groups of 32, four a K step, gate/up with SiLU-and-mul loads (INT4 and MXFP4 alike).
+    packed_groups_of_32 = dict(
+        moe_gemm_block_fp8, GROUP_N=1, GROUP_K=32, SCALE_K_PER_TILE=False, TILE_GROUPS=4, BLOCK_N=128, A_GATED=True
+    )
     skinny_block_fp8 = dict(
         HAS_BIAS=False,
         SCALED=False,
@@ -371,32 +375,14 @@ def _cases():
             fm._moe_gemm_kernel,
             dict(moe_gemm_pointers, b_ptr="u8", sh_ptr="u8"),
             set(),
-            dict(
-                moe_gemm_block_fp8,
-                QUANT=int(fm._Q_INT4),
-                GROUP_N=1,
-                GROUP_K=32,
-                SCALE_K_PER_TILE=False,
-                TILE_GROUPS=4,
-                BLOCK_N=128,
-                A_GATED=True,
-            ),
+            dict(packed_groups_of_32, QUANT=int(fm._Q_INT4)),
         ),
         (
             "fused MoE GEMM on MXFP4 experts (e2m1 codes, e8m0 scales in groups of 32: four a K step)",
             fm._moe_gemm_kernel,
             dict(moe_gemm_pointers, b_ptr="u8", sh_ptr="u8", scale_ptr="u8"),
             set(),
-            dict(
-                moe_gemm_block_fp8,
-                QUANT=int(fm._Q_MXFP4),
-                GROUP_N=1,
-                GROUP_K=32,
-                SCALE_K_PER_TILE=False,
-                TILE_GROUPS=4,
-                BLOCK_N=128,
-                A_GATED=True,
-            ),
+            dict(packed_groups_of_32, QUANT=int(fm._Q_MXFP4)),
         ),
         (
             "fused MoE GEMM on int4 experts in groups of 128 (a group spans the K step: the weight the right operand)",
@@ -598,29 +584,35 @@ def _cases():
     return cases
 
 
-def _compile_all() -> None:
-    """Compile every case for sm_90 (this process must not interpret triton); print one line a case."""
+def compile_for_sm90(name: str, kernel, pointers: dict, floats: set, constexprs: dict):
+    """One case compiled for sm_90 (the calling process must not interpret triton): the compiled kernel, whose
+    ``asm["cubin"]`` is the GPU code (also benchmark/decode_roofline/sass_census.py's)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    for name, kernel, pointers, floats, constexprs in _cases():
-        signature = {
-            p.name: "constexpr"
-            if p.is_constexpr
-            else "*" + pointers[p.name]
-            if p.name in pointers
-            else "fp32"
-            if p.name in floats
-            else "i32"
-            for p in kernel.params
-        }
-        unset = [p.name for p in kernel.params if p.is_constexpr and p.name not in constexprs]
-        assert not unset, f"{name}: constexprs not given: {unset}"
-        compiled = triton.compile(
-            ASTSource(fn=kernel, signature=signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32)
-        )
-        print(f"compiled {name}: {len(compiled.asm['cubin'])} bytes of sm_90 code")
+    signature = {
+        p.name: "constexpr"
+        if p.is_constexpr
+        else "*" + pointers[p.name]
+        if p.name in pointers
+        else "fp32"
+        if p.name in floats
+        else "i32"
+        for p in kernel.params
+    }
+    unset = [p.name for p in kernel.params if p.is_constexpr and p.name not in constexprs]
+    assert not unset, f"{name}: constexprs not given: {unset}"
+    return triton.compile(
+        ASTSource(fn=kernel, signature=signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32)
+    )
+
+
+def _compile_all() -> None:
+    """Compile every case for sm_90 (this process must not interpret triton); print one line a case."""
+    for case in _cases():
+        compiled = compile_for_sm90(*case)
+        print(f"compiled {case[0]}: {len(compiled.asm['cubin'])} bytes of sm_90 code")
 
 
 def _has_ptxas() -> bool:
