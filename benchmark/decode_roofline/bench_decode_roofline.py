@@ -281,6 +281,11 @@ def experts_touched(mr, fb) -> list:
     return touched
 
 
+def floor_ms(terms: dict, bw: float) -> float:
+    """The HBM floor of a step's terms (every ``*_bytes`` entry read once) at copy bandwidth ``bw``, in ms."""
+    return sum(v for k, v in terms.items() if k.endswith("_bytes")) / bw * 1000
+
+
 def moe_floor_terms(mr, bs: int, ctx: int, touched: list) -> dict:
     """The bytes a MoE decode step reads, by term (see the module docstring)."""
     params = dict(mr.model.named_parameters())
@@ -317,11 +322,10 @@ def moe_main(args, bw: float) -> None:
             mr, bs, ctx, iters, random_inputs=True, on_batch=lambda fb, t=touched: t.extend(experts_touched(mr, fb))
         )
         terms = moe_floor_terms(mr, bs, ctx, touched)
-        floor_bytes = sum(v for k, v in terms.items() if k.endswith("_bytes"))
-        floor_ms = floor_bytes / bw * 1000
+        floor = floor_ms(terms, bw)
         rows.append(
-            {"batch": bs, "context": ctx, "step_ms": round(ms, 3), "hbm_floor_ms": round(floor_ms, 3),
-             "ratio_to_floor": round(ms / floor_ms, 3), "kv_slots_shared": shared, **terms}
+            {"batch": bs, "context": ctx, "step_ms": round(ms, 3), "hbm_floor_ms": round(floor, 3),
+             "ratio_to_floor": round(ms / floor, 3), "kv_slots_shared": shared, **terms}
         )  # fmt: skip
     result = {
         "device": "cpu (dry run)" if args.dry_run else torch.cuda.get_device_name(),
@@ -488,15 +492,14 @@ def decode_rows(mr, args, bw: float, iters: int) -> list:
         for bs in args.batches:
             ms, shared = decode_step_ms(mr, bs, ctx, iters=iters)
             terms = dense_floor_terms(mr, bs, ctx) if by_terms else {}
-            floor_bytes = sum(terms.values()) if by_terms else weight_bytes + bs * ctx * cell
-            floor_ms = floor_bytes / bw * 1000
+            floor = floor_ms(terms if by_terms else {"floor_bytes": weight_bytes + bs * ctx * cell}, bw)
             rows.append(
                 {
                     "batch": bs,
                     "context": ctx,
                     "step_ms": round(ms, 3),
-                    "hbm_floor_ms": round(floor_ms, 3),
-                    "ratio_to_floor": round(ms / floor_ms, 3),
+                    "hbm_floor_ms": round(floor, 3),
+                    "ratio_to_floor": round(ms / floor, 3),
                     "tokens_per_s": round(bs / ms * 1000, 1),
                     "kv_slots_shared": shared,
                     **terms,

@@ -175,8 +175,7 @@ def moe_floor_ms(mr, bs: int, bw: float) -> float:
         random_inputs=True,
         on_batch=lambda fb: touched.extend(roofline.experts_touched(mr, fb)),
     )
-    terms = roofline.moe_floor_terms(mr, bs, CONTEXT, touched)
-    return round(sum(v for k, v in terms.items() if k.endswith("_bytes")) / bw * 1000, 3)
+    return round(roofline.floor_ms(roofline.moe_floor_terms(mr, bs, CONTEXT, touched), bw), 3)
 
 
 def table(shape: str, device: str, bw: float, rounds: int, rows: list) -> str:
@@ -219,11 +218,12 @@ def main() -> None:
     parts = MLA_PARTS if mla else PARTS
     best = sweep(mr, args.batches, args.rounds, parts, random_inputs=mla)
     device = torch.cuda.get_device_name()
-    dense_floor = lambda bs: round(sum(roofline.dense_floor_terms(mr, bs, CONTEXT).values()) / bw * 1000, 3)  # noqa: E731
     rows = [
         dict(
             batch=bs,
-            hbm_floor_ms=moe_floor_ms(mr, bs, bw) if mla else dense_floor(bs),
+            hbm_floor_ms=moe_floor_ms(mr, bs, bw)
+            if mla
+            else round(roofline.floor_ms(roofline.dense_floor_terms(mr, bs, CONTEXT), bw), 3),
             step_ms={name: round(best[(name, bs)], 3) for name in variants(parts)},
         )
         for bs in args.batches

@@ -41,7 +41,7 @@ CLASSES = {
 OPCODE = re.compile(r"^\s*/\*[0-9a-f]+\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)")
 
 
-def load_cases():
+def load_compile_test():
     """The compile test's module: its cases (one place for the kernels' launch shapes) and its sm_90 compile."""
     spec = importlib.util.spec_from_file_location("hopper_cases", CASES_FILE)
     module = importlib.util.module_from_spec(spec)
@@ -84,7 +84,7 @@ def main() -> None:
     nvdisasm = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "nvdisasm")
     if not os.path.exists(nvdisasm):
         sys.exit(f"this triton build has no nvdisasm ({nvdisasm}): nothing to disassemble with")
-    module = load_cases()
+    module = load_compile_test()
     cases = [c for c in module._cases() if args.match in c[0]]
     if not cases:
         sys.exit(f"no case of {CASES_FILE.name} has {args.match!r} in its name")
