@@ -6,10 +6,19 @@ Where a kernel is bound by its arithmetic rather than its bytes (the fused MoE o
 one-token GEMMs ran at 3-8x their bytes), what it executes per weight says more than a guess: a float conversion
 (I2F / F2F, a quarter of the FP32 rate on Hopper) costs what four FP32 ops do. Each case of
 ``test/unit/layers/test_kernels_compile_for_hopper.py`` (a kernel, its pointer dtypes and constexprs as the launcher
-passes them) whose name contains ``--match`` is compiled for sm_90 (triton's defaults: 4 warps, 3 stages), its cubin
-disassembled, and its instructions counted by class: a static count of the whole kernel, loop bodies once. The table
-goes to stdout and ``census.md``, every opcode's count to ``census.json``. Compare two trees by running each's copy of
-this script. Not a timing: a branch that wins here still needs the GPU (docs/gpu_test_runs.md).
+passes them) whose name contains ``--match`` is compiled for sm_90 (triton's defaults: 4 warps, 3 stages, or
+``--warps`` / ``--stages``), its cubin disassembled, and its instructions counted by class: a static count of the whole
+kernel, loop bodies once. The table goes to stdout and ``census.md``, every opcode's count to ``census.json``. Compare
+two trees by running each's copy of this script. Not a timing: a branch that wins here still needs the GPU
+(docs/gpu_test_runs.md).
+
+The "rings" column is the software pipeline: each loop tile's shared-memory buffers (``64x512xbf16:1``: one buffer, so
+the next step's copy is issued after this step's dots and nothing overlaps; 2: double-buffered). With ``--aligned``
+(the launch's 16-byte alignment facts) the decode attention kernels show what a launch gets: their rows are gathered
+through kv_indices (a load feeding a load), and triton's pipeliner splits num_stages between the two, so 2-4 stages
+leave one row buffer and 5 give two (measured on the GPU: two buffers did not pay, ``benchmark/mla/README.md``).
+
+    python benchmark/decode_roofline/sass_census.py --match "MLA decode" --warps 4 --stages 2 --aligned
 """
 
 from __future__ import annotations
@@ -77,6 +86,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--match", default="", help="only the compile test's cases whose name contains this")
     ap.add_argument("--out", default=None, help="folder for census.md / census.json")
+    ap.add_argument("--warps", type=int, default=4, help="num_warps to compile with (a launch's, e.g. 4)")
+    ap.add_argument("--stages", type=int, default=3, help="num_stages to compile with (a launch's, e.g. 2)")
+    ap.add_argument(
+        "--aligned",
+        action="store_true",
+        help="pointers and stride* ints taken as multiples of 16, as triton's launcher specializes a pool's rows "
+        "(vectorized loads, hence async copies); a stride that is 1 at the launch is specialized to the constant 1 "
+        "instead, which this does not model (the MoE GEMMs' K strides)",
+    )
     args = ap.parse_args()
     os.environ.pop("TRITON_INTERPRET", None)  # compiled for the GPU, not interpreted
     import triton
@@ -88,21 +106,36 @@ def main() -> None:
     cases = [c for c in module._cases() if args.match in c[0]]
     if not cases:
         sys.exit(f"no case of {CASES_FILE.name} has {args.match!r} in its name")
-    header = ["case", "instructions", *CLASSES, "other"]
+    header = ["case", "instructions", *CLASSES, "other", "rings"]
     lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
     rows = []
     for case in cases:
         name = case[0]
-        counts = census(module.compile_for_sm90(*case), nvdisasm)
+        compiled = module.compile_for_sm90(*case, num_warps=args.warps, num_stages=args.stages, aligned=args.aligned)
+        counts = census(compiled, nvdisasm)
         classes = by_class(counts)
-        rows.append({"case": name, "instructions": sum(counts.values()), "classes": classes, "opcodes": dict(counts)})
-        lines.append(f"| {name} | {sum(counts.values())} | " + " | ".join(str(v) for v in classes.values()) + " |")
+        rings = module.ring_depths(compiled)
+        rows.append(
+            {
+                "case": name,
+                "instructions": sum(counts.values()),
+                "classes": classes,
+                "opcodes": dict(counts),
+                "rings": rings,
+            }
+        )
+        ring_text = " ".join(f"{shape}:{depth}" for shape, depth in rings) or "-"
+        lines.append(
+            f"| {name} | {sum(counts.values())} | " + " | ".join(str(v) for v in classes.values()) + f" | {ring_text} |"
+        )
         print(lines[-1] if len(lines) > 3 else "\n".join(lines), flush=True)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / "census.md").write_text(
-            "sm_90 instruction census (static counts, triton's defaults)\n\n" + "\n".join(lines) + "\n"
+            f"sm_90 instruction census (static counts; {args.warps} warps, {args.stages} stages"
+            f"{', aligned' if args.aligned else ''}; rings: the software pipeline's shared-memory buffers of each "
+            "tile shape)\n\n" + "\n".join(lines) + "\n"
         )
         (out / "census.json").write_text(json.dumps(rows, indent=1))
 

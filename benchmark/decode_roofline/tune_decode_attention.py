@@ -1,6 +1,6 @@
 """Sweep the triton decode-attention launch choices on the GPU (Llama-3.1-8B attention shape).
 
-    python benchmark/decode_roofline/tune_decode_attention.py [--out DIR] [--focused]
+    python benchmark/decode_roofline/tune_decode_attention.py [--out DIR] [--focused | --configs N,W,S ...]
 
 Times one decode step's attention for all 32 layers (each layer its own K/V buffers, so nothing is
 served from L2) as a CUDA graph replay, which is how the engine runs it: kernel time plus the
@@ -98,6 +98,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "tuning_grid_order"))
     parser.add_argument("--focused", action="store_true", help="five configs near the default only")
+    parser.add_argument(
+        "--configs",
+        nargs="+",
+        default=None,
+        metavar="N,W,S",
+        help="stage A tries exactly these block_n,num_warps,num_stages (default grid order), stage B the focused "
+        "split policies",
+    )
     parser.add_argument("--replays", type=int, default=20)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -105,17 +113,21 @@ def main() -> None:
     k_bufs = [torch.randn(tokens, HKV, D, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)]
     v_bufs = [torch.randn(tokens, HKV, D, device="cuda", dtype=torch.bfloat16) for _ in range(LAYERS)]
     cases = [Case(bs, ctx, k_bufs, v_bufs) for bs, ctx in CASES]
-    if args.focused:
+    focused_policies = [
+        {"min_block_tokens": t, "programs_per_sm": 2, "max_kv_splits": m}
+        for t, m in itertools.product((256, 1024), (8, 16, "cap"))
+    ]
+    if args.configs:
+        configs = [DecodeKernelConfig(*(int(x) for x in c.split(","))) for c in args.configs]
+        policies = focused_policies
+    elif args.focused:
         configs = [
             DecodeKernelConfig(block_n=n, num_warps=w, num_stages=s, kv_heads_adjacent=a)
             for (n, w, s), a in itertools.product(
                 ((128, 4, 3), (64, 8, 3), (128, 8, 3), (64, 4, 3), (128, 4, 2)), (False, True)
             )
         ]
-        policies = [
-            {"min_block_tokens": t, "programs_per_sm": 2, "max_kv_splits": m}
-            for t, m in itertools.product((256, 1024), (8, 16, "cap"))
-        ]
+        policies = focused_policies
     else:
         configs = [
             DecodeKernelConfig(block_n=n, num_warps=w, num_stages=s, kv_heads_adjacent=a)

@@ -13,7 +13,7 @@ chunks that rows x head blocks x chunks >= N x SMs, at most 32), and `before`: t
 warps, 1 stage, max(1, min(8, 64 // rows)) chunks; its torch merge is replaced by the triton one, so it understates
 the old cost). The ranking is each config's geometric mean over the cells of its time / the cell's best.
 
-    python benchmark/mla/bench_mla_decode.py [--out DIR] [--kernel-configs 32,8,2 64,4,2,16] [--fill-rules 1 2]
+    python benchmark/mla/bench_mla_decode.py [--out DIR] [--kernel-configs 32,8,2 64,4,2,16 64,4,2,16,2] [--fill-rules 1 2]
     # = scripts/device/run.sh mla-decode
 On the CPU (TRITON_INTERPRET=1) it runs a smoke of its logic on tiny shapes (no timings).
 """
@@ -76,15 +76,16 @@ def fill_splits(programs_per_sm: int, config: MLADecodeConfig) -> Callable[[int,
 
 def parse_kernel_config(text: str) -> dict:
     parts = [int(x) for x in text.split(",")]
-    if len(parts) not in (3, 4):
-        raise argparse.ArgumentTypeError(f"BLOCK_N,num_warps,num_stages[,BLOCK_H], got {text!r}")
-    names = ("block_n", "num_warps", "num_stages", "block_h")
+    if len(parts) not in (3, 4, 5):
+        raise argparse.ArgumentTypeError(f"BLOCK_N,num_warps,num_stages[,BLOCK_H[,programs per SM]], got {text!r}")
+    names = ("block_n", "num_warps", "num_stages", "block_h", "programs_per_sm")
     return dict(zip(names, parts))
 
 
 def config_label(c: MLADecodeConfig) -> str:
     h = "" if c.block_h == DEFAULT_CONFIG.block_h else f"h{c.block_h}"
-    return f"n{c.block_n}w{c.num_warps}s{c.num_stages}{h}"
+    per_sm = "" if c.programs_per_sm == 1 else f"x{c.programs_per_sm}"
+    return f"n{c.block_n}w{c.num_warps}s{c.num_stages}{h}{per_sm}"
 
 
 def variants(kernel_configs: list, fill_rules: list) -> list:

@@ -74,3 +74,28 @@ def test_one_case_compiled_for_sm90_and_counted(tmp_path):
         [sys.executable, str(SCRIPT), "--match", "no such kernel"], env=env, capture_output=True, text=True
     )
     assert no_case.returncode != 0 and "no case" in no_case.stderr
+
+
+@pytest.mark.skipif(
+    not _has_gpu_tools(), reason="this triton build has no ptxas / nvdisasm to compile and read GPU code"
+)
+def test_rings_show_the_latent_kernels_row_buffers_by_stage_count(tmp_path):
+    """The rings column as benchmark/mla/README.md cites it: the MLA latent kernel compiled as launched (aligned
+    pool rows) holds one buffer of its [64, 512] row tile at 2 stages (the default) and two at 5."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    rings = {}
+    for stages in (2, 5):
+        out = tmp_path / f"s{stages}"
+        done = subprocess.run(
+            [sys.executable, str(SCRIPT), "--match", "MLA decode over", "--stages", str(stages), "--aligned"]
+            + ["--out", str(out)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+        (row,) = json.loads((out / "census.json").read_text())
+        rings[stages] = dict(map(tuple, row["rings"]))
+    assert rings[2]["64x512xbf16"] == 1 and rings[5]["64x512xbf16"] == 2, rings

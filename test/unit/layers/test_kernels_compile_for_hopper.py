@@ -10,6 +10,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 register_cpu_ci(est_time=30, suite="per-commit-cpu")
 
 import os
+import re
 import subprocess
 import sys
 
@@ -584,9 +585,22 @@ def _cases():
     return cases
 
 
-def compile_for_sm90(name: str, kernel, pointers: dict, floats: set, constexprs: dict):
+def compile_for_sm90(
+    name: str,
+    kernel,
+    pointers: dict,
+    floats: set,
+    constexprs: dict,
+    *,
+    num_warps: int = 4,
+    num_stages: int = 3,
+    aligned: bool = False,
+):
     """One case compiled for sm_90 (the calling process must not interpret triton): the compiled kernel, whose
-    ``asm["cubin"]`` is the GPU code (also benchmark/decode_roofline/sass_census.py's)."""
+    ``asm["cubin"]`` is the GPU code (also benchmark/decode_roofline/sass_census.py's) and ``asm["ttgir"]`` the
+    pipelined loop. ``aligned``: every pointer and every ``stride*`` int taken as a multiple of 16, as triton's
+    launcher specializes them when their values are (a pool's rows, a tensor's row strides); without it the
+    loads cannot be vectorized, so the software pipeline of their copies is not the one a launch gets."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -603,9 +617,29 @@ def compile_for_sm90(name: str, kernel, pointers: dict, floats: set, constexprs:
     }
     unset = [p.name for p in kernel.params if p.is_constexpr and p.name not in constexprs]
     assert not unset, f"{name}: constexprs not given: {unset}"
+    multiples_of_16 = [
+        (i,)
+        for i, p in enumerate(kernel.params)
+        if aligned and not p.is_constexpr and (p.name in pointers or p.name.startswith("stride"))
+    ]
     return triton.compile(
-        ASTSource(fn=kernel, signature=signature, constexprs=constexprs), target=GPUTarget("cuda", 90, 32)
+        ASTSource(
+            fn=kernel,
+            signature=signature,
+            constexprs=constexprs,
+            attrs={i: [["tt.divisibility", 16]] for i in multiples_of_16},
+        ),
+        target=GPUTarget("cuda", 90, 32),
+        options={"num_warps": num_warps, "num_stages": num_stages},
     )
+
+
+def ring_depths(compiled) -> list:
+    """The software pipeline's shared-memory rings of a compiled kernel, one (tile shape, buffers) a ring: e.g.
+    ("64x512xbf16", 2) where the loop's [64, 512] tile is double-buffered (its copy for the next step runs during
+    this step's dots), 1 where the next copy is issued only after this step's dots, so nothing overlaps."""
+    rings = re.findall(r"local_alloc : \(\) -> !ttg\.memdesc<(\d+)x([0-9x]+x\w+?)[,>]", compiled.asm["ttgir"])
+    return [(shape, int(depth)) for depth, shape in rings]
 
 
 def _compile_all() -> None:

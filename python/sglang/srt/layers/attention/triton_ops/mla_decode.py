@@ -47,8 +47,16 @@ class MLADecodeConfig:
     # 1.3x of the fastest in every cell (geomean 1.02x the cell's best; the earlier n32 w8 s2 1.55x).
     block_n: int = 64  # latent rows per loop step (and the chunk alignment): 16 left the loads latency-bound
     num_warps: int = 4  # 4 warps beat 8 on every V3 cell: the [BLOCK_H, KV_LORA] accumulator fits their registers
-    num_stages: int = 2  # software pipelining of the row gathers (GPU only: the interpreter has none)
+    # The rows are gathered through kv_indices (a load feeding a load), so triton's pipeliner splits the stages
+    # between the two: 2-4 stages hold one row buffer (74 KB; the next step's copy waits for this step's dots),
+    # 5 hold two (170 KB). Two measured slower (H100, 2026-12-07, benchmark/mla/README.md: geomean 1.45x the
+    # cell's best against 1.00; V2-Lite batch 64 46.6 vs 47.0 us, 256 148 vs 112): one program an SM, not two.
+    num_stages: int = 2
     block_h: int = 16  # heads per program; tl.dot needs >= 16 rows
+    # Programs an SM is counted to run at once in the chunk rule's waves (num_splits). Two fit at 2 stages, but
+    # counting two cuts more chunks, whose partials and merge cost more than the co-resident programs win
+    # (H100, 2026-12-07: V2-Lite batch 64 50.8 vs 47.0 us, batch 16 19.7 vs 18.0).
+    programs_per_sm: int = 1
     # At most this many chunks per row, so each chunk still has rows: 1k context / 32 chunks = 32 rows a chunk.
     max_splits: int = 32
     merge_block_d: int = 128  # latent columns per stage-2 program
@@ -57,16 +65,15 @@ class MLADecodeConfig:
         """Chunks per query row for `rows` rows of `heads` heads on a GPU of `num_sms` SMs (a function of the
         shapes only, so a captured decode graph keeps its grid).
 
-        An SM runs one program at a time (two stages of [BLOCK_N, KV_LORA + ROPE] rows take most of its shared
-        memory), so stage 1 lasts about (waves of programs) x (one program's time), and a program's time goes as
-        its chunk's share of the rows, 1 / chunks, plus a fixed part (the query's loads, its partial, the merge),
-        counted as one smallest chunk's share, 1 / max_splits. The count with the least of that wins, the fewest
-        chunks among equals. Batch 64 of V2-Lite's 16 heads on 132 SMs: 2 chunks (128 programs, one wave);
+        With programs_per_sm programs an SM at a time, stage 1 lasts about (waves of programs) x (one program's
+        time), and a program's time goes as its chunk's share of the rows, 1 / chunks, plus a fixed part (the
+        query's loads, its partial, the merge), counted as one smallest chunk's share, 1 / max_splits. The count
+        with the least of that wins, the fewest chunks among equals. Batch 64 of V2-Lite's 16 heads on 132 SMs: 2 chunks (128 programs, one wave);
         filling the SMs instead (3 chunks, 192 programs) takes two waves of third-length chunks."""
         programs = max(rows, 1) * triton.cdiv(heads, self.block_h)
 
         def cost(splits: int) -> Fraction:
-            waves = triton.cdiv(programs * splits, num_sms)
+            waves = triton.cdiv(programs * splits, num_sms * self.programs_per_sm)
             return waves * (Fraction(1, splits) + Fraction(1, self.max_splits))
 
         return min(range(1, self.max_splits + 1), key=lambda s: (cost(s), s))
