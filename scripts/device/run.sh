@@ -51,6 +51,8 @@
 #   mla-prefill         mla/: bench_mla_prefill.py (extend absorbed vs decompressed; the threshold)
 #   mla-decode          mla/: bench_mla_decode.py (the latent decode kernel + merge per launch config, V2-Lite and
 #                       V3 shapes, batch 1-256; which config wins, x of the copy-bandwidth floor; ~90 s)
+#   mla-decode-parts    mla/: bench_mla_decode_parts.py (the latent kernel with its dots taken out, V2-Lite batch 16 / 64 /
+#                       256, shuffled and contiguous slots: where its time goes; ~40 s)
 #   profile-decode      decode_roofline/: profile_decode_step.py at batch 1, 64 and 256
 #   profile-decode-mla  decode_roofline/: the same on the DeepSeek-V2-Lite shape, batch 1 and 64
 #   profile-decode-fp8-native  decode_roofline/: the same on a Qwen3-8B-shaped native block-fp8 checkpoint, batch 1
@@ -122,7 +124,7 @@
 set -o pipefail
 
 STAGES="gpu-tests gpu-tests-2 gpu-files kt-cpu-tests kv-sizing kv-sizing-1 kv-sizing-2 kv-sizing-tp2 kv-sizing-mla
-roofline roofline-fp8 roofline-fp8-native roofline-gemma roofline-mla roofline-moe-int4 mla-prefill mla-decode
+roofline roofline-fp8 roofline-fp8-native roofline-gemma roofline-mla roofline-moe-int4 mla-prefill mla-decode mla-decode-parts
 profile-decode profile-decode-mla profile-decode-fp8-native tune-gemm tune-gemm-mla tune-gemm-stacked tune-gemm-fp8-block tune-gemm-fp8-block-v3 tune-attention tune-moe tune-moe-per-gemm weight-prefetch weight-prefetch-mla knockout knockout-mla router-logits kv-dtype fp8-gemms fp8-block-gemms kt-decode kt-decode-check
 kt-decode-int4-fp8 kt-decode-deepseek kt-decode-deepseek-perchannel kt-decode-deepseek-rawint4 kt-int4-groups kt-doorbell kt-prefill kt-elastic serving serving-overlap serving-paths
 serving-fp8 serving-fp8-native serving-fp8-written serving-kv-fp8 prefill-decode swa-pool kv-sizing-swa
@@ -181,6 +183,7 @@ run_stage() {
         --checkpoint-int4 32 --out $o/int4-g32 ;;
     mla-prefill) python3 benchmark/mla/bench_mla_prefill.py --out $o ;;
     mla-decode) python3 benchmark/mla/bench_mla_decode.py --out $o ;;
+    mla-decode-parts) python3 benchmark/mla/bench_mla_decode_parts.py --out $o ;;
     profile-decode) python3 benchmark/decode_roofline/profile_decode_step.py --batches 1 64 256 --top 12 $PROFILE_ARGS ;;
     profile-decode-mla)
       python3 benchmark/decode_roofline/profile_decode_step.py --shape DeepSeek-V2-Lite --batches 1 64 --top 30 \

@@ -1,0 +1,142 @@
+"""Where the MLA latent kernel's time goes, by knockout: stage 1 (triton_ops/mla_decode.py) with parts of its loop
+body taken out, on DeepSeek-V2-Lite's attention shape (16 heads, kv_lora 512 + rope 64, bf16, context 1k), with the
+rows at shuffled slots (a pool after churn) and at contiguous ones (a fresh pool).
+
+    python benchmark/mla/bench_mla_decode_parts.py [--batches 16 64 256] [--out DIR]
+
+Variants (each a copy of the kernel module with its loop body edited, launched with the default config and chunk
+count): the full kernel; without the scores' latent dot (the rope part's dot alone makes the scores); without the
+probabilities' dot into the latent (each row's values summed instead, so the rows are still read); and loads only (no
+dot at all: the rows summed into the accumulator). What a variant computes is garbage, its time is the point: if
+"loads only" runs near the rows' floor and the full kernel does not, the dots (and the waits around them) are the
+cost; if "loads only" is as slow, the gathers are. Each cell is stage 1 + the merge as one CUDA graph replay, us per
+layer; the floor is one read of the rows at the copy bandwidth (the decode roofline's measure).
+
+On the CPU (TRITON_INTERPRET=1) it runs every variant once on a tiny case (no timings): the edits still apply and
+compile under the interpreter.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import tempfile
+from types import ModuleType
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_mla_decode import KV_LORA, ROPE, copy_bandwidth_gbps, make_case  # noqa: E402
+
+from sglang.srt.layers.attention.triton_ops import mla_decode  # noqa: E402
+from sglang.test.bench_utils import cuda_graph_ms, write_results  # noqa: E402
+
+HEADS = 16  # DeepSeek-V2-Lite on one GPU
+QK_DOT = "    scores = tl.dot(ql, tl.trans(latent)) + tl.dot(qr, tl.trans(k_rope))\n"
+PV_DOT = "    acc = acc * alpha[:, None] + tl.dot(p.to(dtype), latent)\n"
+ROPE_SCORES = "tl.dot(qr, tl.trans(k_rope))"
+SUMMED_ROWS = "tl.sum(latent.to(tl.float32), axis=0)[None, :]"
+VARIANTS = {
+    "full": {},
+    "no latent QK dot": {QK_DOT: f"    scores = {ROPE_SCORES}\n"},
+    "no PV dot": {PV_DOT: f"    acc = acc * alpha[:, None] + {SUMMED_ROWS}\n"},
+    "loads only": {
+        QK_DOT: f"    scores = tl.zeros_like({ROPE_SCORES}) + tl.sum(k_rope.to(tl.float32), axis=1)[None, :]\n",
+        PV_DOT: f"    acc = acc * alpha[:, None] + {SUMMED_ROWS}\n",
+    },
+}
+
+
+def variant_module(name: str, edits: dict, folder: str) -> ModuleType:
+    """A copy of mla_decode with `edits` (exact lines of _attend_rows) applied, imported under its own name."""
+    source = open(mla_decode.__file__).read()
+    for old, new in edits.items():
+        if old not in source:
+            raise SystemExit(f"{name}: the kernel no longer has the line {old.strip()!r}: update this benchmark")
+        source = source.replace(old, new)
+    module_name = "mla_decode_" + "_".join(name.split())
+    path = os.path.join(folder, module_name + ".py")
+    with open(path, "w") as f:
+        f.write(source)
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # the frozen dataclass looks its module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def run(batches: list, context: int, dev: str) -> tuple[list, float]:
+    gbps = copy_bandwidth_gbps(dev)
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        modules = {name: variant_module(name, edits, folder) for name, edits in VARIANTS.items()}
+        for batch in batches:
+            q_latent, q_rope, cache, indptr, shuffled = make_case(HEADS, batch, context, KV_LORA, ROPE, dev, batch)
+            contiguous = torch.arange(1, cache.shape[0], dtype=torch.int32, device=dev)
+            floor_us = batch * context * (KV_LORA + ROPE) * cache.element_size() / (gbps * 1e3)
+            for layout, indices in (("shuffled", shuffled), ("contiguous", contiguous)):
+                for name, module in modules.items():
+                    out = torch.empty(batch, HEADS, KV_LORA, dtype=q_latent.dtype, device=dev)
+
+                    case = (q_latent, q_rope, cache, indptr, indices)
+
+                    def step(module=module, out=out, case=case) -> None:
+                        module.mla_decode_fwd(*case, 0.1, out=out)
+
+                    step()
+                    us = cuda_graph_ms(step, 50) * 1e3 if dev == "cuda" else None
+                    rows.append(
+                        {
+                            "batch": batch,
+                            "context": context,
+                            "slots": layout,
+                            "variant": name,
+                            "us": round(us, 2) if us else None,
+                            "x_floor": round(us / floor_us, 2) if us else None,
+                            "floor_us": round(floor_us, 2),
+                        }
+                    )
+                    print(rows[-1], flush=True)
+    return rows, gbps
+
+
+def table(rows: list, device: str, gbps: float) -> str:
+    names = list(VARIANTS)
+    lines = [
+        f"MLA latent kernel by knockout, DeepSeek-V2-Lite (16 heads), bf16, {device}; copy bandwidth {gbps:.0f} GB/s; "
+        "us per layer (x the rows' floor)",
+        "",
+        "| batch | slots | floor us | " + " | ".join(names) + " |",
+        "|---:|---|---:|" + "---:|" * len(names),
+    ]
+    cells = {}
+    for r in rows:
+        cells.setdefault((r["batch"], r["slots"], r["floor_us"]), {})[r["variant"]] = r
+    for (batch, slots, floor_us), by_name in cells.items():
+        values = [f"{by_name[n]['us']:.1f} ({by_name[n]['x_floor']:.2f})" if by_name[n]["us"] else "-" for n in names]
+        lines.append(f"| {batch} | {slots} | {floor_us:.1f} | " + " | ".join(values) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--batches", type=int, nargs="+", default=[16, 64, 256])
+    p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--out", default=None, help="folder for results.json / results.md")
+    args = p.parse_args(argv)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    if dev == "cpu":  # the interpreter's smoke: every variant once on a tiny case
+        args.batches, args.context = [2], 40
+    rows, gbps = run(args.batches, args.context, dev)
+    device = torch.cuda.get_device_name() if dev == "cuda" else "CPU (interpreter smoke, no timings)"
+    text = table(rows, device, gbps)
+    print(text)
+    if args.out:
+        write_results(args.out, {"device": device, "copy_bandwidth_GBps": gbps, "rows": rows}, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
