@@ -68,8 +68,9 @@ class MLADecodeConfig:
         With programs_per_sm programs an SM at a time, stage 1 lasts about (waves of programs) x (one program's
         time), and a program's time goes as its chunk's share of the rows, 1 / chunks, plus a fixed part (the
         query's loads, its partial, the merge), counted as one smallest chunk's share, 1 / max_splits. The count
-        with the least of that wins, the fewest chunks among equals. Batch 64 of V2-Lite's 16 heads on 132 SMs: 2 chunks (128 programs, one wave);
-        filling the SMs instead (3 chunks, 192 programs) takes two waves of third-length chunks."""
+        with the least of that wins, the fewest chunks among equals. Batch 64 of V2-Lite's 16 heads on 132 SMs:
+        2 chunks (128 programs, one wave); filling the SMs instead (3 chunks, 192 programs) takes two waves of
+        third-length chunks."""
         programs = max(rows, 1) * triton.cdiv(heads, self.block_h)
 
         def cost(splits: int) -> Fraction:
