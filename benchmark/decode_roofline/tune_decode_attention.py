@@ -118,7 +118,10 @@ def main() -> None:
         for t, m in itertools.product((256, 1024), (8, 16, "cap"))
     ]
     if args.configs:
-        configs = [DecodeKernelConfig(*(int(x) for x in c.split(","))) for c in args.configs]
+        configs = [
+            DecodeKernelConfig(**dict(zip(("block_n", "num_warps", "num_stages"), map(int, c.split(",")))))
+            for c in args.configs
+        ]
         policies = focused_policies
     elif args.focused:
         configs = [

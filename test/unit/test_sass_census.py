@@ -50,19 +50,18 @@ def _has_gpu_tools() -> bool:
     return all(os.path.exists(os.path.join(bin_dir, tool)) for tool in ("ptxas", "nvdisasm"))
 
 
+def _run_census(tmp_path, *args: str) -> subprocess.CompletedProcess:
+    """The script in a process of its own that compiles for the GPU (not interpreted), its triton cache in tmp_path."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    return subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=300)
+
+
 @pytest.mark.skipif(
     not _has_gpu_tools(), reason="this triton build has no ptxas / nvdisasm to compile and read GPU code"
 )
 def test_one_case_compiled_for_sm90_and_counted(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
-    done = subprocess.run(
-        [sys.executable, str(SCRIPT), "--match", "fused MoE sum over top-k", "--out", str(tmp_path)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = _run_census(tmp_path, "--match", "fused MoE sum over top-k", "--out", str(tmp_path))
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     rows = json.loads((tmp_path / "census.json").read_text())
     assert [r["case"] for r in rows] == ["fused MoE sum over top-k"]
@@ -70,9 +69,7 @@ def test_one_case_compiled_for_sm90_and_counted(tmp_path):
     assert row["instructions"] > 0 and sum(row["classes"].values()) == row["instructions"]
     assert row["classes"]["memory"] > 0  # it loads the slots' rows and stores their sum
     assert "| fused MoE sum over top-k |" in (tmp_path / "census.md").read_text()
-    no_case = subprocess.run(
-        [sys.executable, str(SCRIPT), "--match", "no such kernel"], env=env, capture_output=True, text=True
-    )
+    no_case = _run_census(tmp_path, "--match", "no such kernel")
     assert no_case.returncode != 0 and "no case" in no_case.stderr
 
 
@@ -82,18 +79,11 @@ def test_one_case_compiled_for_sm90_and_counted(tmp_path):
 def test_rings_show_the_latent_kernels_row_buffers_by_stage_count(tmp_path):
     """The rings column as benchmark/mla/README.md cites it: the MLA latent kernel compiled as launched (aligned
     pool rows) holds one buffer of its [64, 512] row tile at 2 stages (the default) and two at 5."""
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
     rings = {}
     for stages in (2, 5):
         out = tmp_path / f"s{stages}"
-        done = subprocess.run(
-            [sys.executable, str(SCRIPT), "--match", "MLA decode over", "--stages", str(stages), "--aligned"]
-            + ["--out", str(out)],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
+        done = _run_census(
+            tmp_path, "--match", "MLA decode over", "--stages", str(stages), "--aligned", "--out", str(out)
         )
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
         (row,) = json.loads((out / "census.json").read_text())

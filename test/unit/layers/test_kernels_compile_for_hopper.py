@@ -618,17 +618,13 @@ def compile_for_sm90(
     unset = [p.name for p in kernel.params if p.is_constexpr and p.name not in constexprs]
     assert not unset, f"{name}: constexprs not given: {unset}"
     multiples_of_16 = [
-        (i,)
+        i
         for i, p in enumerate(kernel.params)
-        if aligned and not p.is_constexpr and (p.name in pointers or p.name.startswith("stride"))
+        if not p.is_constexpr and (p.name in pointers or p.name.startswith("stride"))
     ]
+    attrs = {(i,): [["tt.divisibility", 16]] for i in multiples_of_16} if aligned else {}
     return triton.compile(
-        ASTSource(
-            fn=kernel,
-            signature=signature,
-            constexprs=constexprs,
-            attrs={i: [["tt.divisibility", 16]] for i in multiples_of_16},
-        ),
+        ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs),
         target=GPUTarget("cuda", 90, 32),
         options={"num_warps": num_warps, "num_stages": num_stages},
     )
