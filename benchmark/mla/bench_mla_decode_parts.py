@@ -7,7 +7,10 @@ rows at shuffled slots (a pool after churn) and at contiguous ones (a fresh pool
 Variants (each a copy of the kernel module with its loop body edited, launched with the default config and chunk
 count): the full kernel; without the scores' latent dot (the rope part's dot alone makes the scores); without the
 probabilities' dot into the latent (each row's values summed instead, so the rows are still read); and loads only (no
-dot at all: the rows summed into the accumulator). What a variant computes is garbage, its time is the point: if
+dot at all: the rows summed into the accumulator); and, on contiguous slots only, the full kernel with each row's slot
+computed instead of loaded from kv_indices (what the index load before each step's row copies costs: compiled for
+sm_90 at the default 2 stages, each step's index load is a plain load issued after the dots, right before the next
+step's row copies, so two memory latencies a step are serial). What a variant computes is garbage, its time is the point: if
 "loads only" runs near the rows' floor and the full kernel does not, the dots (and the waits around them) are the
 cost; if "loads only" is as slow, the gathers are. Each cell is stage 1 + the merge as one CUDA graph replay, us per
 layer; the floor is one read of the rows at the copy bandwidth (the decode roofline's measure).
@@ -38,6 +41,7 @@ QK_DOT = "    scores = tl.dot(ql, tl.trans(latent)) + tl.dot(qr, tl.trans(k_rope
 PV_DOT = "    acc = acc * alpha[:, None] + tl.dot(p.to(dtype), latent)\n"
 ROPE_SCORES = "tl.dot(qr, tl.trans(k_rope))"
 SUMMED_ROWS = "tl.sum(latent.to(tl.float32), axis=0)[None, :]"
+SLOTS_LOAD = "    slots = tl.load(kv_indices + first + offs_n, mask=n_ok, other=0).to(tl.int64)\n"
 VARIANTS = {
     "full": {},
     "no latent QK dot": {QK_DOT: f"    scores = {ROPE_SCORES}\n"},
@@ -46,7 +50,11 @@ VARIANTS = {
         QK_DOT: f"    scores = tl.zeros_like({ROPE_SCORES}) + tl.sum(k_rope.to(tl.float32), axis=1)[None, :]\n",
         PV_DOT: f"    acc = acc * alpha[:, None] + {SUMMED_ROWS}\n",
     },
+    # The contiguous layout's slot of row j is j + 1 (slot 0 is the pool's padding slot): the slots computed, not
+    # loaded, so the row copies no longer wait on the index load before them. Garbage on shuffled slots: not run.
+    "computed slots": {SLOTS_LOAD: "    slots = (first + offs_n + 1).to(tl.int64)\n"},
 }
+CONTIGUOUS_ONLY = {"computed slots"}
 
 
 def variant_module(name: str, edits: dict, folder: str) -> ModuleType:
@@ -78,6 +86,8 @@ def run(batches: list, context: int, dev: str) -> tuple[list, float]:
             floor_us = batch * context * (KV_LORA + ROPE) * cache.element_size() / (gbps * 1e3)
             for layout, indices in (("shuffled", shuffled), ("contiguous", contiguous)):
                 for name, module in modules.items():
+                    if layout != "contiguous" and name in CONTIGUOUS_ONLY:
+                        continue
                     out = torch.empty(batch, HEADS, KV_LORA, dtype=q_latent.dtype, device=dev)
 
                     case = (q_latent, q_rope, cache, indptr, indices)
@@ -115,7 +125,10 @@ def table(rows: list, device: str, gbps: float) -> str:
     for r in rows:
         cells.setdefault((r["batch"], r["slots"], r["floor_us"]), {})[r["variant"]] = r
     for (batch, slots, floor_us), by_name in cells.items():
-        values = [f"{by_name[n]['us']:.1f} ({by_name[n]['x_floor']:.2f})" if by_name[n]["us"] else "-" for n in names]
+        values = [
+            f"{by_name[n]['us']:.1f} ({by_name[n]['x_floor']:.2f})" if n in by_name and by_name[n]["us"] else "-"
+            for n in names
+        ]
         lines.append(f"| {batch} | {slots} | {floor_us:.1f} | " + " | ".join(values) + " |")
     return "\n".join(lines)
 
