@@ -53,6 +53,9 @@
 #                       V3 shapes, batch 1-256; which config wins, x of the copy-bandwidth floor; ~90 s)
 #   mla-decode-parts    mla/: bench_mla_decode_parts.py (the latent kernel with its dots taken out, V2-Lite batch 16 / 64 /
 #                       256, shuffled and contiguous slots: where its time goes; ~40 s)
+#   ncu-mla             mla/: Nsight Compute on the latent kernel's stage 1 (ncu_mla_decode_target.py, V2-Lite batch 64;
+#                       NCU_BATCH for another), its speed-of-light, memory, warp-state, occupancy and scheduler sections
+#                       into ncu.txt; fails naming it where the machine has no ncu
 #   profile-decode      decode_roofline/: profile_decode_step.py at batch 1, 64 and 256
 #   profile-decode-mla  decode_roofline/: the same on the DeepSeek-V2-Lite shape, batch 1 and 64
 #   profile-decode-fp8-native  decode_roofline/: the same on a Qwen3-8B-shaped native block-fp8 checkpoint, batch 1
@@ -124,7 +127,7 @@
 set -o pipefail
 
 STAGES="gpu-tests gpu-tests-2 gpu-files kt-cpu-tests kv-sizing kv-sizing-1 kv-sizing-2 kv-sizing-tp2 kv-sizing-mla
-roofline roofline-fp8 roofline-fp8-native roofline-gemma roofline-mla roofline-moe-int4 mla-prefill mla-decode mla-decode-parts
+roofline roofline-fp8 roofline-fp8-native roofline-gemma roofline-mla roofline-moe-int4 mla-prefill mla-decode mla-decode-parts ncu-mla
 profile-decode profile-decode-mla profile-decode-fp8-native tune-gemm tune-gemm-mla tune-gemm-stacked tune-gemm-fp8-block tune-gemm-fp8-block-v3 tune-attention tune-moe tune-moe-per-gemm weight-prefetch weight-prefetch-mla knockout knockout-mla router-logits kv-dtype fp8-gemms fp8-block-gemms kt-decode kt-decode-check
 kt-decode-int4-fp8 kt-decode-deepseek kt-decode-deepseek-perchannel kt-decode-deepseek-rawint4 kt-int4-groups kt-doorbell kt-prefill kt-elastic serving serving-overlap serving-paths
 serving-fp8 serving-fp8-native serving-fp8-written serving-kv-fp8 prefill-decode swa-pool kv-sizing-swa
@@ -184,6 +187,14 @@ run_stage() {
     mla-prefill) python3 benchmark/mla/bench_mla_prefill.py --out $o ;;
     mla-decode) python3 benchmark/mla/bench_mla_decode.py --out $o ;;
     mla-decode-parts) python3 benchmark/mla/bench_mla_decode_parts.py --out $o ;;
+    ncu-mla)
+      local ncu
+      ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)
+      [ -n "$ncu" ] || { echo "ncu-mla: no ncu (Nsight Compute) on this machine"; return 1; }
+      $ncu --kernel-name regex:_mla_decode_stage1 --launch-skip 2 --launch-count 1 --section SpeedOfLight \
+        --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
+        --section SchedulerStats python3 benchmark/mla/ncu_mla_decode_target.py --batch ${NCU_BATCH:-64} > $o/ncu.txt &&
+        grep -v '^==PROF==' $o/ncu.txt ;;
     profile-decode) python3 benchmark/decode_roofline/profile_decode_step.py --batches 1 64 256 --top 12 $PROFILE_ARGS ;;
     profile-decode-mla)
       python3 benchmark/decode_roofline/profile_decode_step.py --shape DeepSeek-V2-Lite --batches 1 64 --top 30 \

@@ -64,3 +64,15 @@ def test_cpu_smoke_writes_a_row_per_variant_and_slot_layout(bench, tmp_path):
         if slots == "contiguous" or name not in bench.CONTIGUOUS_ONLY
     }
     assert all(r["us"] is None for r in rows)  # no timings off the GPU
+
+
+def test_ncu_target_launches_the_latent_kernel(capsys):
+    """benchmark/mla/ncu_mla_decode_target.py (run.sh ncu-mla's target) runs its launches (the interpreter's tiny
+    case off the GPU) and says what it ran."""
+    if torch.cuda.is_available():
+        pytest.skip("the CPU interpreter's check (the GPU machine profiles the script itself)")
+    spec = importlib.util.spec_from_file_location("ncu_target", SCRIPT.parent / "ncu_mla_decode_target.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.main(["--launches", "2"]) == 0
+    assert "2 launches, batch 2, context 40, (2, 16, 512)" in capsys.readouterr().out
