@@ -9,8 +9,8 @@ count): the full kernel; without the scores' latent dot (the rope part's dot alo
 probabilities' dot into the latent (each row's values summed instead, so the rows are still read); and loads only (no
 dot at all: the rows summed into the accumulator); and, on contiguous slots only, the full kernel with each row's slot
 computed instead of loaded from kv_indices (what the index load before each step's row copies costs: compiled for
-sm_90 at the default 2 stages, each step's index load is a plain load issued after the dots, right before the next
-step's row copies, so two memory latencies a step are serial). What a variant computes is garbage, its time is the point: if
+sm_90 at the default 2 stages, the pipelined loop in compile_for_sm90's ttgir issues each step's index load as a
+plain load after the dots, right before the next step's row copies, so two memory latencies a step are serial). What a variant computes is garbage, its time is the point: if
 "loads only" runs near the rows' floor and the full kernel does not, the dots (and the waits around them) are the
 cost; if "loads only" is as slow, the gathers are. Each cell is stage 1 + the merge as one CUDA graph replay, us per
 layer; the floor is one read of the rows at the copy bandwidth (the decode roofline's measure).
@@ -31,12 +31,12 @@ from types import ModuleType
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_mla_decode import KV_LORA, ROPE, copy_bandwidth_gbps, make_case  # noqa: E402
+from bench_mla_decode import KV_LORA, ROPE, SHAPES, copy_bandwidth_gbps, make_case  # noqa: E402
 
 from sglang.srt.layers.attention.triton_ops import mla_decode  # noqa: E402
 from sglang.test.bench_utils import cuda_graph_ms, write_results  # noqa: E402
 
-HEADS = 16  # DeepSeek-V2-Lite on one GPU
+HEADS = SHAPES["DeepSeek-V2-Lite"]
 QK_DOT = "    scores = tl.dot(ql, tl.trans(latent)) + tl.dot(qr, tl.trans(k_rope))\n"
 PV_DOT = "    acc = acc * alpha[:, None] + tl.dot(p.to(dtype), latent)\n"
 ROPE_SCORES = "tl.dot(qr, tl.trans(k_rope))"

@@ -5,8 +5,9 @@ chunk count, nothing else on the GPU. `scripts/device/run.sh ncu-mla` profiles i
     ncu --kernel-name regex:_mla_decode_stage1 --launch-skip 2 --launch-count 1 --section ... \
       python3 benchmark/mla/ncu_mla_decode_target.py [--batch 64]
 
-(where the latent kernel's batch-64 time goes beyond its rows' floor: benchmark/mla/README.md). Without a GPU it
-runs the same launches in the triton interpreter on a tiny case, so the script's own code is checked on the CPU.
+(where the latent kernel's batch-64 time goes beyond its rows' floor: benchmark/mla/README.md). Without a GPU, under
+TRITON_INTERPRET=1, it runs the same launches in the triton interpreter on a tiny case, so the script's own code is
+checked on the CPU.
 """
 
 from __future__ import annotations
@@ -18,11 +19,11 @@ import sys
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_mla_decode import KV_LORA, ROPE, make_case  # noqa: E402
+from bench_mla_decode import KV_LORA, ROPE, SHAPES, make_case  # noqa: E402
 
 from sglang.srt.layers.attention.triton_ops.mla_decode import mla_decode_fwd  # noqa: E402
 
-HEADS = 16  # DeepSeek-V2-Lite on one GPU
+HEADS = SHAPES["DeepSeek-V2-Lite"]
 
 
 def main(argv: list | None = None) -> int:
