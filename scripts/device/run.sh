@@ -55,7 +55,8 @@
 #                       256, shuffled and contiguous slots: where its time goes; ~40 s)
 #   ncu-mla             mla/: Nsight Compute on the latent kernel's stage 1 (ncu_mla_decode_target.py, V2-Lite batch 64;
 #                       NCU_BATCH for another), its speed-of-light, memory, warp-state, occupancy and scheduler sections
-#                       into ncu.txt; fails naming it where the machine has no ncu
+#                       into ncu.txt, then its SASS source page (sass.csv) and the warps' stalls instruction by
+#                       instruction (ncu_sass_hotspots.py: hotspots.md); fails naming it where the machine has no ncu
 #   profile-decode      decode_roofline/: profile_decode_step.py at batch 1, 64 and 256
 #   profile-decode-mla  decode_roofline/: the same on the DeepSeek-V2-Lite shape, batch 1 and 64
 #   profile-decode-fp8-native  decode_roofline/: the same on a Qwen3-8B-shaped native block-fp8 checkpoint, batch 1
@@ -194,7 +195,11 @@ run_stage() {
       $ncu --kernel-name regex:_mla_decode_stage1 --launch-skip 2 --launch-count 1 --section SpeedOfLight \
         --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
         --section SchedulerStats python3 benchmark/mla/ncu_mla_decode_target.py --batch ${NCU_BATCH:-64} > $o/ncu.txt &&
-        grep -v '^==PROF==' $o/ncu.txt ;;
+        grep -v '^==PROF==' $o/ncu.txt &&
+        $ncu --kernel-name regex:_mla_decode_stage1 --launch-skip 2 --launch-count 1 --section SourceCounters \
+          --page source --print-source sass --csv python3 benchmark/mla/ncu_mla_decode_target.py \
+          --batch ${NCU_BATCH:-64} > $o/sass.csv &&
+        python3 benchmark/mla/ncu_sass_hotspots.py $o/sass.csv > $o/hotspots.md && cat $o/hotspots.md ;;
     profile-decode) python3 benchmark/decode_roofline/profile_decode_step.py --batches 1 64 256 --top 12 $PROFILE_ARGS ;;
     profile-decode-mla)
       python3 benchmark/decode_roofline/profile_decode_step.py --shape DeepSeek-V2-Lite --batches 1 64 --top 30 \

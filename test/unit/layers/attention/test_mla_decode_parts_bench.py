@@ -8,6 +8,7 @@ register_cpu_ci(est_time=15, suite="per-commit-cpu")
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,51 @@ def test_ncu_target_launches_the_latent_kernel(capsys):
     spec.loader.exec_module(module)
     assert module.main(["--launches", "2"]) == 0
     assert "2 launches, batch 2, context 40, (2, 16, 512)" in capsys.readouterr().out
+
+
+def _sass_listing() -> str:
+    """A listing shaped like ncu's `--page source --print-source sass --csv` (its column names, the target's print
+    and ncu's lines before the header), three instructions."""
+    reasons = ["stall_barrier", "stall_long_sb", "stall_wait"]
+    header = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed"]
+    header += reasons + [f"{r} (Not Issued)" for r in reasons]
+    rows = [
+        ["0x7f0000000000", "      LDG.E R7, desc[UR14][R2.64]", "2", "512", "0", "2", "0", "0", "2", "0"],
+        ["0x7f0000000660", "      DEPBAR.LE SB0, 0x0", "10", "4,096", "0", "0", "10", "0", "0", "10"],
+        ["0x7f0000000670", "      BAR.SYNC.DEFER_BLOCKING 0x0", "841", "4,096", "1", "837", "3", "1", "837", "3"],
+    ]
+    lines = ["==PROF== Connected to process 845", "ncu target: 5 launches", '"Kernel Name","_mla_decode_stage1",']
+    lines += [",".join(f'"{v}"' for v in row) for row in [header, *rows]]
+    return "\n".join(lines) + "\n"
+
+
+def _hotspots():
+    spec = importlib.util.spec_from_file_location("ncu_sass_hotspots", SCRIPT.parent / "ncu_sass_hotspots.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclass looks its module up there
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_sass_hotspots_rank_instructions_and_reasons():
+    """benchmark/mla/ncu_sass_hotspots.py (run.sh ncu-mla's source page): offsets from the first instruction, the
+    barrier first with its leading reason, the reasons summed over the kernel, thousands separators read."""
+    hotspots = _hotspots()
+    instructions = hotspots.parse(_sass_listing())
+    assert [(i.offset, i.opcode, i.samples, i.executed) for i in instructions] == [
+        (0x0, "LDG.E", 2, 512),
+        (0x660, "DEPBAR.LE", 10, 4096),
+        (0x670, "BAR.SYNC.DEFER_BLOCKING", 841, 4096),
+    ]
+    text = hotspots.report(instructions, top=2)
+    assert "3 instructions, 853 warp-stall samples" in text
+    assert "| long_sb | 839 | 98.4% |" in text
+    listed = [line for line in text.splitlines() if line.startswith("| 0x")]
+    assert len(listed) == 2 and listed[0].startswith("| 0x670 | `BAR.SYNC.DEFER_BLOCKING 0x0` | 841 | 98.6% | 4096 |")
+    assert "long_sb 837, wait 3, barrier 1" in listed[0]
+    assert "| LDG.E | 1 | 512 |" in text
+
+
+def test_sass_hotspots_refuse_a_file_that_is_not_a_source_page():
+    with pytest.raises(ValueError, match="not an ncu --page source"):
+        _hotspots().parse("==PROF== Connected\nno table here\n")
