@@ -2,10 +2,11 @@
 body taken out, on DeepSeek-V2-Lite's attention shape (16 heads, kv_lora 512 + rope 64, bf16, context 1k), with the
 rows at shuffled slots (a pool after churn) and at contiguous ones (a fresh pool).
 
-    python benchmark/mla/bench_mla_decode_parts.py [--batches 16 64 256] [--out DIR]
+    python benchmark/mla/bench_mla_decode_parts.py [--batches 16 64 256] [--kernel-config 64,4,5] [--out DIR]
 
 Variants (each a copy of the kernel module with its loop body edited, launched with the default config and chunk
-count): the full kernel; without the scores' latent dot (the rope part's dot alone makes the scores); without the
+count, or with --kernel-config's BLOCK_N,num_warps,num_stages[,BLOCK_H[,programs per SM]] as bench_mla_decode.py
+takes it: e.g. 5 stages, the two row buffers, with the slots computed): the full kernel; without the scores' latent dot (the rope part's dot alone makes the scores); without the
 probabilities' dot into the latent (each row's values summed instead, so the rows are still read); and loads only (no
 dot at all: the rows summed into the accumulator); and, on contiguous slots only, the full kernel with each row's slot
 computed instead of loaded from kv_indices (what the index load before each step's row copies costs: compiled for
@@ -31,7 +32,7 @@ from types import ModuleType
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_mla_decode import KV_LORA, ROPE, SHAPES, copy_bandwidth_gbps, make_case  # noqa: E402
+from bench_mla_decode import KV_LORA, ROPE, SHAPES, copy_bandwidth_gbps, make_case, parse_kernel_config  # noqa: E402
 
 from sglang.srt.layers.attention.triton_ops import mla_decode  # noqa: E402
 from sglang.test.bench_utils import cuda_graph_ms, write_results  # noqa: E402
@@ -75,7 +76,7 @@ def variant_module(name: str, edits: dict, folder: str) -> ModuleType:
     return module
 
 
-def run(batches: list, context: int, dev: str) -> tuple[list, float]:
+def run(batches: list, context: int, dev: str, kernel_config: dict | None = None) -> tuple[list, float]:
     gbps = copy_bandwidth_gbps(dev)
     rows = []
     with tempfile.TemporaryDirectory() as folder:
@@ -91,9 +92,11 @@ def run(batches: list, context: int, dev: str) -> tuple[list, float]:
                     out = torch.empty(batch, HEADS, KV_LORA, dtype=q_latent.dtype, device=dev)
 
                     case = (q_latent, q_rope, cache, indptr, indices)
+                    # The variant's own config class: each copy of the module defines one.
+                    config = module.MLADecodeConfig(**(kernel_config or {}))
 
-                    def step(module=module, out=out, case=case) -> None:
-                        module.mla_decode_fwd(*case, 0.1, out=out)
+                    def step(module=module, out=out, case=case, config=config) -> None:
+                        module.mla_decode_fwd(*case, 0.1, out=out, config=config)
 
                     step()
                     us = cuda_graph_ms(step, 50) * 1e3 if dev == "cuda" else None
@@ -112,11 +115,11 @@ def run(batches: list, context: int, dev: str) -> tuple[list, float]:
     return rows, gbps
 
 
-def table(rows: list, device: str, gbps: float) -> str:
+def table(rows: list, device: str, gbps: float, config_text: str = "the default config") -> str:
     names = list(VARIANTS)
     lines = [
-        f"MLA latent kernel by knockout, DeepSeek-V2-Lite (16 heads), bf16, {device}; copy bandwidth {gbps:.0f} GB/s; "
-        "us per layer (x the rows' floor)",
+        f"MLA latent kernel by knockout, DeepSeek-V2-Lite (16 heads), bf16, {config_text}, {device}; copy bandwidth "
+        f"{gbps:.0f} GB/s; us per layer (x the rows' floor)",
         "",
         "| batch | slots | floor us | " + " | ".join(names) + " |",
         "|---:|---|---:|" + "---:|" * len(names),
@@ -137,17 +140,20 @@ def main(argv: list | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--batches", type=int, nargs="+", default=[16, 64, 256])
     p.add_argument("--context", type=int, default=1024)
+    p.add_argument("--kernel-config", type=parse_kernel_config, default=None, help="BN,W,S[,BH[,per SM]]")
     p.add_argument("--out", default=None, help="folder for results.json / results.md")
     args = p.parse_args(argv)
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     if dev == "cpu":  # the interpreter's smoke: every variant once on a tiny case
         args.batches, args.context = [2], 40
-    rows, gbps = run(args.batches, args.context, dev)
+    rows, gbps = run(args.batches, args.context, dev, args.kernel_config)
     device = torch.cuda.get_device_name() if dev == "cuda" else "CPU (interpreter smoke, no timings)"
-    text = table(rows, device, gbps)
+    config_text = f"kernel config {args.kernel_config}" if args.kernel_config else "the default config"
+    text = table(rows, device, gbps, config_text)
     print(text)
     if args.out:
-        write_results(args.out, {"device": device, "copy_bandwidth_GBps": gbps, "rows": rows}, text)
+        results = {"device": device, "copy_bandwidth_GBps": gbps, "kernel_config": args.kernel_config, "rows": rows}
+        write_results(args.out, results, text)
     return 0
 
 

@@ -67,6 +67,17 @@ def test_cpu_smoke_writes_a_row_per_variant_and_slot_layout(bench, tmp_path):
     assert all(r["us"] is None for r in rows)  # no timings off the GPU
 
 
+def test_cpu_smoke_with_a_kernel_config_names_it(bench, tmp_path):
+    """--kernel-config (e.g. 5 stages: two row buffers) goes to every variant's launch and into the results."""
+    if torch.cuda.is_available():
+        pytest.skip("the CPU smoke (on a GPU the script times the real shapes)")
+    assert bench.main(["--kernel-config", "32,4,5", "--out", str(tmp_path)]) == 0
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["kernel_config"] == {"block_n": 32, "num_warps": 4, "num_stages": 5}
+    assert "kernel config {'block_n': 32, 'num_warps': 4, 'num_stages': 5}" in (tmp_path / "results.md").read_text()
+    assert len(results["rows"]) == 2 * len(bench.VARIANTS) - len(bench.CONTIGUOUS_ONLY)
+
+
 def test_ncu_target_launches_the_latent_kernel(capsys):
     """benchmark/mla/ncu_mla_decode_target.py (run.sh ncu-mla's target) runs its launches (the interpreter's tiny
     case off the GPU) and says what it ran."""
