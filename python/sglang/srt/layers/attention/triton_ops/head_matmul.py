@@ -20,7 +20,7 @@ import triton.language as tl
 from sglang.srt.layers.pdl import pdl_available, release_dependents, wait_for_prerequisites
 
 # Tokens up to which the decode path takes this kernel (a decode graph's batch sizes); above, torch.bmm. Not timed
-# against cuBLAS yet (docs/gpu_test_runs.md, "The GPU queue", item 8).
+# against cuBLAS yet (docs/gpu_test_runs.md, "The GPU queue", item 7).
 HEAD_MATMUL_MAX_TOKENS = 64
 
 
