@@ -2,19 +2,22 @@
 body taken out, on DeepSeek-V2-Lite's attention shape (16 heads, kv_lora 512 + rope 64, bf16, context 1k), with the
 rows at shuffled slots (a pool after churn) and at contiguous ones (a fresh pool).
 
-    python benchmark/mla/bench_mla_decode_parts.py [--batches 16 64 256] [--kernel-config 64,4,5] [--out DIR]
+    python benchmark/mla/bench_mla_decode_parts.py [--batches 16 64 256] [--kernel-config 64,4,3] [--out DIR]
 
 Variants (each a copy of the kernel module with its loop body edited, launched with the default config and chunk
 count, or with --kernel-config's BLOCK_N,num_warps,num_stages[,BLOCK_H[,programs per SM]] as bench_mla_decode.py
-takes it: e.g. 5 stages, the two row buffers, with the slots computed): the full kernel; without the scores' latent dot (the rope part's dot alone makes the scores); without the
+takes it): the full kernel; without the scores' latent dot (the rope part's dot alone makes the scores); without the
 probabilities' dot into the latent (each row's values summed instead, so the rows are still read); and loads only (no
-dot at all: the rows summed into the accumulator); and, on contiguous slots only, the full kernel with each row's slot
-computed instead of loaded from kv_indices (what the index load before each step's row copies costs: compiled for
-sm_90 at the default 2 stages, the pipelined loop in compile_for_sm90's ttgir issues each step's index load as a
-plain load after the dots, right before the next step's row copies, so two memory latencies a step are serial). What a variant computes is garbage, its time is the point: if
-"loads only" runs near the rows' floor and the full kernel does not, the dots (and the waits around them) are the
-cost; if "loads only" is as slow, the gathers are. Each cell is stage 1 + the merge as one CUDA graph replay, us per
-layer; the floor is one read of the rows at the copy bandwidth (the decode roofline's measure).
+dot at all: the rows summed into the accumulator); and, on contiguous slots only, the full kernel with each row's
+slot computed instead of loaded from kv_indices (what the index load before each step's row copies costs: compiled
+for sm_90 at the default 2 stages, the pipelined loop in compile_for_sm90's ttgir issues each step's index load as a
+plain load after the dots, right before the next step's row copies, so two memory latencies a step are serial).
+What a variant computes is garbage, its time is the point. Compiled for sm_90, the edited loops are not always the
+same schedule with less work: "loads only" holds no copy buffer (its rows are plain loads), and without the index
+load the pipeliner gives every stage to the row copies (at 3 stages the computed-slots variant holds two row buffers
+where the full kernel holds one; at 5 it needs 315,392 bytes of shared memory and does not launch). Each cell is
+stage 1 + the merge as one CUDA graph replay, us per layer; the floor is one read of the rows at the copy bandwidth
+(the decode roofline's measure).
 
 On the CPU (TRITON_INTERPRET=1) it runs every variant once on a tiny case (no timings): the edits still apply and
 compile under the interpreter.

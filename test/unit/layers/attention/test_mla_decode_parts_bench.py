@@ -68,7 +68,8 @@ def test_cpu_smoke_writes_a_row_per_variant_and_slot_layout(bench, tmp_path):
 
 
 def test_cpu_smoke_with_a_kernel_config_names_it(bench, tmp_path):
-    """--kernel-config (e.g. 5 stages: two row buffers) goes to every variant's launch and into the results."""
+    """--kernel-config (e.g. 3 stages: two row buffers for the computed slots) goes to every variant's launch and into
+    the results."""
     if torch.cuda.is_available():
         pytest.skip("the CPU smoke (on a GPU the script times the real shapes)")
     assert bench.main(["--kernel-config", "32,4,5", "--out", str(tmp_path)]) == 0
