@@ -3,6 +3,7 @@ body taken out, on DeepSeek-V2-Lite's attention shape (16 heads, kv_lora 512 + r
 rows at shuffled slots (a pool after churn) and at contiguous ones (a fresh pool).
 
     python benchmark/mla/bench_mla_decode_parts.py [--batches 16 64 256] [--kernel-config 64,4,3] [--out DIR]
+    python benchmark/mla/bench_mla_decode_parts.py --buffers 2 3 5 [--out DIR]     # CPU only, TRITON_INTERPRET unset
 
 Variants (each a copy of the kernel module with its loop body edited, launched with the default config and chunk
 count, or with --kernel-config's BLOCK_N,num_warps,num_stages[,BLOCK_H[,programs per SM]] as bench_mla_decode.py
@@ -15,9 +16,15 @@ plain load after the dots, right before the next step's row copies, so two memor
 What a variant computes is garbage, its time is the point. Compiled for sm_90, the edited loops are not always the
 same schedule with less work: "loads only" holds no copy buffer (its rows are plain loads), and without the index
 load the pipeliner gives every stage to the row copies (at 3 stages the computed-slots variant holds two row buffers
-where the full kernel holds one; at 5 it needs 315,392 bytes of shared memory and does not launch). Each cell is
-stage 1 + the merge as one CUDA graph replay, us per layer; the floor is one read of the rows at the copy bandwidth
-(the decode roofline's measure).
+where the full kernel holds one; at 5 it needs 315,392 bytes of shared memory and does not launch: `--buffers`). Each
+cell is stage 1 + the merge as one CUDA graph replay, us per layer; the floor is one read of the rows at the copy
+bandwidth (the decode roofline's measure).
+
+`--buffers STAGES...` times nothing: it compiles each variant's stage 1 for sm_90 with triton's ptxas, as the chunked
+launch compiles it (the compile test's "MLA decode over the latent cache" case with DIRECT off and the launch's
+alignment facts; `test/unit/layers/test_kernels_compile_for_hopper.py`), at each stage count, and prints its shared
+memory and the software pipeline's row buffers (`ring_depths`). No GPU needed; the process must not interpret
+triton.
 
 On the CPU (TRITON_INTERPRET=1) it runs every variant once on a tiny case (no timings): the edits still apply and
 compile under the interpreter.
@@ -118,11 +125,59 @@ def run(batches: list, context: int, dev: str, kernel_config: dict | None = None
     return rows, gbps
 
 
+def pipeline_buffers(stages: list) -> list:
+    """Each variant's stage 1 compiled for sm_90 at each stage count: its shared memory (bytes) and its rings (tile
+    shape, buffers). The compile test's MLA case gives the pointer dtypes and constexprs (one place for them)."""
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        raise SystemExit("--buffers compiles for the GPU: run it without TRITON_INTERPRET=1")
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "decode_roofline"))
+    from sass_census import load_compile_test
+
+    compile_test = load_compile_test()
+    (case,) = [c for c in compile_test._cases() if c[0] == "MLA decode over the latent cache"]
+    name, _, pointers, floats, constexprs = case
+    chunked = {**constexprs, "DIRECT": False}  # the launch at batch 64: chunks, then the merge
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for variant, edits in VARIANTS.items():
+            kernel = variant_module(variant, edits, folder)._mla_decode_stage1
+            for num_stages in stages:
+                compiled = compile_test.compile_for_sm90(
+                    f"{name}: {variant}", kernel, pointers, floats, chunked, num_warps=4, num_stages=num_stages,
+                    aligned=True,
+                )  # fmt: skip
+                rings = compile_test.ring_depths(compiled)
+                rows.append(
+                    {"variant": variant, "stages": num_stages, "shared": compiled.metadata.shared, "rings": rings}
+                )
+                print(rows[-1], flush=True)
+    return rows
+
+
+def buffers_table(rows: list) -> str:
+    stages = sorted({r["stages"] for r in rows})
+    lines = [
+        "MLA latent kernel (DeepSeek-V2-Lite shape) compiled for sm_90 as the chunked launch compiles it (4 warps, "
+        "BLOCK_N 64, aligned): shared memory bytes (the row tile's buffers)",
+        "",
+        "| variant | " + " | ".join(f"{s} stages" for s in stages) + " |",
+        "|---|" + "---:|" * len(stages),
+    ]
+    for variant in VARIANTS:
+        cells = []
+        for s in stages:
+            (r,) = [r for r in rows if r["variant"] == variant and r["stages"] == s]
+            buffers = ", ".join(f"{shape}: {depth}" for shape, depth in r["rings"]) or "none"
+            cells.append(f"{r['shared']:,} ({buffers})")
+        lines.append(f"| {variant} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def table(rows: list, device: str, gbps: float, config_text: str = "the default config") -> str:
     names = list(VARIANTS)
     lines = [
-        f"MLA latent kernel by knockout, DeepSeek-V2-Lite (16 heads), bf16, {config_text}, {device}; copy bandwidth "
-        f"{gbps:.0f} GB/s; us per layer (x the rows' floor)",
+        f"MLA latent kernel by knockout, DeepSeek-V2-Lite ({HEADS} heads), bf16, {config_text}, {device}; "
+        f"copy bandwidth {gbps:.0f} GB/s; us per layer (x the rows' floor)",
         "",
         "| batch | slots | floor us | " + " | ".join(names) + " |",
         "|---:|---|---:|" + "---:|" * len(names),
@@ -144,8 +199,16 @@ def main(argv: list | None = None) -> int:
     p.add_argument("--batches", type=int, nargs="+", default=[16, 64, 256])
     p.add_argument("--context", type=int, default=1024)
     p.add_argument("--kernel-config", type=parse_kernel_config, default=None, help="BN,W,S[,BH[,per SM]]")
+    p.add_argument("--buffers", type=int, nargs="+", default=None, metavar="STAGES", help="compile only (no GPU)")
     p.add_argument("--out", default=None, help="folder for results.json / results.md")
     args = p.parse_args(argv)
+    if args.buffers:
+        rows = pipeline_buffers(args.buffers)
+        text = buffers_table(rows)
+        print(text)
+        if args.out:
+            write_results(args.out, {"compiled_for": "sm_90", "rows": rows}, text)
+        return 0
     dev = "cuda" if torch.cuda.is_available() else "cpu"
     if dev == "cpu":  # the interpreter's smoke: every variant once on a tiny case
         args.batches, args.context = [2], 40

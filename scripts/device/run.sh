@@ -192,13 +192,13 @@ run_stage() {
       local ncu
       ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2> /dev/null | head -1)
       [ -n "$ncu" ] || { echo "ncu-mla: no ncu (Nsight Compute) on this machine"; return 1; }
-      $ncu --kernel-name regex:_mla_decode_stage1 --launch-skip 2 --launch-count 1 --section SpeedOfLight \
-        --section MemoryWorkloadAnalysis --section WarpStateStats --section Occupancy --section LaunchStats \
-        --section SchedulerStats python3 benchmark/mla/ncu_mla_decode_target.py --batch ${NCU_BATCH:-64} > $o/ncu.txt &&
+      # The third launch of stage 1 (after two warm-ups), profiled once for the sections, once for the SASS page.
+      local pick="--kernel-name regex:_mla_decode_stage1 --launch-skip 2 --launch-count 1"
+      local target="python3 benchmark/mla/ncu_mla_decode_target.py --batch ${NCU_BATCH:-64}"
+      $ncu $pick --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
+        --section Occupancy --section LaunchStats --section SchedulerStats $target > $o/ncu.txt &&
         grep -v '^==PROF==' $o/ncu.txt &&
-        $ncu --kernel-name regex:_mla_decode_stage1 --launch-skip 2 --launch-count 1 --section SourceCounters \
-          --page source --print-source sass --csv python3 benchmark/mla/ncu_mla_decode_target.py \
-          --batch ${NCU_BATCH:-64} > $o/sass.csv &&
+        $ncu $pick --section SourceCounters --page source --print-source sass --csv $target > $o/sass.csv &&
         python3 benchmark/mla/ncu_sass_hotspots.py $o/sass.csv > $o/hotspots.md && cat $o/hotspots.md ;;
     profile-decode) python3 benchmark/decode_roofline/profile_decode_step.py --batches 1 64 256 --top 12 $PROFILE_ARGS ;;
     profile-decode-mla)

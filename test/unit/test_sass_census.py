@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from sglang.test.gpu_utils import triton_has_gpu_tools
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmark" / "decode_roofline" / "sass_census.py"
 
 
@@ -43,13 +45,6 @@ def test_opcodes_are_counted_with_predicates_and_modifiers_and_classed():
     assert sum(classes.values()) == sum(counts.values())
 
 
-def _has_gpu_tools() -> bool:
-    import triton
-
-    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-    return all(os.path.exists(os.path.join(bin_dir, tool)) for tool in ("ptxas", "nvdisasm"))
-
-
 def _run_census(tmp_path, *args: str) -> subprocess.CompletedProcess:
     """The script in a process of its own that compiles for the GPU (not interpreted), its triton cache in tmp_path."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -58,7 +53,8 @@ def _run_census(tmp_path, *args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.skipif(
-    not _has_gpu_tools(), reason="this triton build has no ptxas / nvdisasm to compile and read GPU code"
+    not triton_has_gpu_tools("ptxas", "nvdisasm"),
+    reason="this triton build has no ptxas / nvdisasm to compile and read GPU code",
 )
 def test_one_case_compiled_for_sm90_and_counted(tmp_path):
     done = _run_census(tmp_path, "--match", "fused MoE sum over top-k", "--out", str(tmp_path))
@@ -74,7 +70,8 @@ def test_one_case_compiled_for_sm90_and_counted(tmp_path):
 
 
 @pytest.mark.skipif(
-    not _has_gpu_tools(), reason="this triton build has no ptxas / nvdisasm to compile and read GPU code"
+    not triton_has_gpu_tools("ptxas", "nvdisasm"),
+    reason="this triton build has no ptxas / nvdisasm to compile and read GPU code",
 )
 def test_rings_show_the_latent_kernels_row_buffers_by_stage_count(tmp_path):
     """The rings column as benchmark/mla/README.md cites it: the MLA latent kernel compiled as launched (aligned

@@ -28,6 +28,15 @@ def triton_test_devices() -> list:
     ]
 
 
+def triton_has_gpu_tools(*tools: str) -> bool:
+    """Whether this triton build ships the named CUDA tools (``"ptxas"``, ``"nvdisasm"``): code can be compiled for
+    sm_90 (and disassembled) on a machine without a GPU."""
+    import triton
+
+    bin_dir = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    return all(os.path.exists(os.path.join(bin_dir, tool)) for tool in tools)
+
+
 def has_gpu() -> bool:
     return torch.cuda.is_available()
 

@@ -16,6 +16,8 @@ import sys
 
 import pytest
 
+from sglang.test.gpu_utils import triton_has_gpu_tools
+
 FP8 = "fp8e4nv"
 # The rotary kernel's pointers with the q/k norm's weights and the KV store, all bf16 (GLM-4.5's and Gemma 3's cases).
 ROTARY_QK_NORM_POINTERS = dict(
@@ -645,13 +647,7 @@ def _compile_all() -> None:
         print(f"compiled {case[0]}: {len(compiled.asm['cubin'])} bytes of sm_90 code")
 
 
-def _has_ptxas() -> bool:
-    import triton
-
-    return os.path.exists(os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas"))
-
-
-@pytest.mark.skipif(not _has_ptxas(), reason="this triton build has no ptxas to compile GPU code with")
+@pytest.mark.skipif(not triton_has_gpu_tools("ptxas"), reason="this triton build has no ptxas to compile GPU code with")
 def test_every_kernel_compiles_for_sm90(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     env["TRITON_CACHE_DIR"] = str(tmp_path)  # compiled here, not taken from an earlier run's cache

@@ -8,6 +8,8 @@ register_cpu_ci(est_time=15, suite="per-commit-cpu")
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -15,16 +17,24 @@ import pytest
 import torch
 
 from sglang.srt.layers.attention.triton_ops.mla_decode import mla_decode_fwd
+from sglang.test.gpu_utils import triton_has_gpu_tools
 
 SCRIPT = Path(__file__).resolve().parents[4] / "benchmark" / "mla" / "bench_mla_decode_parts.py"
 
 
-@pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("bench_mla_decode_parts", SCRIPT)
+def _load_script(filename: str):
+    """A script of benchmark/mla/ imported as a module of its own name."""
+    path = SCRIPT.parent / filename
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a dataclass of the script looks its module up there
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return _load_script(SCRIPT.name)
 
 
 def test_full_copy_matches_the_kernel_and_an_edited_copy_does_not(bench, tmp_path):
@@ -84,9 +94,7 @@ def test_ncu_target_launches_the_latent_kernel(capsys):
     case off the GPU) and says what it ran."""
     if torch.cuda.is_available():
         pytest.skip("the CPU interpreter's check (the GPU machine profiles the script itself)")
-    spec = importlib.util.spec_from_file_location("ncu_target", SCRIPT.parent / "ncu_mla_decode_target.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _load_script("ncu_mla_decode_target.py")
     assert module.main(["--launches", "2"]) == 0
     assert "2 launches, batch 2, context 40, (2, 16, 512)" in capsys.readouterr().out
 
@@ -108,11 +116,7 @@ def _sass_listing() -> str:
 
 
 def _hotspots():
-    spec = importlib.util.spec_from_file_location("ncu_sass_hotspots", SCRIPT.parent / "ncu_sass_hotspots.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclass looks its module up there
-    spec.loader.exec_module(module)
-    return module
+    return _load_script("ncu_sass_hotspots.py")
 
 
 def test_sass_hotspots_rank_instructions_and_reasons():
@@ -137,3 +141,25 @@ def test_sass_hotspots_rank_instructions_and_reasons():
 def test_sass_hotspots_refuse_a_file_that_is_not_a_source_page():
     with pytest.raises(ValueError, match="not an ncu --page source"):
         _hotspots().parse("==PROF== Connected\nno table here\n")
+
+
+@pytest.mark.skipif(not triton_has_gpu_tools("ptxas"), reason="this triton build has no ptxas to compile GPU code with")
+def test_buffers_mode_shows_two_row_buffers_at_3_stages_without_the_slot_load(tmp_path):
+    """--buffers (compiled for sm_90, no GPU), as benchmark/mla/README.md cites it: at 3 stages the full kernel holds
+    one buffer of its [64, 512] row tile (the slot load takes a stage) and the computed-slots variant two; loads only
+    holds none (its rows are plain loads)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["TRITON_CACHE_DIR"] = str(tmp_path / "cache")
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--buffers", "3", "--out", str(tmp_path)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    rows = {r["variant"]: r for r in json.loads((tmp_path / "results.json").read_text())["rows"]}
+    assert set(rows) == {"full", "no latent QK dot", "no PV dot", "loads only", "computed slots"}
+    depth = {v: dict(map(tuple, r["rings"])).get("64x512xbf16", 0) for v, r in rows.items()}
+    assert depth["full"] == 1 and depth["computed slots"] == 2 and depth["loads only"] == 0, depth
+    assert rows["computed slots"]["shared"] > rows["full"]["shared"]
